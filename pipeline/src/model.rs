@@ -1,0 +1,266 @@
+//! The validated pipeline model: plain types, every default applied, every name checked.
+//!
+//! Everything else in sluice reads a pipeline through these types; none of them can be built
+//! from a file without passing validation (see [`crate::load`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A whole pipeline file after parsing, defaults and validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pipeline {
+    /// `pipeline:` — a validated identifier (`[a-z_][a-z0-9_]*`, at most 48 bytes); scopes all
+    /// state in the store and prefixes every table name.
+    pub name: String,
+    /// `mode:` — default [`Mode::Continuous`].
+    pub mode: Mode,
+    /// `store:` — default `sqlite://state/<pipeline>.db` (relative to the working directory).
+    pub store: String,
+    /// `pubsub:` — project and endpoint.
+    pub pubsub: PubSubSettings,
+    /// `metrics.listen` — `None` when the section is absent.
+    pub metrics_listen: Option<String>,
+    /// `control.listen` — `None` when the section is absent.
+    pub control_listen: Option<String>,
+    /// `control.token_file` — bearer token for a non-loopback control API.
+    pub control_token_file: Option<PathBuf>,
+    /// `schedule:` — triggered mode only (an `INVALID_SCHEDULE` error in continuous mode).
+    pub schedule: Option<Schedule>,
+    /// `targets:` in file order.
+    pub targets: Vec<Target>,
+    /// `flows:` in file order.
+    pub flows: Vec<Flow>,
+}
+
+/// How a pipeline runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Runs until SIGTERM/SIGINT, then drains.
+    #[default]
+    Continuous,
+    /// Runs one update to completion (each flow drains until idle), then exits.
+    Triggered,
+}
+
+/// The `pubsub:` section.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PubSubSettings {
+    /// `pubsub.project` — `None`: taken from the environment (`PUBSUB_PROJECT_ID`,
+    /// `GOOGLE_CLOUD_PROJECT`) when subscriptions are given as short names.
+    pub project: Option<String>,
+    /// `pubsub.endpoint` — e.g. `http://127.0.0.1:8085`; `None`: `PUBSUB_EMULATOR_HOST` if set,
+    /// else the real service.
+    pub endpoint: Option<String>,
+}
+
+/// One entry of `targets:`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// Validated identifier, unique among targets.
+    pub name: String,
+    /// What the target is.
+    pub kind: TargetKind,
+}
+
+/// The kinds of target of SPEC §4. Only `Table` is written by the ingestion core; the others are
+/// parsed and validated so that files using them are accepted, and are built by later work.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TargetKind {
+    /// A SQL table `<pipeline>__<target>` in the store.
+    Table,
+    /// A view (no storage of its own).
+    View,
+    /// A sink: `sink: { format: jsonl, path: ... }`.
+    Sink {
+        /// Output format; only `jsonl` exists.
+        format: String,
+        /// Output path.
+        path: PathBuf,
+    },
+    /// Event-time tumbling window counts.
+    Window {
+        /// Window size.
+        size: Duration,
+        /// e.g. `attribute:region`.
+        group_by: String,
+        /// Default zero.
+        allowed_lateness: Duration,
+    },
+    /// Each micro-batch goes to a Stage service.
+    ForeachBatch {
+        /// `foreach_batch.endpoint`.
+        endpoint: String,
+    },
+}
+
+/// One entry of `flows:`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Flow {
+    /// Validated identifier, unique among flows.
+    pub name: String,
+    /// Name of a declared target.
+    pub target: String,
+    /// `once: true` — runs to a terminal state (default false).
+    pub once: bool,
+    /// `depends_on:` — one name or a list in the file; always a list here (possibly empty).
+    pub depends_on: Vec<String>,
+    /// Where the flow reads.
+    pub source: Source,
+}
+
+/// A flow's source.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// `source: { pubsub: {...} }`.
+    PubSub(PubSubSource),
+    /// `source: { file: { path: GLOB } }`.
+    File {
+        /// A glob of JSONL files.
+        path: String,
+    },
+    /// `source: { table: TARGET }`.
+    Table {
+        /// Name of a declared target.
+        target: String,
+    },
+}
+
+/// `source.pubsub` with every default applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PubSubSource {
+    /// `subscription:` — short name or `projects/P/subscriptions/S`; required.
+    pub subscription: String,
+    /// `dedup:`.
+    pub dedup: DedupSettings,
+    /// `event_time:` — `None`: publish time.
+    pub event_time: Option<EventTimeSettings>,
+    /// `watermark:` — `None`: no watermark estimation for this flow.
+    pub watermark: Option<WatermarkSettings>,
+    /// `flow_control:`.
+    pub flow_control: FlowControl,
+    /// `batch:`.
+    pub batch: BatchSettings,
+    /// `max_attempts:` — default 5, at least 1.
+    pub max_attempts: u32,
+    /// `drain_idle:` — default 5 s.
+    pub drain_idle: Duration,
+    /// `streams:` — concurrent StreamingPull streams, default 16, 1..=64.
+    pub streams: usize,
+}
+
+/// `dedup:`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DedupSettings {
+    /// `dedup.by` — default [`DedupBy::MessageId`].
+    pub by: DedupBy,
+    /// `dedup.window` — default 10 minutes.
+    pub window: Duration,
+    /// `dedup.on_missing` — default [`OnMissingKey::MessageId`].
+    pub on_missing: OnMissingKey,
+}
+
+/// What a message's dedup key is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DedupBy {
+    /// The Pub/Sub message id.
+    MessageId,
+    /// The value of this attribute (`dedup: { by: attribute, attribute: NAME }`).
+    Attribute(String),
+}
+
+/// What happens to a message that lacks the dedup attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnMissingKey {
+    /// Fall back to the message id (as Beam does).
+    #[default]
+    MessageId,
+    /// Dead-letter it with reason `missing_dedup_attribute`.
+    DeadLetter,
+}
+
+/// `event_time:`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventTimeSettings {
+    /// `event_time.attribute` — ms since epoch or RFC 3339.
+    pub attribute: String,
+    /// `event_time.on_bad_timestamp` — default [`OnBadTimestamp::DeadLetter`].
+    pub on_bad_timestamp: OnBadTimestamp,
+}
+
+/// What happens to a message whose event-time attribute is missing or unparseable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnBadTimestamp {
+    /// Dead-letter it with reason `bad_timestamp`.
+    #[default]
+    DeadLetter,
+    /// Use the publish time instead.
+    PublishTime,
+}
+
+/// `flow_control:` — enforced by sluice itself (the emulator ignores the client's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowControl {
+    /// Default 10 000.
+    pub max_outstanding_messages: usize,
+    /// Default 100 MiB.
+    pub max_outstanding_bytes: u64,
+}
+
+/// `batch:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSettings {
+    /// Default 1000.
+    pub max_messages: usize,
+    /// Default 50 ms.
+    pub max_delay: Duration,
+}
+
+/// `watermark:`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WatermarkSettings {
+    /// `tracking_subscription` — `auto` (`<subscription>-tracking`) or a subscription name.
+    pub tracking_subscription: TrackingSubscription,
+    /// `band` — default 10 s.
+    pub band: Duration,
+}
+
+/// The tracking subscription of a watermark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrackingSubscription {
+    /// `auto`: `<subscription>-tracking`, created when missing.
+    Auto,
+    /// An existing subscription.
+    Named(String),
+}
+
+/// `schedule:` (SPEC §7).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    /// When the runs fire.
+    pub when: ScheduleWhen,
+    /// `timezone` — IANA name, default `UTC`.
+    pub timezone: String,
+    /// `semantics` — default [`ScheduleSemantics::Trigger`].
+    pub semantics: ScheduleSemantics,
+    /// `catchup` — default false.
+    pub catchup: bool,
+}
+
+/// Exactly one of `cron` or `every`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScheduleWhen {
+    /// `cron: "*/15 * * * *"` (5 or 6 fields; syntax checked when schedules are built).
+    Cron(String),
+    /// `every: 15m`.
+    Every(Duration),
+}
+
+/// Airflow-style timetable semantics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScheduleSemantics {
+    /// Run at each fire time.
+    #[default]
+    Trigger,
+    /// Each run gets `[previous fire, this fire)`.
+    DataInterval,
+}

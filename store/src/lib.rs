@@ -1,0 +1,61 @@
+//! Durable state of sluice: target tables, the dedup ledger, dead letters and flow progress.
+//!
+//! # Guarantees
+//!
+//! [`Store::commit`] applies one [`CommitBatch`] in **one transaction**: for each entry it inserts
+//! the entry's dedup key into the ledger of its flow; only if the key was not there (or had
+//! expired) does it write the entry's target row or dead-letter row. Flow progress is updated in
+//! the same transaction. So for every key at most one effect is ever committed per flow within
+//! the dedup window, whichever worker, process or restart commits it, as long as they share the
+//! store. When `commit` returns `Ok`, the transaction is durable against a crash of the process
+//! (SQLite in WAL mode, `synchronous = NORMAL`: committed data survives `kill -9`; only an
+//! operating-system crash may lose the last transactions, and then their messages were not acked
+//! either, because acks follow the return of `commit`).
+//!
+//! Expired ledger keys are purged in small chunks between commits, so purging never holds the
+//! writer for long.
+//!
+//! Backends: [`SqliteStore`] (the embedded default, created on first use). A PostgreSQL backend
+//! implements the same trait.
+
+mod error;
+mod model;
+mod schema;
+mod sqlite;
+mod url;
+
+pub use error::StoreError;
+pub use model::{
+    CommitBatch, CommitOutcome, Effect, Entry, FlowHandle, FlowProgress, Layout, MessageFields,
+};
+pub use schema::{is_identifier, table_name};
+pub use sqlite::SqliteStore;
+pub use url::{StoreUrl, open};
+
+use async_trait::async_trait;
+
+/// The durable store behind every flow. Implementations are shared by all flows of a worker
+/// (`Arc<dyn Store>`).
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Creates what `layout` needs (migrations, target tables, flow rows) if missing and returns
+    /// one handle per flow, in `layout.flows` order. Idempotent.
+    async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError>;
+
+    /// Commits one batch in one transaction; see the crate docs. The outcome lists, per entry
+    /// and in order, whether its effect was written (`true`) or it was a duplicate (`false`).
+    async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError>;
+
+    /// Rows of a target table committed by `flow` (all flows when `None`).
+    async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError>;
+
+    /// Distinct dedup keys in a target table and the number of keys that appear more than once.
+    async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError>;
+
+    /// Committed, duplicate and dead-lettered counts of a flow.
+    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError>;
+
+    /// Deletes ledger keys whose window ended before `now_ms`, at most `limit` of them;
+    /// returns how many went.
+    async fn purge_expired(&self, now_ms: i64, limit: usize) -> Result<usize, StoreError>;
+}

@@ -1,0 +1,105 @@
+//! What goes into and comes out of the store.
+
+use bytes::Bytes;
+use sluice_dedup::DedupKey;
+use std::sync::Arc;
+
+/// The tables and flows a pipeline needs.
+#[derive(Debug, Clone, Default)]
+pub struct Layout {
+    /// Pipeline name (a validated identifier).
+    pub pipeline: String,
+    /// Names of `table` targets (validated identifiers); each becomes `<pipeline>__<target>`.
+    pub tables: Vec<String>,
+    /// Names of flows.
+    pub flows: Vec<String>,
+}
+
+/// A prepared flow: its id in the store and the names it is known by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowHandle {
+    /// Row id in `sluice_flows`; scopes the flow's ledger.
+    pub id: i64,
+    /// Pipeline name.
+    pub pipeline: Arc<str>,
+    /// Flow name.
+    pub name: Arc<str>,
+}
+
+/// The Pub/Sub (or file) message an entry came from, as stored in target and dead-letter rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessageFields {
+    /// Pub/Sub message id (for file records: the record id).
+    pub message_id: String,
+    /// Publish time, milliseconds since the Unix epoch.
+    pub publish_time_ms: i64,
+    /// Attributes as a JSON object.
+    pub attributes_json: String,
+    /// Payload.
+    pub data: Bytes,
+}
+
+/// What an entry's effect is, if its key is new.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// A row in the batch's target table.
+    Row {
+        /// Event time, milliseconds since the Unix epoch.
+        event_time_ms: i64,
+    },
+    /// A row in `<pipeline>__dead_letter`.
+    DeadLetter {
+        /// Short machine-readable reason (`bad_timestamp`, `max_attempts`, ...).
+        reason: String,
+        /// The last error, for people.
+        error: String,
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+/// One message's part of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// Ledger key.
+    pub key: DedupKey,
+    /// Source message.
+    pub message: MessageFields,
+    /// Effect if the key is new.
+    pub effect: Effect,
+}
+
+/// One transaction's worth of work for one flow.
+#[derive(Debug, Clone)]
+pub struct CommitBatch {
+    /// The flow committing.
+    pub flow: FlowHandle,
+    /// Full SQL name of the target table (`<pipeline>__<target>`, see [`crate::table_name`]).
+    pub table: Arc<str>,
+    /// Entries, in receive order.
+    pub entries: Vec<Entry>,
+    /// Commit time, ms since epoch (`committed_at`).
+    pub now_ms: i64,
+    /// Ledger keys written by this batch expire at this time (now + dedup window), ms.
+    pub expires_at_ms: i64,
+}
+
+/// Result of a committed batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitOutcome {
+    /// Per entry, in order: `true` if its effect was written, `false` if its key was a duplicate.
+    pub written: Vec<bool>,
+}
+
+/// Counters of a flow, as committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FlowProgress {
+    /// Target rows written.
+    pub committed: u64,
+    /// Entries found duplicate by the ledger.
+    pub duplicates: u64,
+    /// Dead-letter rows written.
+    pub dead_lettered: u64,
+    /// Batches committed.
+    pub batches: u64,
+}

@@ -1,0 +1,365 @@
+//! The SQLite backend: one writer thread owns the connection; callers talk to it over a bounded
+//! channel, so commits are serialised without locks held across `.await`.
+//!
+//! Several processes may share one database file (WAL mode, `BEGIN IMMEDIATE`, a busy timeout):
+//! the ledger's primary key still decides duplicates across them.
+
+use crate::schema::{SQLITE_STATE_DDL, sqlite_dead_letter_ddl, sqlite_target_ddl, table_name};
+use crate::{
+    CommitBatch, CommitOutcome, Effect, FlowHandle, FlowProgress, Layout, Store, StoreError,
+};
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::oneshot;
+
+/// Requests queued for the writer thread; callers wait when it is this far behind.
+const COMMAND_QUEUE: usize = 64;
+/// How long a writer waits for another process's write lock before reporting the store busy.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the writer purges expired ledger keys when it has them.
+const PURGE_INTERVAL: Duration = Duration::from_secs(1);
+/// Expired keys deleted per purge step: small enough that a commit waits at most a few ms.
+const PURGE_CHUNK: usize = 5_000;
+
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+enum Command {
+    Prepare(Layout, Reply<Vec<FlowHandle>>),
+    Commit(Box<CommitBatch>, Reply<CommitOutcome>),
+    CountRows(String, Option<String>, Reply<u64>),
+    KeyCensus(String, Reply<(u64, u64)>),
+    FlowProgress(i64, Reply<FlowProgress>),
+    Purge(i64, usize, Reply<usize>),
+}
+
+/// The embedded store: a single SQLite file, created with its folder on first use.
+pub struct SqliteStore {
+    commands: SyncSender<Command>,
+    path: PathBuf,
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the database at `path` and starts its writer thread.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+            })?;
+        }
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SQLITE_STATE_DDL)?;
+        let (commands, receiver) = sync_channel(COMMAND_QUEUE);
+        std::thread::Builder::new()
+            .name("sluice-sqlite-writer".to_owned())
+            .spawn(move || Writer { conn }.run(receiver))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
+        Ok(Self {
+            commands,
+            path: path.to_owned(),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let commands = self.commands.clone();
+        let command = make(reply);
+        // The queue is bounded: a full queue blocks, so send from the blocking pool.
+        tokio::task::spawn_blocking(move || commands.send(command))
+            .await
+            .map_err(|_| StoreError::Closed)?
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
+        let layout = layout.clone();
+        self.ask(|reply| Command::Prepare(layout, reply)).await
+    }
+
+    async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
+        self.ask(|reply| Command::Commit(Box::new(batch), reply)).await
+    }
+
+    async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
+        let (table, flow) = (table.to_owned(), flow.map(str::to_owned));
+        self.ask(|reply| Command::CountRows(table, flow, reply)).await
+    }
+
+    async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
+        let table = table.to_owned();
+        self.ask(|reply| Command::KeyCensus(table, reply)).await
+    }
+
+    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
+        let id = flow.id;
+        self.ask(|reply| Command::FlowProgress(id, reply)).await
+    }
+
+    async fn purge_expired(&self, now_ms: i64, limit: usize) -> Result<usize, StoreError> {
+        self.ask(|reply| Command::Purge(now_ms, limit, reply)).await
+    }
+}
+
+struct Writer {
+    conn: Connection,
+}
+
+impl Writer {
+    fn run(mut self, commands: Receiver<Command>) {
+        let mut last_purge = Instant::now();
+        loop {
+            match commands.recv_timeout(PURGE_INTERVAL) {
+                Ok(command) => self.handle(command),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if last_purge.elapsed() >= PURGE_INTERVAL {
+                last_purge = Instant::now();
+                if let Err(error) = self.purge(now_ms(), PURGE_CHUNK) {
+                    tracing::debug!(%error, "ledger purge step failed; retried later");
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        // A caller that went away no longer wants the answer; ignoring the send error is right.
+        match command {
+            Command::Prepare(layout, reply) => {
+                let _ = reply.send(self.prepare(&layout));
+            }
+            Command::Commit(batch, reply) => {
+                let _ = reply.send(self.commit(&batch));
+            }
+            Command::CountRows(table, flow, reply) => {
+                let _ = reply.send(self.count_rows(&table, flow.as_deref()));
+            }
+            Command::KeyCensus(table, reply) => {
+                let _ = reply.send(self.key_census(&table));
+            }
+            Command::FlowProgress(id, reply) => {
+                let _ = reply.send(self.flow_progress(id));
+            }
+            Command::Purge(now, limit, reply) => {
+                let _ = reply.send(self.purge(now, limit));
+            }
+        }
+    }
+
+    fn prepare(&mut self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
+        let dead_letter = table_name(&layout.pipeline, "dead_letter")?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for target in &layout.tables {
+            if target == "dead_letter" {
+                return Err(StoreError::Config(
+                    "a table target may not be named dead_letter".to_owned(),
+                ));
+            }
+            tx.execute_batch(&sqlite_target_ddl(&table_name(&layout.pipeline, target)?))?;
+        }
+        tx.execute_batch(&sqlite_dead_letter_ddl(&dead_letter))?;
+        let pipeline: Arc<str> = Arc::from(layout.pipeline.as_str());
+        let mut handles = Vec::with_capacity(layout.flows.len());
+        for flow in &layout.flows {
+            table_name(&layout.pipeline, flow)?;
+            tx.execute(
+                "INSERT INTO sluice_flows (pipeline, flow) VALUES (?1, ?2)
+                 ON CONFLICT (pipeline, flow) DO NOTHING",
+                params![layout.pipeline, flow],
+            )?;
+            let id: i64 = tx.query_row(
+                "SELECT flow_id FROM sluice_flows WHERE pipeline = ?1 AND flow = ?2",
+                params![layout.pipeline, flow],
+                |row| row.get(0),
+            )?;
+            handles.push(FlowHandle {
+                id,
+                pipeline: pipeline.clone(),
+                name: Arc::from(flow.as_str()),
+            });
+        }
+        tx.commit()?;
+        Ok(handles)
+    }
+
+    fn commit(&mut self, batch: &CommitBatch) -> Result<CommitOutcome, StoreError> {
+        let dead_letter = table_name(&batch.flow.pipeline, "dead_letter")?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut written = Vec::with_capacity(batch.entries.len());
+        let (mut rows, mut dead, mut duplicates) = (0i64, 0i64, 0i64);
+        {
+            // An expired key that was not purged yet counts as absent: it is taken over.
+            let mut ledger = tx.prepare_cached(
+                "INSERT INTO sluice_ledger (flow_id, key, expires_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (flow_id, key) DO UPDATE SET expires_at = excluded.expires_at
+                 WHERE sluice_ledger.expires_at <= ?4",
+            )?;
+            let mut insert_row = tx.prepare_cached(&format!(
+                "INSERT INTO \"{}\" (dedup_key, message_id, publish_time, event_time, attributes,
+                 data, flow, committed_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                batch.table
+            ))?;
+            let mut insert_dead = tx.prepare_cached(&format!(
+                "INSERT INTO \"{dead_letter}\" (flow, dedup_key, message_id, publish_time,
+                 attributes, data, reason, error, attempts, committed_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            ))?;
+            for entry in &batch.entries {
+                let key = entry.key.as_str();
+                let is_new = ledger.execute(params![
+                    batch.flow.id,
+                    key,
+                    batch.expires_at_ms,
+                    batch.now_ms
+                ])? == 1;
+                written.push(is_new);
+                if !is_new {
+                    duplicates += 1;
+                    continue;
+                }
+                let m = &entry.message;
+                match &entry.effect {
+                    Effect::Row { event_time_ms } => {
+                        insert_row.execute(params![
+                            key,
+                            m.message_id,
+                            m.publish_time_ms,
+                            event_time_ms,
+                            m.attributes_json,
+                            &m.data[..],
+                            &*batch.flow.name,
+                            batch.now_ms
+                        ])?;
+                        rows += 1;
+                    }
+                    Effect::DeadLetter {
+                        reason,
+                        error,
+                        attempts,
+                    } => {
+                        insert_dead.execute(params![
+                            &*batch.flow.name,
+                            key,
+                            m.message_id,
+                            m.publish_time_ms,
+                            m.attributes_json,
+                            &m.data[..],
+                            reason,
+                            error,
+                            attempts,
+                            batch.now_ms
+                        ])?;
+                        dead += 1;
+                    }
+                }
+            }
+            tx.prepare_cached(
+                "UPDATE sluice_flows SET committed = committed + ?1, duplicates = duplicates + ?2,
+                 dead_lettered = dead_lettered + ?3, batches = batches + 1, last_commit_at = ?4
+                 WHERE flow_id = ?5",
+            )?
+            .execute(params![rows, duplicates, dead, batch.now_ms, batch.flow.id])?;
+        }
+        tx.commit()?;
+        Ok(CommitOutcome { written })
+    }
+
+    fn count_rows(&mut self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
+        check_table(table)?;
+        let count: i64 = match flow {
+            Some(flow) => self.conn.query_row(
+                &format!("SELECT COUNT(*) FROM \"{table}\" WHERE flow = ?1"),
+                params![flow],
+                |row| row.get(0),
+            )?,
+            None => self
+                .conn
+                .query_row(&format!("SELECT COUNT(*) FROM \"{table}\""), [], |row| {
+                    row.get(0)
+                })?,
+        };
+        Ok(u64::try_from(count).unwrap_or_default())
+    }
+
+    fn key_census(&mut self, table: &str) -> Result<(u64, u64), StoreError> {
+        check_table(table)?;
+        let (distinct, repeated): (i64, i64) = self.conn.query_row(
+            &format!(
+                "SELECT COUNT(*), COALESCE(SUM(n > 1), 0) FROM
+                 (SELECT COUNT(*) AS n FROM \"{table}\" GROUP BY flow, dedup_key)"
+            ),
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )?;
+        Ok((
+            u64::try_from(distinct).unwrap_or_default(),
+            u64::try_from(repeated).unwrap_or_default(),
+        ))
+    }
+
+    fn flow_progress(&mut self, id: i64) -> Result<FlowProgress, StoreError> {
+        let progress = self
+            .conn
+            .query_row(
+                "SELECT committed, duplicates, dead_lettered, batches FROM sluice_flows
+                 WHERE flow_id = ?1",
+                params![id],
+                |row| {
+                    let get = |i: usize| -> rusqlite::Result<u64> {
+                        Ok(u64::try_from(row.get::<_, i64>(i)?).unwrap_or_default())
+                    };
+                    Ok(FlowProgress {
+                        committed: get(0)?,
+                        duplicates: get(1)?,
+                        dead_lettered: get(2)?,
+                        batches: get(3)?,
+                    })
+                },
+            )
+            .optional()?;
+        progress.ok_or_else(|| StoreError::Config(format!("no flow with id {id}")))
+    }
+
+    fn purge(&mut self, now_ms: i64, limit: usize) -> Result<usize, StoreError> {
+        let deleted = self.conn.execute(
+            "DELETE FROM sluice_ledger WHERE (flow_id, key) IN
+             (SELECT flow_id, key FROM sluice_ledger WHERE expires_at <= ?1 LIMIT ?2)",
+            params![now_ms, i64::try_from(limit).unwrap_or(i64::MAX)],
+        )?;
+        Ok(deleted)
+    }
+}
+
+fn check_table(table: &str) -> Result<(), StoreError> {
+    match table.split_once("__") {
+        Some((pipeline, target)) => table_name(pipeline, target).map(|_| ()),
+        None => Err(StoreError::Config(format!("{table:?} is not a target table"))),
+    }
+}
+
+/// Milliseconds since the Unix epoch, by the wall clock.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}
