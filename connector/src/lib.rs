@@ -1,1 +1,59 @@
-//! placeholder
+//! sluice's source connector: Pub/Sub in, deduplicated batches out, acks only after commit.
+//!
+//! # The message lifecycle
+//!
+//! ```text
+//! received ──► keyed ──► admitted (memory tier) ──► batched ──► staged ──► committed ──► acked
+//!                             │                                     │
+//!                             ├─ in flight elsewhere: parked ───────┴─► acked with its original
+//!                             └─ committed recently: acked at once (a duplicate)
+//! ```
+//!
+//! # Guarantees
+//!
+//! * **Ack after commit.** A [`Delivery`]'s Pub/Sub handler is acked only by
+//!   [`Batch::settle_committed`], which the caller invokes after the transaction holding the
+//!   batch's effects has committed ([`CommitThenAck`] does exactly that with a
+//!   [`sluice_store::Store`]). Until then the client keeps extending the message's lease.
+//!   A batch that is dropped or [`Batch::abandon`]ed is nacked, so Pub/Sub redelivers it promptly.
+//! * **No double processing within a worker.** A redelivery that races its original (same dedup
+//!   key, original not yet settled) is parked and settled with the original: acked when the
+//!   original commits, nacked when it is abandoned. It never reaches a stage.
+//! * **Exactly once across workers** comes from the store's ledger: the memory tier only reports
+//!   keys the store has already decided, so it never drops a message the store has not seen.
+//! * **Bounded memory.** At most `max_outstanding_messages` messages and `max_outstanding_bytes`
+//!   bytes are held between receipt and ack; sources stop pulling at the bound ([`Budget`]).
+//!
+//! # Using it in your own job
+//!
+//! See `examples/custom_job.rs`: build a [`PubSubSource`], wrap it in a [`BatchSource`], take
+//! [`Batch`]es, run your own first stage, commit through [`CommitThenAck`] (or your own store,
+//! then call [`Batch::settle_committed`]).
+
+mod backoff;
+mod batch;
+mod budget;
+mod commit;
+mod delivery;
+mod event_time;
+mod inprocess;
+pub mod pubsub;
+mod runner;
+mod source;
+mod stage;
+mod telemetry;
+mod time;
+
+pub use backoff::Backoff;
+pub use batch::{Batch, BatchSettings, BatchSource, DedupSettings, Idle, KeySource};
+pub use budget::Budget;
+pub use commit::{CommitReport, CommitThenAck, RetrySettings};
+pub use delivery::{AckHandle, Delivery, SourceMessage};
+pub use event_time::{EventTimeError, parse_event_time};
+pub use inprocess::{InProcessAck, InProcessSource, InProcessTally};
+pub use pubsub::{PubSubConfig, PubSubSource};
+pub use runner::{COMMIT_QUEUE, FlowRun, RunUntil};
+pub use source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
+pub use stage::{Stage, StageError, TableStage};
+pub use telemetry::{Counters, Snapshot};
+pub use time::now_ms;

@@ -1,0 +1,114 @@
+//! Starts Google's Pub/Sub emulator on a free loopback port, for the demo, the benchmarks and
+//! the tests, and stops it (its whole process group: the JVM outlives a killed launcher).
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How long the emulator may take to say "Server started" (its JVM start takes 3–10 s here).
+pub const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// Heap cap: the emulator's JVM grows to several GB under traffic otherwise.
+pub const JAVA_HEAP: &str = "-Xmx1g";
+
+/// Where Debian's `google-cloud-cli-pubsub-emulator` puts the launcher.
+const LAUNCHERS: &[&str] = &[
+    "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator",
+    "/usr/share/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator",
+];
+
+/// Why the emulator did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EmulatorError {
+    /// No launcher found.
+    #[error(
+        "the Pub/Sub emulator is not installed (apt-get install google-cloud-cli-pubsub-emulator); \
+         or set PUBSUB_EMULATOR_HOST to a running one"
+    )]
+    NotInstalled,
+    /// Starting or waiting failed.
+    #[error("the Pub/Sub emulator did not start: {0}")]
+    Start(String),
+}
+
+/// A running emulator, stopped on drop.
+#[derive(Debug)]
+pub struct Emulator {
+    child: Child,
+    port: u16,
+}
+
+impl Emulator {
+    /// Starts an emulator on a free port and waits until it serves.
+    pub fn start() -> Result<Self, EmulatorError> {
+        let launcher = LAUNCHERS
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .ok_or(EmulatorError::NotInstalled)?;
+        let port = free_port().map_err(|e| EmulatorError::Start(e.to_string()))?;
+        let mut child = Command::new(launcher)
+            .arg("--host=127.0.0.1")
+            .arg(format!("--port={port}"))
+            .env("JAVA_OPTS", JAVA_HEAP)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| EmulatorError::Start(e.to_string()))?;
+        let (ready_tx, ready_rx) = mpsc::channel();
+        for pipe in [
+            child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let ready_tx = ready_tx.clone();
+            std::thread::spawn(move || {
+                // Keep reading to the end so the emulator never blocks on a full pipe.
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    if line.contains("Server started") {
+                        let _ = ready_tx.send(());
+                    }
+                }
+            });
+        }
+        let emulator = Self { child, port };
+        ready_rx
+            .recv_timeout(START_TIMEOUT)
+            .map_err(|_| EmulatorError::Start(format!("no \"Server started\" within {START_TIMEOUT:?}")))?;
+        Ok(emulator)
+    }
+
+    /// `127.0.0.1:PORT`, the value for `PUBSUB_EMULATOR_HOST`.
+    pub fn host_port(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `http://127.0.0.1:PORT`, the value for `pubsub.endpoint`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        // The launcher is a shell script that starts a JVM; kill the whole group.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}

@@ -1,0 +1,248 @@
+//! Commit-then-ack: stage a batch, commit its effects in one store transaction, and only then
+//! ack its messages.
+//!
+//! Failure handling, by [`StoreError`] class:
+//! * transient (store unreachable, locked, read-only): retry the same batch with backoff, forever
+//!   (leases keep extending, nothing is acked), logging once per backoff step; when the caller
+//!   gives up (shutdown deadline) the batch is nacked;
+//! * a stage failure or a rejected commit: each message uses one attempt; a batch of several is
+//!   split into single messages to isolate the culprit; a single message that has used
+//!   `max_attempts` is committed as a dead letter (reason `max_attempts`) and then acked.
+
+use crate::backoff::Backoff;
+use crate::batch::Batch;
+use crate::delivery::Delivery;
+use crate::stage::Stage;
+use crate::time::now_ms;
+use sluice_store::{
+    CommitBatch, Effect, Entry, FlowHandle, MessageFields, Store, StoreError,
+};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Retry settings of a flow.
+#[derive(Debug, Clone, Copy)]
+pub struct RetrySettings {
+    /// Attempts before a failing message is dead-lettered (at least 1).
+    pub max_attempts: u32,
+    /// Ledger keys written now expire after this (the dedup window).
+    pub dedup_window: Duration,
+}
+
+/// What became of one batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitReport {
+    /// Target rows written.
+    pub rows: u64,
+    /// Dead-letter rows written.
+    pub dead_letters: u64,
+    /// Entries the ledger found duplicate.
+    pub duplicates: u64,
+    /// Messages acked.
+    pub acked: u64,
+    /// Messages nacked because the caller gave up.
+    pub abandoned: u64,
+}
+
+impl std::ops::AddAssign for CommitReport {
+    fn add_assign(&mut self, other: Self) {
+        self.rows += other.rows;
+        self.dead_letters += other.dead_letters;
+        self.duplicates += other.duplicates;
+        self.acked += other.acked;
+        self.abandoned += other.abandoned;
+    }
+}
+
+/// Commits batches of one flow to a store and acks them afterwards.
+pub struct CommitThenAck {
+    store: Arc<dyn Store>,
+    flow: FlowHandle,
+    table: Arc<str>,
+    stage: Arc<dyn Stage>,
+    retry: RetrySettings,
+    give_up: CancellationToken,
+}
+
+impl CommitThenAck {
+    /// A committer of `flow` into `table` (a full table name, see `sluice_store::table_name`).
+    /// Cancelling `give_up` makes batches waiting on an unavailable store be nacked instead of
+    /// retried further.
+    pub fn new(
+        store: Arc<dyn Store>,
+        flow: FlowHandle,
+        table: Arc<str>,
+        stage: Arc<dyn Stage>,
+        retry: RetrySettings,
+        give_up: CancellationToken,
+    ) -> Self {
+        Self {
+            store,
+            flow,
+            table,
+            stage,
+            retry: RetrySettings {
+                max_attempts: retry.max_attempts.max(1),
+                ..retry
+            },
+            give_up,
+        }
+    }
+
+    /// Stages, commits and acks one batch (retrying as the module docs say). Returns when every
+    /// message of the batch is acked, or nacked because the caller gave up.
+    pub async fn process(&self, batch: Batch) -> CommitReport {
+        let mut report = CommitReport::default();
+        let mut queue = VecDeque::from([batch]);
+        while let Some(batch) = queue.pop_front() {
+            if let Some(rest) = self.process_one(batch, &mut report).await {
+                for (i, single) in rest.into_iter().enumerate() {
+                    queue.insert(i, single);
+                }
+            }
+        }
+        report
+    }
+
+    /// Processes one batch; returns its singles when it had to be split.
+    async fn process_one(&self, mut batch: Batch, report: &mut CommitReport) -> Option<Vec<Batch>> {
+        let mut backoff = Backoff::default();
+        let mut last_error = String::new();
+        loop {
+            let exhausted = batch.len() == 1
+                && batch.deliveries()[0].attempts >= self.retry.max_attempts;
+            let effects = if exhausted {
+                Ok(vec![Effect::DeadLetter {
+                    reason: "max_attempts".to_owned(),
+                    error: last_error.clone(),
+                    attempts: batch.deliveries()[0].attempts,
+                }])
+            } else {
+                self.stage.stage(batch.deliveries()).await
+            };
+            let mut dead = Vec::new();
+            let outcome = match effects {
+                Ok(effects) if effects.len() != batch.len() => Err(Failure::Stage(format!(
+                    "stage returned {} effects for {} messages",
+                    effects.len(),
+                    batch.len()
+                ))),
+                Ok(effects) => {
+                    dead = effects
+                        .iter()
+                        .map(|e| matches!(e, Effect::DeadLetter { .. }))
+                        .collect();
+                    let started = Instant::now();
+                    let result = self.store.commit(self.commit_batch(&batch, effects)).await;
+                    batch.counters().commit_took(started.elapsed().as_secs_f64());
+                    result.map_err(Failure::Store)
+                }
+                Err(error) => Err(Failure::Stage(error.0)),
+            };
+            match outcome {
+                Ok(outcome) => {
+                    let (rows, dead_letters, duplicates) = count_written(&dead, &outcome.written);
+                    batch.counters().committed(rows, dead_letters, duplicates);
+                    *report += CommitReport {
+                        rows,
+                        dead_letters,
+                        duplicates,
+                        acked: batch.len() as u64,
+                        abandoned: 0,
+                    };
+                    batch.settle_committed(&outcome.written);
+                    return None;
+                }
+                Err(Failure::Store(error)) if error.is_transient() => {
+                    batch.counters().commit_failed();
+                    if self.give_up.is_cancelled() {
+                        tracing::warn!(flow = %self.flow.name, batch = batch.id, %error,
+                            "giving up on an unavailable store at shutdown; nacking the batch");
+                        report.abandoned += batch.len() as u64;
+                        batch.abandon();
+                        return None;
+                    }
+                    let delay = backoff.next_delay();
+                    tracing::warn!(flow = %self.flow.name, batch = batch.id, step = backoff.step(),
+                        retry_in_ms = delay.as_millis() as u64, %error,
+                        "store unavailable; retrying the commit (nothing acked)");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = self.give_up.cancelled() => {}
+                    }
+                }
+                Err(failure) => {
+                    batch.counters().commit_failed();
+                    last_error = failure.to_string();
+                    batch.count_failed_attempt();
+                    if batch.len() > 1 {
+                        tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %last_error,
+                            "batch failed; retrying its messages one by one");
+                        return Some(batch.into_singles());
+                    }
+                    let delay = backoff.next_delay();
+                    tracing::warn!(flow = %self.flow.name, batch = batch.id,
+                        attempts = batch.deliveries()[0].attempts, error = %last_error,
+                        retry_in_ms = delay.as_millis() as u64, "message failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    fn commit_batch(&self, batch: &Batch, effects: Vec<Effect>) -> CommitBatch {
+        let now = now_ms();
+        let window = i64::try_from(self.retry.dedup_window.as_millis()).unwrap_or(i64::MAX);
+        CommitBatch {
+            flow: self.flow.clone(),
+            table: self.table.clone(),
+            entries: batch
+                .deliveries()
+                .iter()
+                .zip(effects)
+                .map(|(delivery, effect)| entry(delivery, effect))
+                .collect(),
+            now_ms: now,
+            expires_at_ms: now.saturating_add(window),
+        }
+    }
+}
+
+/// (rows, dead letters, duplicates) written by a committed batch, from which entries were dead
+/// letters and which the ledger accepted.
+fn count_written(dead: &[bool], written: &[bool]) -> (u64, u64, u64) {
+    let (mut rows, mut dead_letters, mut duplicates) = (0, 0, 0);
+    for (&is_dead, &is_new) in dead.iter().zip(written) {
+        match (is_new, is_dead) {
+            (false, _) => duplicates += 1,
+            (true, true) => dead_letters += 1,
+            (true, false) => rows += 1,
+        }
+    }
+    (rows, dead_letters, duplicates)
+}
+
+fn entry(delivery: &Delivery, effect: Effect) -> Entry {
+    let message = &delivery.message;
+    Entry {
+        key: delivery.key.clone(),
+        message: MessageFields {
+            message_id: message.message_id.clone(),
+            publish_time_ms: message.publish_time_ms,
+            attributes_json: serde_json::to_string(&message.attributes)
+                .unwrap_or_else(|_| "{}".to_owned()),
+            data: message.data.clone(),
+        },
+        effect,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("{0}")]
+    Stage(String),
+    #[error(transparent)]
+    Store(StoreError),
+}

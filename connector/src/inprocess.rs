@@ -1,0 +1,136 @@
+//! An in-process source of generated messages, behind the same seam as Pub/Sub.
+//!
+//! It exists to measure sluice's own capacity without the emulator in the way (dedup, batching,
+//! commit, ack) and to drive tests of faults the emulator cannot produce. Its acks and nacks are
+//! counted in an [`InProcessTally`].
+
+use crate::budget::Budget;
+use crate::delivery::{AckHandle, SourceMessage};
+use crate::pubsub::SourceError;
+use crate::source::{MessageSource, Received, SourceHandle};
+use async_trait::async_trait;
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Acks and nacks received by an [`InProcessSource`]'s messages.
+#[derive(Debug, Default)]
+pub struct InProcessTally {
+    /// Messages acked.
+    pub acked: AtomicU64,
+    /// Messages nacked (explicitly or by dropping their handle).
+    pub nacked: AtomicU64,
+}
+
+/// Generates `count` messages of `payload` bytes; message `i` carries attribute `key` =
+/// `k{i / (duplicate_every)}`-style keys chosen by the caller's function.
+pub struct InProcessSource {
+    messages: Vec<SourceMessage>,
+    tally: Arc<InProcessTally>,
+}
+
+impl InProcessSource {
+    /// A source that will deliver exactly these messages, in order, once each.
+    pub fn new(messages: Vec<SourceMessage>) -> Self {
+        Self {
+            messages,
+            tally: Arc::new(InProcessTally::default()),
+        }
+    }
+
+    /// `count` messages with ids `m0..`, `payload_size` bytes each, and an attribute `key`
+    /// from `key_of(i)`.
+    pub fn generated(count: usize, payload_size: usize, key_of: impl Fn(usize) -> String) -> Self {
+        let payload = Bytes::from(vec![b'x'; payload_size]);
+        let now = crate::time::now_ms();
+        Self::new(
+            (0..count)
+                .map(|i| SourceMessage {
+                    message_id: format!("m{i}"),
+                    publish_time_ms: now,
+                    attributes: BTreeMap::from([("key".to_owned(), key_of(i))]),
+                    data: payload.clone(),
+                })
+                .collect(),
+        )
+    }
+
+    /// The tally its handles report to.
+    pub fn tally(&self) -> Arc<InProcessTally> {
+        self.tally.clone()
+    }
+}
+
+#[async_trait]
+impl MessageSource for InProcessSource {
+    async fn start(
+        self: Box<Self>,
+        intake: mpsc::Sender<Received>,
+        budget: Budget,
+        stop: CancellationToken,
+    ) -> Result<Box<dyn SourceHandle>, SourceError> {
+        let task_stop = stop.clone();
+        let tally = self.tally.clone();
+        let task = tokio::spawn(async move {
+            for message in self.messages {
+                let permit = tokio::select! {
+                    _ = task_stop.cancelled() => return,
+                    permit = budget.reserve_message() => permit,
+                };
+                let Some(permit) = permit else { return };
+                let permits = budget.reserve_bytes(permit, message.size()).await;
+                let handle = Box::new(InProcessAck {
+                    tally: tally.clone(),
+                    settled: false,
+                });
+                if intake.send(Received::new(message, handle, permits)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Box::new(RunningInProcess { stop, task }))
+    }
+}
+
+struct RunningInProcess {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+#[async_trait]
+impl SourceHandle for RunningInProcess {
+    async fn close(self: Box<Self>) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// The ack handle of an in-process message.
+pub struct InProcessAck {
+    tally: Arc<InProcessTally>,
+    settled: bool,
+}
+
+impl AckHandle for InProcessAck {
+    fn ack(mut self: Box<Self>) {
+        self.settled = true;
+        self.tally.acked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn nack(mut self: Box<Self>) {
+        self.settled = true;
+        self.tally.nacked.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for InProcessAck {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.tally.nacked.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! Google Cloud Pub/Sub through the official `google-cloud-pubsub` client: where to connect,
+//! the streaming-pull source, and admin helpers for topics and subscriptions.
+//!
+//! The client does not read `PUBSUB_EMULATOR_HOST` itself; [`PubSubConfig::endpoint`] does:
+//! `pubsub.endpoint` from the pipeline file wins, then `PUBSUB_EMULATOR_HOST`. A plaintext
+//! (`http://`) endpoint is taken to be an emulator and gets anonymous credentials; otherwise
+//! Application Default Credentials are used.
+
+mod admin;
+mod source;
+
+pub use admin::{Admin, publish_all};
+pub use source::PubSubSource;
+
+use google_cloud_auth::credentials::Credentials;
+
+/// Why a Pub/Sub client could not be set up or used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// A client could not be built (bad endpoint, no credentials). Not retried.
+    #[error("cannot build a Pub/Sub client: {0}")]
+    Client(String),
+    /// An RPC failed (retried by callers that can).
+    #[error("Pub/Sub request failed: {0}")]
+    Rpc(String),
+    /// A name is not usable (no project for a short subscription name).
+    #[error("{0}")]
+    Name(String),
+}
+
+/// Where and as whom to talk to Pub/Sub.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PubSubConfig {
+    /// `pubsub.project`; `None`: `PUBSUB_PROJECT_ID`, then `GOOGLE_CLOUD_PROJECT`.
+    pub project: Option<String>,
+    /// `pubsub.endpoint`; `None`: `PUBSUB_EMULATOR_HOST`, then the real service.
+    pub endpoint: Option<String>,
+}
+
+impl PubSubConfig {
+    /// The endpoint to use, with a scheme; `None` for the real service's default.
+    pub fn endpoint(&self) -> Option<String> {
+        let raw = self
+            .endpoint
+            .clone()
+            .or_else(|| std::env::var("PUBSUB_EMULATOR_HOST").ok())
+            .filter(|e| !e.trim().is_empty())?;
+        Some(if raw.contains("://") {
+            raw
+        } else {
+            format!("http://{raw}")
+        })
+    }
+
+    /// The project, from the file or the environment.
+    pub fn project(&self) -> Option<String> {
+        self.project
+            .clone()
+            .or_else(|| std::env::var("PUBSUB_PROJECT_ID").ok())
+            .or_else(|| std::env::var("GOOGLE_CLOUD_PROJECT").ok())
+            .filter(|p| !p.is_empty())
+    }
+
+    /// Anonymous credentials for a plaintext (emulator) endpoint; `None`: ADC.
+    pub(crate) fn credentials(&self) -> Option<Credentials> {
+        self.endpoint()
+            .filter(|e| e.starts_with("http://"))
+            .map(|_| google_cloud_auth::credentials::anonymous::Builder::new().build())
+    }
+
+    /// `projects/P/subscriptions/S` for a short name or a full path.
+    pub fn subscription_path(&self, name: &str) -> Result<String, SourceError> {
+        self.resource_path("subscriptions", name)
+    }
+
+    /// `projects/P/topics/T` for a short name or a full path.
+    pub fn topic_path(&self, name: &str) -> Result<String, SourceError> {
+        self.resource_path("topics", name)
+    }
+
+    fn resource_path(&self, kind: &str, name: &str) -> Result<String, SourceError> {
+        if name.starts_with("projects/") {
+            return Ok(name.to_owned());
+        }
+        let project = self.project().ok_or_else(|| {
+            SourceError::Name(format!(
+                "{kind} {name:?} is a short name but no project is set \
+                 (pubsub.project, PUBSUB_PROJECT_ID or GOOGLE_CLOUD_PROJECT)"
+            ))
+        })?;
+        Ok(format!("projects/{project}/{kind}/{name}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_endpoint_gets_a_scheme_and_paths_expand() {
+        let config = PubSubConfig {
+            project: Some("p".into()),
+            endpoint: Some("127.0.0.1:8085".into()),
+        };
+        assert_eq!(config.endpoint().as_deref(), Some("http://127.0.0.1:8085"));
+        assert!(config.credentials().is_some());
+        assert_eq!(config.subscription_path("s").ok().as_deref(), Some("projects/p/subscriptions/s"));
+        assert_eq!(
+            config.topic_path("projects/q/topics/t").ok().as_deref(),
+            Some("projects/q/topics/t")
+        );
+    }
+}

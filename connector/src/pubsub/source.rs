@@ -1,0 +1,202 @@
+//! The streaming-pull source: several long-lived streams on one subscription, each a task that
+//! takes a budget permit before it asks for the next message.
+//!
+//! Stream lifecycle (see the emulator notes on closing order): a stream task stops by dropping
+//! its `MessageStream` (which closes the gRPC stream at once) while keeping its shutdown token;
+//! the handlers it handed out stay valid (shutdown behaviour `WaitForProcessing`: the client keeps
+//! extending their leases and still sends their acks), and [`SourceHandle::close`] awaits the
+//! tokens after every handler has been settled.
+
+use super::{PubSubConfig, SourceError};
+use crate::backoff::Backoff;
+use crate::budget::Budget;
+use crate::delivery::{AckHandle, SourceMessage};
+use crate::source::{MessageSource, Received, SourceHandle};
+use async_trait::async_trait;
+use google_cloud_pubsub::client::Subscriber;
+use google_cloud_pubsub::model::Message;
+use google_cloud_pubsub::subscriber::handler::Handler;
+use google_cloud_pubsub::subscriber::ShutdownToken;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// How long [`SourceHandle::close`] waits for the client to flush acks before giving up.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The client extends a held message's lease by up to this much at a time: long enough that a
+/// worker under load does not lose leases, short enough that a crashed worker's messages come
+/// back within a minute.
+const LEASE_EXTENSION: Duration = Duration::from_secs(30);
+
+/// Streaming pull from one subscription through the official client.
+#[derive(Debug, Clone)]
+pub struct PubSubSource {
+    config: PubSubConfig,
+    subscription: String,
+    streams: usize,
+}
+
+impl PubSubSource {
+    /// A source reading `subscription` (short name or full path) over `streams` streams.
+    pub fn new(config: PubSubConfig, subscription: &str, streams: usize) -> Result<Self, SourceError> {
+        Ok(Self {
+            subscription: config.subscription_path(subscription)?,
+            config,
+            streams: streams.clamp(1, 64),
+        })
+    }
+
+    /// The subscription's full path.
+    pub fn subscription(&self) -> &str {
+        &self.subscription
+    }
+
+    async fn client(&self) -> Result<Subscriber, SourceError> {
+        let mut builder = Subscriber::builder().with_grpc_subchannel_count(self.streams);
+        if let Some(endpoint) = self.config.endpoint() {
+            builder = builder.with_endpoint(endpoint);
+        }
+        if let Some(credentials) = self.config.credentials() {
+            builder = builder.with_credentials(credentials);
+        }
+        builder
+            .build()
+            .await
+            .map_err(|e| SourceError::Client(e.to_string()))
+    }
+}
+
+#[async_trait]
+impl MessageSource for PubSubSource {
+    async fn start(
+        self: Box<Self>,
+        intake: mpsc::Sender<Received>,
+        budget: Budget,
+        stop: CancellationToken,
+    ) -> Result<Box<dyn SourceHandle>, SourceError> {
+        let client = self.client().await?;
+        let tokens = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = JoinSet::new();
+        for index in 0..self.streams {
+            let stream = StreamTask {
+                client: client.clone(),
+                subscription: self.subscription.clone(),
+                intake: intake.clone(),
+                budget: budget.clone(),
+                stop: stop.clone(),
+                tokens: tokens.clone(),
+                index,
+            };
+            tasks.spawn(stream.run());
+        }
+        Ok(Box::new(RunningPubSub { stop, tokens, tasks }))
+    }
+}
+
+struct RunningPubSub {
+    stop: CancellationToken,
+    tokens: Arc<Mutex<Vec<ShutdownToken>>>,
+    tasks: JoinSet<()>,
+}
+
+#[async_trait]
+impl SourceHandle for RunningPubSub {
+    async fn close(mut self: Box<Self>) {
+        self.stop.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        let tokens = std::mem::take(&mut *self.tokens.lock().unwrap_or_else(PoisonError::into_inner));
+        let all = futures::future::join_all(tokens.iter().map(ShutdownToken::shutdown));
+        if tokio::time::timeout(CLOSE_TIMEOUT, all).await.is_err() {
+            tracing::warn!("Pub/Sub streams did not finish flushing acks in time");
+        }
+    }
+}
+
+struct StreamTask {
+    client: Subscriber,
+    subscription: String,
+    intake: mpsc::Sender<Received>,
+    budget: Budget,
+    stop: CancellationToken,
+    tokens: Arc<Mutex<Vec<ShutdownToken>>>,
+    index: usize,
+}
+
+impl StreamTask {
+    async fn run(self) {
+        let mut backoff = Backoff::default();
+        'reopen: loop {
+            let mut stream = self
+                .client
+                .subscribe(&self.subscription)
+                .set_max_lease_extension(LEASE_EXTENSION)
+                .build();
+            self.tokens
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(stream.shutdown_token());
+            loop {
+                let permit = tokio::select! {
+                    _ = self.stop.cancelled() => return,
+                    permit = self.budget.reserve_message() => permit,
+                };
+                let Some(permit) = permit else { return };
+                let next = tokio::select! {
+                    biased;
+                    _ = self.stop.cancelled() => return,
+                    next = stream.next() => next,
+                };
+                let error = match next {
+                    Some(Ok((message, handler))) => {
+                        backoff = Backoff::default();
+                        let message = convert(message);
+                        let permits = self.budget.reserve_bytes(permit, message.size()).await;
+                        let handle = Box::new(PubSubAck(handler));
+                        if self.intake.send(Received::new(message, handle, permits)).await.is_err() {
+                            return; // the batcher is gone; the handler was dropped: nacked
+                        }
+                        continue;
+                    }
+                    Some(Err(error)) => error.to_string(),
+                    None => "stream ended".to_owned(),
+                };
+                let delay = backoff.next_delay();
+                tracing::warn!(subscription = %self.subscription, stream = self.index,
+                    step = backoff.step(), retry_in_ms = delay.as_millis() as u64, %error,
+                    "Pub/Sub stream failed; reopening");
+                drop(stream);
+                tokio::select! {
+                    _ = self.stop.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => continue 'reopen,
+                }
+            }
+        }
+    }
+}
+
+fn convert(message: Message) -> SourceMessage {
+    let publish_time_ms = message
+        .publish_time
+        .map(|t| t.seconds() * 1000 + i64::from(t.nanos()) / 1_000_000)
+        .unwrap_or_default();
+    SourceMessage {
+        message_id: message.message_id,
+        publish_time_ms,
+        attributes: message.attributes.into_iter().collect(),
+        data: message.data,
+    }
+}
+
+struct PubSubAck(Handler);
+
+impl AckHandle for PubSubAck {
+    fn ack(self: Box<Self>) {
+        self.0.ack();
+    }
+
+    fn nack(self: Box<Self>) {
+        self.0.nack();
+    }
+}

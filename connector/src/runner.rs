@@ -1,0 +1,90 @@
+//! One flow, end to end: a source, the batcher and the committer, pipelined (the next batch
+//! fills while the previous one commits), with a clean drain.
+//!
+//! Drain: cancelling the `drain` token stops the source from asking for messages; everything
+//! already received is still batched, committed and acked; then the source is closed (acks
+//! flushed, anything the client still holds unasked is nacked by it). If the store stays
+//! unavailable during a drain, `give_up` makes the waiting batches be nacked instead.
+
+use crate::batch::{BatchSettings, BatchSource, DedupSettings};
+use crate::budget::Budget;
+use crate::commit::{CommitReport, CommitThenAck};
+use crate::pubsub::SourceError;
+use crate::source::{INTAKE_CAPACITY, MessageSource};
+use crate::telemetry::Counters;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Batches waiting for the committer: one committing, one ready; the batcher fills the next.
+pub const COMMIT_QUEUE: usize = 2;
+
+/// When a flow's run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunUntil {
+    /// Until the drain token is cancelled (continuous mode).
+    Drained,
+    /// Until no message arrived for this long (triggered runs, once flows), or the drain token.
+    Idle(Duration),
+}
+
+/// Everything one flow's run needs.
+pub struct FlowRun {
+    /// Where messages come from.
+    pub source: Box<dyn MessageSource>,
+    /// In-flight bound.
+    pub budget: Budget,
+    /// Dedup key and window.
+    pub dedup: DedupSettings,
+    /// Batch bounds.
+    pub batch: BatchSettings,
+    /// Stage, commit and ack.
+    pub committer: CommitThenAck,
+    /// Counters of the flow.
+    pub counters: Counters,
+    /// When the run ends.
+    pub until: RunUntil,
+}
+
+impl FlowRun {
+    /// Runs the flow until it ends (see [`RunUntil`]) and returns what was committed.
+    pub async fn run(self, drain: CancellationToken) -> Result<CommitReport, SourceError> {
+        let (intake_tx, intake) = mpsc::channel(INTAKE_CAPACITY);
+        let stop_source = drain.child_token();
+        let handle = self
+            .source
+            .start(intake_tx, self.budget, stop_source.clone())
+            .await?;
+        let mut batches = BatchSource::new(intake, self.dedup, self.batch, self.counters);
+        let (ready_tx, mut ready) = mpsc::channel(COMMIT_QUEUE);
+        let committer = self.committer;
+        let commits = tokio::spawn(async move {
+            let mut report = CommitReport::default();
+            while let Some(batch) = ready.recv().await {
+                report += committer.process(batch).await;
+            }
+            report
+        });
+        loop {
+            let next = match self.until {
+                RunUntil::Idle(idle) if !stop_source.is_cancelled() => {
+                    batches.next_batch_or_idle(idle).await
+                }
+                _ => Ok(batches.next_batch().await),
+            };
+            match next {
+                Ok(Some(batch)) => {
+                    if ready_tx.send(batch).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(_idle) => stop_source.cancel(),
+            }
+        }
+        drop(ready_tx);
+        let report = commits.await.unwrap_or_default();
+        handle.close().await;
+        Ok(report)
+    }
+}

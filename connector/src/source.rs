@@ -1,0 +1,63 @@
+//! The seam between message sources and the rest of sluice.
+//!
+//! A source pushes [`Received`] messages into a bounded channel, holding a [`Budget`] permit per
+//! message; a [`SourceHandle`] stops it. Two sources exist: [`crate::PubSubSource`] (the real
+//! one) and [`crate::InProcessSource`] (generated messages, for measuring sluice's own capacity
+//! and for faults the emulator cannot produce).
+
+use crate::budget::{Budget, Permits};
+use crate::delivery::{AckHandle, SourceMessage};
+use async_trait::async_trait;
+use std::time::Instant;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Messages buffered between a source's tasks and the batcher. Small: the budget, not this
+/// channel, bounds what is in flight.
+pub const INTAKE_CAPACITY: usize = 1024;
+
+/// One message and its ack handle, as a source hands it over.
+pub struct Received {
+    /// The message.
+    pub message: SourceMessage,
+    /// Its ack handle.
+    pub handle: Box<dyn AckHandle>,
+    pub(crate) permits: Permits,
+    pub(crate) received_at: Instant,
+}
+
+impl Received {
+    /// Bundles a message with its handle and budget permits.
+    pub(crate) fn new(message: SourceMessage, handle: Box<dyn AckHandle>, permits: Permits) -> Self {
+        Self {
+            message,
+            handle,
+            permits,
+            received_at: Instant::now(),
+        }
+    }
+}
+
+/// Something that can be started to deliver messages.
+#[async_trait]
+pub trait MessageSource: Send + 'static {
+    /// Starts delivering into `intake` within `budget` until `stop` is cancelled. Returns once
+    /// the source is running (streams opened lazily may still fail later; they retry with
+    /// backoff and log). After `stop`, no new message is asked for; messages already handed over
+    /// stay valid and must still be acked or nacked, and the intake channel closes once every
+    /// task of the source has finished.
+    async fn start(
+        self: Box<Self>,
+        intake: mpsc::Sender<Received>,
+        budget: Budget,
+        stop: CancellationToken,
+    ) -> Result<Box<dyn SourceHandle>, crate::pubsub::SourceError>;
+}
+
+/// A running source.
+#[async_trait]
+pub trait SourceHandle: Send {
+    /// Waits until the source has shut down, after every handed-over message has been settled
+    /// (pending acks flushed).
+    async fn close(self: Box<Self>);
+}

@@ -1,0 +1,74 @@
+//! The first fused stage: from deliveries to the effects a commit writes.
+
+use crate::delivery::Delivery;
+use crate::event_time::{EventTimeError, parse_event_time};
+use async_trait::async_trait;
+use sluice_store::Effect;
+
+/// A stage failed for a whole batch. The batch is retried with backoff; each failure uses up
+/// one attempt of each of its messages, and a message that fails alone `max_attempts` times is
+/// dead-lettered with reason `max_attempts`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("stage failed: {0}")]
+pub struct StageError(pub String);
+
+/// Maps each delivery of a batch to its effect. Per-message problems that retrying cannot fix
+/// (a bad timestamp) are returned as [`Effect::DeadLetter`]; an `Err` is a failure worth a
+/// retry (a remote stage down).
+#[async_trait]
+pub trait Stage: Send + Sync + 'static {
+    /// One effect per delivery, in order.
+    async fn stage(&self, deliveries: &[Delivery]) -> Result<Vec<Effect>, StageError>;
+}
+
+/// The stage of a `table` target: a row per message, with its event time from an attribute or
+/// the publish time.
+#[derive(Debug, Clone, Default)]
+pub struct TableStage {
+    /// `event_time.attribute`; `None`: the publish time.
+    pub event_time_attribute: Option<String>,
+    /// `on_bad_timestamp: publish_time` — use the publish time instead of dead-lettering.
+    pub bad_timestamp_uses_publish_time: bool,
+}
+
+impl TableStage {
+    fn effect(&self, delivery: &Delivery) -> Effect {
+        if let Some(reason) = delivery.key_problem {
+            return dead_letter(reason, format!("no dedup key in {:?}", delivery.message.message_id), delivery);
+        }
+        let Some(name) = &self.event_time_attribute else {
+            return Effect::Row {
+                event_time_ms: delivery.message.publish_time_ms,
+            };
+        };
+        let parsed = match delivery.message.attributes.get(name) {
+            None => Err(EventTimeError::Missing(name.clone())),
+            Some(value) => parse_event_time(value).ok_or_else(|| EventTimeError::Unparseable {
+                name: name.clone(),
+                value: value.clone(),
+            }),
+        };
+        match parsed {
+            Ok(event_time_ms) => Effect::Row { event_time_ms },
+            Err(_) if self.bad_timestamp_uses_publish_time => Effect::Row {
+                event_time_ms: delivery.message.publish_time_ms,
+            },
+            Err(error) => dead_letter("bad_timestamp", error.to_string(), delivery),
+        }
+    }
+}
+
+fn dead_letter(reason: &str, error: String, delivery: &Delivery) -> Effect {
+    Effect::DeadLetter {
+        reason: reason.to_owned(),
+        error,
+        attempts: delivery.attempts + 1,
+    }
+}
+
+#[async_trait]
+impl Stage for TableStage {
+    async fn stage(&self, deliveries: &[Delivery]) -> Result<Vec<Effect>, StageError> {
+        Ok(deliveries.iter().map(|d| self.effect(d)).collect())
+    }
+}

@@ -1,0 +1,153 @@
+//! Counts kept per flow: plain atomics the worker reads for its summary and tests read for
+//! assertions, mirrored to the `metrics` facade (SPEC §8 names) for Prometheus.
+
+use metrics::{Counter, Gauge, Histogram};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Per-flow counters. Cheap to clone; increments are per batch, not per message, where possible.
+#[derive(Clone)]
+pub struct Counters {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    received: Tally,
+    duplicates_memory: Tally,
+    duplicates_store: Tally,
+    committed: Tally,
+    dead_lettered: Tally,
+    acked: Tally,
+    nacked: AtomicU64,
+    commit_errors: AtomicU64,
+    inflight: Gauge,
+    commit_seconds: Histogram,
+    ack_latency_seconds: Histogram,
+}
+
+struct Tally {
+    value: AtomicU64,
+    metric: Counter,
+}
+
+impl Tally {
+    fn new(metric: Counter) -> Self {
+        Self {
+            value: AtomicU64::new(0),
+            metric,
+        }
+    }
+
+    fn add(&self, n: u64) {
+        if n > 0 {
+            self.value.fetch_add(n, Ordering::Relaxed);
+            self.metric.increment(n);
+        }
+    }
+
+    fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+/// A point-in-time copy of [`Counters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    /// Messages received, redeliveries included.
+    pub received: u64,
+    /// Duplicates caught by the memory tier.
+    pub duplicates_memory: u64,
+    /// Duplicates caught by the store's ledger.
+    pub duplicates_store: u64,
+    /// Target rows committed.
+    pub committed: u64,
+    /// Dead-letter rows committed.
+    pub dead_lettered: u64,
+    /// Acks sent (after commit).
+    pub acked: u64,
+    /// Nacks sent (abandoned, uncommitted).
+    pub nacked: u64,
+    /// Failed commit attempts.
+    pub commit_errors: u64,
+}
+
+impl Counters {
+    /// Counters for one flow of one pipeline.
+    pub fn new(pipeline: &str, flow: &str) -> Self {
+        let labels = [
+            ("pipeline", pipeline.to_owned()),
+            ("flow", flow.to_owned()),
+        ];
+        let with_layer = |layer: &'static str| {
+            let mut l = labels.to_vec();
+            l.push(("layer", layer.to_owned()));
+            metrics::counter!("sluice_messages_duplicate_total", &l)
+        };
+        Self {
+            inner: Arc::new(Inner {
+                received: Tally::new(metrics::counter!("sluice_messages_received_total", &labels)),
+                duplicates_memory: Tally::new(with_layer("memory")),
+                duplicates_store: Tally::new(with_layer("store")),
+                committed: Tally::new(metrics::counter!(
+                    "sluice_messages_committed_total",
+                    &labels
+                )),
+                dead_lettered: Tally::new(metrics::counter!(
+                    "sluice_messages_dead_lettered_total",
+                    &labels
+                )),
+                acked: Tally::new(metrics::counter!("sluice_messages_acked_total", &labels)),
+                nacked: AtomicU64::new(0),
+                commit_errors: AtomicU64::new(0),
+                inflight: metrics::gauge!("sluice_inflight_messages", &labels),
+                commit_seconds: metrics::histogram!("sluice_commit_duration_seconds", &labels),
+                ack_latency_seconds: metrics::histogram!("sluice_ack_latency_seconds", &labels),
+            }),
+        }
+    }
+
+    pub(crate) fn received(&self, n: u64) {
+        self.inner.received.add(n);
+        self.inner.inflight.increment(n as f64);
+    }
+    pub(crate) fn duplicate_in_memory(&self, n: u64) {
+        self.inner.duplicates_memory.add(n);
+    }
+    pub(crate) fn committed(&self, rows: u64, dead: u64, duplicates: u64) {
+        self.inner.committed.add(rows);
+        self.inner.dead_lettered.add(dead);
+        self.inner.duplicates_store.add(duplicates);
+    }
+    pub(crate) fn acked(&self, n: u64) {
+        self.inner.acked.add(n);
+        self.inner.inflight.decrement(n as f64);
+    }
+    pub(crate) fn nacked(&self, n: u64) {
+        self.inner.nacked.fetch_add(n, Ordering::Relaxed);
+        self.inner.inflight.decrement(n as f64);
+    }
+    pub(crate) fn commit_failed(&self) {
+        self.inner.commit_errors.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn commit_took(&self, seconds: f64) {
+        self.inner.commit_seconds.record(seconds);
+    }
+    pub(crate) fn ack_latency(&self, seconds: f64) {
+        self.inner.ack_latency_seconds.record(seconds);
+    }
+
+    /// Current values.
+    pub fn snapshot(&self) -> Snapshot {
+        let i = &self.inner;
+        Snapshot {
+            received: i.received.get(),
+            duplicates_memory: i.duplicates_memory.get(),
+            duplicates_store: i.duplicates_store.get(),
+            committed: i.committed.get(),
+            dead_lettered: i.dead_lettered.get(),
+            acked: i.acked.get(),
+            nacked: i.nacked.load(Ordering::Relaxed),
+            commit_errors: i.commit_errors.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Commit-then-ack on the in-process source and a real SQLite store, plus a fault-injecting
+//! store (a fake, for faults SQLite cannot be made to produce on demand: an outage that ends,
+//! a message the store keeps rejecting).
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use async_trait::async_trait;
+use sluice_connector::{
+    BatchSettings, Budget, CommitReport, CommitThenAck, Counters, DedupSettings, Delivery,
+    FlowRun, InProcessSource, KeySource, RetrySettings, RunUntil, Stage, StageError, TableStage,
+};
+use sluice_store::{
+    CommitBatch, CommitOutcome, Effect, FlowHandle, FlowProgress, Layout, SqliteStore, Store,
+    StoreError, table_name,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// A store that delegates to SQLite unless told to fail.
+struct FaultyStore {
+    inner: SqliteStore,
+    unavailable: AtomicBool,
+    poison_key: Mutex<Option<String>>,
+    failed_commits: AtomicU64,
+}
+
+#[async_trait]
+impl Store for FaultyStore {
+    async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
+        self.inner.prepare(layout).await
+    }
+    async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
+        if self.unavailable.load(Ordering::SeqCst) {
+            self.failed_commits.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::Unavailable("injected outage".into()));
+        }
+        let poison = self.poison_key.lock().unwrap().clone();
+        if let Some(poison) = poison {
+            let poisoned = batch.entries.iter().any(|e| {
+                e.key.as_str() == poison && matches!(e.effect, Effect::Row { .. })
+            });
+            if poisoned {
+                self.failed_commits.fetch_add(1, Ordering::SeqCst);
+                return Err(StoreError::Rejected("injected rejection".into()));
+            }
+        }
+        self.inner.commit(batch).await
+    }
+    async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
+        self.inner.count_rows(table, flow).await
+    }
+    async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
+        self.inner.key_census(table).await
+    }
+    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
+        self.inner.flow_progress(flow).await
+    }
+    async fn purge_expired(&self, now_ms: i64, limit: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(now_ms, limit).await
+    }
+}
+
+/// Counts how often each key reaches the stage.
+#[derive(Default)]
+struct CountingStage {
+    seen: Mutex<HashMap<String, u32>>,
+}
+
+#[async_trait]
+impl Stage for CountingStage {
+    async fn stage(&self, deliveries: &[Delivery]) -> Result<Vec<Effect>, StageError> {
+        {
+            let mut seen = self.seen.lock().unwrap();
+            for d in deliveries {
+                *seen.entry(d.key.as_str().to_owned()).or_default() += 1;
+            }
+        }
+        TableStage::default().stage(deliveries).await
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    store: Arc<FaultyStore>,
+    flow: FlowHandle,
+}
+
+async fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = SqliteStore::open(&dir.path().join("s.db")).unwrap();
+    let store = Arc::new(FaultyStore {
+        inner,
+        unavailable: AtomicBool::new(false),
+        poison_key: Mutex::new(None),
+        failed_commits: AtomicU64::new(0),
+    });
+    let flow = store
+        .prepare(&Layout { pipeline: "p".into(), tables: vec!["t".into()], flows: vec!["f".into()] })
+        .await
+        .unwrap()
+        .remove(0);
+    Setup { _dir: dir, store, flow }
+}
+
+fn run_of(
+    setup: &Setup,
+    source: InProcessSource,
+    stage: Arc<dyn Stage>,
+    give_up: CancellationToken,
+    until: RunUntil,
+) -> FlowRun {
+    let counters = Counters::new("p", "f");
+    FlowRun {
+        source: Box::new(source),
+        budget: Budget::new(2_000, 100 << 20),
+        dedup: DedupSettings {
+            key: KeySource::Attribute { name: "key".into(), dead_letter_if_missing: false },
+            window: Duration::from_secs(600),
+        },
+        batch: BatchSettings { max_messages: 500, max_delay: Duration::from_millis(5) },
+        committer: CommitThenAck::new(
+            setup.store.clone(),
+            setup.flow.clone(),
+            Arc::from(table_name("p", "t").unwrap()),
+            stage,
+            RetrySettings { max_attempts: 3, dedup_window: Duration::from_secs(600) },
+            give_up,
+        ),
+        counters,
+        until,
+    }
+}
+
+#[tokio::test]
+async fn duplicates_land_once_and_everything_is_acked() {
+    let setup = setup().await;
+    // 10 000 messages, keys k0..k8999: every tenth message repeats an earlier key.
+    let source = InProcessSource::generated(10_000, 100, |i| {
+        if i % 10 == 9 { format!("k{}", i / 10) } else { format!("k{}", i - i / 10) }
+    });
+    let tally = source.tally();
+    let stage = Arc::new(CountingStage::default());
+    let report: CommitReport = run_of(
+        &setup,
+        source,
+        stage.clone(),
+        CancellationToken::new(),
+        RunUntil::Idle(Duration::from_millis(300)),
+    )
+    .run(CancellationToken::new())
+    .await
+    .unwrap();
+    let table = table_name("p", "t").unwrap();
+    assert_eq!(setup.store.count_rows(&table, None).await.unwrap(), 9_000);
+    assert_eq!(setup.store.key_census(&table).await.unwrap(), (9_000, 0));
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 10_000);
+    assert_eq!(tally.nacked.load(Ordering::SeqCst), 0);
+    assert_eq!(report.rows, 9_000);
+    // No key reached the stage twice: duplicates were caught in memory or parked.
+    assert!(stage.seen.lock().unwrap().values().all(|&n| n == 1));
+}
+
+#[tokio::test]
+async fn nothing_is_acked_while_the_store_is_down_and_all_lands_when_it_returns() {
+    let setup = setup().await;
+    setup.store.unavailable.store(true, Ordering::SeqCst);
+    let source = InProcessSource::generated(1_000, 10, |i| format!("k{i}"));
+    let tally = source.tally();
+    let drain = CancellationToken::new();
+    let run = run_of(
+        &setup,
+        source,
+        Arc::new(TableStage::default()),
+        CancellationToken::new(),
+        RunUntil::Drained,
+    );
+    let task = tokio::spawn(run.run(drain.clone()));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(setup.store.failed_commits.load(Ordering::SeqCst) >= 2, "commits were retried");
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 0, "nothing acked during the outage");
+    setup.store.unavailable.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    drain.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 1_000);
+    assert_eq!(setup.store.count_rows("p__t", None).await.unwrap(), 1_000);
+}
+
+#[tokio::test]
+async fn giving_up_at_shutdown_nacks_instead_of_acking() {
+    let setup = setup().await;
+    setup.store.unavailable.store(true, Ordering::SeqCst);
+    let source = InProcessSource::generated(300, 10, |i| format!("k{i}"));
+    let tally = source.tally();
+    let (drain, give_up) = (CancellationToken::new(), CancellationToken::new());
+    let run = run_of(&setup, source, Arc::new(TableStage::default()), give_up.clone(), RunUntil::Drained);
+    let task = tokio::spawn(run.run(drain.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drain.cancel();
+    give_up.cancel();
+    let report = task.await.unwrap().unwrap();
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 0);
+    assert_eq!(tally.nacked.load(Ordering::SeqCst), 300);
+    assert_eq!(report.abandoned, 300);
+    assert_eq!(setup.store.count_rows("p__t", None).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_message_the_store_keeps_rejecting_is_dead_lettered_and_the_rest_commit() {
+    let setup = setup().await;
+    *setup.store.poison_key.lock().unwrap() = Some("k7".into());
+    let source = InProcessSource::generated(50, 10, |i| format!("k{i}"));
+    let tally = source.tally();
+    let report = run_of(
+        &setup,
+        source,
+        Arc::new(TableStage::default()),
+        CancellationToken::new(),
+        RunUntil::Idle(Duration::from_millis(300)),
+    )
+    .run(CancellationToken::new())
+    .await
+    .unwrap();
+    assert_eq!(report.rows, 49);
+    assert_eq!(report.dead_letters, 1);
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 50);
+    let progress = setup.store.flow_progress(&setup.flow).await.unwrap();
+    assert_eq!((progress.committed, progress.dead_lettered), (49, 1));
+}
+
+#[tokio::test]
+async fn bad_timestamps_are_dead_lettered_not_dropped() {
+    let setup = setup().await;
+    let source = InProcessSource::generated(20, 10, |i| format!("k{i}"));
+    let tally = source.tally();
+    // Every message lacks the `ts` attribute.
+    let stage = Arc::new(TableStage { event_time_attribute: Some("ts".into()), bad_timestamp_uses_publish_time: false });
+    let report = run_of(&setup, source, stage, CancellationToken::new(), RunUntil::Idle(Duration::from_millis(300)))
+        .run(CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!((report.rows, report.dead_letters), (0, 20));
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 20);
+}
