@@ -1,0 +1,355 @@
+//! [`RawPipeline`] → [`Pipeline`]: applies every default and checks each value on its own
+//! (presence, range, humane syntax, which sub-section goes with which kind). Checks that relate
+//! several parts of the file (names, references, mode) live in [`crate::validate`].
+//!
+//! Every problem is recorded in the [`Collector`]; the returned model is only meaningful when
+//! none was.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::errors::{Collector, ErrorCode};
+use crate::humane;
+use crate::model::{
+    Mode, Pipeline, PubSubSettings, Schedule, ScheduleSemantics, ScheduleWhen, Target, TargetKind,
+};
+use crate::raw::{
+    Humane, RawControl, RawKind, RawMetrics, RawMode, RawPipeline, RawSchedule, RawSemantics,
+    RawTarget,
+};
+use crate::source;
+
+/// Converts the whole file.
+pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
+    let name = required(c, raw.pipeline, "pipeline");
+    let mode = match raw.mode {
+        None | Some(RawMode::Continuous) => Mode::Continuous,
+        Some(RawMode::Triggered) => Mode::Triggered,
+    };
+    let store = match raw.store {
+        None => format!("sqlite://state/{name}.db"),
+        Some(store) => check_store(c, store),
+    };
+    let pubsub = raw
+        .pubsub
+        .map_or_else(PubSubSettings::default, |p| PubSubSettings {
+            project: p.project.map(|v| non_empty(c, v, "pubsub.project")),
+            endpoint: p.endpoint.map(|v| non_empty(c, v, "pubsub.endpoint")),
+        });
+    let metrics_listen = raw
+        .metrics
+        .map(|m: RawMetrics| listen(c, m.listen, "metrics.listen"));
+    let (control_listen, control_token_file) = match raw.control {
+        None => (None, None),
+        Some(RawControl {
+            listen: l,
+            token_file,
+        }) => (
+            Some(listen(c, l, "control.listen")),
+            token_file.map(|t| PathBuf::from(non_empty(c, t, "control.token_file"))),
+        ),
+    };
+    let schedule = raw.schedule.map(|s| schedule(c, s));
+    let targets = raw
+        .targets
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| target(c, t, &format!("targets[{i}]")))
+        .collect();
+    let flows = raw
+        .flows
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| source::flow(c, f, &format!("flows[{i}]")))
+        .collect();
+    Pipeline {
+        name,
+        mode,
+        store,
+        pubsub,
+        metrics_listen,
+        control_listen,
+        control_token_file,
+        schedule,
+        targets,
+        flows,
+    }
+}
+
+fn check_store(c: &mut Collector<'_>, store: String) -> String {
+    let known = ["sqlite:", "postgres://", "postgresql://"];
+    if !known.iter().any(|scheme| store.starts_with(scheme)) {
+        c.push(
+            ErrorCode::InvalidValue,
+            "store",
+            format!("`{store}` is not a store URL; use sqlite://PATH or postgres://USER@HOST/DB"),
+        );
+    }
+    store
+}
+
+/// `host:port` with a numeric port.
+fn listen(c: &mut Collector<'_>, value: Option<String>, path: &str) -> String {
+    let value = required(c, value, path);
+    let ok = value
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !value.is_empty() && !ok {
+        c.push(
+            ErrorCode::InvalidValue,
+            path,
+            format!("`{value}` is not HOST:PORT (e.g. 127.0.0.1:9464)"),
+        );
+    }
+    value
+}
+
+fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
+    let when = match (raw.cron, raw.every) {
+        (Some(cron), None) => {
+            let fields = cron.split_whitespace().count();
+            if !(5..=6).contains(&fields) {
+                c.push(
+                    ErrorCode::InvalidSchedule,
+                    "schedule.cron",
+                    format!("`{cron}` has {fields} fields; a cron expression has 5 or 6"),
+                );
+            }
+            ScheduleWhen::Cron(cron)
+        }
+        (None, Some(every)) => ScheduleWhen::Every(positive_duration(
+            c,
+            Some(every),
+            "schedule.every",
+            Duration::ZERO,
+        )),
+        (cron, every) => {
+            let message = if cron.is_some() && every.is_some() {
+                "give either `cron` or `every`, not both"
+            } else {
+                "a schedule needs `cron` or `every`"
+            };
+            c.push(ErrorCode::InvalidSchedule, "schedule", message);
+            ScheduleWhen::Every(Duration::ZERO)
+        }
+    };
+    Schedule {
+        when,
+        timezone: raw.timezone.map_or_else(
+            || "UTC".to_owned(),
+            |t| non_empty(c, t, "schedule.timezone"),
+        ),
+        semantics: match raw.semantics {
+            None | Some(RawSemantics::Trigger) => ScheduleSemantics::Trigger,
+            Some(RawSemantics::DataInterval) => ScheduleSemantics::DataInterval,
+        },
+        catchup: raw.catchup.unwrap_or(false),
+    }
+}
+
+fn target(c: &mut Collector<'_>, raw: RawTarget, path: &str) -> Target {
+    let name = required(c, raw.name, &format!("{path}.name"));
+    let Some(kind) = raw.kind else {
+        c.push(
+            ErrorCode::MissingField,
+            &format!("{path}.kind"),
+            "`kind` is required: table, view, sink, window or foreach_batch",
+        );
+        return Target {
+            name,
+            kind: TargetKind::Table,
+        };
+    };
+    // A sub-section is required with its own kind and refused with any other.
+    let sections = [
+        ("sink", RawKind::Sink, raw.sink.is_some()),
+        ("window", RawKind::Window, raw.window.is_some()),
+        (
+            "foreach_batch",
+            RawKind::ForeachBatch,
+            raw.foreach_batch.is_some(),
+        ),
+    ];
+    for (key, owner, present) in sections {
+        if present && kind != owner {
+            c.push(
+                ErrorCode::UnknownKey,
+                &format!("{path}.{key}"),
+                format!("`{key}` only applies to targets of kind {key}"),
+            );
+        } else if !present && kind == owner {
+            c.push(
+                ErrorCode::MissingField,
+                &format!("{path}.{key}"),
+                format!("a target of kind {key} needs a `{key}:` section"),
+            );
+        }
+    }
+    let kind = match kind {
+        RawKind::Table => TargetKind::Table,
+        RawKind::View => TargetKind::View,
+        RawKind::Sink => {
+            let sink = raw.sink.unwrap_or_default();
+            let at = format!("{path}.sink.format");
+            let format = sink.format.unwrap_or_else(|| "jsonl".to_owned());
+            if format != "jsonl" {
+                c.push(
+                    ErrorCode::InvalidValue,
+                    &at,
+                    format!("unknown sink format `{format}`; the only one is jsonl"),
+                );
+            }
+            TargetKind::Sink {
+                format,
+                path: PathBuf::from(required(c, sink.path, &format!("{path}.sink.path"))),
+            }
+        }
+        RawKind::Window => {
+            let window = raw.window.unwrap_or_default();
+            let size_path = format!("{path}.window.size");
+            if window.size.is_none() && raw_has_section(c, &format!("{path}.window")) {
+                c.push(ErrorCode::MissingField, &size_path, "`size` is required");
+            }
+            TargetKind::Window {
+                size: positive_duration(c, window.size, &size_path, Duration::ZERO),
+                group_by: required(c, window.group_by, &format!("{path}.window.group_by")),
+                allowed_lateness: duration(
+                    c,
+                    window.allowed_lateness,
+                    &format!("{path}.window.allowed_lateness"),
+                    Duration::ZERO,
+                ),
+            }
+        }
+        RawKind::ForeachBatch => TargetKind::ForeachBatch {
+            endpoint: required(
+                c,
+                raw.foreach_batch.and_then(|f| f.endpoint),
+                &format!("{path}.foreach_batch.endpoint"),
+            ),
+        },
+    };
+    Target { name, kind }
+}
+
+/// Whether the file has this exact path (to avoid a second error under a missing section).
+fn raw_has_section(c: &Collector<'_>, path: &str) -> bool {
+    c.locator().contains(path)
+}
+
+/// A required string: absent or empty is `MISSING_FIELD` (the returned value is then empty).
+pub(crate) fn required(c: &mut Collector<'_>, value: Option<String>, path: &str) -> String {
+    match value {
+        Some(v) if !v.trim().is_empty() => v,
+        Some(_) | None => {
+            let key = path.rsplit('.').next().unwrap_or(path);
+            // Under a section that is itself absent, the section's own error says it all.
+            let parent = path.rsplit_once('.').map_or("", |(p, _)| p);
+            if parent.is_empty() || c.locator().contains(parent) {
+                c.push(
+                    ErrorCode::MissingField,
+                    path,
+                    format!("`{key}` is required"),
+                );
+            }
+            String::new()
+        }
+    }
+}
+
+/// An optional string that must not be empty when given.
+pub(crate) fn non_empty(c: &mut Collector<'_>, value: String, path: &str) -> String {
+    if value.trim().is_empty() {
+        c.push(ErrorCode::InvalidValue, path, "must not be empty");
+    }
+    value
+}
+
+/// A humane duration, `default` when absent.
+pub(crate) fn duration(
+    c: &mut Collector<'_>,
+    value: Option<Humane>,
+    path: &str,
+    default: Duration,
+) -> Duration {
+    match value {
+        None => default,
+        Some(Humane(text)) => humane::parse_duration(&text).unwrap_or_else(|message| {
+            c.push(ErrorCode::InvalidDuration, path, message);
+            default
+        }),
+    }
+}
+
+/// A humane duration that must be greater than zero, `default` when absent.
+pub(crate) fn positive_duration(
+    c: &mut Collector<'_>,
+    value: Option<Humane>,
+    path: &str,
+    default: Duration,
+) -> Duration {
+    let given = value.is_some();
+    let errors_before = c.len();
+    let d = duration(c, value, path, default);
+    if given && d.is_zero() && c.len() == errors_before {
+        c.push(
+            ErrorCode::InvalidDuration,
+            path,
+            "must be greater than zero",
+        );
+    }
+    d
+}
+
+/// A humane size in bytes, at least `min`, `default` when absent.
+pub(crate) fn size(
+    c: &mut Collector<'_>,
+    value: Option<Humane>,
+    path: &str,
+    default: u64,
+    min: u64,
+) -> u64 {
+    match value {
+        None => default,
+        Some(Humane(text)) => match humane::parse_size(&text) {
+            Ok(bytes) if bytes >= min => bytes,
+            Ok(_) => {
+                c.push(
+                    ErrorCode::InvalidSize,
+                    path,
+                    format!("must be at least {min} byte(s)"),
+                );
+                default
+            }
+            Err(message) => {
+                c.push(ErrorCode::InvalidSize, path, message);
+                default
+            }
+        },
+    }
+}
+
+/// An integer in `min..=max`, `default` when absent.
+pub(crate) fn count<T: TryFrom<i64> + Copy>(
+    c: &mut Collector<'_>,
+    value: Option<i64>,
+    path: &str,
+    default: T,
+    (min, max): (i64, i64),
+) -> T {
+    let Some(v) = value else { return default };
+    match T::try_from(v) {
+        Ok(n) if (min..=max).contains(&v) => n,
+        _ => {
+            let message = if max == i64::MAX {
+                format!("{v} is out of range: must be at least {min}")
+            } else {
+                format!("{v} is out of range: must be between {min} and {max}")
+            };
+            c.push(ErrorCode::InvalidValue, path, message);
+            default
+        }
+    }
+}

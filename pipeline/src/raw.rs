@@ -1,0 +1,302 @@
+//! The pipeline file as written: serde shapes that mirror SPEC §4 key for key.
+//!
+//! Every struct denies unknown keys. Almost every key is optional here, even required ones:
+//! absence, ranges and humane values are checked in [`crate::convert`] so that all such
+//! problems are reported together with their paths, not just the first one serde meets.
+//! Durations and sizes stay text ([`Humane`]) for the same reason.
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPipeline {
+    pub(crate) pipeline: Option<String>,
+    pub(crate) mode: Option<RawMode>,
+    pub(crate) store: Option<String>,
+    pub(crate) pubsub: Option<RawPubSubSettings>,
+    pub(crate) metrics: Option<RawMetrics>,
+    pub(crate) control: Option<RawControl>,
+    pub(crate) schedule: Option<RawSchedule>,
+    pub(crate) targets: Option<Vec<RawTarget>>,
+    pub(crate) flows: Option<Vec<RawFlow>>,
+}
+
+/// `mode:`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawMode {
+    Continuous,
+    Triggered,
+}
+
+/// `pubsub:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPubSubSettings {
+    pub(crate) project: Option<String>,
+    pub(crate) endpoint: Option<String>,
+}
+
+/// `metrics:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMetrics {
+    pub(crate) listen: Option<String>,
+}
+
+/// `control:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawControl {
+    pub(crate) listen: Option<String>,
+    pub(crate) token_file: Option<String>,
+}
+
+/// `schedule:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSchedule {
+    pub(crate) cron: Option<String>,
+    pub(crate) every: Option<Humane>,
+    pub(crate) timezone: Option<String>,
+    pub(crate) semantics: Option<RawSemantics>,
+    pub(crate) catchup: Option<bool>,
+}
+
+/// `schedule.semantics`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawSemantics {
+    Trigger,
+    DataInterval,
+}
+
+/// One entry of `targets:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTarget {
+    pub(crate) name: Option<String>,
+    pub(crate) kind: Option<RawKind>,
+    pub(crate) sink: Option<RawSink>,
+    pub(crate) window: Option<RawWindow>,
+    pub(crate) foreach_batch: Option<RawForeachBatch>,
+}
+
+/// `targets[i].kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawKind {
+    Table,
+    View,
+    Sink,
+    Window,
+    ForeachBatch,
+}
+
+/// `targets[i].sink`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSink {
+    pub(crate) format: Option<String>,
+    pub(crate) path: Option<String>,
+}
+
+/// `targets[i].window`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawWindow {
+    pub(crate) size: Option<Humane>,
+    pub(crate) group_by: Option<String>,
+    pub(crate) allowed_lateness: Option<Humane>,
+}
+
+/// `targets[i].foreach_batch`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawForeachBatch {
+    pub(crate) endpoint: Option<String>,
+}
+
+/// One entry of `flows:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFlow {
+    pub(crate) name: Option<String>,
+    pub(crate) target: Option<String>,
+    pub(crate) once: Option<bool>,
+    pub(crate) depends_on: Option<OneOrMany>,
+    pub(crate) source: Option<RawSource>,
+}
+
+/// `flows[i].source`: exactly one of the three keys (checked later).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSource {
+    pub(crate) pubsub: Option<RawPubSub>,
+    pub(crate) file: Option<RawFile>,
+    pub(crate) table: Option<String>,
+}
+
+/// `source.file`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFile {
+    pub(crate) path: Option<String>,
+}
+
+/// `source.pubsub`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPubSub {
+    pub(crate) subscription: Option<String>,
+    pub(crate) dedup: Option<RawDedup>,
+    pub(crate) event_time: Option<RawEventTime>,
+    pub(crate) watermark: Option<RawWatermark>,
+    pub(crate) flow_control: Option<RawFlowControl>,
+    pub(crate) batch: Option<RawBatch>,
+    pub(crate) max_attempts: Option<i64>,
+    pub(crate) drain_idle: Option<Humane>,
+    pub(crate) streams: Option<i64>,
+}
+
+/// `source.pubsub.dedup`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDedup {
+    pub(crate) by: Option<RawDedupBy>,
+    pub(crate) attribute: Option<String>,
+    pub(crate) window: Option<Humane>,
+    pub(crate) on_missing: Option<RawOnMissing>,
+}
+
+/// `dedup.by`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawDedupBy {
+    MessageId,
+    Attribute,
+}
+
+/// `dedup.on_missing`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawOnMissing {
+    MessageId,
+    DeadLetter,
+}
+
+/// `source.pubsub.event_time`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawEventTime {
+    pub(crate) attribute: Option<String>,
+    pub(crate) on_bad_timestamp: Option<RawOnBadTimestamp>,
+}
+
+/// `event_time.on_bad_timestamp`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawOnBadTimestamp {
+    DeadLetter,
+    PublishTime,
+}
+
+/// `source.pubsub.watermark`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawWatermark {
+    pub(crate) tracking_subscription: Option<String>,
+    pub(crate) band: Option<Humane>,
+}
+
+/// `source.pubsub.flow_control`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawFlowControl {
+    pub(crate) max_outstanding_messages: Option<i64>,
+    pub(crate) max_outstanding_bytes: Option<Humane>,
+}
+
+/// `source.pubsub.batch`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBatch {
+    pub(crate) max_messages: Option<i64>,
+    pub(crate) max_delay: Option<Humane>,
+}
+
+/// `depends_on:` — one name or a list of names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for OneOrMany {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct OneOrManyVisitor;
+
+        impl<'de> Visitor<'de> for OneOrManyVisitor {
+            type Value = OneOrMany;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a flow name or a list of flow names")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<OneOrMany, E> {
+                Ok(OneOrMany::One(v.to_owned()))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<OneOrMany, A::Error> {
+                let mut names = Vec::new();
+                while let Some(name) = seq.next_element::<String>()? {
+                    names.push(name);
+                }
+                Ok(OneOrMany::Many(names))
+            }
+        }
+
+        deserializer.deserialize_any(OneOrManyVisitor)
+    }
+}
+
+/// A humane duration or size, kept as text until [`crate::humane`] parses it. Accepts a string
+/// or a plain number (`max_outstanding_bytes: 1048576`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Humane(pub(crate) String);
+
+impl<'de> Deserialize<'de> for Humane {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct HumaneVisitor;
+
+        impl Visitor<'_> for HumaneVisitor {
+            type Value = Humane;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a humane duration or size such as `5s` or `100MiB`")
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Humane, E> {
+                Ok(Humane(v.to_owned()))
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Humane, E> {
+                Ok(Humane(v.to_string()))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Humane, E> {
+                Ok(Humane(v.to_string()))
+            }
+
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Humane, E> {
+                Ok(Humane(v.to_string()))
+            }
+        }
+
+        deserializer.deserialize_any(HumaneVisitor)
+    }
+}

@@ -1,0 +1,408 @@
+//! Each error code is reported with its code, path and line; several errors are all reported.
+
+use std::path::Path;
+
+use sluice_pipeline::{ConfigError, ErrorCode, load, parse};
+
+/// A valid file; tests replace one of its lines to break it. Line numbers are fixed:
+const BASE: &str = "\
+pipeline: orders
+mode: continuous
+targets:
+  - name: events
+    kind: table
+  - name: per_minute
+    kind: window
+    window: { size: 1m, group_by: attribute:region }
+flows:
+  - name: backfill
+    target: events
+    once: true
+    source: { file: { path: data/*.jsonl } }
+  - name: live
+    target: events
+    depends_on: backfill
+    source:
+      pubsub:
+        subscription: events-sub
+        dedup: { by: attribute, attribute: event_id, window: 10m }
+        flow_control: { max_outstanding_messages: 10000, max_outstanding_bytes: 100MiB }
+        batch: { max_messages: 1000, max_delay: 50ms }
+        max_attempts: 5
+        streams: 16
+";
+
+/// BASE with 1-based line `line` replaced by `with` (which may span several lines).
+fn edit(line: usize, with: &str) -> String {
+    BASE.lines()
+        .enumerate()
+        .map(|(i, l)| if i + 1 == line { with } else { l })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+fn errors(text: &str) -> Vec<ConfigError> {
+    match parse(text, Path::new("p.yaml")) {
+        Ok(p) => panic!("expected errors, got {p:?}"),
+        Err(e) => e.0,
+    }
+}
+
+/// Exactly one error, with this code, path and line.
+fn one(text: &str, code: ErrorCode, path: &str, line: usize) -> ConfigError {
+    let errs = errors(text);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    let e = errs.into_iter().next().expect("one error");
+    assert_eq!(
+        (e.code, e.path.as_str(), e.line),
+        (code, path, Some(line)),
+        "{e}"
+    );
+    assert!(e.column.is_some(), "{e}");
+    e
+}
+
+#[test]
+fn base_is_valid() {
+    parse(BASE, Path::new("p.yaml")).expect("BASE is valid");
+}
+
+#[test]
+fn unknown_keys() {
+    one(
+        &edit(2, "mood: continuous"),
+        ErrorCode::UnknownKey,
+        "mood",
+        2,
+    );
+    let e = one(
+        &edit(23, "        max_attempts: 5\n        retries: 3"),
+        ErrorCode::UnknownKey,
+        "flows[1].source.pubsub.retries",
+        24,
+    );
+    assert_eq!(e.column, Some(9));
+    one(
+        &edit(22, "        batch: { max_messages: 1000, linger: 50ms }"),
+        ErrorCode::UnknownKey,
+        "flows[1].source.pubsub.batch.linger",
+        22,
+    );
+    one(
+        &edit(13, "    source: { file: { path: a }, kafka: {} }"),
+        ErrorCode::UnknownKey,
+        "flows[0].source.kafka",
+        13,
+    );
+    // A sub-section that does not go with the target's kind.
+    one(
+        &edit(5, "    kind: table\n    sink: { path: x }"),
+        ErrorCode::UnknownKey,
+        "targets[0].sink",
+        6,
+    );
+}
+
+#[test]
+fn invalid_duration() {
+    let e = one(
+        &edit(
+            20,
+            "        dedup: { by: attribute, attribute: event_id, window: ten minutes }",
+        ),
+        ErrorCode::InvalidDuration,
+        "flows[1].source.pubsub.dedup.window",
+        20,
+    );
+    assert_eq!(e.column, Some(62));
+    one(
+        &edit(22, "        batch: { max_delay: 50 }"),
+        ErrorCode::InvalidDuration,
+        "flows[1].source.pubsub.batch.max_delay",
+        22,
+    );
+    one(
+        &edit(8, "    window: { size: 0s, group_by: attribute:region }"),
+        ErrorCode::InvalidDuration,
+        "targets[1].window.size",
+        8,
+    );
+}
+
+#[test]
+fn invalid_size() {
+    one(
+        &edit(
+            21,
+            "        flow_control: { max_outstanding_bytes: 100 parsecs }",
+        ),
+        ErrorCode::InvalidSize,
+        "flows[1].source.pubsub.flow_control.max_outstanding_bytes",
+        21,
+    );
+}
+
+#[test]
+fn invalid_values_and_ranges() {
+    let pubsub = "flows[1].source.pubsub";
+    one(
+        &edit(23, "        max_attempts: 0"),
+        ErrorCode::InvalidValue,
+        &format!("{pubsub}.max_attempts"),
+        23,
+    );
+    one(
+        &edit(24, "        streams: 65"),
+        ErrorCode::InvalidValue,
+        &format!("{pubsub}.streams"),
+        24,
+    );
+    one(
+        &edit(22, "        batch: { max_messages: 0 }"),
+        ErrorCode::InvalidValue,
+        &format!("{pubsub}.batch.max_messages"),
+        22,
+    );
+    one(
+        &edit(21, "        flow_control: { max_outstanding_messages: -1 }"),
+        ErrorCode::InvalidValue,
+        &format!("{pubsub}.flow_control.max_outstanding_messages"),
+        21,
+    );
+    one(
+        &edit(5, "    kind: tabel"),
+        ErrorCode::InvalidValue,
+        "targets[0].kind",
+        5,
+    );
+    let e = one(
+        &edit(24, "        streams: many"),
+        ErrorCode::InvalidValue,
+        &format!("{pubsub}.streams"),
+        24,
+    );
+    assert_eq!(e.message, "expected an integer");
+    let e = one(
+        &edit(16, "    depends_on: 5"),
+        ErrorCode::InvalidValue,
+        "flows[1].depends_on",
+        16,
+    );
+    assert_eq!(e.column, Some(17));
+}
+
+#[test]
+fn missing_fields() {
+    one(
+        &edit(19, ""),
+        ErrorCode::MissingField,
+        "flows[1].source.pubsub.subscription",
+        18,
+    );
+    one(
+        &edit(20, "        dedup: { by: attribute, window: 10m }"),
+        ErrorCode::MissingField,
+        "flows[1].source.pubsub.dedup.attribute",
+        20,
+    );
+    one(&edit(1, ""), ErrorCode::MissingField, "pipeline", 2);
+    one(
+        &edit(8, ""),
+        ErrorCode::MissingField,
+        "targets[1].window",
+        6,
+    );
+    one(
+        &edit(13, "    source: {}"),
+        ErrorCode::MissingField,
+        "flows[0].source",
+        13,
+    );
+}
+
+#[test]
+fn duplicate_names_and_keys() {
+    one(
+        &edit(6, "  - name: events"),
+        ErrorCode::DuplicateName,
+        "targets[1].name",
+        6,
+    );
+    let e = one(
+        &edit(14, "  - name: backfill"),
+        ErrorCode::DuplicateName,
+        "flows[1].name",
+        14,
+    );
+    assert!(e.message.contains("line 10"), "{e}");
+    one(
+        &edit(12, "    once: true\n    once: false"),
+        ErrorCode::DuplicateKey,
+        "flows[0].once",
+        13,
+    );
+}
+
+#[test]
+fn unknown_targets() {
+    one(
+        &edit(15, "    target: evnts"),
+        ErrorCode::UnknownTarget,
+        "flows[1].target",
+        15,
+    );
+    one(
+        &edit(13, "    source: { table: nope }"),
+        ErrorCode::UnknownTarget,
+        "flows[0].source.table",
+        13,
+    );
+}
+
+#[test]
+fn unknown_flows() {
+    let e = one(
+        &edit(16, "    depends_on: backfil"),
+        ErrorCode::UnknownFlow,
+        "flows[1].depends_on",
+        16,
+    );
+    assert_eq!(e.column, Some(17));
+    one(
+        &edit(16, "    depends_on: [backfill, nope]"),
+        ErrorCode::UnknownFlow,
+        "flows[1].depends_on[1]",
+        16,
+    );
+    one(
+        &edit(16, "    depends_on:\n      - backfill\n      - nope"),
+        ErrorCode::UnknownFlow,
+        "flows[1].depends_on[1]",
+        18,
+    );
+}
+
+#[test]
+fn invalid_schedules() {
+    one(
+        &edit(2, "mode: continuous\nschedule: { cron: \"*/15 * * * *\" }"),
+        ErrorCode::InvalidSchedule,
+        "schedule",
+        3,
+    );
+    one(
+        &edit(2, "mode: triggered\nschedule:\n  cron: \"* * *\""),
+        ErrorCode::InvalidSchedule,
+        "schedule.cron",
+        4,
+    );
+    one(
+        &edit(
+            2,
+            "mode: triggered\nschedule: { cron: \"* * * * *\", every: 5m }",
+        ),
+        ErrorCode::InvalidSchedule,
+        "schedule",
+        3,
+    );
+    one(
+        &edit(2, "mode: triggered\nschedule: { timezone: UTC }"),
+        ErrorCode::InvalidSchedule,
+        "schedule",
+        3,
+    );
+    let p = parse(
+        &edit(2, "mode: triggered\nschedule: { cron: \"*/15 * * * *\" }"),
+        Path::new("p.yaml"),
+    )
+    .expect("a cron schedule in triggered mode is valid");
+    assert!(p.schedule.is_some());
+}
+
+#[test]
+fn invalid_identifiers() {
+    one(
+        &edit(1, "pipeline: Orders"),
+        ErrorCode::InvalidIdentifier,
+        "pipeline",
+        1,
+    );
+    one(
+        &edit(14, "  - name: live-flow"),
+        ErrorCode::InvalidIdentifier,
+        "flows[1].name",
+        14,
+    );
+    let long = "x".repeat(49);
+    one(
+        &edit(6, &format!("  - name: {long}")),
+        ErrorCode::InvalidIdentifier,
+        "targets[1].name",
+        6,
+    );
+}
+
+#[test]
+fn syntax_errors() {
+    let errs = errors("pipeline: orders\nflows: [\n");
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs[0].code, ErrorCode::Syntax);
+    assert!(errs[0].line.is_some());
+    let errs = errors("- just\n- a list\n");
+    assert_eq!(errs[0].code, ErrorCode::Syntax);
+}
+
+#[test]
+fn unreadable_file() {
+    let missing = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/no-such-file.yaml");
+    let err = load(&missing).expect_err("missing file");
+    assert_eq!(err.0.len(), 1);
+    assert_eq!(err.0[0].code, ErrorCode::Unreadable);
+    assert_eq!(err.0[0].line, None);
+    assert!(
+        err.to_string()
+            .starts_with(&format!("{}: UNREADABLE: ", missing.display()))
+    );
+}
+
+#[test]
+fn all_errors_are_reported_in_file_order() {
+    let text = edit(1, "pipeline: Orders")
+        .replace(
+            "    target: events\n    depends_on",
+            "    target: evnts\n    depends_on",
+        )
+        .replace("depends_on: backfill", "depends_on: [nope]")
+        .replace("window: 10m", "window: 10x")
+        .replace("streams: 16", "streams: 0");
+    let errs = errors(&text);
+    let got: Vec<(ErrorCode, &str, Option<usize>)> = errs
+        .iter()
+        .map(|e| (e.code, e.path.as_str(), e.line))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (ErrorCode::InvalidIdentifier, "pipeline", Some(1)),
+            (ErrorCode::UnknownTarget, "flows[1].target", Some(15)),
+            (ErrorCode::UnknownFlow, "flows[1].depends_on[0]", Some(16)),
+            (
+                ErrorCode::InvalidDuration,
+                "flows[1].source.pubsub.dedup.window",
+                Some(20)
+            ),
+            (
+                ErrorCode::InvalidValue,
+                "flows[1].source.pubsub.streams",
+                Some(24)
+            ),
+        ]
+    );
+    let shown = sluice_pipeline::ConfigErrors(errs).to_string();
+    assert_eq!(shown.lines().count(), 5);
+    assert!(
+        shown.starts_with("p.yaml:1:11: INVALID_IDENTIFIER: pipeline: `Orders`"),
+        "{shown}"
+    );
+}
