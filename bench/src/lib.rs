@@ -1,1 +1,12 @@
-//! placeholder
+//! The benchmark harness behind `sluice bench`, and the Pub/Sub emulator launcher that the demo,
+//! the benchmarks and the integration tests share.
+//!
+//! Benchmarks report ratios against a baseline measured in the same run, on the same emulator,
+//! because these machines are noisy; absolute figures are printed for context only.
+
+pub mod emulator;
+mod cpu;
+mod throughput;
+
+pub use emulator::{Emulator, EmulatorError};
+pub use throughput::{BenchError, ThroughputArgs, throughput};

@@ -1,0 +1,327 @@
+//! `sluice bench throughput`: on one emulator, in one run,
+//! 1. the raw rate of the official client (receive + ack, no processing, same stream count),
+//! 2. sluice's end-to-end exactly-once rate into SQLite (dedup, batch, commit, ack-after-commit),
+//!    reported with its ratio to (1);
+//! 3. sluice's own capacity without the emulator: an in-process source behind the same seam,
+//!    against a baseline of the same source drained by a consumer that acks at once.
+//!
+//! Each emulator measurement drains a backlog published beforehand to a fresh subscription
+//! (fresh names avoid the emulator's stall after a stream closes), after a warm-up drain (the
+//! emulator's JIT makes the first run several times slower).
+
+use crate::cpu::process_cpu_time;
+use crate::emulator::{Emulator, EmulatorError};
+use bytes::Bytes;
+use google_cloud_pubsub::client::Subscriber;
+use google_cloud_pubsub::model::Message;
+use sluice_connector::pubsub::{Admin, SourceError, publish_all};
+use sluice_connector::{
+    BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, InProcessSource,
+    KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil, TableStage,
+};
+use sluice_store::{Layout, SqliteStore, Store, table_name};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Project the benchmark's topics live in.
+const PROJECT: &str = "sluice-bench";
+/// Messages published per publish call group (keeps memory of pending futures bounded).
+const PUBLISH_CHUNK: usize = 10_000;
+/// Messages drained to warm the emulator up before measuring.
+const WARM_UP_MESSAGES: usize = 20_000;
+/// Give up on a drain that makes no progress for this long.
+const STALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Options of `sluice bench throughput`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ThroughputArgs {
+    /// Messages per emulator measurement.
+    #[arg(long, default_value_t = 100_000)]
+    pub messages: usize,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 100)]
+    pub size: usize,
+    /// StreamingPull streams (the same for the raw client and sluice).
+    #[arg(long, default_value_t = 16)]
+    pub streams: usize,
+    /// Messages for the in-process capacity measurement.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub capacity_messages: usize,
+    /// Rounds of the emulator pair (raw, sluice); each round uses fresh subscriptions.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: usize,
+    /// Skip the emulator measurements (capacity only).
+    #[arg(long)]
+    pub capacity_only: bool,
+}
+
+/// Why a benchmark could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The emulator did not start.
+    #[error(transparent)]
+    Emulator(#[from] EmulatorError),
+    /// Pub/Sub failed.
+    #[error(transparent)]
+    PubSub(#[from] SourceError),
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(String),
+    /// A drain stopped making progress.
+    #[error("{0}")]
+    Stalled(String),
+}
+
+/// Runs the benchmark and prints a Markdown table.
+pub async fn throughput(args: ThroughputArgs) -> Result<(), BenchError> {
+    println!("# sluice bench throughput");
+    println!(
+        "messages {} x {} B, streams {}, capacity messages {}",
+        args.messages, args.size, args.streams, args.capacity_messages
+    );
+    if !args.capacity_only {
+        emulator_rounds(&args).await?;
+    }
+    capacity(&args).await
+}
+
+async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
+    let (_emulator, endpoint) = match std::env::var("PUBSUB_EMULATOR_HOST") {
+        Ok(host) => (None, format!("http://{host}")),
+        Err(_) => {
+            let emulator = Emulator::start()?;
+            let endpoint = emulator.endpoint();
+            (Some(emulator), endpoint)
+        }
+    };
+    let config = PubSubConfig {
+        project: Some(PROJECT.to_owned()),
+        endpoint: Some(endpoint),
+    };
+    let admin = Admin::connect(&config).await?;
+    let run_id: u32 = rand::random();
+    let warm = backlog(&admin, &format!("warm-{run_id}"), WARM_UP_MESSAGES, args.size).await?;
+    raw_drain(&config, &warm, WARM_UP_MESSAGES, args.streams).await?;
+    println!();
+    println!("| round | raw client msg/s | sluice exactly-once msg/s | ratio |");
+    println!("|---|---|---|---|");
+    let mut ratios = Vec::new();
+    for round in 1..=args.rounds {
+        let raw_sub = backlog(&admin, &format!("raw-{run_id}-{round}"), args.messages, args.size).await?;
+        let raw = raw_drain(&config, &raw_sub, args.messages, args.streams).await?;
+        let sluice_sub =
+            backlog(&admin, &format!("sluice-{run_id}-{round}"), args.messages, args.size).await?;
+        let source = PubSubSource::new(config.clone(), &sluice_sub, args.streams)?;
+        let sluice = sluice_drain(Box::new(source), args.messages).await?;
+        let (raw_rate, sluice_rate) = (rate(args.messages, raw), rate(args.messages, sluice.wall));
+        ratios.push(sluice_rate / raw_rate);
+        println!("| {round} | {raw_rate:.0} | {sluice_rate:.0} | {:.2} |", sluice_rate / raw_rate);
+    }
+    let mean = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
+    println!("\nmean ratio sluice / raw: {mean:.2}");
+    Ok(())
+}
+
+async fn capacity(args: &ThroughputArgs) -> Result<(), BenchError> {
+    let n = args.capacity_messages;
+    // Every tenth message repeats an earlier key, as a publisher retry would.
+    let key_of = |i: usize| if i % 10 == 9 { format!("k{}", i / 10) } else { format!("k{i}") };
+    let baseline = ack_only_drain(InProcessSource::generated(n, args.size, key_of)).await;
+    let sluice = sluice_drain(Box::new(InProcessSource::generated(n, args.size, key_of)), n).await?;
+    println!();
+    println!("| in-process source, {n} messages, 10% duplicates | msg/s | CPU µs/msg |");
+    println!("|---|---|---|");
+    for (name, m) in [("baseline: receive + ack only", baseline), ("sluice: dedup + batch + SQLite commit + ack", sluice)] {
+        println!(
+            "| {name} | {:.0} | {:.2} |",
+            rate(n, m.wall),
+            m.cpu.as_secs_f64() * 1e6 / n as f64
+        );
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    wall: Duration,
+    cpu: Duration,
+}
+
+fn rate(messages: usize, took: Duration) -> f64 {
+    messages as f64 / took.as_secs_f64().max(1e-9)
+}
+
+/// Creates a topic and subscription and publishes `n` messages of `size` bytes to it; returns
+/// the subscription's path.
+async fn backlog(admin: &Admin, name: &str, n: usize, size: usize) -> Result<String, BenchError> {
+    admin.create_topic(name).await?;
+    let subscription = admin.create_subscription(&format!("{name}-sub"), name, 60).await?;
+    let publisher = admin.publisher(name).await?;
+    let payload = Bytes::from(vec![b'x'; size]);
+    let mut published = 0;
+    while published < n {
+        let chunk = (n - published).min(PUBLISH_CHUNK);
+        let messages = (published..published + chunk).map(|i| {
+            Message::new()
+                .set_data(payload.clone())
+                .set_attributes([("key", format!("k{i}"))])
+        });
+        publish_all(&publisher, messages).await?;
+        published += chunk;
+    }
+    Ok(subscription)
+}
+
+/// The official client alone: `streams` streams, ack every message at once, until `n` acked.
+async fn raw_drain(
+    config: &PubSubConfig,
+    subscription: &str,
+    n: usize,
+    streams: usize,
+) -> Result<Duration, BenchError> {
+    let mut builder = Subscriber::builder().with_grpc_subchannel_count(streams);
+    if let Some(endpoint) = config.endpoint() {
+        builder = builder
+            .with_endpoint(endpoint)
+            .with_credentials(google_cloud_auth_anonymous());
+    }
+    let client = builder
+        .build()
+        .await
+        .map_err(|e| SourceError::Client(e.to_string()))?;
+    let acked = Arc::new(AtomicU64::new(0));
+    let done = CancellationToken::new();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..streams {
+        let (client, acked, done, subscription) =
+            (client.clone(), acked.clone(), done.clone(), subscription.to_owned());
+        tasks.spawn(async move {
+            let mut stream = client.subscribe(subscription).build();
+            let token = stream.shutdown_token();
+            loop {
+                let next = tokio::select! {
+                    _ = done.cancelled() => break,
+                    next = stream.next() => next,
+                };
+                match next {
+                    Some(Ok((_message, handler))) => {
+                        handler.ack();
+                        if acked.fetch_add(1, Ordering::Relaxed) + 1 >= n as u64 {
+                            done.cancel();
+                        }
+                    }
+                    _ => break,
+                }
+            }
+            drop(stream);
+            token.shutdown().await;
+        });
+    }
+    let took = wait_for(&acked, n, &done, started).await;
+    done.cancel();
+    while tasks.join_next().await.is_some() {}
+    took
+}
+
+fn google_cloud_auth_anonymous() -> google_cloud_auth::credentials::Credentials {
+    google_cloud_auth::credentials::anonymous::Builder::new().build()
+}
+
+/// sluice end to end into a fresh SQLite store, until `n` messages are acked.
+async fn sluice_drain(source: Box<dyn MessageSource>, n: usize) -> Result<Measured, BenchError> {
+    let dir = tempfile::tempdir().map_err(|e| BenchError::Store(e.to_string()))?;
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(&dir.path().join("bench.db")).map_err(|e| BenchError::Store(e.to_string()))?,
+    );
+    let flow = store
+        .prepare(&Layout {
+            pipeline: "bench".into(),
+            tables: vec!["events".into()],
+            flows: vec!["ingest".into()],
+        })
+        .await
+        .map_err(|e| BenchError::Store(e.to_string()))?
+        .remove(0);
+    let counters = Counters::new("bench", "ingest");
+    let run = FlowRun {
+        source,
+        budget: Budget::new(10_000, 100 << 20),
+        dedup: DedupSettings {
+            key: KeySource::Attribute { name: "key".into(), dead_letter_if_missing: false },
+            window: Duration::from_secs(600),
+        },
+        batch: BatchSettings { max_messages: 1_000, max_delay: Duration::from_millis(50) },
+        committer: CommitThenAck::new(
+            store,
+            flow,
+            Arc::from(table_name("bench", "events").map_err(|e| BenchError::Store(e.to_string()))?),
+            Arc::new(TableStage::default()),
+            RetrySettings { max_attempts: 5, dedup_window: Duration::from_secs(600) },
+            CancellationToken::new(),
+        ),
+        counters: counters.clone(),
+        until: RunUntil::Drained,
+    };
+    let drain = CancellationToken::new();
+    let cpu_before = process_cpu_time();
+    let started = Instant::now();
+    let task = tokio::spawn(run.run(drain.clone()));
+    let acked = loop {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let snapshot = counters.snapshot();
+        if snapshot.acked >= n as u64 {
+            break Ok(started.elapsed());
+        }
+        if started.elapsed() > STALL_TIMEOUT * 5 {
+            break Err(BenchError::Stalled(format!("sluice acked {} of {n}", snapshot.acked)));
+        }
+    };
+    let cpu = process_cpu_time().saturating_sub(cpu_before);
+    drain.cancel();
+    let _ = task.await;
+    Ok(Measured { wall: acked?, cpu })
+}
+
+/// The in-process source drained by a consumer that acks each message at once: what the source
+/// and the channel cost without sluice's work.
+async fn ack_only_drain(source: InProcessSource) -> Measured {
+    let cpu_before = process_cpu_time();
+    let started = Instant::now();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(sluice_connector::INTAKE_CAPACITY);
+    let stop = CancellationToken::new();
+    let handle = Box::new(source).start(tx, Budget::new(10_000, 100 << 20), stop.clone()).await;
+    while let Some(received) = rx.recv().await {
+        received.handle.ack();
+    }
+    if let Ok(handle) = handle {
+        handle.close().await;
+    }
+    Measured {
+        wall: started.elapsed(),
+        cpu: process_cpu_time().saturating_sub(cpu_before),
+    }
+}
+
+async fn wait_for(
+    acked: &AtomicU64,
+    n: usize,
+    done: &CancellationToken,
+    started: Instant,
+) -> Result<Duration, BenchError> {
+    let mut last = (0, Instant::now());
+    loop {
+        tokio::select! {
+            _ = done.cancelled() => return Ok(started.elapsed()),
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+        let now = acked.load(Ordering::Relaxed);
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() > STALL_TIMEOUT {
+            return Err(BenchError::Stalled(format!("raw client acked {now} of {n}")));
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The command line of SPEC §3 (the commands built so far).
+
+use crate::logging::LogFormat;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Exactly-once ingestion from Google Cloud Pub/Sub.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+pub struct Cli {
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// More detailed logs.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output format of `validate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// One line per error.
+    Text,
+    /// A JSON document.
+    Json,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a pipeline: continuous until SIGTERM/SIGINT (then drain), triggered until drained.
+    Run {
+        /// The pipeline file.
+        #[arg(short = 'c', long = "config")]
+        config: PathBuf,
+    },
+    /// Check a pipeline file; exit 0 when valid, 2 when not.
+    Validate {
+        /// The pipeline file.
+        #[arg(short = 'c', long = "config")]
+        config: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
+    /// The quickstart: emulator, sample stream with duplicates, exactly-once ingestion.
+    Demo {
+        /// Messages to publish (distinct events; 10% more are re-published duplicates).
+        #[arg(long, default_value_t = 20_000)]
+        events: usize,
+        /// Where the demo keeps its pipeline file and SQLite store.
+        #[arg(long, default_value = "state/demo")]
+        dir: PathBuf,
+    },
+    /// Benchmarks (see BENCHMARKS.md).
+    Bench {
+        /// Which benchmark.
+        #[command(subcommand)]
+        which: BenchCommand,
+    },
+}
+
+/// The benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Raw client vs sluice end to end on one emulator, and sluice's own capacity.
+    Throughput(sluice_bench::ThroughputArgs),
+}
+
+/// Runs a command; maps its outcome to the exit code.
+pub async fn dispatch(command: Command) -> ExitCode {
+    match command {
+        Command::Run { config } => crate::run::run_file(&config).await,
+        Command::Validate { config, format } => validate(&config, format),
+        Command::Demo { events, dir } => crate::demo::demo(events, &dir).await,
+        Command::Bench { which: BenchCommand::Throughput(args) } => {
+            match sluice_bench::throughput(args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("sluice bench: {error}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+fn validate(config: &std::path::Path, format: OutputFormat) -> ExitCode {
+    let result = sluice_pipeline::load(config);
+    match (format, result) {
+        (OutputFormat::Text, Ok(pipeline)) => {
+            println!(
+                "{}: valid ({} targets, {} flows)",
+                config.display(),
+                pipeline.targets.len(),
+                pipeline.flows.len()
+            );
+            ExitCode::SUCCESS
+        }
+        (OutputFormat::Text, Err(errors)) => {
+            eprintln!("{errors}");
+            ExitCode::from(2)
+        }
+        (OutputFormat::Json, result) => {
+            let errors: Vec<_> = result
+                .as_ref()
+                .err()
+                .map(|errors| {
+                    errors
+                        .iter()
+                        .map(|e| {
+                            serde_json::json!({
+                                "code": e.code.as_str(), "file": e.file, "path": e.path,
+                                "line": e.line, "column": e.column, "message": e.message,
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let valid = errors.is_empty();
+            println!("{}", serde_json::json!({ "valid": valid, "errors": errors }));
+            if valid { ExitCode::SUCCESS } else { ExitCode::from(2) }
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! `sluice run`: open the store, prepare the pipeline's tables, run its flows (a flow starts once
+//! every flow it `depends_on` has completed), drain on a signal, report.
+
+use crate::flows;
+use crate::signals::{self, Shutdown};
+use sluice_connector::{Backoff, Counters, Snapshot};
+use sluice_pipeline::Pipeline;
+use sluice_store::{Layout, Store, StoreError};
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// How one flow ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FlowState {
+    /// Ran to its end (drained, or idle in a triggered run).
+    Completed,
+    /// Did not start: a predecessor failed, or the run was stopped first.
+    Skipped(String),
+    /// Could not run.
+    Failed(String),
+}
+
+/// One flow's result.
+#[derive(Debug, Clone)]
+pub struct FlowOutcome {
+    /// Flow name.
+    pub name: String,
+    /// How it ended.
+    pub state: FlowState,
+    /// Its counters at the end.
+    pub counters: Snapshot,
+}
+
+/// Why a run could not happen at all.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The file is valid but uses features this version cannot run.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The store could not be opened or prepared, and retrying is pointless or was stopped.
+    #[error("store: {0}")]
+    Store(StoreError),
+}
+
+/// `sluice run -c FILE`.
+pub async fn run_file(path: &Path) -> ExitCode {
+    let pipeline = match sluice_pipeline::load(path) {
+        Ok(pipeline) => pipeline,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let shutdown = match signals::install() {
+        Ok(shutdown) => shutdown,
+        Err(error) => {
+            eprintln!("sluice: cannot install signal handlers: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    match execute(&pipeline, &shutdown).await {
+        Ok(outcomes) => {
+            for outcome in &outcomes {
+                print_outcome(outcome);
+            }
+            let failed = outcomes.iter().any(|o| matches!(o.state, FlowState::Failed(_)));
+            if failed { ExitCode::from(1) } else { ExitCode::SUCCESS }
+        }
+        Err(error @ RunError::Unsupported(_)) => {
+            eprintln!("{}: {error}", path.display());
+            ExitCode::from(2)
+        }
+        Err(error) => {
+            eprintln!("sluice: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn print_outcome(outcome: &FlowOutcome) {
+    let c = &outcome.counters;
+    let state = match &outcome.state {
+        FlowState::Completed => "COMPLETED".to_owned(),
+        FlowState::Skipped(why) => format!("SKIPPED ({why})"),
+        FlowState::Failed(why) => format!("FAILED ({why})"),
+    };
+    println!(
+        "flow {}: {state}; received {}, rows {}, dead letters {}, duplicates {} (memory {}, store {}), acked {}, nacked {}",
+        outcome.name,
+        c.received,
+        c.committed,
+        c.dead_lettered,
+        c.duplicates_memory + c.duplicates_store,
+        c.duplicates_memory,
+        c.duplicates_store,
+        c.acked,
+        c.nacked
+    );
+}
+
+/// Runs a validated pipeline to its end.
+pub async fn execute(pipeline: &Pipeline, shutdown: &Shutdown) -> Result<Vec<FlowOutcome>, RunError> {
+    let problems = flows::unsupported(pipeline);
+    if !problems.is_empty() {
+        return Err(RunError::Unsupported(problems.join("\n")));
+    }
+    let layout = Layout {
+        pipeline: pipeline.name.clone(),
+        tables: flows::table_targets(pipeline),
+        flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
+    };
+    let (store, handles) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
+
+    // One "finished" signal per flow: None while running, Some(success) at the end.
+    let mut finished = HashMap::new();
+    let mut senders = Vec::new();
+    for flow in &pipeline.flows {
+        let (tx, rx) = watch::channel(None::<bool>);
+        finished.insert(flow.name.clone(), rx);
+        senders.push(tx);
+    }
+    let mut tasks = JoinSet::new();
+    for ((flow, handle), done) in pipeline.flows.iter().zip(handles).zip(senders) {
+        let predecessors: Vec<_> = flow
+            .depends_on
+            .iter()
+            .filter_map(|name| finished.get(name).cloned().map(|rx| (name.clone(), rx)))
+            .collect();
+        let (pipeline, flow, store, shutdown) =
+            (pipeline.clone(), flow.clone(), store.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            let outcome = run_flow(&pipeline, &flow, store, handle, &shutdown, predecessors).await;
+            let _ = done.send(Some(outcome.state == FlowState::Completed));
+            outcome
+        });
+    }
+    let mut outcomes = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(outcome) => outcomes.push(outcome),
+            Err(error) => tracing::error!(%error, "a flow task panicked"),
+        }
+    }
+    let order: HashMap<_, _> = pipeline.flows.iter().enumerate().map(|(i, f)| (f.name.clone(), i)).collect();
+    outcomes.sort_by_key(|o| order.get(&o.name).copied());
+    Ok(outcomes)
+}
+
+async fn run_flow(
+    pipeline: &Pipeline,
+    flow: &sluice_pipeline::Flow,
+    store: Arc<dyn Store>,
+    handle: sluice_store::FlowHandle,
+    shutdown: &Shutdown,
+    predecessors: Vec<(String, watch::Receiver<Option<bool>>)>,
+) -> FlowOutcome {
+    let outcome = |state, counters: Option<&Counters>| FlowOutcome {
+        name: flow.name.clone(),
+        state,
+        counters: counters.map(Counters::snapshot).unwrap_or_default(),
+    };
+    for (name, mut rx) in predecessors {
+        let succeeded = tokio::select! {
+            result = rx.wait_for(Option::is_some) => result.ok().and_then(|v| *v).unwrap_or(false),
+            _ = shutdown.drain.cancelled() => false,
+        };
+        if !succeeded {
+            let why = format!("predecessor {name} did not complete");
+            return outcome(FlowState::Skipped(why), None);
+        }
+    }
+    if shutdown.drain.is_cancelled() {
+        return outcome(FlowState::Skipped("stopped before start".into()), None);
+    }
+    let (run, counters) = match flows::build(pipeline, flow, store, handle, shutdown.give_up.clone()) {
+        Ok(built) => built,
+        Err(error) => return outcome(FlowState::Failed(error), None),
+    };
+    tracing::info!(flow = %flow.name, "flow started");
+    match run.run(shutdown.drain.clone()).await {
+        Ok(report) => {
+            tracing::info!(flow = %flow.name, rows = report.rows, duplicates = report.duplicates,
+                dead_letters = report.dead_letters, "flow finished");
+            outcome(FlowState::Completed, Some(&counters))
+        }
+        Err(error) => outcome(FlowState::Failed(error.to_string()), Some(&counters)),
+    }
+}
+
+/// Opens the store and prepares the layout, retrying with backoff while the store is
+/// unavailable (logged once per backoff step), until it works or the run is stopped.
+pub async fn open_and_prepare(
+    url: &str,
+    layout: &Layout,
+    shutdown: &Shutdown,
+) -> Result<(Arc<dyn Store>, Vec<sluice_store::FlowHandle>), RunError> {
+    let mut backoff = Backoff::default();
+    loop {
+        let attempt = async {
+            let store = sluice_store::open(url)?;
+            let handles = store.prepare(layout).await?;
+            Ok::<_, StoreError>((store, handles))
+        };
+        match attempt.await {
+            Ok(ready) => return Ok(ready),
+            Err(error) if error.is_transient() && !shutdown.drain.is_cancelled() => {
+                let delay = backoff.next_delay();
+                tracing::warn!(step = backoff.step(), retry_in_ms = delay.as_millis() as u64,
+                    %error, "store unavailable; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.drain.cancelled() => {}
+                }
+            }
+            Err(error) => return Err(RunError::Store(error)),
+        }
+    }
+}
