@@ -15,7 +15,12 @@ pub fn process_cpu_time() -> Duration {
         return Duration::ZERO;
     };
     let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     // after_name starts at field 3 (state), so field n is at index n - 3.
     let total = ticks(14 - 3) + ticks(15 - 3);
     Duration::from_millis(total * 1000 / TICKS_PER_SECOND)

@@ -51,9 +51,17 @@ impl Emulator {
             .find(|p| p.exists())
             .ok_or(EmulatorError::NotInstalled)?;
         let port = free_port().map_err(|e| EmulatorError::Start(e.to_string()))?;
-        let mut child = Command::new(launcher)
-            .arg("--host=127.0.0.1")
-            .arg(format!("--port={port}"))
+        // A watchdog shell runs the launcher in its own process group and kills the group when
+        // this process is gone, so an emulator never outlives a test binary or a killed demo.
+        let watchdog = format!(
+            "trap 'kill -KILL 0' EXIT; \"$0\" --host=127.0.0.1 --port={port} & \
+             while kill -0 {parent} 2>/dev/null; do sleep 1; done",
+            parent = std::process::id()
+        );
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(watchdog)
+            .arg(launcher)
             .env("JAVA_OPTS", JAVA_HEAP)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -63,8 +71,14 @@ impl Emulator {
             .map_err(|e| EmulatorError::Start(e.to_string()))?;
         let (ready_tx, ready_rx) = mpsc::channel();
         for pipe in [
-            child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
         ]
         .into_iter()
         .flatten()
@@ -80,9 +94,9 @@ impl Emulator {
             });
         }
         let emulator = Self { child, port };
-        ready_rx
-            .recv_timeout(START_TIMEOUT)
-            .map_err(|_| EmulatorError::Start(format!("no \"Server started\" within {START_TIMEOUT:?}")))?;
+        ready_rx.recv_timeout(START_TIMEOUT).map_err(|_| {
+            EmulatorError::Start(format!("no \"Server started\" within {START_TIMEOUT:?}"))
+        })?;
         Ok(emulator)
     }
 

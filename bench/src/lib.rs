@@ -4,8 +4,8 @@
 //! Benchmarks report ratios against a baseline measured in the same run, on the same emulator,
 //! because these machines are noisy; absolute figures are printed for context only.
 
-pub mod emulator;
 mod cpu;
+pub mod emulator;
 mod throughput;
 
 pub use emulator::{Emulator, EmulatorError};

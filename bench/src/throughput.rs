@@ -102,22 +102,42 @@ async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
     };
     let admin = Admin::connect(&config).await?;
     let run_id: u32 = rand::random();
-    let warm = backlog(&admin, &format!("warm-{run_id}"), WARM_UP_MESSAGES, args.size).await?;
+    let warm = backlog(
+        &admin,
+        &format!("warm-{run_id}"),
+        WARM_UP_MESSAGES,
+        args.size,
+    )
+    .await?;
     raw_drain(&config, &warm, WARM_UP_MESSAGES, args.streams).await?;
     println!();
     println!("| round | raw client msg/s | sluice exactly-once msg/s | ratio |");
     println!("|---|---|---|---|");
     let mut ratios = Vec::new();
     for round in 1..=args.rounds {
-        let raw_sub = backlog(&admin, &format!("raw-{run_id}-{round}"), args.messages, args.size).await?;
+        let raw_sub = backlog(
+            &admin,
+            &format!("raw-{run_id}-{round}"),
+            args.messages,
+            args.size,
+        )
+        .await?;
         let raw = raw_drain(&config, &raw_sub, args.messages, args.streams).await?;
-        let sluice_sub =
-            backlog(&admin, &format!("sluice-{run_id}-{round}"), args.messages, args.size).await?;
+        let sluice_sub = backlog(
+            &admin,
+            &format!("sluice-{run_id}-{round}"),
+            args.messages,
+            args.size,
+        )
+        .await?;
         let source = PubSubSource::new(config.clone(), &sluice_sub, args.streams)?;
         let sluice = sluice_drain(Box::new(source), args.messages).await?;
         let (raw_rate, sluice_rate) = (rate(args.messages, raw), rate(args.messages, sluice.wall));
         ratios.push(sluice_rate / raw_rate);
-        println!("| {round} | {raw_rate:.0} | {sluice_rate:.0} | {:.2} |", sluice_rate / raw_rate);
+        println!(
+            "| {round} | {raw_rate:.0} | {sluice_rate:.0} | {:.2} |",
+            sluice_rate / raw_rate
+        );
     }
     let mean = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
     println!("\nmean ratio sluice / raw: {mean:.2}");
@@ -127,13 +147,26 @@ async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
 async fn capacity(args: &ThroughputArgs) -> Result<(), BenchError> {
     let n = args.capacity_messages;
     // Every tenth message repeats an earlier key, as a publisher retry would.
-    let key_of = |i: usize| if i % 10 == 9 { format!("k{}", i / 10) } else { format!("k{i}") };
+    let key_of = |i: usize| {
+        if i % 10 == 9 {
+            format!("k{}", i / 10)
+        } else {
+            format!("k{i}")
+        }
+    };
     let baseline = ack_only_drain(InProcessSource::generated(n, args.size, key_of)).await;
-    let sluice = sluice_drain(Box::new(InProcessSource::generated(n, args.size, key_of)), n).await?;
+    let sluice = sluice_drain(
+        Box::new(InProcessSource::generated(n, args.size, key_of)),
+        n,
+    )
+    .await?;
     println!();
     println!("| in-process source, {n} messages, 10% duplicates | msg/s | CPU µs/msg |");
     println!("|---|---|---|");
-    for (name, m) in [("baseline: receive + ack only", baseline), ("sluice: dedup + batch + SQLite commit + ack", sluice)] {
+    for (name, m) in [
+        ("baseline: receive + ack only", baseline),
+        ("sluice: dedup + batch + SQLite commit + ack", sluice),
+    ] {
         println!(
             "| {name} | {:.0} | {:.2} |",
             rate(n, m.wall),
@@ -157,7 +190,9 @@ fn rate(messages: usize, took: Duration) -> f64 {
 /// the subscription's path.
 async fn backlog(admin: &Admin, name: &str, n: usize, size: usize) -> Result<String, BenchError> {
     admin.create_topic(name).await?;
-    let subscription = admin.create_subscription(&format!("{name}-sub"), name, 60).await?;
+    let subscription = admin
+        .create_subscription(&format!("{name}-sub"), name, 60)
+        .await?;
     let publisher = admin.publisher(name).await?;
     let payload = Bytes::from(vec![b'x'; size]);
     let mut published = 0;
@@ -196,8 +231,12 @@ async fn raw_drain(
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..streams {
-        let (client, acked, done, subscription) =
-            (client.clone(), acked.clone(), done.clone(), subscription.to_owned());
+        let (client, acked, done, subscription) = (
+            client.clone(),
+            acked.clone(),
+            done.clone(),
+            subscription.to_owned(),
+        );
         tasks.spawn(async move {
             let mut stream = client.subscribe(subscription).build();
             let token = stream.shutdown_token();
@@ -234,7 +273,8 @@ fn google_cloud_auth_anonymous() -> google_cloud_auth::credentials::Credentials 
 async fn sluice_drain(source: Box<dyn MessageSource>, n: usize) -> Result<Measured, BenchError> {
     let dir = tempfile::tempdir().map_err(|e| BenchError::Store(e.to_string()))?;
     let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(&dir.path().join("bench.db")).map_err(|e| BenchError::Store(e.to_string()))?,
+        SqliteStore::open(&dir.path().join("bench.db"))
+            .map_err(|e| BenchError::Store(e.to_string()))?,
     );
     let flow = store
         .prepare(&Layout {
@@ -250,16 +290,25 @@ async fn sluice_drain(source: Box<dyn MessageSource>, n: usize) -> Result<Measur
         source,
         budget: Budget::new(10_000, 100 << 20),
         dedup: DedupSettings {
-            key: KeySource::Attribute { name: "key".into(), dead_letter_if_missing: false },
+            key: KeySource::Attribute {
+                name: "key".into(),
+                dead_letter_if_missing: false,
+            },
             window: Duration::from_secs(600),
         },
-        batch: BatchSettings { max_messages: 1_000, max_delay: Duration::from_millis(50) },
+        batch: BatchSettings {
+            max_messages: 1_000,
+            max_delay: Duration::from_millis(50),
+        },
         committer: CommitThenAck::new(
             store,
             flow,
             Arc::from(table_name("bench", "events").map_err(|e| BenchError::Store(e.to_string()))?),
             Arc::new(TableStage::default()),
-            RetrySettings { max_attempts: 5, dedup_window: Duration::from_secs(600) },
+            RetrySettings {
+                max_attempts: 5,
+                dedup_window: Duration::from_secs(600),
+            },
             CancellationToken::new(),
         ),
         counters: counters.clone(),
@@ -276,7 +325,10 @@ async fn sluice_drain(source: Box<dyn MessageSource>, n: usize) -> Result<Measur
             break Ok(started.elapsed());
         }
         if started.elapsed() > STALL_TIMEOUT * 5 {
-            break Err(BenchError::Stalled(format!("sluice acked {} of {n}", snapshot.acked)));
+            break Err(BenchError::Stalled(format!(
+                "sluice acked {} of {n}",
+                snapshot.acked
+            )));
         }
     };
     let cpu = process_cpu_time().saturating_sub(cpu_before);
@@ -292,7 +344,9 @@ async fn ack_only_drain(source: InProcessSource) -> Measured {
     let started = Instant::now();
     let (tx, mut rx) = tokio::sync::mpsc::channel(sluice_connector::INTAKE_CAPACITY);
     let stop = CancellationToken::new();
-    let handle = Box::new(source).start(tx, Budget::new(10_000, 100 << 20), stop.clone()).await;
+    let handle = Box::new(source)
+        .start(tx, Budget::new(10_000, 100 << 20), stop.clone())
+        .await;
     while let Some(received) = rx.recv().await {
         received.handle.ack();
     }
@@ -321,7 +375,9 @@ async fn wait_for(
         if now != last.0 {
             last = (now, Instant::now());
         } else if last.1.elapsed() > STALL_TIMEOUT {
-            return Err(BenchError::Stalled(format!("raw client acked {now} of {n}")));
+            return Err(BenchError::Stalled(format!(
+                "raw client acked {now} of {n}"
+            )));
         }
     }
 }

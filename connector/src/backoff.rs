@@ -48,7 +48,10 @@ mod tests {
         let mut backoff = Backoff::default();
         let first = backoff.next_delay();
         assert!(first <= INITIAL_BACKOFF && first >= INITIAL_BACKOFF / 2);
-        let last = (0..20).map(|_| backoff.next_delay()).last().unwrap_or_default();
+        let last = (0..20)
+            .map(|_| backoff.next_delay())
+            .last()
+            .unwrap_or_default();
         assert!(last <= MAX_BACKOFF && last >= MAX_BACKOFF / 2, "{last:?}");
         assert_eq!(backoff.step(), 21);
     }

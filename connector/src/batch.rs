@@ -1,8 +1,10 @@
 //! From received messages to deduplicated batches: keying, the memory tier, parking of racing
 //! redeliveries, and batching by count and delay.
 
+use crate::budget::Budget;
 use crate::delivery::{Delivery, SourceMessage};
-use crate::source::Received;
+use crate::pubsub::SourceError;
+use crate::source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
 use crate::telemetry::Counters;
 use sluice_dedup::{Admission, DedupKey, KeyHash, MemoryWindow, Settlement};
 use std::collections::HashMap;
@@ -10,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
 
 /// Where a message's dedup key comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +125,22 @@ impl BatchSource {
             },
             next_id: 0,
         }
+    }
+
+    /// Starts `source` within `budget` and returns a batcher over it, with the source's handle
+    /// (close it after the last batch is settled). Cancelling `stop` stops the source asking
+    /// for messages; [`BatchSource::next_batch`] returns `None` once what it had is batched.
+    pub async fn start(
+        source: Box<dyn MessageSource>,
+        budget: Budget,
+        dedup: DedupSettings,
+        batch: BatchSettings,
+        counters: Counters,
+        stop: CancellationToken,
+    ) -> Result<(Self, Box<dyn SourceHandle>), SourceError> {
+        let (intake_tx, intake) = mpsc::channel(INTAKE_CAPACITY);
+        let handle = source.start(intake_tx, budget, stop).await?;
+        Ok((Self::new(intake, dedup, batch, counters), handle))
     }
 
     /// The next batch; `None` once the intake has closed (the source stopped) and is empty.

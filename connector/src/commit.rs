@@ -14,9 +14,7 @@ use crate::batch::Batch;
 use crate::delivery::Delivery;
 use crate::stage::Stage;
 use crate::time::now_ms;
-use sluice_store::{
-    CommitBatch, Effect, Entry, FlowHandle, MessageFields, Store, StoreError,
-};
+use sluice_store::{CommitBatch, Effect, Entry, FlowHandle, MessageFields, Store, StoreError};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -111,8 +109,8 @@ impl CommitThenAck {
         let mut backoff = Backoff::default();
         let mut last_error = String::new();
         loop {
-            let exhausted = batch.len() == 1
-                && batch.deliveries()[0].attempts >= self.retry.max_attempts;
+            let exhausted =
+                batch.len() == 1 && batch.deliveries()[0].attempts >= self.retry.max_attempts;
             let effects = if exhausted {
                 Ok(vec![Effect::DeadLetter {
                     reason: "max_attempts".to_owned(),
@@ -136,7 +134,9 @@ impl CommitThenAck {
                         .collect();
                     let started = Instant::now();
                     let result = self.store.commit(self.commit_batch(&batch, effects)).await;
-                    batch.counters().commit_took(started.elapsed().as_secs_f64());
+                    batch
+                        .counters()
+                        .commit_took(started.elapsed().as_secs_f64());
                     result.map_err(Failure::Store)
                 }
                 Err(error) => Err(Failure::Stage(error.0)),

@@ -36,7 +36,10 @@ mod tests {
     fn parses_ms_and_rfc3339() {
         assert_eq!(parse_event_time("1700000000123"), Some(1_700_000_000_123));
         assert_eq!(parse_event_time("1970-01-01T00:00:01.5Z"), Some(1_500));
-        assert_eq!(parse_event_time("2023-11-14T22:13:20Z"), Some(1_700_000_000_000));
+        assert_eq!(
+            parse_event_time("2023-11-14T22:13:20Z"),
+            Some(1_700_000_000_000)
+        );
         assert_eq!(parse_event_time("yesterday"), None);
         assert_eq!(parse_event_time(""), None);
     }

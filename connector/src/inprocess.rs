@@ -87,7 +87,11 @@ impl MessageSource for InProcessSource {
                     tally: tally.clone(),
                     settled: false,
                 });
-                if intake.send(Received::new(message, handle, permits)).await.is_err() {
+                if intake
+                    .send(Received::new(message, handle, permits))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }

@@ -10,7 +10,7 @@ use crate::batch::{BatchSettings, BatchSource, DedupSettings};
 use crate::budget::Budget;
 use crate::commit::{CommitReport, CommitThenAck};
 use crate::pubsub::SourceError;
-use crate::source::{INTAKE_CAPACITY, MessageSource};
+use crate::source::MessageSource;
 use crate::telemetry::Counters;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -49,13 +49,16 @@ pub struct FlowRun {
 impl FlowRun {
     /// Runs the flow until it ends (see [`RunUntil`]) and returns what was committed.
     pub async fn run(self, drain: CancellationToken) -> Result<CommitReport, SourceError> {
-        let (intake_tx, intake) = mpsc::channel(INTAKE_CAPACITY);
         let stop_source = drain.child_token();
-        let handle = self
-            .source
-            .start(intake_tx, self.budget, stop_source.clone())
-            .await?;
-        let mut batches = BatchSource::new(intake, self.dedup, self.batch, self.counters);
+        let (mut batches, handle) = BatchSource::start(
+            self.source,
+            self.budget,
+            self.dedup,
+            self.batch,
+            self.counters,
+            stop_source.clone(),
+        )
+        .await?;
         let (ready_tx, mut ready) = mpsc::channel(COMMIT_QUEUE);
         let committer = self.committer;
         let commits = tokio::spawn(async move {

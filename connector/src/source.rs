@@ -28,7 +28,11 @@ pub struct Received {
 
 impl Received {
     /// Bundles a message with its handle and budget permits.
-    pub(crate) fn new(message: SourceMessage, handle: Box<dyn AckHandle>, permits: Permits) -> Self {
+    pub(crate) fn new(
+        message: SourceMessage,
+        handle: Box<dyn AckHandle>,
+        permits: Permits,
+    ) -> Self {
         Self {
             message,
             handle,

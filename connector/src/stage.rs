@@ -34,7 +34,11 @@ pub struct TableStage {
 impl TableStage {
     fn effect(&self, delivery: &Delivery) -> Effect {
         if let Some(reason) = delivery.key_problem {
-            return dead_letter(reason, format!("no dedup key in {:?}", delivery.message.message_id), delivery);
+            return dead_letter(
+                reason,
+                format!("no dedup key in {:?}", delivery.message.message_id),
+                delivery,
+            );
         }
         let Some(name) = &self.event_time_attribute else {
             return Effect::Row {

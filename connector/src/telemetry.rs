@@ -74,10 +74,7 @@ pub struct Snapshot {
 impl Counters {
     /// Counters for one flow of one pipeline.
     pub fn new(pipeline: &str, flow: &str) -> Self {
-        let labels = [
-            ("pipeline", pipeline.to_owned()),
-            ("flow", flow.to_owned()),
-        ];
+        let labels = [("pipeline", pipeline.to_owned()), ("flow", flow.to_owned())];
         let with_layer = |layer: &'static str| {
             let mut l = labels.to_vec();
             l.push(("layer", layer.to_owned()));

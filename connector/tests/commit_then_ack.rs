@@ -5,8 +5,8 @@
 
 use async_trait::async_trait;
 use sluice_connector::{
-    BatchSettings, Budget, CommitReport, CommitThenAck, Counters, DedupSettings, Delivery,
-    FlowRun, InProcessSource, KeySource, RetrySettings, RunUntil, Stage, StageError, TableStage,
+    BatchSettings, Budget, CommitReport, CommitThenAck, Counters, DedupSettings, Delivery, FlowRun,
+    InProcessSource, KeySource, RetrySettings, RunUntil, Stage, StageError, TableStage,
 };
 use sluice_store::{
     CommitBatch, CommitOutcome, Effect, FlowHandle, FlowProgress, Layout, SqliteStore, Store,
@@ -38,9 +38,10 @@ impl Store for FaultyStore {
         }
         let poison = self.poison_key.lock().unwrap().clone();
         if let Some(poison) = poison {
-            let poisoned = batch.entries.iter().any(|e| {
-                e.key.as_str() == poison && matches!(e.effect, Effect::Row { .. })
-            });
+            let poisoned = batch
+                .entries
+                .iter()
+                .any(|e| e.key.as_str() == poison && matches!(e.effect, Effect::Row { .. }));
             if poisoned {
                 self.failed_commits.fetch_add(1, Ordering::SeqCst);
                 return Err(StoreError::Rejected("injected rejection".into()));
@@ -97,11 +98,19 @@ async fn setup() -> Setup {
         failed_commits: AtomicU64::new(0),
     });
     let flow = store
-        .prepare(&Layout { pipeline: "p".into(), tables: vec!["t".into()], flows: vec!["f".into()] })
+        .prepare(&Layout {
+            pipeline: "p".into(),
+            tables: vec!["t".into()],
+            flows: vec!["f".into()],
+        })
         .await
         .unwrap()
         .remove(0);
-    Setup { _dir: dir, store, flow }
+    Setup {
+        _dir: dir,
+        store,
+        flow,
+    }
 }
 
 fn run_of(
@@ -116,16 +125,25 @@ fn run_of(
         source: Box::new(source),
         budget: Budget::new(2_000, 100 << 20),
         dedup: DedupSettings {
-            key: KeySource::Attribute { name: "key".into(), dead_letter_if_missing: false },
+            key: KeySource::Attribute {
+                name: "key".into(),
+                dead_letter_if_missing: false,
+            },
             window: Duration::from_secs(600),
         },
-        batch: BatchSettings { max_messages: 500, max_delay: Duration::from_millis(5) },
+        batch: BatchSettings {
+            max_messages: 500,
+            max_delay: Duration::from_millis(5),
+        },
         committer: CommitThenAck::new(
             setup.store.clone(),
             setup.flow.clone(),
             Arc::from(table_name("p", "t").unwrap()),
             stage,
-            RetrySettings { max_attempts: 3, dedup_window: Duration::from_secs(600) },
+            RetrySettings {
+                max_attempts: 3,
+                dedup_window: Duration::from_secs(600),
+            },
             give_up,
         ),
         counters,
@@ -138,7 +156,11 @@ async fn duplicates_land_once_and_everything_is_acked() {
     let setup = setup().await;
     // 10 000 messages, keys k0..k8999: every tenth message repeats an earlier key.
     let source = InProcessSource::generated(10_000, 100, |i| {
-        if i % 10 == 9 { format!("k{}", i / 10) } else { format!("k{}", i - i / 10) }
+        if i % 10 == 9 {
+            format!("k{}", i / 10)
+        } else {
+            format!("k{}", i - i / 10)
+        }
     });
     let tally = source.tally();
     let stage = Arc::new(CountingStage::default());
@@ -178,8 +200,15 @@ async fn nothing_is_acked_while_the_store_is_down_and_all_lands_when_it_returns(
     );
     let task = tokio::spawn(run.run(drain.clone()));
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    assert!(setup.store.failed_commits.load(Ordering::SeqCst) >= 2, "commits were retried");
-    assert_eq!(tally.acked.load(Ordering::SeqCst), 0, "nothing acked during the outage");
+    assert!(
+        setup.store.failed_commits.load(Ordering::SeqCst) >= 2,
+        "commits were retried"
+    );
+    assert_eq!(
+        tally.acked.load(Ordering::SeqCst),
+        0,
+        "nothing acked during the outage"
+    );
     setup.store.unavailable.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     drain.cancel();
@@ -195,7 +224,13 @@ async fn giving_up_at_shutdown_nacks_instead_of_acking() {
     let source = InProcessSource::generated(300, 10, |i| format!("k{i}"));
     let tally = source.tally();
     let (drain, give_up) = (CancellationToken::new(), CancellationToken::new());
-    let run = run_of(&setup, source, Arc::new(TableStage::default()), give_up.clone(), RunUntil::Drained);
+    let run = run_of(
+        &setup,
+        source,
+        Arc::new(TableStage::default()),
+        give_up.clone(),
+        RunUntil::Drained,
+    );
     let task = tokio::spawn(run.run(drain.clone()));
     tokio::time::sleep(Duration::from_millis(500)).await;
     drain.cancel();
@@ -236,11 +271,20 @@ async fn bad_timestamps_are_dead_lettered_not_dropped() {
     let source = InProcessSource::generated(20, 10, |i| format!("k{i}"));
     let tally = source.tally();
     // Every message lacks the `ts` attribute.
-    let stage = Arc::new(TableStage { event_time_attribute: Some("ts".into()), bad_timestamp_uses_publish_time: false });
-    let report = run_of(&setup, source, stage, CancellationToken::new(), RunUntil::Idle(Duration::from_millis(300)))
-        .run(CancellationToken::new())
-        .await
-        .unwrap();
+    let stage = Arc::new(TableStage {
+        event_time_attribute: Some("ts".into()),
+        bad_timestamp_uses_publish_time: false,
+    });
+    let report = run_of(
+        &setup,
+        source,
+        stage,
+        CancellationToken::new(),
+        RunUntil::Idle(Duration::from_millis(300)),
+    )
+    .run(CancellationToken::new())
+    .await
+    .unwrap();
     assert_eq!((report.rows, report.dead_letters), (0, 20));
     assert_eq!(tally.acked.load(Ordering::SeqCst), 20);
 }

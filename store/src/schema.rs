@@ -17,7 +17,9 @@ pub fn is_identifier(name: &str) -> bool {
 pub fn table_name(pipeline: &str, target: &str) -> Result<String, StoreError> {
     for part in [pipeline, target] {
         if !is_identifier(part) {
-            return Err(StoreError::Config(format!("{part:?} is not a valid identifier")));
+            return Err(StoreError::Config(format!(
+                "{part:?} is not a valid identifier"
+            )));
         }
     }
     Ok(format!("{pipeline}__{target}"))

@@ -92,12 +92,14 @@ impl Store for SqliteStore {
     }
 
     async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
-        self.ask(|reply| Command::Commit(Box::new(batch), reply)).await
+        self.ask(|reply| Command::Commit(Box::new(batch), reply))
+            .await
     }
 
     async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
         let (table, flow) = (table.to_owned(), flow.map(str::to_owned));
-        self.ask(|reply| Command::CountRows(table, flow, reply)).await
+        self.ask(|reply| Command::CountRows(table, flow, reply))
+            .await
     }
 
     async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
@@ -291,11 +293,12 @@ impl Writer {
                 params![flow],
                 |row| row.get(0),
             )?,
-            None => self
-                .conn
-                .query_row(&format!("SELECT COUNT(*) FROM \"{table}\""), [], |row| {
-                    row.get(0)
-                })?,
+            None => {
+                self.conn
+                    .query_row(&format!("SELECT COUNT(*) FROM \"{table}\""), [], |row| {
+                        row.get(0)
+                    })?
+            }
         };
         Ok(u64::try_from(count).unwrap_or_default())
     }
@@ -352,7 +355,9 @@ impl Writer {
 fn check_table(table: &str) -> Result<(), StoreError> {
     match table.split_once("__") {
         Some((pipeline, target)) => table_name(pipeline, target).map(|_| ()),
-        None => Err(StoreError::Config(format!("{table:?} is not a target table"))),
+        None => Err(StoreError::Config(format!(
+            "{table:?} is not a target table"
+        ))),
     }
 }
 

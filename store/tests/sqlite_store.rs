@@ -65,17 +65,32 @@ async fn ledger_decides_duplicates_within_and_across_batches() {
     assert_eq!(store.count_rows("p__events", None).await.unwrap(), 3);
     assert_eq!(store.key_census("p__events").await.unwrap(), (3, 0));
     let progress = store.flow_progress(&flows[0]).await.unwrap();
-    assert_eq!((progress.committed, progress.duplicates, progress.batches), (3, 2, 2));
+    assert_eq!(
+        (progress.committed, progress.duplicates, progress.batches),
+        (3, 2, 2)
+    );
 }
 
 #[tokio::test]
 async fn ledgers_are_per_flow() {
     let (_dir, store, flows) = open().await;
-    store.commit(batch(&flows[0], vec![row("a")], 10)).await.unwrap();
-    let out = store.commit(batch(&flows[1], vec![row("a")], 10)).await.unwrap();
+    store
+        .commit(batch(&flows[0], vec![row("a")], 10))
+        .await
+        .unwrap();
+    let out = store
+        .commit(batch(&flows[1], vec![row("a")], 10))
+        .await
+        .unwrap();
     assert_eq!(out.written, vec![true]);
-    assert_eq!(store.count_rows("p__events", Some("live")).await.unwrap(), 1);
-    assert_eq!(store.count_rows("p__events", Some("other")).await.unwrap(), 1);
+    assert_eq!(
+        store.count_rows("p__events", Some("live")).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        store.count_rows("p__events", Some("other")).await.unwrap(),
+        1
+    );
 }
 
 #[tokio::test]
@@ -84,12 +99,33 @@ async fn dead_letters_are_deduplicated_too() {
     let dead = || {
         entry(
             "x",
-            Effect::DeadLetter { reason: "bad_timestamp".into(), error: "nope".into(), attempts: 1 },
+            Effect::DeadLetter {
+                reason: "bad_timestamp".into(),
+                error: "nope".into(),
+                attempts: 1,
+            },
         )
     };
-    assert_eq!(store.commit(batch(&flows[0], vec![dead()], 10)).await.unwrap().written, vec![true]);
-    assert_eq!(store.commit(batch(&flows[0], vec![dead()], 11)).await.unwrap().written, vec![false]);
-    assert_eq!(store.flow_progress(&flows[0]).await.unwrap().dead_lettered, 1);
+    assert_eq!(
+        store
+            .commit(batch(&flows[0], vec![dead()], 10))
+            .await
+            .unwrap()
+            .written,
+        vec![true]
+    );
+    assert_eq!(
+        store
+            .commit(batch(&flows[0], vec![dead()], 11))
+            .await
+            .unwrap()
+            .written,
+        vec![false]
+    );
+    assert_eq!(
+        store.flow_progress(&flows[0]).await.unwrap().dead_lettered,
+        1
+    );
     drop(store);
     let conn = rusqlite::Connection::open(dir.path().join("nested/state.db")).unwrap();
     let reason: String = conn
@@ -105,25 +141,41 @@ async fn expired_keys_are_taken_over_and_purged() {
     first.expires_at_ms = 100;
     store.commit(first).await.unwrap();
     // "a" expired at 100; at 200 it is new again, "b" purged below.
-    let out = store.commit(batch(&flows[0], vec![row("a")], 200)).await.unwrap();
+    let out = store
+        .commit(batch(&flows[0], vec![row("a")], 200))
+        .await
+        .unwrap();
     assert_eq!(out.written, vec![true]);
     assert_eq!(store.purge_expired(200, 10).await.unwrap(), 1);
-    let out = store.commit(batch(&flows[0], vec![row("b")], 300)).await.unwrap();
+    let out = store
+        .commit(batch(&flows[0], vec![row("b")], 300))
+        .await
+        .unwrap();
     assert_eq!(out.written, vec![true]);
 }
 
 #[tokio::test]
 async fn state_survives_reopen() {
     let (dir, store, flows) = open().await;
-    store.commit(batch(&flows[0], vec![row("a")], 10)).await.unwrap();
+    store
+        .commit(batch(&flows[0], vec![row("a")], 10))
+        .await
+        .unwrap();
     drop(store);
     let store = SqliteStore::open(&dir.path().join("nested/state.db")).unwrap();
     let again = store
-        .prepare(&Layout { pipeline: "p".into(), tables: vec!["events".into()], flows: vec!["live".into()] })
+        .prepare(&Layout {
+            pipeline: "p".into(),
+            tables: vec!["events".into()],
+            flows: vec!["live".into()],
+        })
         .await
         .unwrap();
     assert_eq!(again[0].id, flows[0].id);
-    let out = store.commit(batch(&again[0], vec![row("a")], 20)).await.unwrap();
+    let out = store
+        .commit(batch(&again[0], vec![row("a")], 20))
+        .await
+        .unwrap();
     assert_eq!(out.written, vec![false]);
 }
 
@@ -132,7 +184,11 @@ async fn bad_identifiers_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(&dir.path().join("s.db")).unwrap();
     let err = store
-        .prepare(&Layout { pipeline: "p".into(), tables: vec!["x\"; drop".into()], flows: vec![] })
+        .prepare(&Layout {
+            pipeline: "p".into(),
+            tables: vec!["x\"; drop".into()],
+            flows: vec![],
+        })
         .await
         .unwrap_err();
     assert!(err.to_string().contains("not a valid identifier"), "{err}");

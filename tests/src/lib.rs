@@ -1,1 +1,428 @@
-//! placeholder
+//! The harness of sluice's end-to-end tests: one real Pub/Sub emulator per test binary (fresh
+//! topic and subscription names per test), `sluice` worker processes, and direct reads of the
+//! SQLite store.
+//!
+//! The emulator stalls new streams on a subscription for two to three minutes after any stream
+//! on it closed (measured; see ARCHITECTURE.md). Tests that kill or stop a worker and need the
+//! rest of the stream delivered keep a second replica's streams open from before the close,
+//! and say so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use bytes::Bytes;
+use google_cloud_pubsub::client::Subscriber;
+use google_cloud_pubsub::model::Message;
+use sluice_bench::Emulator;
+use sluice_connector::PubSubConfig;
+use sluice_connector::pubsub::{Admin, publish_all};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Project of every test resource.
+pub const PROJECT: &str = "sluice-test";
+
+static EMULATOR: OnceLock<Emulator> = OnceLock::new();
+
+/// The emulator of this test binary (started on first use; killed by its watchdog when the
+/// binary exits).
+pub fn emulator() -> &'static Emulator {
+    EMULATOR.get_or_init(|| Emulator::start().expect("start the Pub/Sub emulator"))
+}
+
+/// A unique resource name.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", rand::random::<u32>())
+}
+
+/// Pub/Sub access for a test.
+pub struct PubSub {
+    /// Endpoint and project.
+    pub config: PubSubConfig,
+    /// Admin clients.
+    pub admin: Admin,
+}
+
+impl PubSub {
+    /// Connects to this binary's emulator.
+    pub async fn connect() -> Self {
+        let config = PubSubConfig {
+            project: Some(PROJECT.to_owned()),
+            endpoint: Some(emulator().endpoint()),
+        };
+        let admin = Admin::connect(&config).await.unwrap();
+        Self { config, admin }
+    }
+
+    /// A fresh topic and `subscriptions` subscriptions on it (ack deadline 10 s).
+    pub async fn topic_with(&self, prefix: &str, subscriptions: usize) -> (String, Vec<String>) {
+        let topic = unique(prefix);
+        self.admin.create_topic(&topic).await.unwrap();
+        let mut subs = Vec::new();
+        for i in 0..subscriptions {
+            let name = format!("{topic}-sub{i}");
+            self.admin
+                .create_subscription(&name, &topic, 10)
+                .await
+                .unwrap();
+            subs.push(name);
+        }
+        (topic, subs)
+    }
+
+    /// Publishes and waits; returns the message ids.
+    pub async fn publish(&self, topic: &str, messages: Vec<Message>) -> Vec<String> {
+        let publisher = self.admin.publisher(topic).await.unwrap();
+        publish_all(&publisher, messages).await.unwrap()
+    }
+
+    /// A plain client (no sluice) that receives and acks up to `n` messages within `within`;
+    /// returns the distinct message ids it got.
+    pub fn plain_receiver(
+        &self,
+        subscription: &str,
+        n: usize,
+        within: Duration,
+    ) -> tokio::task::JoinHandle<HashSet<String>> {
+        self.plain_client(subscription, n, within, true)
+    }
+
+    /// As [`PubSub::plain_receiver`]; with `ack: false` the messages are given back (nacked)
+    /// when its stream closes.
+    pub fn plain_client(
+        &self,
+        subscription: &str,
+        n: usize,
+        within: Duration,
+        ack: bool,
+    ) -> tokio::task::JoinHandle<HashSet<String>> {
+        let config = self.config.clone();
+        let path = config.subscription_path(subscription).unwrap();
+        tokio::spawn(async move {
+            let client = Subscriber::builder()
+                .with_endpoint(config.endpoint().unwrap())
+                .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
+                .build()
+                .await
+                .unwrap();
+            // The same lease extension (and so stream ack deadline) as sluice's streams.
+            let mut stream = client
+                .subscribe(path)
+                .set_max_lease_extension(Duration::from_secs(10))
+                .build();
+            let token = stream.shutdown_token();
+            let mut ids = HashSet::new();
+            let mut held = Vec::new();
+            let deadline = tokio::time::Instant::now() + within;
+            while ids.len() < n {
+                match tokio::time::timeout_at(deadline, stream.next()).await {
+                    Ok(Some(Ok((message, handler)))) => {
+                        if ack {
+                            handler.ack();
+                        } else {
+                            held.push(handler);
+                        }
+                        ids.insert(message.message_id);
+                    }
+                    _ => break,
+                }
+            }
+            drop(held);
+            drop(stream);
+            token.shutdown().await;
+            ids
+        })
+    }
+}
+
+/// A message keyed by the `event_id` attribute, with a small JSON payload.
+pub fn event(event_id: &str) -> Message {
+    Message::new()
+        .set_data(Bytes::from(format!("{{\"event_id\":\"{event_id}\"}}")))
+        .set_attributes([("event_id", event_id.to_owned())])
+}
+
+/// `n` distinct events `e0..` plus `dups` re-publishes of random earlier ones (new message ids,
+/// same `event_id`), shuffled together.
+pub fn events_with_duplicates(prefix: &str, n: usize, dups: usize) -> Vec<Message> {
+    use rand::seq::SliceRandom;
+    let mut messages: Vec<_> = (0..n).map(|i| event(&format!("{prefix}{i}"))).collect();
+    for _ in 0..dups {
+        let i = rand::random_range(0..n);
+        messages.push(event(&format!("{prefix}{i}")));
+    }
+    messages.shuffle(&mut rand::rng());
+    messages
+}
+
+/// The path of the `sluice` binary built by the same `cargo test` run.
+pub fn sluice_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test> -> target/<profile>/sluice
+    let bin = exe.parent().unwrap().parent().unwrap().join("sluice");
+    assert!(
+        bin.exists(),
+        "{} not built: run the workspace's tests (`cargo test --workspace`)",
+        bin.display()
+    );
+    bin
+}
+
+/// Options for a test pipeline file.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    /// `mode:`.
+    pub mode: &'static str,
+    /// The subscription.
+    pub subscription: String,
+    /// `dedup:` inline map.
+    pub dedup: &'static str,
+    /// `batch:` inline map.
+    pub batch: &'static str,
+    /// `drain_idle:`.
+    pub drain_idle: &'static str,
+    /// `streams:`.
+    pub streams: usize,
+}
+
+impl PipelineOptions {
+    /// Continuous, dedup by `event_id`, 4 streams.
+    pub fn continuous(subscription: &str) -> Self {
+        Self {
+            mode: "continuous",
+            subscription: subscription.to_owned(),
+            dedup: "{ by: attribute, attribute: event_id }",
+            batch: "{ max_messages: 500, max_delay: 20ms }",
+            drain_idle: "3s",
+            streams: 4,
+        }
+    }
+
+    /// Triggered, drains until idle for 3 s.
+    pub fn triggered(subscription: &str) -> Self {
+        Self {
+            mode: "triggered",
+            ..Self::continuous(subscription)
+        }
+    }
+}
+
+/// A temporary folder holding pipeline files and the SQLite store they share.
+pub struct Workdir {
+    dir: tempfile::TempDir,
+}
+
+impl Default for Workdir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Workdir {
+    /// A new folder.
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The SQLite file of pipelines written by [`Workdir::pipeline`] with this `db` name.
+    pub fn db(&self, db: &str) -> PathBuf {
+        self.path().join(format!("{db}.db"))
+    }
+
+    /// Writes a pipeline `test` with one table `events` and one flow `ingest`.
+    pub fn pipeline(&self, file: &str, db: &str, options: &PipelineOptions) -> PathBuf {
+        let yaml = format!(
+            "pipeline: test
+mode: {mode}
+store: sqlite://{db}
+pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
+targets:
+  - {{ name: events, kind: table }}
+flows:
+  - name: ingest
+    target: events
+    source:
+      pubsub:
+        subscription: {subscription}
+        dedup: {dedup}
+        batch: {batch}
+        drain_idle: {drain_idle}
+        streams: {streams}
+",
+            mode = options.mode,
+            db = self.db(db).display(),
+            endpoint = emulator().endpoint(),
+            subscription = options.subscription,
+            dedup = options.dedup,
+            batch = options.batch,
+            drain_idle = options.drain_idle,
+            streams = options.streams,
+        );
+        let path = self.path().join(file);
+        std::fs::write(&path, yaml).unwrap();
+        path
+    }
+}
+
+/// A `sluice` worker process.
+pub struct Worker {
+    child: Child,
+    /// Its stdout.
+    pub stdout: PathBuf,
+    /// Its stderr (logs).
+    pub stderr: PathBuf,
+}
+
+impl Worker {
+    /// Starts `sluice run -c config`, logs into files next to the config.
+    pub fn start(config: &Path, name: &str) -> Self {
+        Self::spawn(
+            &["run", "-c", config.to_str().unwrap()],
+            config.parent().unwrap(),
+            name,
+        )
+    }
+
+    /// Starts `sluice ARGS` with its output in `dir/name.{out,err}`.
+    pub fn spawn(args: &[&str], dir: &Path, name: &str) -> Self {
+        let stdout = dir.join(format!("{name}.out"));
+        let stderr = dir.join(format!("{name}.err"));
+        let child = Command::new(sluice_bin())
+            .args(args)
+            .env_remove("PUBSUB_EMULATOR_HOST")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM (a drain).
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the exit, at most `within`; kills the process and panics past that.
+    pub fn wait(mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "worker did not exit within {within:?}; stderr:\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether it is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Its stderr so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Its stdout so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Read-only views of a SQLite store.
+pub struct Db(pub PathBuf);
+
+impl Db {
+    fn query(&self, sql: &str) -> i64 {
+        if !self.0.exists() {
+            return 0;
+        }
+        let conn = rusqlite::Connection::open(&self.0).unwrap();
+        conn.busy_timeout(Duration::from_secs(10)).unwrap();
+        conn.query_row(sql, [], |row| row.get(0)).unwrap_or(0)
+    }
+
+    /// Rows in `test__events`.
+    pub fn rows(&self) -> i64 {
+        self.query("SELECT COUNT(*) FROM test__events")
+    }
+
+    /// Distinct dedup keys in `test__events`.
+    pub fn distinct_keys(&self) -> i64 {
+        self.query("SELECT COUNT(DISTINCT dedup_key) FROM test__events")
+    }
+
+    /// Rows in `test__dead_letter`.
+    pub fn dead_letters(&self) -> i64 {
+        self.query("SELECT COUNT(*) FROM test__dead_letter")
+    }
+}
+
+/// Polls `condition` every 200 ms until it holds or `within` passed; returns whether it held.
+pub async fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Time for messages held by closed streams to become deliverable again on the emulator: the
+/// stream ack deadline sluice and the client use (10 s), plus margin.
+pub const CLOSED_STREAM_RELEASE: Duration = Duration::from_secs(15);
+
+/// The message ids still unacked on `subscription` (no other stream open): waits until messages
+/// held by closed streams are released, then reads with a plain client that acks, for up to
+/// 20 s or until `expected` arrived.
+pub async fn unacked_messages(
+    pubsub: &PubSub,
+    subscription: &str,
+    expected: usize,
+) -> HashSet<String> {
+    tokio::time::sleep(CLOSED_STREAM_RELEASE).await;
+    let received = pubsub.plain_receiver(subscription, expected.max(1), Duration::from_secs(20));
+    received.await.unwrap()
+}

@@ -77,15 +77,15 @@ pub async fn dispatch(command: Command) -> ExitCode {
         Command::Run { config } => crate::run::run_file(&config).await,
         Command::Validate { config, format } => validate(&config, format),
         Command::Demo { events, dir } => crate::demo::demo(events, &dir).await,
-        Command::Bench { which: BenchCommand::Throughput(args) } => {
-            match sluice_bench::throughput(args).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("sluice bench: {error}");
-                    ExitCode::from(1)
-                }
+        Command::Bench {
+            which: BenchCommand::Throughput(args),
+        } => match sluice_bench::throughput(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("sluice bench: {error}");
+                ExitCode::from(1)
             }
-        }
+        },
     }
 }
 
@@ -122,8 +122,15 @@ fn validate(config: &std::path::Path, format: OutputFormat) -> ExitCode {
                 })
                 .unwrap_or_default();
             let valid = errors.is_empty();
-            println!("{}", serde_json::json!({ "valid": valid, "errors": errors }));
-            if valid { ExitCode::SUCCESS } else { ExitCode::from(2) }
+            println!(
+                "{}",
+                serde_json::json!({ "valid": valid, "errors": errors })
+            );
+            if valid {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            }
         }
     }
 }

@@ -18,6 +18,8 @@ use std::time::Instant;
 const PROJECT: &str = "sluice-demo";
 /// Event times are shuffled within this many ms (inside the default 10 s watermark band).
 const EVENT_TIME_JITTER_MS: i64 = 8_000;
+/// How long the triggered run waits on an empty subscription before it calls it drained.
+const DRAIN_IDLE: &str = "3s";
 /// Messages published with an unparseable timestamp, to show dead letters.
 const BAD_TIMESTAMPS: usize = 5;
 
@@ -99,21 +101,28 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
     for outcome in &outcomes {
         let c = outcome.counters;
         println!(
-            "flow {}: {:?} in {took:.1}s (including {} of idle time to decide the subscription is drained)",
-            outcome.name,
-            outcome.state,
-            humantime::format_duration(std::time::Duration::from_secs(3))
+            "flow {}: {:?} in {took:.1}s (including {DRAIN_IDLE} of idle time to decide the subscription is drained)",
+            outcome.name, outcome.state
         );
         println!("  received      {:>7}  (redeliveries included)", c.received);
-        println!("  rows written  {:>7}  (expected {events}: one per order)", c.committed);
+        println!(
+            "  rows written  {:>7}  (expected {events}: one per order)",
+            c.committed
+        );
         println!(
             "  duplicates    {:>7}  (memory tier {}, store ledger {})",
             c.duplicates_memory + c.duplicates_store,
             c.duplicates_memory,
             c.duplicates_store
         );
-        println!("  dead letters  {:>7}  (expected {BAD_TIMESTAMPS}: reason bad_timestamp)", c.dead_lettered);
-        println!("  acked         {:>7}  (every message, after its commit)", c.acked);
+        println!(
+            "  dead letters  {:>7}  (expected {BAD_TIMESTAMPS}: reason bad_timestamp)",
+            c.dead_lettered
+        );
+        println!(
+            "  acked         {:>7}  (every message, after its commit)",
+            c.acked
+        );
         ok &= outcome.state == FlowState::Completed
             && c.committed == events as u64
             && c.dead_lettered == BAD_TIMESTAMPS as u64;
@@ -126,7 +135,14 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
         "             sqlite3 {} 'SELECT dedup_key, reason, error FROM demo__dead_letter'",
         db.display()
     );
-    println!("{}", if ok { "demo: exactly once ✔" } else { "demo: MISMATCH ✘" });
+    println!(
+        "{}",
+        if ok {
+            "demo: exactly once ✔"
+        } else {
+            "demo: MISMATCH ✘"
+        }
+    );
     Ok(ok)
 }
 
@@ -158,7 +174,7 @@ flows:
         dedup: {{ by: attribute, attribute: order_id, window: 10m }}
         event_time: {{ attribute: ts }}
         batch: {{ max_messages: 1000, max_delay: 50ms }}
-        drain_idle: 3s
+        drain_idle: {DRAIN_IDLE}
 ",
         db = db.display()
     )

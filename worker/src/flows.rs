@@ -21,7 +21,11 @@ pub fn unsupported(pipeline: &Pipeline) -> Vec<String> {
                 flow.name
             ));
         }
-        let kind = pipeline.targets.iter().find(|t| t.name == flow.target).map(|t| &t.kind);
+        let kind = pipeline
+            .targets
+            .iter()
+            .find(|t| t.name == flow.target)
+            .map(|t| &t.kind);
         if !matches!(kind, Some(TargetKind::Table)) {
             problems.push(format!(
                 "flows[{i}].target: flow {:?} writes a non-table target; only `table` targets run in this version",

@@ -67,8 +67,14 @@ pub async fn run_file(path: &Path) -> ExitCode {
             for outcome in &outcomes {
                 print_outcome(outcome);
             }
-            let failed = outcomes.iter().any(|o| matches!(o.state, FlowState::Failed(_)));
-            if failed { ExitCode::from(1) } else { ExitCode::SUCCESS }
+            let failed = outcomes
+                .iter()
+                .any(|o| matches!(o.state, FlowState::Failed(_)));
+            if failed {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(error @ RunError::Unsupported(_)) => {
             eprintln!("{}: {error}", path.display());
@@ -103,7 +109,10 @@ fn print_outcome(outcome: &FlowOutcome) {
 }
 
 /// Runs a validated pipeline to its end.
-pub async fn execute(pipeline: &Pipeline, shutdown: &Shutdown) -> Result<Vec<FlowOutcome>, RunError> {
+pub async fn execute(
+    pipeline: &Pipeline,
+    shutdown: &Shutdown,
+) -> Result<Vec<FlowOutcome>, RunError> {
     let problems = flows::unsupported(pipeline);
     if !problems.is_empty() {
         return Err(RunError::Unsupported(problems.join("\n")));
@@ -130,8 +139,12 @@ pub async fn execute(pipeline: &Pipeline, shutdown: &Shutdown) -> Result<Vec<Flo
             .iter()
             .filter_map(|name| finished.get(name).cloned().map(|rx| (name.clone(), rx)))
             .collect();
-        let (pipeline, flow, store, shutdown) =
-            (pipeline.clone(), flow.clone(), store.clone(), shutdown.clone());
+        let (pipeline, flow, store, shutdown) = (
+            pipeline.clone(),
+            flow.clone(),
+            store.clone(),
+            shutdown.clone(),
+        );
         tasks.spawn(async move {
             let outcome = run_flow(&pipeline, &flow, store, handle, &shutdown, predecessors).await;
             let _ = done.send(Some(outcome.state == FlowState::Completed));
@@ -145,7 +158,12 @@ pub async fn execute(pipeline: &Pipeline, shutdown: &Shutdown) -> Result<Vec<Flo
             Err(error) => tracing::error!(%error, "a flow task panicked"),
         }
     }
-    let order: HashMap<_, _> = pipeline.flows.iter().enumerate().map(|(i, f)| (f.name.clone(), i)).collect();
+    let order: HashMap<_, _> = pipeline
+        .flows
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.name.clone(), i))
+        .collect();
     outcomes.sort_by_key(|o| order.get(&o.name).copied());
     Ok(outcomes)
 }
@@ -176,10 +194,11 @@ async fn run_flow(
     if shutdown.drain.is_cancelled() {
         return outcome(FlowState::Skipped("stopped before start".into()), None);
     }
-    let (run, counters) = match flows::build(pipeline, flow, store, handle, shutdown.give_up.clone()) {
-        Ok(built) => built,
-        Err(error) => return outcome(FlowState::Failed(error), None),
-    };
+    let (run, counters) =
+        match flows::build(pipeline, flow, store, handle, shutdown.give_up.clone()) {
+            Ok(built) => built,
+            Err(error) => return outcome(FlowState::Failed(error), None),
+        };
     tracing::info!(flow = %flow.name, "flow started");
     match run.run(shutdown.drain.clone()).await {
         Ok(report) => {

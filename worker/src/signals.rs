@@ -27,7 +27,9 @@ pub fn install() -> std::io::Result<Shutdown> {
     let tokens = shutdown.clone();
     tokio::spawn(async move {
         tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        tracing::info!("signal received; draining (stop pulling, commit and ack what is in flight)");
+        tracing::info!(
+            "signal received; draining (stop pulling, commit and ack what is in flight)"
+        );
         tokens.drain.cancel();
         tokio::select! {
             _ = term.recv() => tracing::warn!("second signal; nacking what is not committed"),

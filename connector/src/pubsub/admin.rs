@@ -2,6 +2,8 @@
 //! the tests (and for users who want sluice to create what it reads).
 
 use super::{PubSubConfig, SourceError};
+use google_cloud_gax::error::rpc::Code;
+use google_cloud_gax::retry_policy::{Aip194Strict, RetryPolicy, RetryPolicyExt};
 use google_cloud_pubsub::client::{Publisher, SubscriptionAdmin, TopicAdmin};
 use google_cloud_pubsub::model::Message;
 
@@ -11,6 +13,13 @@ pub struct Admin {
     config: PubSubConfig,
     topics: TopicAdmin,
     subscriptions: SubscriptionAdmin,
+}
+
+/// Admin calls retry transient errors for about this long, then report them.
+const ADMIN_RETRY_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn admin_retry_policy() -> impl RetryPolicy {
+    Aip194Strict.with_time_limit(ADMIN_RETRY_LIMIT)
 }
 
 fn rpc(error: impl std::fmt::Display) -> SourceError {
@@ -34,10 +43,12 @@ impl Admin {
     /// Builds the admin clients.
     pub async fn connect(config: &PubSubConfig) -> Result<Self, SourceError> {
         let topics = configure!(TopicAdmin::builder(), config)
+            .with_retry_policy(admin_retry_policy())
             .build()
             .await
             .map_err(|e| SourceError::Client(e.to_string()))?;
         let subscriptions = configure!(SubscriptionAdmin::builder(), config)
+            .with_retry_policy(admin_retry_policy())
             .build()
             .await
             .map_err(|e| SourceError::Client(e.to_string()))?;
@@ -82,6 +93,26 @@ impl Admin {
             .await
             .map_err(rpc)?;
         Ok(path)
+    }
+
+    /// Whether a subscription exists. `Err` when Pub/Sub cannot be asked (unreachable).
+    pub async fn subscription_exists(&self, subscription: &str) -> Result<bool, SourceError> {
+        let result = self
+            .subscriptions
+            .get_subscription()
+            .set_subscription(self.config.subscription_path(subscription)?)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.status().is_some_and(|s| s.code == Code::NotFound)
+                    || e.http_status_code() == Some(404) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(rpc(e)),
+        }
     }
 
     /// A publisher for a topic, batching up to 1000 messages or 5 ms.

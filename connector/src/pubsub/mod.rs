@@ -105,7 +105,10 @@ mod tests {
         };
         assert_eq!(config.endpoint().as_deref(), Some("http://127.0.0.1:8085"));
         assert!(config.credentials().is_some());
-        assert_eq!(config.subscription_path("s").ok().as_deref(), Some("projects/p/subscriptions/s"));
+        assert_eq!(
+            config.subscription_path("s").ok().as_deref(),
+            Some("projects/p/subscriptions/s")
+        );
         assert_eq!(
             config.topic_path("projects/q/topics/t").ok().as_deref(),
             Some("projects/q/topics/t")

@@ -7,7 +7,7 @@
 //! extending their leases and still sends their acks), and [`SourceHandle::close`] awaits the
 //! tokens after every handler has been settled.
 
-use super::{PubSubConfig, SourceError};
+use super::{Admin, PubSubConfig, SourceError};
 use crate::backoff::Backoff;
 use crate::budget::Budget;
 use crate::delivery::{AckHandle, SourceMessage};
@@ -15,20 +15,24 @@ use crate::source::{MessageSource, Received, SourceHandle};
 use async_trait::async_trait;
 use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
-use google_cloud_pubsub::subscriber::handler::Handler;
 use google_cloud_pubsub::subscriber::ShutdownToken;
+use google_cloud_pubsub::subscriber::handler::Handler;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+/// How long one "does the subscription exist" probe may take before it counts as a failure.
+const REACHABILITY_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long [`SourceHandle::close`] waits for the client to flush acks before giving up.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
-/// The client extends a held message's lease by up to this much at a time: long enough that a
-/// worker under load does not lose leases, short enough that a crashed worker's messages come
-/// back within a minute.
-const LEASE_EXTENSION: Duration = Duration::from_secs(30);
+/// The client extends a held message's lease by up to this much at a time (the client's
+/// minimum; it renews well before expiry). It is also the stream's ack deadline, which bounds
+/// how long messages handed to a crashed worker's streams wait before redelivery: measured on
+/// the emulator, a new stream after a close got the backlog ≈ 30 s later with 30 s here, where
+/// the client's default of 60 s gave the 2–3 minute stalls.
+const LEASE_EXTENSION: Duration = Duration::from_secs(10);
 
 /// Streaming pull from one subscription through the official client.
 #[derive(Debug, Clone)]
@@ -40,7 +44,11 @@ pub struct PubSubSource {
 
 impl PubSubSource {
     /// A source reading `subscription` (short name or full path) over `streams` streams.
-    pub fn new(config: PubSubConfig, subscription: &str, streams: usize) -> Result<Self, SourceError> {
+    pub fn new(
+        config: PubSubConfig,
+        subscription: &str,
+        streams: usize,
+    ) -> Result<Self, SourceError> {
         Ok(Self {
             subscription: config.subscription_path(subscription)?,
             config,
@@ -51,6 +59,40 @@ impl PubSubSource {
     /// The subscription's full path.
     pub fn subscription(&self) -> &str {
         &self.subscription
+    }
+
+    /// Asks Pub/Sub for the subscription until it answers, retrying with backoff (one log line
+    /// per step) while it is unreachable. A missing subscription is an error, not retried.
+    /// Returns `false` if stopped before Pub/Sub answered.
+    async fn wait_until_reachable(&self, stop: &CancellationToken) -> Result<bool, SourceError> {
+        let mut backoff = Backoff::default();
+        loop {
+            let asked = tokio::time::timeout(REACHABILITY_TIMEOUT, async {
+                Admin::connect(&self.config)
+                    .await?
+                    .subscription_exists(&self.subscription)
+                    .await
+            });
+            let error = match asked.await {
+                Ok(Ok(true)) => return Ok(true),
+                Ok(Ok(false)) => {
+                    return Err(SourceError::Name(format!(
+                        "subscription {} does not exist",
+                        self.subscription
+                    )));
+                }
+                Ok(Err(error)) => error,
+                Err(_) => SourceError::Rpc(format!("no answer within {REACHABILITY_TIMEOUT:?}")),
+            };
+            let delay = backoff.next_delay();
+            tracing::warn!(subscription = %self.subscription, step = backoff.step(),
+                retry_in_ms = delay.as_millis() as u64, %error,
+                "Pub/Sub unreachable; retrying");
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(false),
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
     }
 
     async fn client(&self) -> Result<Subscriber, SourceError> {
@@ -76,6 +118,13 @@ impl MessageSource for PubSubSource {
         budget: Budget,
         stop: CancellationToken,
     ) -> Result<Box<dyn SourceHandle>, SourceError> {
+        if !self.wait_until_reachable(&stop).await? {
+            return Ok(Box::new(RunningPubSub {
+                stop,
+                tokens: Arc::default(),
+                tasks: JoinSet::new(),
+            }));
+        }
         let client = self.client().await?;
         let tokens = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = JoinSet::new();
@@ -91,7 +140,11 @@ impl MessageSource for PubSubSource {
             };
             tasks.spawn(stream.run());
         }
-        Ok(Box::new(RunningPubSub { stop, tokens, tasks }))
+        Ok(Box::new(RunningPubSub {
+            stop,
+            tokens,
+            tasks,
+        }))
     }
 }
 
@@ -106,7 +159,8 @@ impl SourceHandle for RunningPubSub {
     async fn close(mut self: Box<Self>) {
         self.stop.cancel();
         while self.tasks.join_next().await.is_some() {}
-        let tokens = std::mem::take(&mut *self.tokens.lock().unwrap_or_else(PoisonError::into_inner));
+        let tokens =
+            std::mem::take(&mut *self.tokens.lock().unwrap_or_else(PoisonError::into_inner));
         let all = futures::future::join_all(tokens.iter().map(ShutdownToken::shutdown));
         if tokio::time::timeout(CLOSE_TIMEOUT, all).await.is_err() {
             tracing::warn!("Pub/Sub streams did not finish flushing acks in time");
@@ -154,7 +208,12 @@ impl StreamTask {
                         let message = convert(message);
                         let permits = self.budget.reserve_bytes(permit, message.size()).await;
                         let handle = Box::new(PubSubAck(handler));
-                        if self.intake.send(Received::new(message, handle, permits)).await.is_err() {
+                        if self
+                            .intake
+                            .send(Received::new(message, handle, permits))
+                            .await
+                            .is_err()
+                        {
                             return; // the batcher is gone; the handler was dropped: nacked
                         }
                         continue;

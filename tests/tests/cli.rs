@@ -1,0 +1,199 @@
+//! The command line on bad input and unreachable dependencies: clear errors, exit codes, no
+//! panics, retries logged once per backoff step.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use sluice_tests::{Workdir, Worker, sluice_bin};
+use std::process::Command;
+use std::time::Duration;
+
+fn run_with(file: &std::path::Path) -> (i32, String) {
+    let out = Command::new(sluice_bin())
+        .args(["run", "-c", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn write(dir: &Workdir, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+const HEADER: &str = "pipeline: p\ntargets:\n  - { name: events, kind: table }\nflows:\n  - name: live\n    target: events\n";
+
+#[test]
+fn unknown_key_exits_2_with_file_path_and_line() {
+    let dir = Workdir::new();
+    let file = write(
+        &dir,
+        "bad.yaml",
+        &format!(
+            "{HEADER}    source:\n      pubsub:\n        subscription: s\n        dedupe: {{ by: message_id }}\n"
+        ),
+    );
+    let (code, stderr) = run_with(&file);
+    assert_eq!(code, 2, "{stderr}");
+    let expected = format!("{}:10:", file.display());
+    assert!(stderr.contains(&expected), "no file:line in {stderr:?}");
+    assert!(stderr.contains("UNKNOWN_KEY"), "{stderr}");
+    assert!(stderr.contains("flows[0].source.pubsub.dedupe"), "{stderr}");
+}
+
+#[test]
+fn bad_duration_exits_2_with_file_path_and_line() {
+    let dir = Workdir::new();
+    let file = write(
+        &dir,
+        "bad.yaml",
+        &format!(
+            "{HEADER}    source:\n      pubsub:\n        subscription: s\n        drain_idle: 5 parsecs\n"
+        ),
+    );
+    let (code, stderr) = run_with(&file);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:10:", file.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("INVALID_DURATION"), "{stderr}");
+    assert!(
+        stderr.contains("flows[0].source.pubsub.drain_idle"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn missing_subscription_exits_2_with_file_path_and_line() {
+    let dir = Workdir::new();
+    let file = write(
+        &dir,
+        "bad.yaml",
+        &format!("{HEADER}    source:\n      pubsub:\n        max_attempts: 3\n"),
+    );
+    let (code, stderr) = run_with(&file);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("MISSING_FIELD"), "{stderr}");
+    assert!(
+        stderr.contains("flows[0].source.pubsub.subscription"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{}:8:", file.display())),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn validate_reports_json_and_exit_codes() {
+    let dir = Workdir::new();
+    let good = write(
+        &dir,
+        "good.yaml",
+        &format!("{HEADER}    source: {{ pubsub: {{ subscription: s }} }}\n"),
+    );
+    let out = Command::new(sluice_bin())
+        .args(["validate", "-c", good.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let bad = write(
+        &dir,
+        "bad.yaml",
+        &format!("{HEADER}    source: {{ pubsub: {{ subscription: s, window: 3 }} }}\n"),
+    );
+    let out = Command::new(sluice_bin())
+        .args(["validate", "-c", bad.to_str().unwrap(), "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("\"valid\":false") && stdout.contains("UNKNOWN_KEY"),
+        "{stdout}"
+    );
+}
+
+/// Steps of the "retrying" lines in a log: each backoff step logs once, so they count up 1, 2, ...
+fn retry_steps(logs: &str, message: &str) -> Vec<u32> {
+    logs.lines()
+        .filter(|l| l.contains(message))
+        .filter_map(|l| {
+            l.split("step=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+#[test]
+fn unreachable_emulator_is_retried_with_backoff_not_a_panic() {
+    let dir = Workdir::new();
+    // A port nothing listens on.
+    let port = sluice_bench::emulator::free_port().unwrap();
+    let file = write(
+        &dir,
+        "p.yaml",
+        &format!(
+            "pipeline: p\nstore: sqlite://{}/s.db\npubsub: {{ project: x, endpoint: \"http://127.0.0.1:{port}\" }}\n\
+         targets: [ {{ name: events, kind: table }} ]\n\
+         flows:\n  - name: live\n    target: events\n    source: {{ pubsub: {{ subscription: s, streams: 1 }} }}\n",
+            dir.path().display()
+        ),
+    );
+    let worker = Worker::start(&file, "w");
+    std::thread::sleep(Duration::from_secs(8));
+    worker.terminate();
+    let logs = worker.logs();
+    let status = worker.wait(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "{logs}");
+    assert!(!logs.contains("panicked"), "{logs}");
+    let steps = retry_steps(&logs, "Pub/Sub unreachable; retrying");
+    assert!(steps.len() >= 2, "expected several retries: {logs}");
+    assert_eq!(
+        steps,
+        (1..=steps.len() as u32).collect::<Vec<_>>(),
+        "one line per backoff step"
+    );
+}
+
+#[test]
+fn unreachable_store_is_retried_with_backoff_not_a_panic() {
+    let dir = Workdir::new();
+    // The store's folder cannot be created: a plain file stands where the folder should be.
+    std::fs::write(dir.path().join("blocker"), "").unwrap();
+    let file = write(
+        &dir,
+        "p.yaml",
+        &format!(
+            "pipeline: p\nstore: sqlite://{}/blocker/s.db\npubsub: {{ project: x, endpoint: \"http://127.0.0.1:9\" }}\n\
+         targets: [ {{ name: events, kind: table }} ]\n\
+         flows:\n  - name: live\n    target: events\n    source: {{ pubsub: {{ subscription: s }} }}\n",
+            dir.path().display()
+        ),
+    );
+    let worker = Worker::start(&file, "w");
+    std::thread::sleep(Duration::from_secs(5));
+    worker.terminate();
+    let logs = worker.logs();
+    let status = worker.wait(Duration::from_secs(30));
+    assert!(!logs.contains("panicked"), "{logs}");
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "stopped before the store was ever reached: {logs}"
+    );
+    let steps = retry_steps(&logs, "store unavailable; retrying");
+    assert!(steps.len() >= 3, "expected several retries: {logs}");
+    assert_eq!(
+        steps,
+        (1..=steps.len() as u32).collect::<Vec<_>>(),
+        "one line per backoff step"
+    );
+}
