@@ -99,7 +99,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     batch.id,
                     batch.len() - new
                 );
-                batch.settle_committed(&outcome.written);
+                batch.settle_committed();
             }
             // Not committed: give the messages back for redelivery (or retry, as CommitThenAck does).
             Err(error) => {

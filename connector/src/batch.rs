@@ -6,9 +6,8 @@ use crate::delivery::{Delivery, SourceMessage};
 use crate::pubsub::SourceError;
 use crate::source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
 use crate::telemetry::Counters;
-use sluice_dedup::{Admission, DedupKey, KeyHash, MemoryWindow, Settlement};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use sluice_dedup::{Admission, DedupKey, MemoryWindow, Settlement};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
@@ -47,32 +46,21 @@ pub struct BatchSettings {
     pub max_delay: Duration,
 }
 
-/// What the batcher and the committer share: the memory tier and the parked redeliveries.
-/// The `parked` lock is taken around every admission and settlement, so a redelivery can never
-/// be parked after its original has settled (it would wait forever).
+/// What the batcher and the committer share: the memory tier (with the redeliveries parked behind
+/// keys in flight) and the flow's counters.
 pub(crate) struct FlowDedup {
-    window: MemoryWindow,
-    parked: Mutex<HashMap<KeyHash, Vec<Delivery>>>,
+    window: MemoryWindow<Delivery>,
     pub(crate) counters: Counters,
 }
 
 impl FlowDedup {
-    fn lock(&self) -> MutexGuard<'_, HashMap<KeyHash, Vec<Delivery>>> {
-        self.parked.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Returns the delivery if it should be processed; parks or acks it otherwise.
+    /// Returns the delivery if it should be processed; parks or acks (a duplicate) otherwise.
     fn admit(&self, delivery: Delivery) -> Option<Delivery> {
-        let mut parked = self.lock();
-        match self.window.admit(delivery.hash) {
-            Admission::New => Some(delivery),
-            Admission::InFlight => {
-                parked.entry(delivery.hash).or_default().push(delivery);
-                None
-            }
-            Admission::Committed => {
-                drop(parked);
-                let received_at = delivery.ack();
+        match self.window.admit(delivery.hash, delivery) {
+            Admission::New(delivery) => Some(delivery),
+            Admission::Parked => None,
+            Admission::Committed(duplicate) => {
+                let received_at = duplicate.ack();
                 self.counters.duplicate_in_memory(1);
                 self.counters.acked(1);
                 self.counters
@@ -80,17 +68,6 @@ impl FlowDedup {
                 None
             }
         }
-    }
-
-    /// Ends a key's flight and hands back the redeliveries parked behind it.
-    fn settle(&self, hash: KeyHash, how: Settlement) -> Vec<Delivery> {
-        let mut parked = self.lock();
-        self.window.settle(hash, how);
-        parked.remove(&hash).unwrap_or_default()
-    }
-
-    fn parked_count(&self) -> usize {
-        self.lock().values().map(Vec::len).sum()
     }
 }
 
@@ -115,7 +92,6 @@ impl BatchSource {
             intake,
             dedup: Arc::new(FlowDedup {
                 window: MemoryWindow::new(dedup.window),
-                parked: Mutex::new(HashMap::new()),
                 counters,
             }),
             key: dedup.key,
@@ -159,13 +135,27 @@ impl BatchSource {
         self.dedup.window.entries()
     }
 
+    /// Keys admitted and not yet settled (committed or abandoned).
+    pub fn keys_in_flight(&self) -> usize {
+        self.dedup.window.in_flight()
+    }
+
+    /// Cancel-safe: the batch under construction is a [`Batch`] from its first delivery on, so
+    /// dropping this future abandons (nacks) what it held and releases the keys.
     async fn next_batch_within(&mut self, idle: Option<Duration>) -> Result<Option<Batch>, Idle> {
-        let first = loop {
+        let mut batch = Batch {
+            id: self.next_id + 1,
+            deliveries: Vec::new(),
+            dedup: self.dedup.clone(),
+        };
+        while batch.deliveries.is_empty() {
             let received = match idle {
                 None => self.intake.recv().await,
                 Some(idle) => match timeout(idle, self.intake.recv()).await {
                     Ok(received) => received,
-                    Err(_) if self.dedup.parked_count() == 0 => return Err(Idle),
+                    // Drained only when nothing is in flight either: a full budget held by
+                    // batches still committing also leaves the intake empty.
+                    Err(_) if self.dedup.window.in_flight() == 0 => return Err(Idle),
                     Err(_) => continue,
                 },
             };
@@ -173,29 +163,25 @@ impl BatchSource {
                 return Ok(None);
             };
             if let Some(delivery) = self.admit(received) {
-                break delivery;
+                batch.deliveries.reserve(self.batch.max_messages.min(4096));
+                batch.deliveries.push(delivery);
             }
-        };
-        let deadline = Instant::now() + self.batch.max_delay;
-        let mut deliveries = Vec::with_capacity(self.batch.max_messages.min(4096));
-        deliveries.push(first);
-        while deliveries.len() < self.batch.max_messages {
+        }
+        let deadline = sleep_until(Instant::now() + self.batch.max_delay);
+        tokio::pin!(deadline);
+        while batch.deliveries.len() < self.batch.max_messages {
             let received = tokio::select! {
                 biased;
                 received = self.intake.recv() => received,
-                _ = sleep_until(deadline) => break,
+                _ = &mut deadline => break,
             };
             let Some(received) = received else { break };
             if let Some(delivery) = self.admit(received) {
-                deliveries.push(delivery);
+                batch.deliveries.push(delivery);
             }
         }
         self.next_id += 1;
-        Ok(Some(Batch {
-            id: self.next_id,
-            deliveries,
-            dedup: self.dedup.clone(),
-        }))
+        Ok(Some(batch))
     }
 
     fn admit(&self, received: Received) -> Option<Delivery> {
@@ -210,6 +196,7 @@ impl BatchSource {
             _permits: received.permits,
             received_at: received.received_at,
             attempts: 0,
+            last_error: None,
         };
         self.dedup.admit(delivery)
     }
@@ -265,9 +252,12 @@ impl Batch {
         self.dedup.counters.clone()
     }
 
-    pub(crate) fn count_failed_attempt(&mut self) {
+    /// Records a failed attempt of a single-message batch (batches of several are split
+    /// first, so an innocent message is not charged for its neighbour).
+    pub(crate) fn count_failed_attempt(&mut self, error: &str) {
         for delivery in &mut self.deliveries {
             delivery.attempts += 1;
+            delivery.last_error = Some(error.to_owned());
         }
     }
 
@@ -285,20 +275,18 @@ impl Batch {
     }
 
     /// Call only after the batch's effects committed: acks every delivery and every
-    /// redelivery parked behind one, and remembers the keys. `written[i]` tells whether
-    /// delivery `i` wrote its effect (`false`: the store found it a duplicate).
-    pub fn settle_committed(mut self, written: &[bool]) {
+    /// redelivery parked behind one, and remembers the keys.
+    pub fn settle_committed(mut self) {
         let counters = self.dedup.counters.clone();
-        let (mut acked, mut parked_duplicates) = (0u64, 0u64);
-        for delivery in std::mem::take(&mut self.deliveries) {
-            for parked in self.dedup.settle(delivery.hash, Settlement::Committed) {
-                parked.ack();
-                parked_duplicates += 1;
-            }
+        let deliveries = std::mem::take(&mut self.deliveries);
+        let parked = self
+            .dedup
+            .window
+            .settle(deliveries.iter().map(|d| d.hash), Settlement::Committed);
+        let (acked, parked_duplicates) = (deliveries.len() as u64, parked.len() as u64);
+        for delivery in deliveries.into_iter().chain(parked) {
             counters.ack_latency(delivery.ack().elapsed().as_secs_f64());
-            acked += 1;
         }
-        debug_assert!(written.len() == acked as usize || written.is_empty());
         counters.duplicate_in_memory(parked_duplicates);
         counters.acked(acked + parked_duplicates);
     }
@@ -309,14 +297,14 @@ impl Batch {
     }
 
     fn abandon_all(&mut self) {
-        let mut nacked = 0u64;
-        for delivery in std::mem::take(&mut self.deliveries) {
-            for parked in self.dedup.settle(delivery.hash, Settlement::Abandoned) {
-                parked.nack();
-                nacked += 1;
-            }
+        let deliveries = std::mem::take(&mut self.deliveries);
+        let parked = self
+            .dedup
+            .window
+            .settle(deliveries.iter().map(|d| d.hash), Settlement::Abandoned);
+        let nacked = (deliveries.len() + parked.len()) as u64;
+        for delivery in deliveries.into_iter().chain(parked) {
             delivery.nack();
-            nacked += 1;
         }
         self.dedup.counters.nacked(nacked);
     }

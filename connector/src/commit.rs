@@ -1,13 +1,15 @@
 //! Commit-then-ack: stage a batch, commit its effects in one store transaction, and only then
 //! ack its messages.
 //!
-//! Failure handling, by [`StoreError`] class:
-//! * transient (store unreachable, locked, read-only): retry the same batch with backoff, forever
-//!   (leases keep extending, nothing is acked), logging once per backoff step; when the caller
-//!   gives up (shutdown deadline) the batch is nacked;
-//! * a stage failure or a rejected commit: each message uses one attempt; a batch of several is
-//!   split into single messages to isolate the culprit; a single message that has used
-//!   `max_attempts` is committed as a dead letter (reason `max_attempts`) and then acked.
+//! Failure handling:
+//! * the store cannot commit (unreachable, locked, read-only, closed; anything but a refusal of
+//!   the data): retry the same batch with backoff, forever (leases keep extending, nothing is
+//!   acked), logging once per backoff step; when the caller gives up (shutdown deadline) the
+//!   batch is nacked;
+//! * a stage failure or a commit the store refuses ([`StoreError::Rejected`]): a batch of several
+//!   is split into single messages to find the culprit, without charging anyone; a single
+//!   message uses one attempt per failure, and once it has used `max_attempts` it is committed as
+//!   a dead letter (reason `max_attempts`, with its last error) and then acked.
 
 use crate::backoff::Backoff;
 use crate::batch::Batch;
@@ -107,18 +109,18 @@ impl CommitThenAck {
     /// Processes one batch; returns its singles when it had to be split.
     async fn process_one(&self, mut batch: Batch, report: &mut CommitReport) -> Option<Vec<Batch>> {
         let mut backoff = Backoff::default();
-        let mut last_error = String::new();
         loop {
-            let exhausted =
-                batch.len() == 1 && batch.deliveries()[0].attempts >= self.retry.max_attempts;
-            let effects = if exhausted {
-                Ok(vec![Effect::DeadLetter {
+            let exhausted = match batch.deliveries() {
+                [single] if single.attempts >= self.retry.max_attempts => Some(single),
+                _ => None,
+            };
+            let effects = match exhausted {
+                Some(single) => Ok(vec![Effect::DeadLetter {
                     reason: "max_attempts".to_owned(),
-                    error: last_error.clone(),
-                    attempts: batch.deliveries()[0].attempts,
-                }])
-            } else {
-                self.stage.stage(batch.deliveries()).await
+                    error: single.last_error.clone().unwrap_or_default(),
+                    attempts: single.attempts,
+                }]),
+                None => self.stage.stage(batch.deliveries()).await,
             };
             let mut dead = Vec::new();
             let outcome = match effects {
@@ -133,15 +135,21 @@ impl CommitThenAck {
                         .map(|e| matches!(e, Effect::DeadLetter { .. }))
                         .collect();
                     let started = Instant::now();
-                    let result = self.store.commit(self.commit_batch(&batch, effects)).await;
+                    let commit = self.store.commit(self.commit_batch(&batch, effects));
+                    let result = tokio::select! {
+                        result = commit => result.map_err(Failure::Store),
+                        // The commit may still land; its messages are nacked and the ledger
+                        // absorbs their redelivery.
+                        _ = self.give_up.cancelled() => Err(Failure::GaveUp),
+                    };
                     batch
                         .counters()
                         .commit_took(started.elapsed().as_secs_f64());
-                    result.map_err(Failure::Store)
+                    result
                 }
                 Err(error) => Err(Failure::Stage(error.0)),
             };
-            match outcome {
+            let failure = match outcome {
                 Ok(outcome) => {
                     let (rows, dead_letters, duplicates) = count_written(&dead, &outcome.written);
                     batch.counters().committed(rows, dead_letters, duplicates);
@@ -152,42 +160,44 @@ impl CommitThenAck {
                         acked: batch.len() as u64,
                         abandoned: 0,
                     };
-                    batch.settle_committed(&outcome.written);
+                    batch.settle_committed();
                     return None;
                 }
-                Err(Failure::Store(error)) if error.is_transient() => {
-                    batch.counters().commit_failed();
-                    if self.give_up.is_cancelled() {
-                        tracing::warn!(flow = %self.flow.name, batch = batch.id, %error,
-                            "giving up on an unavailable store at shutdown; nacking the batch");
-                        report.abandoned += batch.len() as u64;
-                        batch.abandon();
-                        return None;
-                    }
-                    let delay = backoff.next_delay();
-                    tracing::warn!(flow = %self.flow.name, batch = batch.id, step = backoff.step(),
-                        retry_in_ms = delay.as_millis() as u64, %error,
-                        "store unavailable; retrying the commit (nothing acked)");
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = self.give_up.cancelled() => {}
-                    }
-                }
-                Err(failure) => {
-                    batch.counters().commit_failed();
-                    last_error = failure.to_string();
-                    batch.count_failed_attempt();
-                    if batch.len() > 1 {
-                        tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %last_error,
-                            "batch failed; retrying its messages one by one");
-                        return Some(batch.into_singles());
-                    }
-                    let delay = backoff.next_delay();
-                    tracing::warn!(flow = %self.flow.name, batch = batch.id,
-                        attempts = batch.deliveries()[0].attempts, error = %last_error,
-                        retry_in_ms = delay.as_millis() as u64, "message failed; retrying");
-                    tokio::time::sleep(delay).await;
-                }
+                Err(failure) => failure,
+            };
+            batch.counters().commit_failed();
+            let message_at_fault = matches!(
+                failure,
+                Failure::Stage(_) | Failure::Store(StoreError::Rejected(_))
+            );
+            if message_at_fault && batch.len() > 1 {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %failure,
+                    "batch failed; retrying its messages one by one to find the culprit");
+                return Some(batch.into_singles());
+            }
+            if message_at_fault {
+                batch.count_failed_attempt(&failure.to_string());
+            }
+            if self.give_up.is_cancelled() {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %failure,
+                    "giving up at shutdown; nacking the uncommitted batch");
+                report.abandoned += batch.len() as u64;
+                batch.abandon();
+                return None;
+            }
+            let delay = backoff.next_delay();
+            if message_at_fault {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id,
+                    attempts = batch.deliveries()[0].attempts, error = %failure,
+                    retry_in_ms = delay.as_millis() as u64, "message failed; retrying");
+            } else {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id, step = backoff.step(),
+                    retry_in_ms = delay.as_millis() as u64, error = %failure,
+                    "store unavailable; retrying the commit (nothing acked)");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.give_up.cancelled() => {}
             }
         }
     }
@@ -245,4 +255,6 @@ enum Failure {
     Stage(String),
     #[error(transparent)]
     Store(StoreError),
+    #[error("gave up waiting for the commit at shutdown")]
+    GaveUp,
 }

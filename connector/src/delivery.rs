@@ -55,8 +55,10 @@ pub struct Delivery {
     pub(crate) _permits: Permits,
     /// When sluice received it.
     pub received_at: Instant,
-    /// Stage or commit attempts that failed for this message so far.
+    /// Stage or commit attempts that failed for this message alone so far.
     pub attempts: u32,
+    /// The error of the last failed attempt.
+    pub last_error: Option<String>,
 }
 
 impl Delivery {

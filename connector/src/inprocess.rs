@@ -22,12 +22,15 @@ use tokio_util::sync::CancellationToken;
 pub struct InProcessTally {
     /// Messages acked.
     pub acked: AtomicU64,
-    /// Messages nacked (explicitly or by dropping their handle).
+    /// Messages nacked.
     pub nacked: AtomicU64,
+    /// Handles dropped without an ack or a nack (sluice never should: a dropped Pub/Sub handler
+    /// is nacked by the client, but it would mean a key left unsettled).
+    pub dropped: AtomicU64,
 }
 
-/// Generates `count` messages of `payload` bytes; message `i` carries attribute `key` =
-/// `k{i / (duplicate_every)}`-style keys chosen by the caller's function.
+/// Delivers a fixed list of messages once each, as fast as the budget allows, then stays open
+/// and empty until stopped, as a drained subscription does.
 pub struct InProcessSource {
     messages: Vec<SourceMessage>,
     tally: Arc<InProcessTally>,
@@ -57,6 +60,16 @@ impl InProcessSource {
                 })
                 .collect(),
         )
+    }
+
+    /// Messages it will deliver.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Whether it has no message to deliver.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
     }
 
     /// The tally its handles report to.
@@ -95,6 +108,8 @@ impl MessageSource for InProcessSource {
                     return;
                 }
             }
+            // Like a subscription, the source stays open (empty) until it is stopped.
+            task_stop.cancelled().await;
         });
         Ok(Box::new(RunningInProcess { stop, task }))
     }
@@ -134,7 +149,7 @@ impl AckHandle for InProcessAck {
 impl Drop for InProcessAck {
     fn drop(&mut self) {
         if !self.settled {
-            self.tally.nacked.fetch_add(1, Ordering::Relaxed);
+            self.tally.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -52,7 +52,7 @@ pub use delivery::{AckHandle, Delivery, SourceMessage};
 pub use event_time::{EventTimeError, parse_event_time};
 pub use inprocess::{InProcessAck, InProcessSource, InProcessTally};
 pub use pubsub::{PubSubConfig, PubSubSource};
-pub use runner::{COMMIT_QUEUE, FlowRun, RunUntil};
+pub use runner::{COMMIT_QUEUE, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
 pub use source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
 pub use stage::{Stage, StageError, TableStage};
 pub use telemetry::{Counters, Snapshot};

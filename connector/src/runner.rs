@@ -46,9 +46,39 @@ pub struct FlowRun {
     pub until: RunUntil,
 }
 
+/// How a flow's run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The source stayed empty for the idle time: a once flow or triggered run is complete.
+    Drained,
+    /// The drain token stopped it (a signal), whatever was left on the subscription.
+    Stopped,
+}
+
+/// A finished run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowEnd {
+    /// What the commits did.
+    pub report: CommitReport,
+    /// Why it ended.
+    pub ended: Ended,
+}
+
+/// Why a flow could not run to its end.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlowError {
+    /// The source could not be started.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// The committer task panicked; its batches were nacked when they were dropped.
+    #[error("the committer of the flow panicked: {0}")]
+    Committer(String),
+}
+
 impl FlowRun {
     /// Runs the flow until it ends (see [`RunUntil`]) and returns what was committed.
-    pub async fn run(self, drain: CancellationToken) -> Result<CommitReport, SourceError> {
+    pub async fn run(self, drain: CancellationToken) -> Result<FlowEnd, FlowError> {
         let stop_source = drain.child_token();
         let (mut batches, handle) = BatchSource::start(
             self.source,
@@ -68,6 +98,7 @@ impl FlowRun {
             }
             report
         });
+        let mut drained = false;
         loop {
             let next = match self.until {
                 RunUntil::Idle(idle) if !stop_source.is_cancelled() => {
@@ -82,12 +113,24 @@ impl FlowRun {
                     }
                 }
                 Ok(None) => break,
-                Err(_idle) => stop_source.cancel(),
+                Err(_idle) => {
+                    drained = true;
+                    stop_source.cancel();
+                }
             }
         }
         drop(ready_tx);
-        let report = commits.await.unwrap_or_default();
+        let committed = commits.await;
+        // Release the intake before closing, so no source task waits on a full channel.
+        drop(batches);
+        stop_source.cancel();
         handle.close().await;
-        Ok(report)
+        let report = committed.map_err(|e| FlowError::Committer(e.to_string()))?;
+        let ended = if drained && !drain.is_cancelled() {
+            Ended::Drained
+        } else {
+            Ended::Stopped
+        };
+        Ok(FlowEnd { report, ended })
     }
 }

@@ -5,8 +5,9 @@
 
 use async_trait::async_trait;
 use sluice_connector::{
-    BatchSettings, Budget, CommitReport, CommitThenAck, Counters, DedupSettings, Delivery, FlowRun,
-    InProcessSource, KeySource, RetrySettings, RunUntil, Stage, StageError, TableStage,
+    BatchSettings, BatchSource, Budget, CommitReport, CommitThenAck, Counters, DedupSettings,
+    Delivery, Ended, FlowRun, InProcessSource, KeySource, RetrySettings, RunUntil, Stage,
+    StageError, TableStage,
 };
 use sluice_store::{
     CommitBatch, CommitOutcome, Effect, FlowHandle, FlowProgress, Layout, SqliteStore, Store,
@@ -164,7 +165,7 @@ async fn duplicates_land_once_and_everything_is_acked() {
     });
     let tally = source.tally();
     let stage = Arc::new(CountingStage::default());
-    let report: CommitReport = run_of(
+    let end = run_of(
         &setup,
         source,
         stage.clone(),
@@ -174,11 +175,14 @@ async fn duplicates_land_once_and_everything_is_acked() {
     .run(CancellationToken::new())
     .await
     .unwrap();
+    assert_eq!(end.ended, Ended::Drained);
+    let report: CommitReport = end.report;
     let table = table_name("p", "t").unwrap();
     assert_eq!(setup.store.count_rows(&table, None).await.unwrap(), 9_000);
     assert_eq!(setup.store.key_census(&table).await.unwrap(), (9_000, 0));
     assert_eq!(tally.acked.load(Ordering::SeqCst), 10_000);
     assert_eq!(tally.nacked.load(Ordering::SeqCst), 0);
+    assert_eq!(tally.dropped.load(Ordering::SeqCst), 0);
     assert_eq!(report.rows, 9_000);
     // No key reached the stage twice: duplicates were caught in memory or parked.
     assert!(stage.seen.lock().unwrap().values().all(|&n| n == 1));
@@ -212,8 +216,10 @@ async fn nothing_is_acked_while_the_store_is_down_and_all_lands_when_it_returns(
     setup.store.unavailable.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     drain.cancel();
-    task.await.unwrap().unwrap();
+    let end = task.await.unwrap().unwrap();
+    assert_eq!(end.ended, Ended::Stopped);
     assert_eq!(tally.acked.load(Ordering::SeqCst), 1_000);
+    assert_eq!(tally.dropped.load(Ordering::SeqCst), 0);
     assert_eq!(setup.store.count_rows("p__t", None).await.unwrap(), 1_000);
 }
 
@@ -235,9 +241,10 @@ async fn giving_up_at_shutdown_nacks_instead_of_acking() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     drain.cancel();
     give_up.cancel();
-    let report = task.await.unwrap().unwrap();
+    let report = task.await.unwrap().unwrap().report;
     assert_eq!(tally.acked.load(Ordering::SeqCst), 0);
     assert_eq!(tally.nacked.load(Ordering::SeqCst), 300);
+    assert_eq!(tally.dropped.load(Ordering::SeqCst), 0);
     assert_eq!(report.abandoned, 300);
     assert_eq!(setup.store.count_rows("p__t", None).await.unwrap(), 0);
 }
@@ -257,7 +264,8 @@ async fn a_message_the_store_keeps_rejecting_is_dead_lettered_and_the_rest_commi
     )
     .run(CancellationToken::new())
     .await
-    .unwrap();
+    .unwrap()
+    .report;
     assert_eq!(report.rows, 49);
     assert_eq!(report.dead_letters, 1);
     assert_eq!(tally.acked.load(Ordering::SeqCst), 50);
@@ -284,7 +292,88 @@ async fn bad_timestamps_are_dead_lettered_not_dropped() {
     )
     .run(CancellationToken::new())
     .await
-    .unwrap();
+    .unwrap()
+    .report;
     assert_eq!((report.rows, report.dead_letters), (0, 20));
     assert_eq!(tally.acked.load(Ordering::SeqCst), 20);
+}
+
+#[tokio::test]
+async fn a_batch_cancelled_while_it_fills_is_nacked_and_its_keys_released() {
+    // Ten messages, then the source goes quiet: the batch waits for its 10 s delay.
+    let source = InProcessSource::generated(10, 10, |i| format!("k{i}"));
+    let tally = source.tally();
+    let stop = CancellationToken::new();
+    let (mut batches, handle) = BatchSource::start(
+        Box::new(source),
+        Budget::new(100, 1 << 20),
+        DedupSettings {
+            key: KeySource::MessageId,
+            window: Duration::from_secs(600),
+        },
+        BatchSettings {
+            max_messages: 1_000,
+            max_delay: Duration::from_secs(10),
+        },
+        Counters::new("p", "f"),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let cancelled = tokio::time::timeout(Duration::from_millis(300), batches.next_batch()).await;
+    assert!(cancelled.is_err(), "the batch was still filling");
+    assert_eq!(
+        batches.keys_in_flight(),
+        0,
+        "no key stays in flight after the cancellation"
+    );
+    assert_eq!(tally.nacked.load(Ordering::SeqCst), 10);
+    assert_eq!(tally.dropped.load(Ordering::SeqCst), 0);
+    stop.cancel();
+    drop(batches);
+    handle.close().await;
+}
+
+#[tokio::test]
+async fn a_racing_redelivery_is_parked_and_acked_with_its_original() {
+    // The same key twice in a row: the second arrives while the first is in flight.
+    let source = InProcessSource::generated(2, 10, |_| "same".to_owned());
+    let tally = source.tally();
+    let stop = CancellationToken::new();
+    let (mut batches, handle) = BatchSource::start(
+        Box::new(source),
+        Budget::new(100, 1 << 20),
+        DedupSettings {
+            key: KeySource::Attribute {
+                name: "key".into(),
+                dead_letter_if_missing: false,
+            },
+            window: Duration::from_secs(600),
+        },
+        BatchSettings {
+            max_messages: 1_000,
+            max_delay: Duration::from_millis(200),
+        },
+        Counters::new("p", "f"),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let batch = batches.next_batch().await.unwrap();
+    assert_eq!(batch.len(), 1, "the redelivery is parked, not batched");
+    assert_eq!(
+        tally.acked.load(Ordering::SeqCst),
+        0,
+        "the parked one waits for its original"
+    );
+    batch.settle_committed();
+    assert_eq!(
+        tally.acked.load(Ordering::SeqCst),
+        2,
+        "both acked after the commit"
+    );
+    assert_eq!(batches.keys_in_flight(), 0);
+    stop.cancel();
+    drop(batches);
+    handle.close().await;
 }

@@ -11,9 +11,10 @@
 //!    rows; a conflicting insert means "duplicate". The ledger is the authority, shared by every
 //!    replica that uses the same store.
 //!
-//! Guarantee of this crate: a key is reported [`Admission::InFlight`] while another message with
-//! the same key is between [`MemoryWindow::admit`] and [`MemoryWindow::settle`], so a redelivery
-//! racing its original is held back instead of being processed a second time.
+//! Guarantee of this crate: while a key is between [`MemoryWindow::admit`] and
+//! [`MemoryWindow::settle`], every other item with that key is [`Admission::Parked`] and handed
+//! back by the settlement, so a redelivery racing its original is held instead of being processed
+//! a second time, and is never lost: admission and settlement share one lock.
 
 mod key;
 mod window;

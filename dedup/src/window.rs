@@ -1,9 +1,10 @@
-//! The memory tier: recently committed keys (moka, time-to-live = dedup window) and keys in flight.
+//! The memory tier: recently committed keys (moka, time-to-live = dedup window) and keys in
+//! flight, each with the redeliveries parked behind it.
 
 use crate::KeyHash;
 use moka::sync::Cache;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 /// Upper bound on committed keys remembered in memory per flow. At 100k msg/s and a 10-minute
@@ -11,15 +12,16 @@ use std::time::Duration;
 /// entries and the durable ledger answers instead (memory is only a fast path).
 pub const MAX_REMEMBERED_KEYS: u64 = 2_000_000;
 
-/// What the memory tier says about a newly received key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    /// Not seen: the caller now owns the key until it calls [`MemoryWindow::settle`].
-    New,
-    /// Another message with this key is in flight; hold this one until that one settles.
-    InFlight,
-    /// The store has already decided this key within the window: a duplicate.
-    Committed,
+/// What the memory tier did with a newly received item.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admission<P> {
+    /// Not seen: the caller gets the item back and owns the key until it settles it.
+    New(P),
+    /// Another item with this key is in flight: this one is parked behind it and handed back by
+    /// [`MemoryWindow::settle`].
+    Parked,
+    /// The store has already decided this key within the window: a duplicate, handed back.
+    Committed(P),
 }
 
 /// How an in-flight key ended.
@@ -31,13 +33,15 @@ pub enum Settlement {
     Abandoned,
 }
 
-/// The memory tier of one flow. Cheap to share behind an `Arc`; all methods take `&self`.
-pub struct MemoryWindow {
+/// The memory tier of one flow, holding parked items of type `P`. All methods take `&self`;
+/// admission and settlement happen under one lock, so an item can never be parked behind a key
+/// that has already settled.
+pub struct MemoryWindow<P> {
     committed: Cache<KeyHash, ()>,
-    in_flight: Mutex<HashMap<KeyHash, ()>>,
+    in_flight: Mutex<HashMap<KeyHash, Vec<P>>>,
 }
 
-impl MemoryWindow {
+impl<P> MemoryWindow<P> {
     /// A window remembering committed keys for `window` (the flow's `dedup.window`).
     pub fn new(window: Duration) -> Self {
         Self::with_capacity(window, MAX_REMEMBERED_KEYS)
@@ -54,31 +58,33 @@ impl MemoryWindow {
         }
     }
 
-    /// Classifies a received key; on [`Admission::New`] the key is now in flight.
-    pub fn admit(&self, key: KeyHash) -> Admission {
+    /// Classifies a received item by its key; on [`Admission::New`] the key is now in flight.
+    pub fn admit(&self, key: KeyHash, item: P) -> Admission<P> {
         let mut in_flight = self.lock();
-        if in_flight.contains_key(&key) {
-            return Admission::InFlight;
+        if let Some(parked) = in_flight.get_mut(&key) {
+            parked.push(item);
+            return Admission::Parked;
         }
         if self.committed.contains_key(&key) {
-            return Admission::Committed;
+            return Admission::Committed(item);
         }
-        in_flight.insert(key, ());
-        Admission::New
+        in_flight.insert(key, Vec::new());
+        Admission::New(item)
     }
 
-    /// Ends a key's flight.
-    pub fn settle(&self, key: KeyHash, how: Settlement) {
+    /// Ends the flight of `keys` and hands back every item parked behind them.
+    pub fn settle(&self, keys: impl IntoIterator<Item = KeyHash>, how: Settlement) -> Vec<P> {
         let mut in_flight = self.lock();
-        in_flight.remove(&key);
-        if how == Settlement::Committed {
-            self.committed.insert(key, ());
+        let mut released = Vec::new();
+        for key in keys {
+            if let Some(parked) = in_flight.remove(&key) {
+                released.extend(parked);
+            }
+            if how == Settlement::Committed {
+                self.committed.insert(key, ());
+            }
         }
-    }
-
-    /// Records a key the store decided without it being in flight here.
-    pub fn remember(&self, key: KeyHash) {
-        self.committed.insert(key, ());
+        released
     }
 
     /// Forgets every committed key (after a full refresh or a reset of the flow).
@@ -86,17 +92,27 @@ impl MemoryWindow {
         self.committed.invalidate_all();
     }
 
-    /// Keys held: remembered committed keys plus keys in flight (`sluice_dedup_cache_entries`).
-    pub fn entries(&self) -> u64 {
-        self.committed.entry_count() + self.lock().len() as u64
+    /// Keys in flight (admitted, not settled).
+    pub fn in_flight(&self) -> usize {
+        self.lock().len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<KeyHash, ()>> {
+    /// Items parked behind keys in flight.
+    pub fn parked(&self) -> usize {
+        self.lock().values().map(Vec::len).sum()
+    }
+
+    /// Keys held: remembered committed keys plus keys in flight (`sluice_dedup_cache_entries`).
+    pub fn entries(&self) -> u64 {
+        self.committed.entry_count() + self.in_flight() as u64
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<KeyHash, Vec<P>>> {
         // A poisoned lock only means another thread panicked mid-update of a plain map; the map
         // itself is still consistent, so keep going.
         self.in_flight
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -106,32 +122,37 @@ mod tests {
     use crate::DedupKey;
 
     #[test]
-    fn new_then_in_flight_then_committed() {
+    fn new_then_parked_then_committed() {
         let window = MemoryWindow::new(Duration::from_secs(600));
         let key = DedupKey::new("a").hash();
-        assert_eq!(window.admit(key), Admission::New);
-        assert_eq!(window.admit(key), Admission::InFlight);
-        window.settle(key, Settlement::Committed);
-        assert_eq!(window.admit(key), Admission::Committed);
+        assert_eq!(window.admit(key, 1), Admission::New(1));
+        assert_eq!(window.admit(key, 2), Admission::Parked);
+        assert_eq!(window.admit(key, 3), Admission::Parked);
+        assert_eq!((window.in_flight(), window.parked()), (1, 2));
+        assert_eq!(window.settle([key], Settlement::Committed), vec![2, 3]);
+        assert_eq!(window.admit(key, 4), Admission::Committed(4));
+        assert_eq!((window.in_flight(), window.parked()), (0, 0));
     }
 
     #[test]
-    fn abandoned_key_is_admitted_again() {
+    fn abandoned_key_is_admitted_again_and_releases_its_parked_items() {
         let window = MemoryWindow::new(Duration::from_secs(600));
         let key = DedupKey::new("b").hash();
-        assert_eq!(window.admit(key), Admission::New);
-        window.settle(key, Settlement::Abandoned);
-        assert_eq!(window.admit(key), Admission::New);
+        assert_eq!(window.admit(key, 1), Admission::New(1));
+        assert_eq!(window.admit(key, 2), Admission::Parked);
+        assert_eq!(window.settle([key], Settlement::Abandoned), vec![2]);
+        assert_eq!(window.admit(key, 3), Admission::New(3));
     }
 
     #[test]
     fn committed_keys_expire_with_the_window() {
         let window = MemoryWindow::new(Duration::from_millis(50));
         let key = DedupKey::new("c").hash();
-        window.remember(key);
-        assert_eq!(window.admit(key), Admission::Committed);
+        assert_eq!(window.admit(key, ()), Admission::New(()));
+        window.settle([key], Settlement::Committed);
+        assert_eq!(window.admit(key, ()), Admission::Committed(()));
         std::thread::sleep(Duration::from_millis(120));
-        assert_eq!(window.admit(key), Admission::New);
+        assert_eq!(window.admit(key, ()), Admission::New(()));
     }
 
     #[test]

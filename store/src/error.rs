@@ -13,39 +13,47 @@ pub enum StoreError {
     /// message concerned uses up one attempt; after `max_attempts` it is dead-lettered.
     #[error("store rejected the batch: {0}")]
     Rejected(String),
-    /// The store URL or layout is wrong (bad identifier, unknown scheme). Not retried.
+    /// The store URL or layout is wrong (bad identifier, unknown scheme, a file that is not a
+    /// database). Fatal at startup; during a run, commits are retried like `Unavailable`.
     #[error("store misconfigured: {0}")]
     Config(String),
-    /// The store's worker has stopped (the process is shutting down).
+    /// The store's worker has stopped (the process is shutting down). Retried like
+    /// `Unavailable` until the caller gives up.
     #[error("store closed")]
     Closed,
 }
 
 impl StoreError {
-    /// Whether retrying the same batch later may succeed without changing it.
+    /// Whether retrying the same batch later may succeed without changing it (everything but a
+    /// refusal of the data or a misconfiguration).
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(self, StoreError::Unavailable(_) | StoreError::Closed)
     }
 }
 
 impl From<rusqlite::Error> for StoreError {
+    /// Only a refusal of the data itself (a constraint, a value too big or of the wrong type)
+    /// is `Rejected`, which costs the messages attempts; every other failure (busy, locked,
+    /// read-only, I/O, disk full, schema changed, a file that is not a database) leaves the data
+    /// blameless and is retried as `Unavailable` (a file that is not a database is `Config`).
     fn from(error: rusqlite::Error) -> Self {
         use rusqlite::ErrorCode as Code;
         match error.sqlite_error_code() {
-            Some(
-                Code::DatabaseBusy
-                | Code::DatabaseLocked
-                | Code::ReadOnly
-                | Code::SystemIoFailure
-                | Code::DiskFull
-                | Code::CannotOpen
-                | Code::FileLockingProtocolFailed
-                | Code::OutOfMemory
-                | Code::PermissionDenied
-                | Code::DatabaseCorrupt
-                | Code::NotADatabase,
-            ) => StoreError::Unavailable(error.to_string()),
-            _ => StoreError::Rejected(error.to_string()),
+            Some(Code::ConstraintViolation | Code::TooBig | Code::TypeMismatch) => {
+                StoreError::Rejected(error.to_string())
+            }
+            Some(Code::NotADatabase | Code::DatabaseCorrupt) => {
+                StoreError::Config(error.to_string())
+            }
+            _ if matches!(
+                error,
+                rusqlite::Error::ToSqlConversionFailure(_)
+                    | rusqlite::Error::InvalidParameterCount(..)
+            ) =>
+            {
+                StoreError::Rejected(error.to_string())
+            }
+            _ => StoreError::Unavailable(error.to_string()),
         }
     }
 }

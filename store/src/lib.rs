@@ -7,10 +7,13 @@
 //! expired) does it write the entry's target row or dead-letter row. Flow progress is updated in
 //! the same transaction. So for every key at most one effect is ever committed per flow within
 //! the dedup window, whichever worker, process or restart commits it, as long as they share the
-//! store. When `commit` returns `Ok`, the transaction is durable against a crash of the process
-//! (SQLite in WAL mode, `synchronous = NORMAL`: committed data survives `kill -9`; only an
-//! operating-system crash may lose the last transactions, and then their messages were not acked
-//! either, because acks follow the return of `commit`).
+//! store. When `commit` returns `Ok`, the transaction is durable (SQLite in WAL mode with
+//! `synchronous = FULL`: synced at commit, so it survives `kill -9` and an operating-system
+//! crash), and only then are its messages acked.
+//!
+//! Several processes may share one SQLite file on one host (the ledger's primary key decides
+//! duplicates across them); replicas on different hosts need a shared server store (PostgreSQL),
+//! not a shared SQLite file on a network volume.
 //!
 //! Expired ledger keys are purged in small chunks between commits, so purging never holds the
 //! writer for long.

@@ -371,13 +371,19 @@ impl Drop for Worker {
 pub struct Db(pub PathBuf);
 
 impl Db {
+    /// Runs a `COUNT` query; 0 while the store or its table does not exist yet, a panic on any
+    /// other error (so a broken query can never pass for an empty table).
     fn query(&self, sql: &str) -> i64 {
         if !self.0.exists() {
             return 0;
         }
         let conn = rusqlite::Connection::open(&self.0).unwrap();
         conn.busy_timeout(Duration::from_secs(10)).unwrap();
-        conn.query_row(sql, [], |row| row.get(0)).unwrap_or(0)
+        match conn.query_row(sql, [], |row| row.get(0)) {
+            Ok(count) => count,
+            Err(error) if error.to_string().contains("no such table") => 0,
+            Err(error) => panic!("{sql}: {error}"),
+        }
     }
 
     /// Rows in `test__events`.

@@ -3,7 +3,7 @@
 
 use crate::flows;
 use crate::signals::{self, Shutdown};
-use sluice_connector::{Backoff, Counters, Snapshot};
+use sluice_connector::{Backoff, Counters, Ended, FlowEnd, Snapshot};
 use sluice_pipeline::Pipeline;
 use sluice_store::{Layout, Store, StoreError};
 use std::collections::HashMap;
@@ -16,8 +16,11 @@ use tokio::task::JoinSet;
 /// How one flow ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FlowState {
-    /// Ran to its end (drained, or idle in a triggered run).
+    /// Ran to its end: drained (idle for `drain_idle`) in a triggered run or as a once flow.
     Completed,
+    /// Stopped by a signal (the normal end of a continuous flow); what it received is committed
+    /// and acked.
+    Stopped,
     /// Did not start: a predecessor failed, or the run was stopped first.
     Skipped(String),
     /// Could not run.
@@ -80,6 +83,12 @@ pub async fn run_file(path: &Path) -> ExitCode {
             eprintln!("{}: {error}", path.display());
             ExitCode::from(2)
         }
+        Err(RunError::Store(error)) if shutdown.drain.is_cancelled() && error.is_transient() => {
+            eprintln!(
+                "sluice: stopped before the store could be reached ({error}); nothing was received"
+            );
+            ExitCode::SUCCESS
+        }
         Err(error) => {
             eprintln!("sluice: {error}");
             ExitCode::from(1)
@@ -91,6 +100,7 @@ fn print_outcome(outcome: &FlowOutcome) {
     let c = &outcome.counters;
     let state = match &outcome.state {
         FlowState::Completed => "COMPLETED".to_owned(),
+        FlowState::Stopped => "STOPPED".to_owned(),
         FlowState::Skipped(why) => format!("SKIPPED ({why})"),
         FlowState::Failed(why) => format!("FAILED ({why})"),
     };
@@ -133,6 +143,7 @@ pub async fn execute(
         senders.push(tx);
     }
     let mut tasks = JoinSet::new();
+    let mut names = HashMap::new();
     for ((flow, handle), done) in pipeline.flows.iter().zip(handles).zip(senders) {
         let predecessors: Vec<_> = flow
             .depends_on
@@ -145,17 +156,26 @@ pub async fn execute(
             store.clone(),
             shutdown.clone(),
         );
-        tasks.spawn(async move {
+        let name = flow.name.clone();
+        let task = tasks.spawn(async move {
             let outcome = run_flow(&pipeline, &flow, store, handle, &shutdown, predecessors).await;
             let _ = done.send(Some(outcome.state == FlowState::Completed));
             outcome
         });
+        names.insert(task.id(), name);
     }
     let mut outcomes = Vec::new();
     while let Some(joined) = tasks.join_next().await {
         match joined {
             Ok(outcome) => outcomes.push(outcome),
-            Err(error) => tracing::error!(%error, "a flow task panicked"),
+            Err(error) => {
+                tracing::error!(%error, "a flow task panicked");
+                outcomes.push(FlowOutcome {
+                    name: names.get(&error.id()).cloned().unwrap_or_default(),
+                    state: FlowState::Failed(format!("panicked: {error}")),
+                    counters: Snapshot::default(),
+                });
+            }
         }
     }
     let order: HashMap<_, _> = pipeline
@@ -201,10 +221,14 @@ async fn run_flow(
         };
     tracing::info!(flow = %flow.name, "flow started");
     match run.run(shutdown.drain.clone()).await {
-        Ok(report) => {
+        Ok(FlowEnd { report, ended }) => {
             tracing::info!(flow = %flow.name, rows = report.rows, duplicates = report.duplicates,
-                dead_letters = report.dead_letters, "flow finished");
-            outcome(FlowState::Completed, Some(&counters))
+                dead_letters = report.dead_letters, ?ended, "flow finished");
+            let state = match ended {
+                Ended::Drained => FlowState::Completed,
+                Ended::Stopped => FlowState::Stopped,
+            };
+            outcome(state, Some(&counters))
         }
         Err(error) => outcome(FlowState::Failed(error.to_string()), Some(&counters)),
     }

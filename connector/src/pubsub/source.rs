@@ -25,8 +25,11 @@ use tokio_util::sync::CancellationToken;
 
 /// How long one "does the subscription exist" probe may take before it counts as a failure.
 const REACHABILITY_TIMEOUT: Duration = Duration::from_secs(3);
+/// The client stops extending a held message's lease after this long. sluice never lets a lease
+/// lapse on purpose: a message waits for its commit through any store outage.
+const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How long [`SourceHandle::close`] waits for the client to flush acks before giving up.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The client extends a held message's lease by up to this much at a time (the client's
 /// minimum; it renews well before expiry). It is also the stream's ack deadline, which bounds
 /// how long messages handed to a crashed worker's streams wait before redelivery: measured on
@@ -186,6 +189,7 @@ impl StreamTask {
                 .client
                 .subscribe(&self.subscription)
                 .set_max_lease_extension(LEASE_EXTENSION)
+                .set_max_lease(MAX_LEASE)
                 .build();
             self.tokens
                 .lock()
