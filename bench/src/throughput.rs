@@ -342,14 +342,20 @@ async fn sluice_drain(source: Box<dyn MessageSource>, n: usize) -> Result<Measur
 async fn ack_only_drain(source: InProcessSource) -> Measured {
     let cpu_before = process_cpu_time();
     let started = Instant::now();
+    let n = source.len();
     let (tx, mut rx) = tokio::sync::mpsc::channel(sluice_connector::INTAKE_CAPACITY);
     let stop = CancellationToken::new();
     let handle = Box::new(source)
         .start(tx, Budget::new(10_000, 100 << 20), stop.clone())
         .await;
-    while let Some(received) = rx.recv().await {
+    for _ in 0..n {
+        let Some(received) = rx.recv().await else {
+            break;
+        };
         received.handle.ack();
     }
+    stop.cancel();
+    drop(rx);
     if let Ok(handle) = handle {
         handle.close().await;
     }
