@@ -186,8 +186,8 @@ fn unreachable_store_is_retried_with_backoff_not_a_panic() {
     assert!(!logs.contains("panicked"), "{logs}");
     assert_eq!(
         status.code(),
-        Some(1),
-        "stopped before the store was ever reached: {logs}"
+        Some(0),
+        "a stop before the store was ever reached is clean: {logs}"
     );
     let steps = retry_steps(&logs, "store unavailable; retrying");
     assert!(steps.len() >= 3, "expected several retries: {logs}");

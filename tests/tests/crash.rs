@@ -61,14 +61,14 @@ async fn received_but_uncommitted_messages_come_back_after_a_crash_and_land_once
 /// two replicas sharing a SQLite store is SIGKILLed five times at random moments and restarted
 /// each time. At the end every distinct key has exactly one row, and once the workers have
 /// drained and stopped, a plain client finds nothing left unacked on the subscription. A control
-/// subscription on the same topic, whose messages a plain client received and gave back unacked,
+/// subscription, whose messages a plain client received and left unacked when its stream closed,
 /// shows that the same check does find unacked messages when there are some.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_five_times_loses_nothing_and_duplicates_nothing() {
     const DISTINCT: usize = 20_000;
     const DUPLICATES: usize = 2_000;
     let pubsub = PubSub::connect().await;
-    let (topic, subs) = pubsub.topic_with("crash", 2).await;
+    let (topic, subs) = pubsub.topic_with("crash", 1).await;
     let dir = Workdir::new();
     let file = dir.pipeline("p.yaml", "db", &PipelineOptions::continuous(&subs[0]));
     let db = Db(dir.db("db"));
@@ -125,17 +125,25 @@ async fn sigkill_five_times_loses_nothing_and_duplicates_nothing() {
         left.len()
     );
 
-    // Control: the control subscription got every message; a plain client takes 500 of them
-    // and closes its stream without acking them. The same check must find those 500.
+    // Control: on a small control topic, a plain client takes 500 of 1 000 messages and closes
+    // its stream without acking them. The same check must find all 1 000, those 500 included.
+    let (control_topic, control_subs) = pubsub.topic_with("crash-control", 1).await;
+    pubsub
+        .publish(
+            &control_topic,
+            (0..1_000).map(|i| event(&format!("x{i}"))).collect(),
+        )
+        .await;
     let touched = pubsub
-        .plain_client(&subs[1], 500, Duration::from_secs(30), false)
+        .plain_client(&control_subs[0], 500, Duration::from_secs(30), false)
         .await
         .unwrap();
     assert_eq!(touched.len(), 500);
-    let control = sluice_tests::unacked_messages(&pubsub, &subs[1], DISTINCT + DUPLICATES).await;
+    let control = sluice_tests::unacked_messages(&pubsub, &control_subs[0], 1_000).await;
     let missed = touched.difference(&control).count();
     assert_eq!(
         missed, 0,
         "the check missed {missed} messages a closed stream left unacked"
     );
+    assert_eq!(control.len(), 1_000);
 }

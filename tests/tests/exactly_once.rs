@@ -98,7 +98,7 @@ async fn sigterm_drains_commits_acks_and_exits_zero() {
     assert!(
         std::fs::read_to_string(&first_out)
             .unwrap()
-            .contains("COMPLETED")
+            .contains("STOPPED")
     );
     publisher.await.unwrap();
 
