@@ -163,7 +163,7 @@ pub fn sluice_bin() -> PathBuf {
     let bin = exe.parent().unwrap().parent().unwrap().join("sluice");
     assert!(
         bin.exists(),
-        "{} not built: run the workspace's tests (`cargo test --workspace`)",
+        "{} not built: `cargo build -p sluice` first (./scripts/test does)",
         bin.display()
     );
     bin
