@@ -25,6 +25,7 @@ mod error;
 mod model;
 mod schema;
 mod sqlite;
+mod sqlite_commit;
 mod url;
 
 pub use error::StoreError;

@@ -5,9 +5,7 @@
 //! the ledger's primary key still decides duplicates across them.
 
 use crate::schema::{SQLITE_STATE_DDL, sqlite_dead_letter_ddl, sqlite_target_ddl, table_name};
-use crate::{
-    CommitBatch, CommitOutcome, Effect, FlowHandle, FlowProgress, Layout, Store, StoreError,
-};
+use crate::{CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, Store, StoreError};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use std::path::{Path, PathBuf};
@@ -223,87 +221,7 @@ impl Writer {
     }
 
     fn commit(&mut self, batch: &CommitBatch) -> Result<CommitOutcome, StoreError> {
-        let dead_letter = table_name(&batch.flow.pipeline, "dead_letter")?;
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut written = Vec::with_capacity(batch.entries.len());
-        let (mut rows, mut dead, mut duplicates) = (0i64, 0i64, 0i64);
-        {
-            // An expired key that was not purged yet counts as absent: it is taken over.
-            let mut ledger = tx.prepare_cached(
-                "INSERT INTO sluice_ledger (flow_id, key, expires_at) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (flow_id, key) DO UPDATE SET expires_at = excluded.expires_at
-                 WHERE sluice_ledger.expires_at <= ?4",
-            )?;
-            let mut insert_row = tx.prepare_cached(&format!(
-                "INSERT INTO \"{}\" (dedup_key, message_id, publish_time, event_time, attributes,
-                 data, flow, committed_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                batch.table
-            ))?;
-            let mut insert_dead = tx.prepare_cached(&format!(
-                "INSERT INTO \"{dead_letter}\" (flow, dedup_key, message_id, publish_time,
-                 attributes, data, reason, error, attempts, committed_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-            ))?;
-            for entry in &batch.entries {
-                let key = entry.key.as_str();
-                let is_new = ledger.execute(params![
-                    batch.flow.id,
-                    key,
-                    batch.expires_at_ms,
-                    batch.now_ms
-                ])? == 1;
-                written.push(is_new);
-                if !is_new {
-                    duplicates += 1;
-                    continue;
-                }
-                let m = &entry.message;
-                match &entry.effect {
-                    Effect::Row { event_time_ms } => {
-                        insert_row.execute(params![
-                            key,
-                            m.message_id,
-                            m.publish_time_ms,
-                            event_time_ms,
-                            m.attributes_json,
-                            &m.data[..],
-                            &*batch.flow.name,
-                            batch.now_ms
-                        ])?;
-                        rows += 1;
-                    }
-                    Effect::DeadLetter {
-                        reason,
-                        error,
-                        attempts,
-                    } => {
-                        insert_dead.execute(params![
-                            &*batch.flow.name,
-                            key,
-                            m.message_id,
-                            m.publish_time_ms,
-                            m.attributes_json,
-                            &m.data[..],
-                            reason,
-                            error,
-                            attempts,
-                            batch.now_ms
-                        ])?;
-                        dead += 1;
-                    }
-                }
-            }
-            tx.prepare_cached(
-                "UPDATE sluice_flows SET committed = committed + ?1, duplicates = duplicates + ?2,
-                 dead_lettered = dead_lettered + ?3, batches = batches + 1, last_commit_at = ?4
-                 WHERE flow_id = ?5",
-            )?
-            .execute(params![rows, duplicates, dead, batch.now_ms, batch.flow.id])?;
-        }
-        tx.commit()?;
-        Ok(CommitOutcome { written })
+        crate::sqlite_commit::commit(&mut self.conn, batch)
     }
 
     fn count_rows(&mut self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
