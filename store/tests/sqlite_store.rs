@@ -198,7 +198,10 @@ async fn bad_identifiers_are_refused() {
 async fn large_batches_span_several_statements_and_stay_exact() {
     let (_dir, store, flows) = open().await;
     // 300 entries: k0..k249, then k0..k49 again (duplicates in later statements of the batch).
-    let entries: Vec<_> = (0..250).chain(0..50).map(|i| row(&format!("k{i}"))).collect();
+    let entries: Vec<_> = (0..250)
+        .chain(0..50)
+        .map(|i| row(&format!("k{i}")))
+        .collect();
     let out = store.commit(batch(&flows[0], entries, 10)).await.unwrap();
     assert_eq!(out.written.iter().filter(|w| **w).count(), 250);
     assert!(out.written[..250].iter().all(|w| *w));
