@@ -275,8 +275,9 @@ impl Batch {
     }
 
     /// Call only after the batch's effects committed: acks every delivery and every
-    /// redelivery parked behind one, and remembers the keys.
-    pub fn settle_committed(mut self) {
+    /// redelivery parked behind one, and remembers the keys. Returns how many messages were
+    /// acked (parked redeliveries included).
+    pub fn settle_committed(mut self) -> u64 {
         let counters = self.dedup.counters.clone();
         let deliveries = std::mem::take(&mut self.deliveries);
         let parked = self
@@ -289,6 +290,7 @@ impl Batch {
         }
         counters.duplicate_in_memory(parked_duplicates);
         counters.acked(acked + parked_duplicates);
+        acked + parked_duplicates
     }
 
     /// Gives every message back uncommitted (nack): Pub/Sub redelivers them promptly.

@@ -40,7 +40,7 @@ pub struct CommitReport {
     pub dead_letters: u64,
     /// Entries the ledger found duplicate.
     pub duplicates: u64,
-    /// Messages acked.
+    /// Messages acked, redeliveries parked behind the batch's messages included.
     pub acked: u64,
     /// Messages nacked because the caller gave up.
     pub abandoned: u64,
@@ -153,14 +153,14 @@ impl CommitThenAck {
                 Ok(outcome) => {
                     let (rows, dead_letters, duplicates) = count_written(&dead, &outcome.written);
                     batch.counters().committed(rows, dead_letters, duplicates);
+                    let acked = batch.settle_committed();
                     *report += CommitReport {
                         rows,
                         dead_letters,
                         duplicates,
-                        acked: batch.len() as u64,
+                        acked,
                         abandoned: 0,
                     };
-                    batch.settle_committed();
                     return None;
                 }
                 Err(failure) => failure,

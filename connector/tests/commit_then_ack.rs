@@ -366,7 +366,11 @@ async fn a_racing_redelivery_is_parked_and_acked_with_its_original() {
         0,
         "the parked one waits for its original"
     );
-    batch.settle_committed();
+    assert_eq!(
+        batch.settle_committed(),
+        2,
+        "the original and its parked redelivery"
+    );
     assert_eq!(
         tally.acked.load(Ordering::SeqCst),
         2,
