@@ -49,8 +49,9 @@ pub struct ThroughputArgs {
     /// Messages for the in-process capacity measurement.
     #[arg(long, default_value_t = 1_000_000)]
     pub capacity_messages: usize,
-    /// Rounds of the emulator pair (raw, sluice); each round uses fresh subscriptions.
-    #[arg(long, default_value_t = 2)]
+    /// Rounds of the emulator pair (raw then sluice in odd rounds, sluice then raw in even ones);
+    /// each round uses fresh subscriptions.
+    #[arg(long, default_value_t = 4)]
     pub rounds: usize,
     /// Skip the emulator measurements (capacity only).
     #[arg(long)]
@@ -115,6 +116,8 @@ async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
     println!("|---|---|---|---|");
     let mut ratios = Vec::new();
     for round in 1..=args.rounds {
+        // Both backlogs are published first; then the two drains run one after the other, in
+        // alternating order, so neither side always gets the fresher emulator.
         let raw_sub = backlog(
             &admin,
             &format!("raw-{run_id}-{round}"),
@@ -122,7 +125,6 @@ async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
             args.size,
         )
         .await?;
-        let raw = raw_drain(&config, &raw_sub, args.messages, args.streams).await?;
         let sluice_sub = backlog(
             &admin,
             &format!("sluice-{run_id}-{round}"),
@@ -131,7 +133,16 @@ async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
         )
         .await?;
         let source = PubSubSource::new(config.clone(), &sluice_sub, args.streams)?;
-        let sluice = sluice_drain(Box::new(source), args.messages).await?;
+        let (raw, sluice) = if round % 2 == 1 {
+            let raw = raw_drain(&config, &raw_sub, args.messages, args.streams).await?;
+            (raw, sluice_drain(Box::new(source), args.messages).await?)
+        } else {
+            let sluice = sluice_drain(Box::new(source), args.messages).await?;
+            (
+                raw_drain(&config, &raw_sub, args.messages, args.streams).await?,
+                sluice,
+            )
+        };
         let (raw_rate, sluice_rate) = (rate(args.messages, raw), rate(args.messages, sluice.wall));
         ratios.push(sluice_rate / raw_rate);
         println!(
