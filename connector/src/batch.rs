@@ -120,12 +120,15 @@ impl BatchSource {
     }
 
     /// The next batch; `None` once the intake has closed (the source stopped) and is empty.
+    /// Cancel-safe: if this future is dropped, the messages it had gathered are nacked and their
+    /// keys released.
     pub async fn next_batch(&mut self) -> Option<Batch> {
         self.next_batch_within(None).await.ok().flatten()
     }
 
     /// As [`BatchSource::next_batch`], but gives up with `Err(Idle)` when no message at all
-    /// arrived for `idle` and no redelivery is parked: the subscription has drained.
+    /// arrived for `idle` and no key is in flight (every batch handed out has been settled):
+    /// the subscription has drained.
     pub async fn next_batch_or_idle(&mut self, idle: Duration) -> Result<Option<Batch>, Idle> {
         self.next_batch_within(Some(idle)).await
     }
