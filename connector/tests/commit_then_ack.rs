@@ -6,8 +6,8 @@
 use async_trait::async_trait;
 use sluice_connector::{
     BatchSettings, BatchSource, Budget, CommitReport, CommitThenAck, Counters, DedupSettings,
-    Delivery, Ended, FlowRun, InProcessSource, KeySource, RetrySettings, RunUntil, Stage,
-    StageError, TableStage,
+    Delivery, Ended, FlowRun, InProcessSource, KeySource, RetrySettings, RunUntil, SourceHandle,
+    Stage, StageError, TableStage,
 };
 use sluice_store::{
     CommitBatch, CommitOutcome, Effect, FlowHandle, FlowProgress, Layout, SqliteStore, Store,
@@ -298,28 +298,41 @@ async fn bad_timestamps_are_dead_lettered_not_dropped() {
     assert_eq!(tally.acked.load(Ordering::SeqCst), 20);
 }
 
-#[tokio::test]
-async fn a_batch_cancelled_while_it_fills_is_nacked_and_its_keys_released() {
-    // Ten messages, then the source goes quiet: the batch waits for its 10 s delay.
-    let source = InProcessSource::generated(10, 10, |i| format!("k{i}"));
-    let tally = source.tally();
+/// A batcher over `source`, keyed by the `key` attribute, with batches of up to 1 000 messages
+/// or `max_delay`; and the token that stops the source.
+async fn batcher(
+    source: InProcessSource,
+    max_delay: Duration,
+) -> (BatchSource, Box<dyn SourceHandle>, CancellationToken) {
     let stop = CancellationToken::new();
-    let (mut batches, handle) = BatchSource::start(
+    let (batches, handle) = BatchSource::start(
         Box::new(source),
         Budget::new(100, 1 << 20),
         DedupSettings {
-            key: KeySource::MessageId,
+            key: KeySource::Attribute {
+                name: "key".into(),
+                dead_letter_if_missing: false,
+            },
             window: Duration::from_secs(600),
         },
         BatchSettings {
             max_messages: 1_000,
-            max_delay: Duration::from_secs(10),
+            max_delay,
         },
         Counters::new("p", "f"),
         stop.clone(),
     )
     .await
     .unwrap();
+    (batches, handle, stop)
+}
+
+#[tokio::test]
+async fn a_batch_cancelled_while_it_fills_is_nacked_and_its_keys_released() {
+    // Ten messages, then the source goes quiet: the batch waits for its 10 s delay.
+    let source = InProcessSource::generated(10, 10, |i| format!("k{i}"));
+    let tally = source.tally();
+    let (mut batches, handle, stop) = batcher(source, Duration::from_secs(10)).await;
     let cancelled = tokio::time::timeout(Duration::from_millis(300), batches.next_batch()).await;
     assert!(cancelled.is_err(), "the batch was still filling");
     assert_eq!(
@@ -339,26 +352,7 @@ async fn a_racing_redelivery_is_parked_and_acked_with_its_original() {
     // The same key twice in a row: the second arrives while the first is in flight.
     let source = InProcessSource::generated(2, 10, |_| "same".to_owned());
     let tally = source.tally();
-    let stop = CancellationToken::new();
-    let (mut batches, handle) = BatchSource::start(
-        Box::new(source),
-        Budget::new(100, 1 << 20),
-        DedupSettings {
-            key: KeySource::Attribute {
-                name: "key".into(),
-                dead_letter_if_missing: false,
-            },
-            window: Duration::from_secs(600),
-        },
-        BatchSettings {
-            max_messages: 1_000,
-            max_delay: Duration::from_millis(200),
-        },
-        Counters::new("p", "f"),
-        stop.clone(),
-    )
-    .await
-    .unwrap();
+    let (mut batches, handle, stop) = batcher(source, Duration::from_millis(200)).await;
     let batch = batches.next_batch().await.unwrap();
     assert_eq!(batch.len(), 1, "the redelivery is parked, not batched");
     assert_eq!(
