@@ -10,8 +10,9 @@ use sluice_connector::{
     Stage, StageError, TableStage,
 };
 use sluice_store::{
-    CommitBatch, CommitOutcome, Effect, FlowHandle, FlowProgress, Layout, SqliteStore, Store,
-    StoreError, table_name,
+    CommitBatch, CommitOutcome, Effect, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
+    LeaseRequest, LedgerUpkeep, SqliteStore, Store, StoreError, WorkerBeat, WorkerRecord,
+    table_name,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -59,8 +60,32 @@ impl Store for FaultyStore {
     async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
         self.inner.flow_progress(flow).await
     }
-    async fn purge_expired(&self, now_ms: i64, limit: usize) -> Result<usize, StoreError> {
-        self.inner.purge_expired(now_ms, limit).await
+    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
+        self.inner.ledger_upkeep().await
+    }
+    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
+        self.inner.heartbeat(beat).await
+    }
+    async fn workers(
+        &self,
+        pipeline: &str,
+        within: Duration,
+    ) -> Result<Vec<WorkerRecord>, StoreError> {
+        self.inner.workers(pipeline, within).await
+    }
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
+        self.inner.acquire_lease(request).await
+    }
+    async fn release_lease(
+        &self,
+        pipeline: &str,
+        role: &str,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.release_lease(pipeline, role, holder).await
+    }
+    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.inner.leases(pipeline).await
     }
 }
 

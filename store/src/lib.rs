@@ -23,14 +23,21 @@
 
 mod error;
 mod model;
+mod pool;
+mod postgres;
 mod schema;
 mod sqlite;
 mod sqlite_commit;
+mod sqlite_pool;
 mod url;
 
 pub use error::StoreError;
 pub use model::{
     CommitBatch, CommitOutcome, Effect, Entry, FlowHandle, FlowProgress, Layout, MessageFields,
+};
+pub use pool::{LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, WorkerBeat, WorkerRecord};
+pub use postgres::{
+    DEFAULT_SCRATCH_SERVER, PostgresOptions, PostgresStore, SCRATCH_SERVER_VAR, ScratchDatabase,
 };
 pub use schema::{is_identifier, table_name};
 pub use sqlite::SqliteStore;
@@ -59,7 +66,34 @@ pub trait Store: Send + Sync + 'static {
     /// Committed, duplicate and dead-lettered counts of a flow.
     async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError>;
 
-    /// Deletes ledger keys whose window ended before `now_ms`, at most `limit` of them;
-    /// returns how many went.
-    async fn purge_expired(&self, now_ms: i64, limit: usize) -> Result<usize, StoreError>;
+    /// Keeps the dedup ledger small: SQLite deletes expired keys (its writer also does this by
+    /// itself between commits); PostgreSQL creates the next ledger generations ahead of time and
+    /// drops whole generations no window can still need. Safe to call from several replicas at
+    /// once; in a pool one replica does it, under the `ledger_upkeep` lease.
+    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError>;
+
+    /// Records that `beat.worker` is alive (first call registers it).
+    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError>;
+
+    /// Workers of `pipeline` heard of within `within` (by the store's clock).
+    async fn workers(
+        &self,
+        pipeline: &str,
+        within: std::time::Duration,
+    ) -> Result<Vec<WorkerRecord>, StoreError>;
+
+    /// Takes or renews a lease; see [`pool`](crate#pool-coordination) for the guarantees.
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError>;
+
+    /// Gives a lease up at once if `holder` holds it (a clean shutdown hands the role over
+    /// without waiting for expiry).
+    async fn release_lease(
+        &self,
+        pipeline: &str,
+        role: &str,
+        holder: &str,
+    ) -> Result<(), StoreError>;
+
+    /// The leases of `pipeline`, expired ones included.
+    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError>;
 }

@@ -45,6 +45,23 @@ CREATE TABLE IF NOT EXISTS sluice_ledger (
     PRIMARY KEY (flow_id, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS sluice_ledger_expiry ON sluice_ledger (expires_at);
+CREATE TABLE IF NOT EXISTS sluice_workers (
+    pipeline   TEXT NOT NULL,
+    worker     TEXT NOT NULL,
+    host       TEXT NOT NULL,
+    pid        INTEGER NOT NULL,
+    started_at INTEGER NOT NULL,
+    last_beat  INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, worker)
+);
+CREATE TABLE IF NOT EXISTS sluice_leases (
+    pipeline    TEXT NOT NULL,
+    role        TEXT NOT NULL,
+    holder      TEXT NOT NULL,
+    acquired_at INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, role)
+);
 ";
 
 /// DDL of a target table and its `(flow, dedup_key)` index.

@@ -5,7 +5,10 @@
 //! the ledger's primary key still decides duplicates across them.
 
 use crate::schema::{SQLITE_STATE_DDL, sqlite_dead_letter_ddl, sqlite_target_ddl, table_name};
-use crate::{CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, Store, StoreError};
+use crate::{
+    CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
+    LeaseRequest, LedgerUpkeep, Store, StoreError, WorkerBeat, WorkerRecord,
+};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use std::path::{Path, PathBuf};
@@ -33,7 +36,8 @@ enum Command {
     CountRows(String, Option<String>, Reply<u64>),
     KeyCensus(String, Reply<(u64, u64)>),
     FlowProgress(i64, Reply<FlowProgress>),
-    Purge(i64, usize, Reply<usize>),
+    /// Anything else that needs the connection (coordination, upkeep): rare, so boxed.
+    Call(Box<dyn FnOnce(&mut Connection) + Send>),
 }
 
 /// The embedded store: a single SQLite file, created with its folder on first use.
@@ -71,6 +75,20 @@ impl SqliteStore {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Runs `work` on the writer thread and returns its result.
+    async fn call<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.ask(move |reply| {
+            Command::Call(Box::new(move |conn| {
+                // The caller may have gone away; then nobody wants the answer.
+                let _ = reply.send(work(conn));
+            }))
+        })
+        .await
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, StoreError> {
@@ -114,8 +132,60 @@ impl Store for SqliteStore {
         self.ask(|reply| Command::FlowProgress(id, reply)).await
     }
 
-    async fn purge_expired(&self, now_ms: i64, limit: usize) -> Result<usize, StoreError> {
-        self.ask(|reply| Command::Purge(now_ms, limit, reply)).await
+    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
+        self.call(|conn| {
+            let mut removed = 0;
+            loop {
+                let deleted = purge(conn, now_ms(), PURGE_CHUNK)?;
+                removed += deleted as u64;
+                if deleted < PURGE_CHUNK {
+                    return Ok(LedgerUpkeep {
+                        keys_removed: removed,
+                        ..LedgerUpkeep::default()
+                    });
+                }
+            }
+        })
+        .await
+    }
+
+    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
+        let beat = beat.clone();
+        self.call(move |conn| crate::sqlite_pool::heartbeat(conn, &beat, now_ms()))
+            .await
+    }
+
+    async fn workers(
+        &self,
+        pipeline: &str,
+        within: Duration,
+    ) -> Result<Vec<WorkerRecord>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| crate::sqlite_pool::workers(conn, &pipeline, within, now_ms()))
+            .await
+    }
+
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
+        let request = request.clone();
+        self.call(move |conn| crate::sqlite_pool::acquire_lease(conn, &request, now_ms()))
+            .await
+    }
+
+    async fn release_lease(
+        &self,
+        pipeline: &str,
+        role: &str,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        let (pipeline, role, holder) = (pipeline.to_owned(), role.to_owned(), holder.to_owned());
+        self.call(move |conn| crate::sqlite_pool::release_lease(conn, &pipeline, &role, &holder))
+            .await
+    }
+
+    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| crate::sqlite_pool::leases(conn, &pipeline))
+            .await
     }
 }
 
@@ -137,7 +207,7 @@ impl Writer {
             }
             last_purge = Instant::now();
             loop {
-                match self.purge(now_ms(), PURGE_CHUNK) {
+                match purge(&self.conn, now_ms(), PURGE_CHUNK) {
                     Ok(deleted) if deleted == PURGE_CHUNK => {}
                     Ok(_) => break,
                     Err(error) => {
@@ -176,9 +246,7 @@ impl Writer {
             Command::FlowProgress(id, reply) => {
                 let _ = reply.send(self.flow_progress(id));
             }
-            Command::Purge(now, limit, reply) => {
-                let _ = reply.send(self.purge(now, limit));
-            }
+            Command::Call(work) => work(&mut self.conn),
         }
     }
 
@@ -280,15 +348,16 @@ impl Writer {
             .optional()?;
         progress.ok_or_else(|| StoreError::Config(format!("no flow with id {id}")))
     }
+}
 
-    fn purge(&mut self, now_ms: i64, limit: usize) -> Result<usize, StoreError> {
-        let deleted = self.conn.execute(
-            "DELETE FROM sluice_ledger WHERE (flow_id, key) IN
-             (SELECT flow_id, key FROM sluice_ledger WHERE expires_at <= ?1 LIMIT ?2)",
-            params![now_ms, i64::try_from(limit).unwrap_or(i64::MAX)],
-        )?;
-        Ok(deleted)
-    }
+/// Deletes at most `limit` ledger keys that expired before `now_ms`; returns how many went.
+fn purge(conn: &Connection, now_ms: i64, limit: usize) -> Result<usize, StoreError> {
+    let deleted = conn.execute(
+        "DELETE FROM sluice_ledger WHERE (flow_id, key) IN
+         (SELECT flow_id, key FROM sluice_ledger WHERE expires_at <= ?1 LIMIT ?2)",
+        params![now_ms, i64::try_from(limit).unwrap_or(i64::MAX)],
+    )?;
+    Ok(deleted)
 }
 
 fn check_table(table: &str) -> Result<(), StoreError> {

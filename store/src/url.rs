@@ -1,6 +1,6 @@
 //! Store URLs (`sqlite://PATH`, `postgres://...`) and opening a store from one.
 
-use crate::{SqliteStore, Store, StoreError};
+use crate::{PostgresStore, SqliteStore, Store, StoreError};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -33,13 +33,12 @@ impl std::str::FromStr for StoreUrl {
     }
 }
 
-/// Opens the store a URL names, creating an SQLite file (and its folder) when missing.
+/// Opens the store a URL names, creating an SQLite file (and its folder) when missing. A
+/// PostgreSQL store connects on first use.
 pub fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     match url.parse::<StoreUrl>()? {
         StoreUrl::Sqlite(path) => Ok(Arc::new(SqliteStore::open(&path)?)),
-        StoreUrl::Postgres(_) => Err(StoreError::Config(
-            "the PostgreSQL backend is not built yet; use sqlite://".to_owned(),
-        )),
+        StoreUrl::Postgres(url) => Ok(Arc::new(PostgresStore::open(&url)?)),
     }
 }
 

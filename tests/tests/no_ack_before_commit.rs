@@ -12,7 +12,8 @@ use sluice_connector::{
     PubSubSource, RetrySettings, RunUntil, TableStage,
 };
 use sluice_store::{
-    CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, Store, StoreError,
+    CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
+    LeaseRequest, LedgerUpkeep, Store, StoreError, WorkerBeat, WorkerRecord,
 };
 use sluice_tests::{PubSub, event};
 use std::sync::Arc;
@@ -48,7 +49,22 @@ impl Store for DownStore {
     async fn flow_progress(&self, _: &FlowHandle) -> Result<FlowProgress, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
-    async fn purge_expired(&self, _: i64, _: usize) -> Result<usize, StoreError> {
+    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn heartbeat(&self, _: &WorkerBeat) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn workers(&self, _: &str, _: Duration) -> Result<Vec<WorkerRecord>, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn acquire_lease(&self, _: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn release_lease(&self, _: &str, _: &str, _: &str) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn leases(&self, _: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
 }

@@ -1,0 +1,199 @@
+//! One batch, one statement: the ledger claims, the target rows and dead letters of the keys
+//! that were new, and the flow's counters, in a single `INSERT ... WITH` statement run in
+//! autocommit mode. So a commit is one round trip (the statement is prepared once per
+//! connection) and one transaction; see `ledger.rs` for why the claims decide duplicates.
+//!
+//! The claims go in two steps: `first` claims every key in the current generation; `later`
+//! claims, in the following generations of the window, only the keys `first` won. So a
+//! duplicate leaves no row behind that could stretch its key's window.
+
+use crate::{CommitBatch, Effect};
+use std::collections::HashMap;
+
+/// Counter shards per flow: replicas committing one flow at once rarely pick the same row.
+pub(crate) const COUNTER_SHARDS: i32 = 64;
+
+/// The statement for one target table (spliced names are validated identifiers).
+pub(crate) fn statement(table: &str, dead_letter: &str) -> String {
+    format!(
+        "WITH input AS (
+            SELECT * FROM unnest($2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[],
+                                 $7::bytea[], $8::text[], $9::text[], $10::int4[])
+                AS i(key, message_id, publish_ms, event_ms, attributes, data, reason, error,
+                     attempts)
+        ),
+        clock AS (
+            SELECT (extract(epoch FROM now()) * 1000)::int8 AS now_ms
+        ),
+        first AS (
+            INSERT INTO sluice_ledger AS l (generation, flow_id, key, expires_at)
+            SELECT c.now_ms / $12, $1, i.key, c.now_ms + $11
+            FROM input i CROSS JOIN clock c
+            ORDER BY i.key
+            ON CONFLICT (generation, flow_id, key) DO UPDATE SET expires_at = excluded.expires_at
+            WHERE l.expires_at <= excluded.expires_at - $11
+            RETURNING l.key
+        ),
+        later AS (
+            INSERT INTO sluice_ledger AS l (generation, flow_id, key, expires_at)
+            SELECT g, $1, f.key, c.now_ms + $11
+            FROM first f CROSS JOIN clock c
+            CROSS JOIN LATERAL generate_series(c.now_ms / $12 + 1, (c.now_ms + $11) / $12) AS g
+            ORDER BY f.key, g
+            ON CONFLICT (generation, flow_id, key) DO UPDATE SET expires_at = excluded.expires_at
+            WHERE l.expires_at <= excluded.expires_at - $11
+            RETURNING l.key
+        ),
+        fresh AS (
+            SELECT f.key
+            FROM first f LEFT JOIN (SELECT key, count(*) AS n FROM later GROUP BY key) x
+                ON x.key = f.key
+            WHERE COALESCE(x.n, 0) = (SELECT (now_ms + $11) / $12 - now_ms / $12 FROM clock)
+        ),
+        rows AS (
+            INSERT INTO \"{table}\" (dedup_key, message_id, publish_time, event_time, attributes,
+                                    data, flow, committed_at)
+            SELECT i.key, i.message_id, to_timestamp(i.publish_ms / 1000.0::float8),
+                   to_timestamp(i.event_ms / 1000.0::float8), i.attributes::jsonb, i.data, $13,
+                   now()
+            FROM input i JOIN fresh f ON f.key = i.key
+            WHERE i.reason IS NULL
+            RETURNING 1
+        ),
+        dead AS (
+            INSERT INTO \"{dead_letter}\" (flow, dedup_key, message_id, publish_time, attributes,
+                                          data, reason, error, attempts, committed_at)
+            SELECT $13, i.key, i.message_id, to_timestamp(i.publish_ms / 1000.0::float8),
+                   i.attributes::jsonb, i.data, i.reason, i.error, i.attempts, now()
+            FROM input i JOIN fresh f ON f.key = i.key
+            WHERE i.reason IS NOT NULL
+            RETURNING 1
+        ),
+        counted AS (
+            INSERT INTO sluice_flow_counters AS c (flow_id, shard, committed, duplicates,
+                                                   dead_lettered, batches, last_commit_at)
+            SELECT $1, $14, (SELECT count(*) FROM rows), $15 - (SELECT count(*) FROM fresh),
+                   (SELECT count(*) FROM dead), 1, now()
+            ON CONFLICT (flow_id, shard) DO UPDATE SET
+                committed = c.committed + excluded.committed,
+                duplicates = c.duplicates + excluded.duplicates,
+                dead_lettered = c.dead_lettered + excluded.dead_lettered,
+                batches = c.batches + 1,
+                last_commit_at = excluded.last_commit_at
+        )
+        SELECT key FROM fresh"
+    )
+}
+
+/// The statement's parameters for one batch: entries with a key already seen earlier in the
+/// batch are left out (they are duplicates of that first entry).
+pub(crate) struct Arguments<'a> {
+    /// Index of the first entry of each distinct key, in batch order.
+    pub(crate) firsts: Vec<usize>,
+    keys: Vec<&'a str>,
+    message_ids: Vec<&'a str>,
+    publish_ms: Vec<i64>,
+    event_ms: Vec<Option<i64>>,
+    attributes: Vec<&'a str>,
+    data: Vec<&'a [u8]>,
+    reasons: Vec<Option<&'a str>>,
+    errors: Vec<Option<&'a str>>,
+    attempts: Vec<Option<i32>>,
+    window_ms: i64,
+    generation_ms: i64,
+    shard: i32,
+    total: i64,
+}
+
+impl<'a> Arguments<'a> {
+    pub(crate) fn new(batch: &'a CommitBatch, generation_ms: i64, shard: i32) -> Self {
+        let mut seen: HashMap<&str, ()> = HashMap::with_capacity(batch.entries.len());
+        let mut args = Arguments {
+            firsts: Vec::with_capacity(batch.entries.len()),
+            keys: Vec::new(),
+            message_ids: Vec::new(),
+            publish_ms: Vec::new(),
+            event_ms: Vec::new(),
+            attributes: Vec::new(),
+            data: Vec::new(),
+            reasons: Vec::new(),
+            errors: Vec::new(),
+            attempts: Vec::new(),
+            window_ms: batch.expires_at_ms.saturating_sub(batch.now_ms).max(1),
+            generation_ms,
+            shard,
+            total: i64::try_from(batch.entries.len()).unwrap_or(i64::MAX),
+        };
+        for (index, entry) in batch.entries.iter().enumerate() {
+            if seen.insert(entry.key.as_str(), ()).is_some() {
+                continue;
+            }
+            args.firsts.push(index);
+            args.keys.push(entry.key.as_str());
+            args.message_ids.push(&entry.message.message_id);
+            args.publish_ms.push(entry.message.publish_time_ms);
+            args.attributes.push(&entry.message.attributes_json);
+            args.data.push(&entry.message.data);
+            match &entry.effect {
+                Effect::Row { event_time_ms } => {
+                    args.event_ms.push(Some(*event_time_ms));
+                    args.reasons.push(None);
+                    args.errors.push(None);
+                    args.attempts.push(None);
+                }
+                Effect::DeadLetter {
+                    reason,
+                    error,
+                    attempts,
+                } => {
+                    args.event_ms.push(None);
+                    args.reasons.push(Some(reason));
+                    args.errors.push(Some(error));
+                    args.attempts
+                        .push(Some(i32::try_from(*attempts).unwrap_or(i32::MAX)));
+                }
+            }
+        }
+        args
+    }
+
+    /// The window this batch's keys are kept for, ms.
+    pub(crate) fn window_ms(&self) -> i64 {
+        self.window_ms
+    }
+
+    /// Parameters `$1..$15` of [`statement`].
+    pub(crate) fn params<'b>(
+        &'b self,
+        flow_id: &'b i64,
+        flow: &'b &'b str,
+    ) -> [&'b (dyn tokio_postgres::types::ToSql + Sync); 15] {
+        [
+            flow_id,
+            &self.keys,
+            &self.message_ids,
+            &self.publish_ms,
+            &self.event_ms,
+            &self.attributes,
+            &self.data,
+            &self.reasons,
+            &self.errors,
+            &self.attempts,
+            &self.window_ms,
+            &self.generation_ms,
+            flow,
+            &self.shard,
+            &self.total,
+        ]
+    }
+}
+
+/// Per entry: written (`true`) or duplicate, given the keys the statement reported fresh.
+pub(crate) fn outcome(batch: &CommitBatch, firsts: &[usize], fresh: &[String]) -> Vec<bool> {
+    let fresh: std::collections::HashSet<&str> = fresh.iter().map(String::as_str).collect();
+    let mut written = vec![false; batch.entries.len()];
+    for &index in firsts {
+        written[index] = fresh.contains(batch.entries[index].key.as_str());
+    }
+    written
+}

@@ -1,0 +1,409 @@
+//! The PostgreSQL backend: the shared store of a worker pool.
+//!
+//! Same contract as SQLite (see the crate docs), with these differences:
+//! - every commit is one statement and one round trip (`commit.rs`); many commits run at once
+//!   over a connection pool, from many processes and hosts;
+//! - the ledger is partitioned by time and expires by dropping whole partitions (`ledger.rs`);
+//! - times that decide something (ledger expiry, leases, heartbeats) come from the database
+//!   server's clock, so replicas' clocks need not agree;
+//! - migrations (`schema.rs`) run on first use, under an advisory lock.
+//!
+//! Opening a store does not connect: the first call that needs the database does, so a worker
+//! whose database is down starts, logs, and retries like for any other outage.
+
+mod commit;
+mod connect;
+mod error;
+mod ledger;
+mod schema;
+mod scratch;
+
+pub use connect::PostgresOptions;
+pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
+
+use crate::schema::table_name;
+use crate::{
+    CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
+    LeaseRequest, LedgerUpkeep, Store, StoreError, WorkerBeat, WorkerRecord,
+};
+use async_trait::async_trait;
+use deadpool_postgres::{Client, Pool};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+use tokio::sync::OnceCell;
+
+/// `x` (a `timestamptz` expression) as ms since the epoch.
+macro_rules! ms {
+    ($x:literal) => {
+        concat!("(extract(epoch FROM ", $x, ") * 1000)::int8")
+    };
+}
+
+/// A PostgreSQL database shared by the replicas of a pool.
+pub struct PostgresStore {
+    pool: Pool,
+    options: PostgresOptions,
+    /// Ledger generation width, ms, as recorded in the database (known after migrations).
+    generation_ms: OnceCell<i64>,
+    /// The largest dedup window seen in a commit, ms: generations are created that far ahead
+    /// (plus a margin). Zero until the first commit, which creates what its window needs.
+    largest_window_ms: AtomicI64,
+    /// `url` without its password, for messages.
+    display: String,
+}
+
+impl PostgresStore {
+    /// A store for `url` (libpq URL plus sluice's parameters, see [`PostgresOptions`]). Does not
+    /// connect yet.
+    pub fn open(url: &str) -> Result<Self, StoreError> {
+        let (libpq, options) = connect::split_url(url)?;
+        Ok(Self {
+            pool: connect::pool(&libpq, &options)?,
+            largest_window_ms: AtomicI64::new(0),
+            options,
+            generation_ms: OnceCell::new(),
+            display: connect::redact(url),
+        })
+    }
+
+    /// The URL, password redacted.
+    pub fn display_url(&self) -> &str {
+        &self.display
+    }
+
+    /// Ledger generations currently attached (for tests and capacity figures).
+    pub async fn ledger_generations(&self) -> Result<Vec<i64>, StoreError> {
+        let client = self.client().await?;
+        ledger::attached(&client).await
+    }
+
+    async fn client(&self) -> Result<Client, StoreError> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// A connection to a migrated database, and the ledger generation width.
+    async fn ready(&self) -> Result<(Client, i64), StoreError> {
+        let mut client = self.client().await?;
+        let width = *self
+            .generation_ms
+            .get_or_try_init(|| {
+                schema::migrate(&mut client, millis(self.options.ledger_generation))
+            })
+            .await?;
+        Ok((client, width))
+    }
+
+    fn horizon_ms(&self) -> i64 {
+        self.largest_window_ms
+            .load(Ordering::Relaxed)
+            .saturating_add(ledger::AHEAD_MS)
+    }
+
+    async fn run_commit(
+        &self,
+        client: &Client,
+        batch: &CommitBatch,
+        arguments: &commit::Arguments<'_>,
+    ) -> Result<Vec<String>, tokio_postgres::Error> {
+        let dead_letter = format!("{}__dead_letter", batch.flow.pipeline);
+        let statement = client
+            .prepare_cached(&commit::statement(&batch.table, &dead_letter))
+            .await?;
+        let rows = client
+            .query(
+                &statement,
+                &arguments.params(&batch.flow.id, &&*batch.flow.name),
+            )
+            .await?;
+        rows.iter().map(|row| row.try_get(0)).collect()
+    }
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
+        let (mut client, width) = self.ready().await?;
+        let mut ddl = schema::dead_letter_ddl(&layout.pipeline)?;
+        for target in &layout.tables {
+            if target == "dead_letter" {
+                return Err(StoreError::Config(
+                    "a table target may not be named dead_letter".to_owned(),
+                ));
+            }
+            ddl.push_str(&schema::target_ddl(&table_name(&layout.pipeline, target)?));
+        }
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&schema::DDL_LOCK])
+            .await?;
+        tx.batch_execute(&ddl).await?;
+        let mut handles = Vec::with_capacity(layout.flows.len());
+        let pipeline: Arc<str> = Arc::from(layout.pipeline.as_str());
+        for flow in &layout.flows {
+            table_name(&layout.pipeline, flow)?;
+            tx.execute(
+                "INSERT INTO sluice_flows (pipeline, flow) VALUES ($1, $2)
+                 ON CONFLICT (pipeline, flow) DO NOTHING",
+                &[&layout.pipeline, flow],
+            )
+            .await?;
+            let id: i64 = tx
+                .query_one(
+                    "SELECT flow_id FROM sluice_flows WHERE pipeline = $1 AND flow = $2",
+                    &[&layout.pipeline, flow],
+                )
+                .await?
+                .try_get(0)?;
+            handles.push(FlowHandle {
+                id,
+                pipeline: pipeline.clone(),
+                name: Arc::from(flow.as_str()),
+            });
+        }
+        tx.commit().await?;
+        ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+        Ok(handles)
+    }
+
+    async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
+        let (mut client, width) = self.ready().await?;
+        let shard = rand::random_range(0..commit::COUNTER_SHARDS);
+        let arguments = commit::Arguments::new(&batch, width, shard);
+        self.largest_window_ms
+            .fetch_max(arguments.window_ms(), Ordering::Relaxed);
+        let fresh = match self.run_commit(&client, &batch, &arguments).await {
+            Err(error) if error::is_missing_generation(&error) => {
+                // The upkeep holder is late (or this is the first commit after a long pause):
+                // create what is missing and try once more.
+                ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+                self.run_commit(&client, &batch, &arguments).await?
+            }
+            other => other?,
+        };
+        Ok(CommitOutcome {
+            written: commit::outcome(&batch, &arguments.firsts, &fresh),
+        })
+    }
+
+    async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
+        check_table(table)?;
+        let client = self.client().await?;
+        let count: i64 = match flow {
+            Some(flow) => client
+                .query_one(
+                    &format!("SELECT count(*) FROM \"{table}\" WHERE flow = $1"),
+                    &[&flow],
+                )
+                .await?
+                .try_get(0)?,
+            None => client
+                .query_one(&format!("SELECT count(*) FROM \"{table}\""), &[])
+                .await?
+                .try_get(0)?,
+        };
+        Ok(u64::try_from(count).unwrap_or_default())
+    }
+
+    async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
+        check_table(table)?;
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT count(*), count(*) FILTER (WHERE n > 1) FROM
+                     (SELECT count(*) AS n FROM \"{table}\" GROUP BY flow, dedup_key) AS keys"
+                ),
+                &[],
+            )
+            .await?;
+        let (distinct, repeated): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        Ok((
+            u64::try_from(distinct).unwrap_or_default(),
+            u64::try_from(repeated).unwrap_or_default(),
+        ))
+    }
+
+    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT COALESCE(sum(committed), 0)::int8, COALESCE(sum(duplicates), 0)::int8,
+                        COALESCE(sum(dead_lettered), 0)::int8, COALESCE(sum(batches), 0)::int8
+                 FROM sluice_flow_counters WHERE flow_id = $1",
+                &[&flow.id],
+            )
+            .await?;
+        let get = |i: usize| -> Result<u64, StoreError> {
+            Ok(u64::try_from(row.try_get::<_, i64>(i)?).unwrap_or_default())
+        };
+        Ok(FlowProgress {
+            committed: get(0)?,
+            duplicates: get(1)?,
+            dead_lettered: get(2)?,
+            batches: get(3)?,
+        })
+    }
+
+    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
+        let (mut client, width) = self.ready().await?;
+        let generations_created =
+            ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+        let generations_dropped = ledger::drop_expired(&mut client, width).await?;
+        // Workers that stopped beating a day ago are history.
+        client
+            .execute(
+                "DELETE FROM sluice_workers WHERE last_beat < now() - interval '1 day'",
+                &[],
+            )
+            .await?;
+        Ok(LedgerUpkeep {
+            keys_removed: 0,
+            generations_created,
+            generations_dropped,
+        })
+    }
+
+    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        let pid = i32::try_from(beat.pid).unwrap_or(i32::MAX);
+        client
+            .execute(
+                "INSERT INTO sluice_workers (pipeline, worker, host, pid, started_at, last_beat)
+                 VALUES ($1, $2, $3, $4, now(), now())
+                 ON CONFLICT (pipeline, worker) DO UPDATE SET last_beat = now()",
+                &[&beat.pipeline, &beat.worker, &beat.host, &pid],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn workers(
+        &self,
+        pipeline: &str,
+        within: Duration,
+    ) -> Result<Vec<WorkerRecord>, StoreError> {
+        let (client, _) = self.ready().await?;
+        let rows = client
+            .query(
+                concat!(
+                    "SELECT worker, host, pid, ",
+                    ms!("started_at"),
+                    ", ",
+                    ms!("last_beat"),
+                    " FROM sluice_workers
+                     WHERE pipeline = $1 AND last_beat >= now() - make_interval(secs => $2)
+                     ORDER BY worker"
+                ),
+                &[&pipeline, &within.as_secs_f64()],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(WorkerRecord {
+                    worker: row.try_get(0)?,
+                    host: row.try_get(1)?,
+                    pid: u32::try_from(row.try_get::<_, i32>(2)?).unwrap_or_default(),
+                    started_at_ms: row.try_get(3)?,
+                    last_beat_ms: row.try_get(4)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
+        let (client, _) = self.ready().await?;
+        // One statement, so one snapshot and one clock (`now()`): the row is written only if
+        // the lease is free, expired or already the asker's.
+        let granted = client
+            .query_opt(
+                concat!(
+                    "INSERT INTO sluice_leases AS l (pipeline, role, holder, acquired_at, expires_at)
+                     VALUES ($1, $2, $3, now(), now() + make_interval(secs => $4))
+                     ON CONFLICT (pipeline, role) DO UPDATE SET
+                         acquired_at = CASE WHEN l.holder = excluded.holder
+                             THEN l.acquired_at ELSE excluded.acquired_at END,
+                         holder = excluded.holder,
+                         expires_at = excluded.expires_at
+                     WHERE l.holder = excluded.holder OR l.expires_at <= now()
+                     RETURNING l.acquired_at = now(), ",
+                    ms!("l.expires_at")
+                ),
+                &[
+                    &request.pipeline,
+                    &request.role,
+                    &request.holder,
+                    &request.ttl.as_secs_f64(),
+                ],
+            )
+            .await?;
+        if let Some(row) = granted {
+            return Ok(LeaseGrant::Held {
+                taken: row.try_get(0)?,
+                expires_at_ms: row.try_get(1)?,
+            });
+        }
+        let holder: String = client
+            .query_one(
+                "SELECT holder FROM sluice_leases WHERE pipeline = $1 AND role = $2",
+                &[&request.pipeline, &request.role],
+            )
+            .await?
+            .try_get(0)?;
+        Ok(LeaseGrant::HeldBy(holder))
+    }
+
+    async fn release_lease(
+        &self,
+        pipeline: &str,
+        role: &str,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        client
+            .execute(
+                "DELETE FROM sluice_leases WHERE pipeline = $1 AND role = $2 AND holder = $3",
+                &[&pipeline, &role, &holder],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let (client, _) = self.ready().await?;
+        let rows = client
+            .query(
+                concat!(
+                    "SELECT role, holder, ",
+                    ms!("expires_at"),
+                    ", ",
+                    ms!("acquired_at"),
+                    " FROM sluice_leases WHERE pipeline = $1 ORDER BY role"
+                ),
+                &[&pipeline],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LeaseRecord {
+                    role: row.try_get(0)?,
+                    holder: row.try_get(1)?,
+                    expires_at_ms: row.try_get(2)?,
+                    acquired_at_ms: row.try_get(3)?,
+                })
+            })
+            .collect()
+    }
+}
+
+fn check_table(table: &str) -> Result<(), StoreError> {
+    match table.split_once("__") {
+        Some((pipeline, target)) => table_name(pipeline, target).map(|_| ()),
+        None => Err(StoreError::Config(format!(
+            "{table:?} is not a target table"
+        ))),
+    }
+}

@@ -1,0 +1,124 @@
+//! Heartbeats and leases on SQLite (replicas on one host sharing a file); the semantics are
+//! those of [`crate::pool`], with the host's clock.
+
+use crate::{LeaseGrant, LeaseRecord, LeaseRequest, StoreError, WorkerBeat, WorkerRecord};
+use rusqlite::{Connection, OptionalExtension, params};
+use std::time::Duration;
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn heartbeat(
+    conn: &mut Connection,
+    beat: &WorkerBeat,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO sluice_workers (pipeline, worker, host, pid, started_at, last_beat)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5)
+         ON CONFLICT (pipeline, worker) DO UPDATE SET last_beat = excluded.last_beat",
+        params![beat.pipeline, beat.worker, beat.host, beat.pid, now_ms],
+    )?;
+    Ok(())
+}
+
+pub(crate) fn workers(
+    conn: &mut Connection,
+    pipeline: &str,
+    within: Duration,
+    now_ms: i64,
+) -> Result<Vec<WorkerRecord>, StoreError> {
+    let mut statement = conn.prepare_cached(
+        "SELECT worker, host, pid, started_at, last_beat FROM sluice_workers
+         WHERE pipeline = ?1 AND last_beat >= ?2 ORDER BY worker",
+    )?;
+    let rows = statement.query_map(
+        params![pipeline, now_ms.saturating_sub(millis(within))],
+        |row| {
+            Ok(WorkerRecord {
+                worker: row.get(0)?,
+                host: row.get(1)?,
+                pid: row.get(2)?,
+                started_at_ms: row.get(3)?,
+                last_beat_ms: row.get(4)?,
+            })
+        },
+    )?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub(crate) fn acquire_lease(
+    conn: &mut Connection,
+    request: &LeaseRequest,
+    now_ms: i64,
+) -> Result<LeaseGrant, StoreError> {
+    let expires_at = now_ms.saturating_add(millis(request.ttl));
+    // One statement: the row is written only if the lease is free, expired or already ours;
+    // `acquired_at` moves only when the holder changes.
+    let granted: Option<(i64, i64)> = conn
+        .query_row(
+            "INSERT INTO sluice_leases (pipeline, role, holder, acquired_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (pipeline, role) DO UPDATE SET
+                 acquired_at = CASE WHEN sluice_leases.holder = excluded.holder
+                     THEN sluice_leases.acquired_at ELSE excluded.acquired_at END,
+                 holder = excluded.holder,
+                 expires_at = excluded.expires_at
+             WHERE sluice_leases.holder = excluded.holder OR sluice_leases.expires_at <= ?4
+             RETURNING acquired_at, expires_at",
+            params![
+                request.pipeline,
+                request.role,
+                request.holder,
+                now_ms,
+                expires_at
+            ],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()?;
+    if let Some((acquired_at, expires_at_ms)) = granted {
+        return Ok(LeaseGrant::Held {
+            taken: acquired_at == now_ms,
+            expires_at_ms,
+        });
+    }
+    let holder: String = conn.query_row(
+        "SELECT holder FROM sluice_leases WHERE pipeline = ?1 AND role = ?2",
+        params![request.pipeline, request.role],
+        |row| row.get(0),
+    )?;
+    Ok(LeaseGrant::HeldBy(holder))
+}
+
+pub(crate) fn release_lease(
+    conn: &mut Connection,
+    pipeline: &str,
+    role: &str,
+    holder: &str,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "DELETE FROM sluice_leases WHERE pipeline = ?1 AND role = ?2 AND holder = ?3",
+        params![pipeline, role, holder],
+    )?;
+    Ok(())
+}
+
+pub(crate) fn leases(
+    conn: &mut Connection,
+    pipeline: &str,
+) -> Result<Vec<LeaseRecord>, StoreError> {
+    let mut statement = conn.prepare_cached(
+        "SELECT role, holder, expires_at, acquired_at FROM sluice_leases
+         WHERE pipeline = ?1 ORDER BY role",
+    )?;
+    let rows = statement.query_map(params![pipeline], |row| {
+        Ok(LeaseRecord {
+            role: row.get(0)?,
+            holder: row.get(1)?,
+            expires_at_ms: row.get(2)?,
+            acquired_at_ms: row.get(3)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}

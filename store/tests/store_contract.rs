@@ -1,0 +1,403 @@
+//! The store contract, run against both backends: a real SQLite file and a real PostgreSQL
+//! server (a fresh database per test on 127.0.0.1:5432, or `SLUICE_TEST_POSTGRES`).
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use bytes::Bytes;
+use sluice_dedup::DedupKey;
+use sluice_store::{
+    CommitBatch, Effect, Entry, FlowHandle, Layout, LeaseGrant, LeaseRequest, MessageFields,
+    PostgresStore, ScratchDatabase, SqliteStore, Store, WorkerBeat, table_name,
+};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+fn entry(key: &str, effect: Effect) -> Entry {
+    Entry {
+        key: DedupKey::new(key),
+        message: MessageFields {
+            message_id: format!("m-{key}"),
+            publish_time_ms: 1_000,
+            attributes_json: r#"{"k":"v"}"#.to_owned(),
+            data: Bytes::from_static(b"payload"),
+        },
+        effect,
+    }
+}
+
+fn row(key: &str) -> Entry {
+    entry(key, Effect::Row { event_time_ms: 5 })
+}
+
+fn dead(key: &str) -> Entry {
+    entry(
+        key,
+        Effect::DeadLetter {
+            reason: "bad_timestamp".into(),
+            error: "nope".into(),
+            attempts: 1,
+        },
+    )
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A batch committed now, with a dedup window of `window_ms`.
+fn batch_with_window(flow: &FlowHandle, entries: Vec<Entry>, window_ms: i64) -> CommitBatch {
+    let now = now_ms();
+    CommitBatch {
+        flow: flow.clone(),
+        table: Arc::from(table_name("p", "events").unwrap()),
+        entries,
+        now_ms: now,
+        expires_at_ms: now + window_ms,
+    }
+}
+
+fn batch(flow: &FlowHandle, entries: Vec<Entry>) -> CommitBatch {
+    batch_with_window(flow, entries, 600_000)
+}
+
+fn layout(flows: &[&str]) -> Layout {
+    Layout {
+        pipeline: "p".into(),
+        tables: vec!["events".into()],
+        flows: flows.iter().map(|f| f.to_string()).collect(),
+    }
+}
+
+/// Where a test's store lives; reopening gives a second handle on the same state.
+enum Place {
+    Sqlite(tempfile::TempDir),
+    Postgres(ScratchDatabase),
+}
+
+impl Place {
+    async fn new(postgres: bool) -> Self {
+        if postgres {
+            Place::Postgres(ScratchDatabase::create().await.unwrap())
+        } else {
+            Place::Sqlite(tempfile::tempdir().unwrap())
+        }
+    }
+
+    fn open(&self) -> Arc<dyn Store> {
+        match self {
+            Place::Sqlite(dir) => {
+                Arc::new(SqliteStore::open(&dir.path().join("nested/state.db")).unwrap())
+            }
+            Place::Postgres(db) => Arc::new(PostgresStore::open(db.url()).unwrap()),
+        }
+    }
+
+    /// Reasons in the dead-letter table, read straight from the database.
+    async fn dead_letter_reasons(&self) -> Vec<String> {
+        match self {
+            Place::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("nested/state.db")).unwrap();
+                let mut statement = conn.prepare("SELECT reason FROM p__dead_letter").unwrap();
+                statement
+                    .query_map([], |r| r.get(0))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            }
+            Place::Postgres(db) => {
+                let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(connection);
+                client
+                    .query("SELECT reason FROM p__dead_letter", &[])
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect()
+            }
+        }
+    }
+}
+
+async fn open(postgres: bool) -> (Place, Arc<dyn Store>, Vec<FlowHandle>) {
+    let place = Place::new(postgres).await;
+    let store = place.open();
+    let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
+    (place, store, flows)
+}
+
+/// Runs each contract test once per backend.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test] async fn $name() { super::$name(false).await })*
+        }
+        mod postgres {
+            $(#[tokio::test] async fn $name() { super::$name(true).await })*
+        }
+    };
+}
+
+on_both_backends!(
+    ledger_decides_duplicates_within_and_across_batches,
+    ledgers_are_per_flow,
+    dead_letters_are_deduplicated_too,
+    expired_keys_are_taken_over,
+    state_survives_reopen,
+    bad_identifiers_are_refused,
+    large_batches_stay_exact,
+    leases_have_one_holder_and_move_when_they_expire,
+    heartbeats_list_live_workers,
+    concurrent_commits_of_one_key_write_it_once,
+);
+
+async fn ledger_decides_duplicates_within_and_across_batches(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let out = store
+        .commit(batch(&flows[0], vec![row("a"), row("b"), row("a")]))
+        .await
+        .unwrap();
+    assert_eq!(out.written, vec![true, true, false]);
+    let out = store
+        .commit(batch(&flows[0], vec![row("b"), row("c")]))
+        .await
+        .unwrap();
+    assert_eq!(out.written, vec![false, true]);
+    assert_eq!(store.count_rows("p__events", None).await.unwrap(), 3);
+    assert_eq!(store.key_census("p__events").await.unwrap(), (3, 0));
+    let progress = store.flow_progress(&flows[0]).await.unwrap();
+    assert_eq!(
+        (progress.committed, progress.duplicates, progress.batches),
+        (3, 2, 2)
+    );
+}
+
+async fn ledgers_are_per_flow(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    store
+        .commit(batch(&flows[0], vec![row("a")]))
+        .await
+        .unwrap();
+    let out = store
+        .commit(batch(&flows[1], vec![row("a")]))
+        .await
+        .unwrap();
+    assert_eq!(out.written, vec![true]);
+    assert_eq!(
+        store.count_rows("p__events", Some("live")).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        store.count_rows("p__events", Some("other")).await.unwrap(),
+        1
+    );
+}
+
+async fn dead_letters_are_deduplicated_too(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    let out = store
+        .commit(batch(&flows[0], vec![dead("x")]))
+        .await
+        .unwrap();
+    assert_eq!(out.written, vec![true]);
+    let out = store
+        .commit(batch(&flows[0], vec![dead("x"), row("x")]))
+        .await
+        .unwrap();
+    assert_eq!(out.written, vec![false, false]);
+    let progress = store.flow_progress(&flows[0]).await.unwrap();
+    assert_eq!((progress.dead_lettered, progress.committed), (1, 0));
+    assert_eq!(store.count_rows("p__events", None).await.unwrap(), 0);
+    assert_eq!(place.dead_letter_reasons().await, vec!["bad_timestamp"]);
+}
+
+async fn expired_keys_are_taken_over(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let out = store
+        .commit(batch_with_window(&flows[0], vec![row("a"), row("b")], 400))
+        .await
+        .unwrap();
+    assert_eq!(out.written, vec![true, true]);
+    // Inside the window: duplicates.
+    let out = store
+        .commit(batch_with_window(&flows[0], vec![row("a")], 400))
+        .await
+        .unwrap();
+    assert_eq!(out.written, vec![false]);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The window has passed: "a" is new again; upkeep then leaves "b" new as well.
+    let out = store
+        .commit(batch_with_window(&flows[0], vec![row("a")], 400))
+        .await
+        .unwrap();
+    assert_eq!(out.written, vec![true]);
+    store.ledger_upkeep().await.unwrap();
+    let out = store
+        .commit(batch_with_window(&flows[0], vec![row("b")], 400))
+        .await
+        .unwrap();
+    assert_eq!(out.written, vec![true]);
+}
+
+async fn state_survives_reopen(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    store
+        .commit(batch(&flows[0], vec![row("a")]))
+        .await
+        .unwrap();
+    drop(store);
+    let store = place.open();
+    let again = store.prepare(&layout(&["live"])).await.unwrap();
+    assert_eq!(again[0].id, flows[0].id);
+    let out = store
+        .commit(batch(&again[0], vec![row("a")]))
+        .await
+        .unwrap();
+    assert_eq!(out.written, vec![false]);
+}
+
+async fn bad_identifiers_are_refused(postgres: bool) {
+    let place = Place::new(postgres).await;
+    let err = place
+        .open()
+        .prepare(&Layout {
+            pipeline: "p".into(),
+            tables: vec!["x\"; drop".into()],
+            flows: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not a valid identifier"), "{err}");
+}
+
+async fn large_batches_stay_exact(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    // 300 entries: k0..k249, then k0..k49 again (duplicates later in the same batch).
+    let entries: Vec<_> = (0..250)
+        .chain(0..50)
+        .map(|i| row(&format!("k{i}")))
+        .collect();
+    let out = store.commit(batch(&flows[0], entries)).await.unwrap();
+    assert_eq!(out.written.iter().filter(|w| **w).count(), 250);
+    assert!(out.written[..250].iter().all(|w| *w));
+    assert!(out.written[250..].iter().all(|w| !*w));
+    assert_eq!(store.key_census("p__events").await.unwrap(), (250, 0));
+    let progress = store.flow_progress(&flows[0]).await.unwrap();
+    assert_eq!((progress.committed, progress.duplicates), (250, 50));
+}
+
+fn lease(holder: &str, ttl_ms: u64) -> LeaseRequest {
+    LeaseRequest {
+        pipeline: "p".into(),
+        role: "ledger_upkeep".into(),
+        holder: holder.into(),
+        ttl: Duration::from_millis(ttl_ms),
+    }
+}
+
+async fn leases_have_one_holder_and_move_when_they_expire(postgres: bool) {
+    let (_place, store, _flows) = open(postgres).await;
+    let grant = store.acquire_lease(&lease("w1", 700)).await.unwrap();
+    assert!(
+        matches!(grant, LeaseGrant::Held { taken: true, .. }),
+        "{grant:?}"
+    );
+    // Held: another worker is refused, the holder renews without "taking" it again.
+    assert_eq!(
+        store.acquire_lease(&lease("w2", 700)).await.unwrap(),
+        LeaseGrant::HeldBy("w1".into())
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let renewed = store.acquire_lease(&lease("w1", 700)).await.unwrap();
+    assert!(
+        matches!(renewed, LeaseGrant::Held { taken: false, .. }),
+        "{renewed:?}"
+    );
+    // The holder stops renewing: after the ttl, w2 takes it.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let taken = store.acquire_lease(&lease("w2", 700)).await.unwrap();
+    assert!(
+        matches!(taken, LeaseGrant::Held { taken: true, .. }),
+        "{taken:?}"
+    );
+    assert_eq!(
+        store.acquire_lease(&lease("w1", 700)).await.unwrap(),
+        LeaseGrant::HeldBy("w2".into())
+    );
+    // A clean release hands it over at once.
+    store
+        .release_lease("p", "ledger_upkeep", "w2")
+        .await
+        .unwrap();
+    let back = store.acquire_lease(&lease("w1", 700)).await.unwrap();
+    assert!(
+        matches!(back, LeaseGrant::Held { taken: true, .. }),
+        "{back:?}"
+    );
+    let leases = store.leases("p").await.unwrap();
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0].holder, "w1");
+}
+
+async fn heartbeats_list_live_workers(postgres: bool) {
+    let (_place, store, _flows) = open(postgres).await;
+    let beat = |worker: &str| WorkerBeat {
+        pipeline: "p".into(),
+        worker: worker.into(),
+        host: "h".into(),
+        pid: 7,
+    };
+    store.heartbeat(&beat("old")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    store.heartbeat(&beat("new")).await.unwrap();
+    let recent = store
+        .workers("p", Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert_eq!(
+        recent.iter().map(|w| w.worker.as_str()).collect::<Vec<_>>(),
+        vec!["new"]
+    );
+    let all = store.workers("p", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(all.len(), 2);
+    assert!(all.iter().all(|w| w.last_beat_ms >= w.started_at_ms));
+}
+
+/// Eight committers (separate store handles, as separate replicas would have) race on
+/// overlapping keys: each key is written exactly once.
+async fn concurrent_commits_of_one_key_write_it_once(postgres: bool) {
+    let (place, first, flows) = open(postgres).await;
+    let mut tasks = Vec::new();
+    for committer in 0..8u64 {
+        let store = if committer == 0 {
+            first.clone()
+        } else {
+            place.open()
+        };
+        let flow = flows[0].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut written = 0;
+            for round in 0..10u64 {
+                // Keys overlap heavily between committers and rounds.
+                let entries = (0..50)
+                    .map(|i| row(&format!("k{}", (i * 7 + round * 13 + committer * 29) % 200)))
+                    .collect();
+                let out = store.commit(batch(&flow, entries)).await.unwrap();
+                written += out.written.iter().filter(|w| **w).count();
+            }
+            written
+        }));
+    }
+    let mut written = 0;
+    for task in tasks {
+        written += task.await.unwrap();
+    }
+    let (distinct, repeated) = first.key_census("p__events").await.unwrap();
+    assert_eq!(repeated, 0);
+    assert_eq!(written as u64, distinct);
+    assert_eq!(first.count_rows("p__events", None).await.unwrap(), distinct);
+}
