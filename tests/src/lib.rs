@@ -184,6 +184,8 @@ pub struct PipelineOptions {
     pub drain_idle: &'static str,
     /// `streams:`.
     pub streams: usize,
+    /// `store:` URL; `None` for the workdir's SQLite file named by [`Workdir::pipeline`]'s `db`.
+    pub store: Option<String>,
 }
 
 impl PipelineOptions {
@@ -196,6 +198,7 @@ impl PipelineOptions {
             batch: "{ max_messages: 500, max_delay: 20ms }",
             drain_idle: "3s",
             streams: 4,
+            store: None,
         }
     }
 
@@ -242,7 +245,7 @@ impl Workdir {
         let yaml = format!(
             "pipeline: test
 mode: {mode}
-store: sqlite://{db}
+store: {store}
 pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
 targets:
   - {{ name: events, kind: table }}
@@ -258,7 +261,10 @@ flows:
         streams: {streams}
 ",
             mode = options.mode,
-            db = self.db(db).display(),
+            store = options
+                .store
+                .clone()
+                .unwrap_or_else(|| format!("sqlite://{}", self.db(db).display())),
             endpoint = emulator().endpoint(),
             subscription = options.subscription,
             dedup = options.dedup,
@@ -344,6 +350,11 @@ impl Worker {
         }
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether it is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
@@ -399,6 +410,59 @@ impl Db {
     /// Rows in `test__dead_letter`.
     pub fn dead_letters(&self) -> i64 {
         self.query("SELECT COUNT(*) FROM test__dead_letter")
+    }
+}
+
+/// Read-only views of a PostgreSQL store, through `psql` (synchronous, so usable in
+/// [`eventually`]).
+pub struct PgDb(pub String);
+
+impl PgDb {
+    /// Runs a query returning one integer; 0 while the table does not exist yet, a panic on any
+    /// other error.
+    pub fn query(&self, sql: &str) -> i64 {
+        let out = Command::new("psql")
+            .args([self.0.as_str(), "-AtXqc", sql])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            assert!(stderr.contains("does not exist"), "{sql}: {stderr}");
+            return 0;
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{sql}: {text}"))
+    }
+
+    /// Runs a query returning text.
+    pub fn text(&self, sql: &str) -> String {
+        let out = Command::new("psql")
+            .args([self.0.as_str(), "-AtXqc", sql])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Rows in `test__events`.
+    pub fn rows(&self) -> i64 {
+        self.query("SELECT count(*) FROM test__events")
+    }
+
+    /// Distinct dedup keys in `test__events`.
+    pub fn distinct_keys(&self) -> i64 {
+        self.query("SELECT count(DISTINCT dedup_key) FROM test__events")
+    }
+
+    /// Rows in `test__dead_letter`.
+    pub fn dead_letters(&self) -> i64 {
+        self.query("SELECT count(*) FROM test__dead_letter")
     }
 }
 

@@ -5,6 +5,7 @@ mod cli;
 mod demo;
 mod flows;
 mod logging;
+mod membership;
 mod run;
 mod signals;
 

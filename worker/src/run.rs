@@ -2,6 +2,7 @@
 //! every flow it `depends_on` has completed), drain on a signal, report.
 
 use crate::flows;
+use crate::membership::{self, Membership};
 use crate::signals::{self, Shutdown};
 use sluice_connector::{Backoff, Counters, Ended, FlowEnd, Snapshot};
 use sluice_pipeline::Pipeline;
@@ -133,6 +134,7 @@ pub async fn execute(
         flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
     };
     let (store, handles) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
+    let membership = Membership::start(store.clone(), membership::identity(&pipeline.name));
 
     // One "finished" signal per flow: None while running, Some(success) at the end.
     let mut finished = HashMap::new();
@@ -185,6 +187,7 @@ pub async fn execute(
         .map(|(i, f)| (f.name.clone(), i))
         .collect();
     outcomes.sort_by_key(|o| order.get(&o.name).copied());
+    membership.stop().await;
     Ok(outcomes)
 }
 

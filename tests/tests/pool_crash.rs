@@ -1,0 +1,94 @@
+//! A pool of three worker processes on one subscription and one PostgreSQL store: 100 000
+//! distinct events plus 10 000 publisher duplicates, while a random worker is SIGKILLed every
+//! few seconds and restarted. Redeliveries of a killed worker's messages reach the others, so
+//! only the shared ledger can keep them from landing twice.
+//!
+//! Real parts: the Pub/Sub emulator and PostgreSQL on 127.0.0.1:5432 (a fresh database, dropped
+//! at the end). Emulator stall (see ARCHITECTURE.md): a killed worker's messages come back
+//! after their stream's ack deadline (10 s), so the timeouts leave room for that.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use sluice_store::ScratchDatabase;
+use sluice_tests::{
+    PgDb, PipelineOptions, PubSub, Workdir, Worker, events_with_duplicates, eventually,
+};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_workers_killed_at_random_land_every_key_exactly_once() {
+    const DISTINCT: usize = 100_000;
+    const DUPLICATES: usize = 10_000;
+    const KILLS: usize = 8;
+    let database = ScratchDatabase::create().await.unwrap();
+    let db = PgDb(database.url().to_owned());
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("pool", 1).await;
+    let dir = Workdir::new();
+    let file = dir.pipeline(
+        "p.yaml",
+        "unused",
+        &PipelineOptions {
+            store: Some(database.url().to_owned()),
+            ..PipelineOptions::continuous(&subs[0])
+        },
+    );
+
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|i| Worker::start(&file, &format!("w{i}-0")))
+        .collect();
+    let messages = events_with_duplicates("p", DISTINCT, DUPLICATES);
+    let publisher = {
+        let pubsub = PubSub::connect().await;
+        let topic = topic.clone();
+        let chunks: Vec<_> = messages.chunks(5_000).map(|c| c.to_vec()).collect();
+        tokio::spawn(async move {
+            for chunk in chunks {
+                pubsub.publish(&topic, chunk).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    for kill in 1..=KILLS {
+        tokio::time::sleep(Duration::from_millis(rand::random_range(2_000..5_000))).await;
+        let victim = rand::random_range(0..workers.len());
+        let name = format!("w{victim}-{kill}");
+        let restarted = Worker::start(&file, &name);
+        std::mem::replace(&mut workers[victim], restarted).kill9();
+    }
+    publisher.await.unwrap();
+
+    let landed = eventually(Duration::from_secs(600), || db.rows() >= DISTINCT as i64).await;
+    assert!(
+        landed,
+        "only {} of {DISTINCT} rows; logs of w0:\n{}",
+        db.rows(),
+        workers[0].logs()
+    );
+    // Let the killed workers' leases lapse and their redeliveries be acked as duplicates.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    for worker in &workers {
+        worker.terminate();
+    }
+    for worker in workers {
+        let logs = worker.logs();
+        assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");
+    }
+
+    assert_eq!(
+        db.rows(),
+        DISTINCT as i64,
+        "exactly one row per distinct key"
+    );
+    assert_eq!(db.distinct_keys(), DISTINCT as i64);
+    assert_eq!(db.dead_letters(), 0);
+    let counted = db.query(
+        "SELECT sum(committed)::int8 FROM sluice_flow_counters c
+         JOIN sluice_flows f USING (flow_id) WHERE f.pipeline = 'test'",
+    );
+    assert_eq!(
+        counted, DISTINCT as i64,
+        "committed counters agree with the rows"
+    );
+    let left = sluice_tests::unacked_messages(&pubsub, &subs[0], 0).await;
+    assert!(left.is_empty(), "{} messages left unacked", left.len());
+}
