@@ -436,17 +436,18 @@ impl PgDb {
             .unwrap_or_else(|_| panic!("{sql}: {text}"))
     }
 
-    /// Runs a query returning text.
+    /// Runs a query returning text; empty while the table does not exist yet, a panic on any
+    /// other error.
     pub fn text(&self, sql: &str) -> String {
         let out = Command::new("psql")
             .args([self.0.as_str(), "-AtXqc", sql])
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains("does not exist"), "{sql}: {stderr}");
+            return String::new();
+        }
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
