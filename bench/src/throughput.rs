@@ -1,7 +1,8 @@
 //! `sluice bench throughput`: on one emulator, in one run,
 //! 1. the raw rate of the official client (receive + ack, no processing, same stream count),
-//! 2. sluice's end-to-end exactly-once rate into SQLite (dedup, batch, commit, ack-after-commit),
-//!    reported with its ratio to (1);
+//! 2. sluice's end-to-end exactly-once rate (dedup, batch, commit, ack-after-commit) into SQLite
+//!    and, with `--store postgres`, into PostgreSQL (a scratch database on `--postgres`),
+//!    each reported with its ratio to (1);
 //! 3. sluice's own capacity without the emulator: an in-process source behind the same seam,
 //!    against a baseline of the same source drained by a consumer that acks at once.
 //!
@@ -19,7 +20,7 @@ use sluice_connector::{
     BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, InProcessSource,
     KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil, TableStage,
 };
-use sluice_store::{Layout, SqliteStore, Store, table_name};
+use sluice_store::{Layout, PostgresStore, ScratchDatabase, SqliteStore, Store, table_name};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -56,6 +57,47 @@ pub struct ThroughputArgs {
     /// Skip the emulator measurements (capacity only).
     #[arg(long)]
     pub capacity_only: bool,
+    /// Stores to measure: `sqlite`, or `postgres` (measures PostgreSQL and SQLite side by side).
+    #[arg(long, value_enum, default_value_t = StoreChoice::Sqlite)]
+    pub store: StoreChoice,
+    /// Administrative URL of the PostgreSQL server that holds the scratch databases (one per
+    /// drain, dropped after it).
+    #[arg(long, default_value = sluice_store::DEFAULT_SCRATCH_SERVER)]
+    pub postgres: String,
+}
+
+/// `--store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreChoice {
+    /// SQLite only.
+    Sqlite,
+    /// PostgreSQL and SQLite.
+    Postgres,
+}
+
+/// A store a drain commits into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "SQLite",
+            Backend::Postgres => "PostgreSQL",
+        }
+    }
+}
+
+impl ThroughputArgs {
+    fn backends(&self) -> Vec<Backend> {
+        match self.store {
+            StoreChoice::Sqlite => vec![Backend::Sqlite],
+            StoreChoice::Postgres => vec![Backend::Sqlite, Backend::Postgres],
+        }
+    }
 }
 
 /// Why a benchmark could not finish.
@@ -111,47 +153,59 @@ async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
     )
     .await?;
     raw_drain(&config, &warm, WARM_UP_MESSAGES, args.streams).await?;
+    let backends = args.backends();
     println!();
-    println!("| round | raw client msg/s | sluice exactly-once msg/s | ratio |");
-    println!("|---|---|---|---|");
-    let mut ratios = Vec::new();
-    for round in 1..=args.rounds {
-        // Both backlogs are published first; then the two drains run one after the other, in
-        // alternating order, so neither side always gets the fresher emulator.
-        let raw_sub = backlog(
-            &admin,
-            &format!("raw-{run_id}-{round}"),
-            args.messages,
-            args.size,
-        )
-        .await?;
-        let sluice_sub = backlog(
-            &admin,
-            &format!("sluice-{run_id}-{round}"),
-            args.messages,
-            args.size,
-        )
-        .await?;
-        let source = PubSubSource::new(config.clone(), &sluice_sub, args.streams)?;
-        let (raw, sluice) = if round % 2 == 1 {
-            let raw = raw_drain(&config, &raw_sub, args.messages, args.streams).await?;
-            (raw, sluice_drain(Box::new(source), args.messages).await?)
-        } else {
-            let sluice = sluice_drain(Box::new(source), args.messages).await?;
-            (
-                raw_drain(&config, &raw_sub, args.messages, args.streams).await?,
-                sluice,
-            )
-        };
-        let (raw_rate, sluice_rate) = (rate(args.messages, raw), rate(args.messages, sluice.wall));
-        ratios.push(sluice_rate / raw_rate);
-        println!(
-            "| {round} | {raw_rate:.0} | {sluice_rate:.0} | {:.2} |",
-            sluice_rate / raw_rate
-        );
+    let mut header = "| round | raw client msg/s |".to_owned();
+    let mut rule = "|---|---|".to_owned();
+    for backend in &backends {
+        header.push_str(&format!(" sluice → {} msg/s | ratio |", backend.name()));
+        rule.push_str("---|---|");
     }
-    let mean = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
-    println!("\nmean ratio sluice / raw: {mean:.2}");
+    println!("{header}\n{rule}");
+    let mut ratios = vec![Vec::new(); backends.len()];
+    for round in 1..=args.rounds {
+        // All backlogs are published first; then the drains run one after the other, their
+        // order rotating from round to round, so no side always gets the fresher emulator.
+        let mut contenders: Vec<Option<Backend>> = vec![None];
+        contenders.extend(backends.iter().copied().map(Some));
+        let mut subscriptions = Vec::new();
+        for contender in &contenders {
+            let name = match contender {
+                None => format!("raw-{run_id}-{round}"),
+                Some(backend) => format!("{}-{run_id}-{round}", backend.name().to_lowercase()),
+            };
+            subscriptions.push(backlog(&admin, &name, args.messages, args.size).await?);
+        }
+        let mut rates = vec![0.0; contenders.len()];
+        let shift = (round - 1) % contenders.len();
+        for slot in (0..contenders.len()).map(|i| (i + shift) % contenders.len()) {
+            let took = match contenders[slot] {
+                None => {
+                    raw_drain(&config, &subscriptions[slot], args.messages, args.streams).await?
+                }
+                Some(backend) => {
+                    let source =
+                        PubSubSource::new(config.clone(), &subscriptions[slot], args.streams)?;
+                    sluice_drain(Box::new(source), args.messages, backend, &args.postgres)
+                        .await?
+                        .wall
+                }
+            };
+            rates[slot] = rate(args.messages, took);
+        }
+        let mut line = format!("| {round} | {:.0} |", rates[0]);
+        for (i, sluice_rate) in rates[1..].iter().enumerate() {
+            let ratio = sluice_rate / rates[0];
+            ratios[i].push(ratio);
+            line.push_str(&format!(" {sluice_rate:.0} | {ratio:.2} |"));
+        }
+        println!("{line}");
+    }
+    println!();
+    for (backend, ratios) in backends.iter().zip(&ratios) {
+        let mean = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
+        println!("mean ratio sluice → {} / raw: {mean:.2}", backend.name());
+    }
     Ok(())
 }
 
@@ -165,19 +219,23 @@ async fn capacity(args: &ThroughputArgs) -> Result<(), BenchError> {
             format!("k{i}")
         }
     };
-    let baseline = ack_only_drain(InProcessSource::generated(n, args.size, key_of)).await;
-    let sluice = sluice_drain(
-        Box::new(InProcessSource::generated(n, args.size, key_of)),
-        n,
-    )
-    .await?;
+    let mut rows = vec![(
+        "baseline: receive + ack only".to_owned(),
+        ack_only_drain(InProcessSource::generated(n, args.size, key_of)).await,
+    )];
+    for backend in args.backends() {
+        let source = Box::new(InProcessSource::generated(n, args.size, key_of));
+        rows.push((
+            format!("sluice: dedup + batch + {} commit + ack", backend.name()),
+            sluice_drain(source, n, backend, &args.postgres).await?,
+        ));
+    }
     println!();
-    println!("| in-process source, {n} messages, 10% duplicates | msg/s | CPU µs/msg |");
+    println!(
+        "| in-process source, {n} messages, 10% duplicates | msg/s | CPU µs/msg (this process) |"
+    );
     println!("|---|---|---|");
-    for (name, m) in [
-        ("baseline: receive + ack only", baseline),
-        ("sluice: dedup + batch + SQLite commit + ack", sluice),
-    ] {
+    for (name, m) in rows {
         println!(
             "| {name} | {:.0} | {:.2} |",
             rate(n, m.wall),
@@ -280,13 +338,29 @@ fn google_cloud_auth_anonymous() -> google_cloud_auth::credentials::Credentials 
     google_cloud_auth::credentials::anonymous::Builder::new().build()
 }
 
-/// sluice end to end into a fresh SQLite store, until `n` messages are acked.
-async fn sluice_drain(source: Box<dyn MessageSource>, n: usize) -> Result<Measured, BenchError> {
+/// sluice end to end into a fresh store of `backend`, until `n` messages are acked.
+async fn sluice_drain(
+    source: Box<dyn MessageSource>,
+    n: usize,
+    backend: Backend,
+    postgres_server: &str,
+) -> Result<Measured, BenchError> {
+    let store_error = |e: sluice_store::StoreError| BenchError::Store(e.to_string());
     let dir = tempfile::tempdir().map_err(|e| BenchError::Store(e.to_string()))?;
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(&dir.path().join("bench.db"))
-            .map_err(|e| BenchError::Store(e.to_string()))?,
-    );
+    let mut scratch = None;
+    let store: Arc<dyn Store> = match backend {
+        Backend::Sqlite => {
+            Arc::new(SqliteStore::open(&dir.path().join("bench.db")).map_err(store_error)?)
+        }
+        Backend::Postgres => {
+            let database = ScratchDatabase::create_on(postgres_server)
+                .await
+                .map_err(store_error)?;
+            let store = PostgresStore::open(database.url()).map_err(store_error)?;
+            scratch = Some(database);
+            Arc::new(store)
+        }
+    };
     let flow = store
         .prepare(&Layout {
             pipeline: "bench".into(),
@@ -345,6 +419,7 @@ async fn sluice_drain(source: Box<dyn MessageSource>, n: usize) -> Result<Measur
     let cpu = process_cpu_time().saturating_sub(cpu_before);
     drain.cancel();
     let _ = task.await;
+    drop(scratch);
     Ok(Measured { wall: acked?, cpu })
 }
 

@@ -67,6 +67,11 @@ pub struct CommitThenAck {
 }
 
 impl CommitThenAck {
+    /// How many batches of this flow may commit at once: what the store asks for.
+    pub fn concurrency(&self) -> usize {
+        self.store.commit_concurrency()
+    }
+
     /// A committer of `flow` into `table` (a full table name, see `sluice_store::table_name`).
     /// Cancelling `give_up` makes batches waiting on an unavailable store be nacked instead of
     /// retried further.

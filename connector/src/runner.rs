@@ -1,6 +1,12 @@
 //! One flow, end to end: a source, the batcher and the committer, pipelined (the next batch
 //! fills while the previous one commits), with a clean drain.
 //!
+//! Batches of one flow may commit concurrently, as many at once as the store asks for
+//! ([`sluice_store::Store::commit_concurrency`]: one for SQLite's single writer, several for
+//! PostgreSQL). That is safe because no key is ever in two batches in flight at once (a
+//! redelivery of an in-flight key is parked with its original, see `sluice_dedup`), so
+//! concurrent batches never race on a ledger key.
+//!
 //! Drain: cancelling the `drain` token stops the source from asking for messages; everything
 //! already received is still batched, committed and acked; then the source is closed (acks
 //! flushed, anything the client still holds unasked is nacked by it). If the store stays
@@ -12,12 +18,15 @@ use crate::commit::{CommitReport, CommitThenAck};
 use crate::pubsub::SourceError;
 use crate::source::MessageSource;
 use crate::telemetry::Counters;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-/// Batches waiting for the committer: one committing, one ready; the batcher fills the next.
-pub const COMMIT_QUEUE: usize = 2;
+/// Batches waiting for the committers beyond one per committer: the batcher fills the next
+/// while they commit.
+pub const COMMIT_QUEUE: usize = 1;
 
 /// When a flow's run ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,15 +98,32 @@ impl FlowRun {
             stop_source.clone(),
         )
         .await?;
-        let (ready_tx, mut ready) = mpsc::channel(COMMIT_QUEUE);
-        let committer = self.committer;
-        let commits = tokio::spawn(async move {
+        let committers = self.committer.concurrency().max(1);
+        let (ready_tx, ready) = mpsc::channel(COMMIT_QUEUE + committers);
+        let ready = Arc::new(tokio::sync::Mutex::new(ready));
+        let committer = Arc::new(self.committer);
+        let mut commit_tasks = JoinSet::new();
+        for _ in 0..committers {
+            let (ready, committer) = (ready.clone(), committer.clone());
+            commit_tasks.spawn(async move {
+                let mut report = CommitReport::default();
+                loop {
+                    // The lock is held only while waiting for the next batch, not while
+                    // committing it.
+                    let next = ready.lock().await.recv().await;
+                    let Some(batch) = next else { break };
+                    report += committer.process(batch).await;
+                }
+                report
+            });
+        }
+        let commits = async move {
             let mut report = CommitReport::default();
-            while let Some(batch) = ready.recv().await {
-                report += committer.process(batch).await;
+            while let Some(joined) = commit_tasks.join_next().await {
+                report += joined?;
             }
-            report
-        });
+            Ok::<_, tokio::task::JoinError>(report)
+        };
         let mut drained = false;
         loop {
             let next = match self.until {

@@ -57,6 +57,12 @@ pub trait Store: Send + Sync + 'static {
     /// and in order, whether its effect was written (`true`) or it was a duplicate (`false`).
     async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError>;
 
+    /// How many commits of one flow this store takes at once to advantage: SQLite has one
+    /// writer (1); a server store overlaps round trips and fsyncs (several).
+    fn commit_concurrency(&self) -> usize {
+        1
+    }
+
     /// Rows of a target table committed by `flow` (all flows when `None`).
     async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError>;
 

@@ -123,6 +123,10 @@ pub(crate) fn pool(libpq_url: &str, options: &PostgresOptions) -> Result<Pool, S
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
     }
+    if config.get_options().is_none() {
+        // Upkeep's `DROP TABLE IF EXISTS` notices are not worth a log line each.
+        config.options("-c client_min_messages=warning");
+    }
     if config.get_application_name().is_none() {
         config.application_name("sluice");
     }

@@ -189,6 +189,12 @@ impl Store for PostgresStore {
         })
     }
 
+    /// Half the pool: commits overlap their round trips and the server's fsyncs, and the
+    /// other half of the pool stays free for the other flows and for coordination.
+    fn commit_concurrency(&self) -> usize {
+        (self.options.pool_size / 2).max(1)
+    }
+
     async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
         check_table(table)?;
         let client = self.client().await?;

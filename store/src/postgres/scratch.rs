@@ -19,10 +19,18 @@ pub struct ScratchDatabase {
 }
 
 impl ScratchDatabase {
-    /// Creates `sluice_scratch_<unique>` on the server [`SCRATCH_SERVER_VAR`] names.
+    /// Creates `sluice_scratch_<unique>` on the server [`SCRATCH_SERVER_VAR`] names (default
+    /// [`DEFAULT_SCRATCH_SERVER`]).
     pub async fn create() -> Result<Self, StoreError> {
         let admin_url =
             std::env::var(SCRATCH_SERVER_VAR).unwrap_or_else(|_| DEFAULT_SCRATCH_SERVER.to_owned());
+        Self::create_on(&admin_url).await
+    }
+
+    /// Creates `sluice_scratch_<unique>` on the server `admin_url` connects to (as a user that
+    /// may create databases).
+    pub async fn create_on(admin_url: &str) -> Result<Self, StoreError> {
+        let admin_url = admin_url.to_owned();
         let unique = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
