@@ -17,9 +17,11 @@ pub(crate) const COUNTER_SHARDS: i32 = 64;
 pub(crate) fn statement(table: &str, dead_letter: &str) -> String {
     format!(
         "WITH input AS (
-            SELECT * FROM unnest($2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[],
-                                 $7::bytea[], $8::text[], $9::text[], $10::int4[])
-                AS i(key, message_id, publish_ms, event_ms, attributes, data, reason, error,
+            SELECT u.key COLLATE \"C\" AS key, u.message_id, u.publish_ms, u.event_ms,
+                   u.attributes, u.data, u.reason, u.error, u.attempts
+            FROM unnest($2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[],
+                        $7::bytea[], $8::text[], $9::text[], $10::int4[])
+                AS u(key, message_id, publish_ms, event_ms, attributes, data, reason, error,
                      attempts)
         ),
         clock AS (

@@ -124,8 +124,10 @@ pub(crate) fn pool(libpq_url: &str, options: &PostgresOptions) -> Result<Pool, S
         config.connect_timeout(CONNECT_TIMEOUT);
     }
     if config.get_options().is_none() {
-        // Upkeep's `DROP TABLE IF EXISTS` notices are not worth a log line each.
-        config.options("-c client_min_messages=warning");
+        // Upkeep's `DROP TABLE IF EXISTS` notices are not worth a log line each. The commit
+        // statement takes its batch as arrays: a generic plan would guess ten rows per array
+        // and may join a thousand-row batch in nested loops; custom plans see the real sizes.
+        config.options("-c client_min_messages=warning -c plan_cache_mode=force_custom_plan");
     }
     if config.get_application_name().is_none() {
         config.application_name("sluice");

@@ -23,9 +23,10 @@
 //!
 //! # Upkeep
 //!
-//! Statements only ever touch generations from the current one on, so generations older than
-//! the current one minus one (one generation of grace for statements in flight) are detached
-//! with `DETACH PARTITION ... CONCURRENTLY` (no lock that blocks inserts) and dropped.
+//! Statements only ever touch generations from the current one on, so a generation is detached
+//! with `DETACH PARTITION ... CONCURRENTLY` (no lock that blocks inserts, and it waits for
+//! statements still using it) and dropped once it ended [`DROP_GRACE_MS`] ago (a generation's
+//! width if that is shorter).
 //! Generations are created ahead of need (the current one up to the one holding now + the
 //! largest window seen + [`AHEAD`]) by `CREATE TABLE` then `ATTACH PARTITION` (again without a
 //! lock that blocks inserts). One replica does this under the `ledger_upkeep` lease; a commit
@@ -37,6 +38,8 @@ use std::collections::BTreeMap;
 
 /// Advisory lock held while a generation is created (`"sluice"`, then 2).
 const GENERATION_LOCK: i64 = 0x736c_7569_6365_0002;
+/// How long after its end a generation is dropped: far longer than any statement runs.
+pub(crate) const DROP_GRACE_MS: i64 = 60 * 1000;
 /// Session advisory lock held while generations are dropped (`"sluice"`, then 3): detaching
 /// cannot run in a transaction, and two replicas detaching one table at once fail.
 const DROP_LOCK: i64 = 0x736c_7569_6365_0003;
@@ -100,7 +103,7 @@ pub(crate) async fn server_now_ms(client: &Client) -> Result<i64, StoreError> {
         .try_get(0)?)
 }
 
-/// Creates the generations from the current one (minus one) to the one holding
+/// Creates the generations from the current one to the one holding
 /// `now + horizon_ms`; returns how many it created.
 pub(crate) async fn create_ahead(
     client: &mut Client,
@@ -109,7 +112,7 @@ pub(crate) async fn create_ahead(
 ) -> Result<u64, StoreError> {
     let now = server_now_ms(client).await?;
     let present = tables(client).await?;
-    let first = now / width_ms - 1;
+    let first = now / width_ms;
     let last = (now + horizon_ms.max(2 * width_ms)) / width_ms;
     let mut created = 0;
     for generation in first..=last {
@@ -148,7 +151,7 @@ async fn create(client: &mut Client, generation: i64) -> Result<bool, StoreError
          CREATE TABLE {name} (
              generation BIGINT NOT NULL CHECK (generation = {generation}),
              flow_id    BIGINT NOT NULL,
-             key        TEXT NOT NULL,
+             key        TEXT COLLATE \"C\" NOT NULL,
              expires_at BIGINT NOT NULL,
              PRIMARY KEY (generation, flow_id, key)
          );
@@ -159,7 +162,7 @@ async fn create(client: &mut Client, generation: i64) -> Result<bool, StoreError
     Ok(true)
 }
 
-/// Detaches and drops the generations older than the current one minus one; returns how many
+/// Detaches and drops the generations that ended more than the grace ago; returns how many
 /// went.
 pub(crate) async fn drop_expired(client: &mut Client, width_ms: i64) -> Result<u64, StoreError> {
     let locked: bool = client
@@ -180,10 +183,11 @@ pub(crate) async fn drop_expired(client: &mut Client, width_ms: i64) -> Result<u
 
 async fn drop_expired_locked(client: &mut Client, width_ms: i64) -> Result<u64, StoreError> {
     let now = server_now_ms(client).await?;
-    let oldest_needed = now / width_ms - 1;
+    let grace = DROP_GRACE_MS.min(width_ms);
     let mut dropped = 0;
     for (generation, state) in tables(client).await? {
-        if generation >= oldest_needed {
+        let ended_at = generation.saturating_add(1).saturating_mul(width_ms);
+        if ended_at.saturating_add(grace) > now {
             break;
         }
         let name = partition(generation);

@@ -36,11 +36,12 @@ CREATE TABLE sluice_flow_counters (
     PRIMARY KEY (flow_id, shard)
 );
 -- The dedup ledger, one partition per generation (see ledger.rs). expires_at is in ms since
--- the epoch by the database server's clock.
+-- the epoch by the database server's clock. Keys compare bytewise (COLLATE \"C\"): the order
+-- means nothing, and locale-aware comparison would cost every index insertion.
 CREATE TABLE sluice_ledger (
     generation BIGINT NOT NULL,
     flow_id    BIGINT NOT NULL,
-    key        TEXT NOT NULL,
+    key        TEXT COLLATE \"C\" NOT NULL,
     expires_at BIGINT NOT NULL,
     PRIMARY KEY (generation, flow_id, key)
 ) PARTITION BY LIST (generation);
@@ -119,7 +120,7 @@ pub(crate) async fn migrate(
 pub(crate) fn target_ddl(table: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS \"{table}\" (
-            dedup_key    TEXT NOT NULL,
+            dedup_key    TEXT COLLATE \"C\" NOT NULL,
             message_id   TEXT NOT NULL,
             publish_time TIMESTAMPTZ NOT NULL,
             event_time   TIMESTAMPTZ NOT NULL,
