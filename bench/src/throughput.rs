@@ -235,20 +235,27 @@ async fn capacity(args: &ThroughputArgs) -> Result<(), BenchError> {
         "| in-process source, {n} messages, 10% duplicates | msg/s | CPU µs/msg (this process) |"
     );
     println!("|---|---|---|");
+    let mut notes = Vec::new();
     for (name, m) in rows {
+        notes.extend(m.footprint.clone());
         println!(
             "| {name} | {:.0} | {:.2} |",
             rate(n, m.wall),
             m.cpu.as_secs_f64() * 1e6 / n as f64
         );
     }
+    for note in notes {
+        println!("\n{note}");
+    }
     Ok(())
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Measured {
     wall: Duration,
     cpu: Duration,
+    /// What the store occupied and wrote (PostgreSQL drains).
+    footprint: Option<String>,
 }
 
 fn rate(messages: usize, took: Duration) -> f64 {
@@ -348,6 +355,7 @@ async fn sluice_drain(
     let store_error = |e: sluice_store::StoreError| BenchError::Store(e.to_string());
     let dir = tempfile::tempdir().map_err(|e| BenchError::Store(e.to_string()))?;
     let mut scratch = None;
+    let mut postgres = None;
     let store: Arc<dyn Store> = match backend {
         Backend::Sqlite => {
             Arc::new(SqliteStore::open(&dir.path().join("bench.db")).map_err(store_error)?)
@@ -356,9 +364,10 @@ async fn sluice_drain(
             let database = ScratchDatabase::create_on(postgres_server)
                 .await
                 .map_err(store_error)?;
-            let store = PostgresStore::open(database.url()).map_err(store_error)?;
+            let store = Arc::new(PostgresStore::open(database.url()).map_err(store_error)?);
             scratch = Some(database);
-            Arc::new(store)
+            postgres = Some(store.clone());
+            store
         }
     };
     let flow = store
@@ -387,7 +396,7 @@ async fn sluice_drain(
         },
         committer: CommitThenAck::new(
             store,
-            flow,
+            flow.clone(),
             Arc::from(table_name("bench", "events").map_err(|e| BenchError::Store(e.to_string()))?),
             Arc::new(TableStage::default()),
             RetrySettings {
@@ -398,6 +407,10 @@ async fn sluice_drain(
         ),
         counters: counters.clone(),
         until: RunUntil::Drained,
+    };
+    let wal_before = match &postgres {
+        Some(store) => Some(store.footprint().await.map_err(store_error)?.wal_position),
+        None => None,
     };
     let drain = CancellationToken::new();
     let cpu_before = process_cpu_time();
@@ -419,8 +432,36 @@ async fn sluice_drain(
     let cpu = process_cpu_time().saturating_sub(cpu_before);
     drain.cancel();
     let _ = task.await;
+    let wall = acked?;
+    let footprint = match (&postgres, wal_before) {
+        (Some(store), Some(wal_before)) => {
+            let after = store.footprint().await.map_err(store_error)?;
+            let commits = store
+                .flow_progress(&flow)
+                .await
+                .map_err(store_error)?
+                .batches;
+            Some(format!(
+                "PostgreSQL after {n} messages: ledger {} rows ({:.2} per message), {} bytes \
+                 ({:.0} B per message, indexes included); WAL {:.0} B per message; {commits} \
+                 commits ({:.1}/s, {:.0} messages each)",
+                after.ledger_rows,
+                after.ledger_rows as f64 / n as f64,
+                after.ledger_bytes,
+                after.ledger_bytes as f64 / n as f64,
+                (after.wal_position - wal_before) as f64 / n as f64,
+                commits as f64 / wall.as_secs_f64(),
+                n as f64 / commits.max(1) as f64,
+            ))
+        }
+        _ => None,
+    };
     drop(scratch);
-    Ok(Measured { wall: acked?, cpu })
+    Ok(Measured {
+        wall,
+        cpu,
+        footprint,
+    })
 }
 
 /// The in-process source drained by a consumer that acks each message at once: what the source
@@ -446,6 +487,7 @@ async fn ack_only_drain(source: InProcessSource) -> Measured {
         handle.close().await;
     }
     Measured {
+        footprint: None,
         wall: started.elapsed(),
         cpu: process_cpu_time().saturating_sub(cpu_before),
     }

@@ -60,6 +60,12 @@ impl Store for FaultyStore {
     async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
         self.inner.flow_progress(flow).await
     }
+    async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
+        self.inner.record_completion(flow).await
+    }
+    async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        self.inner.completions(pipeline).await
+    }
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
         self.inner.ledger_upkeep().await
     }

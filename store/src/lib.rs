@@ -37,7 +37,8 @@ pub use model::{
 };
 pub use pool::{LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, WorkerBeat, WorkerRecord};
 pub use postgres::{
-    DEFAULT_SCRATCH_SERVER, PostgresOptions, PostgresStore, SCRATCH_SERVER_VAR, ScratchDatabase,
+    DEFAULT_SCRATCH_SERVER, Footprint, PostgresOptions, PostgresStore, SCRATCH_SERVER_VAR,
+    ScratchDatabase,
 };
 pub use schema::{is_identifier, table_name};
 pub use sqlite::SqliteStore;
@@ -71,6 +72,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Committed, duplicate and dead-lettered counts of a flow.
     async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError>;
+
+    /// Records that `flow`, a once flow, has drained its source completely. Every replica
+    /// sharing the store sees it (see [`Store::completions`]); recording twice is harmless.
+    async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError>;
+
+    /// The flows of `pipeline` recorded complete, with when (ms since epoch, store clock), in
+    /// flow-name order. A restarted or newly started replica skips these once flows.
+    async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError>;
 
     /// Keeps the dedup ledger small: SQLite deletes expired keys (its writer also does this by
     /// itself between commits); PostgreSQL creates the next ledger generations ahead of time and

@@ -45,6 +45,10 @@ CREATE TABLE IF NOT EXISTS sluice_ledger (
     PRIMARY KEY (flow_id, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS sluice_ledger_expiry ON sluice_ledger (expires_at);
+CREATE TABLE IF NOT EXISTS sluice_completions (
+    flow_id      INTEGER PRIMARY KEY,
+    completed_at INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS sluice_workers (
     pipeline   TEXT NOT NULL,
     worker     TEXT NOT NULL,

@@ -132,6 +132,34 @@ impl Store for SqliteStore {
         self.ask(|reply| Command::FlowProgress(id, reply)).await
     }
 
+    async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
+        let id = flow.id;
+        self.call(move |conn| {
+            conn.execute(
+                "INSERT INTO sluice_completions (flow_id, completed_at) VALUES (?1, ?2)
+                 ON CONFLICT (flow_id) DO UPDATE SET completed_at = excluded.completed_at",
+                params![id, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| {
+            let mut statement = conn.prepare_cached(
+                "SELECT f.flow, c.completed_at FROM sluice_completions c
+                 JOIN sluice_flows f ON f.flow_id = c.flow_id
+                 WHERE f.pipeline = ?1 ORDER BY f.flow",
+            )?;
+            let rows =
+                statement.query_map(params![pipeline], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
         self.call(|conn| {
             let mut removed = 0;

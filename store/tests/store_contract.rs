@@ -153,6 +153,7 @@ on_both_backends!(
     leases_have_one_holder_and_move_when_they_expire,
     heartbeats_list_live_workers,
     concurrent_commits_of_one_key_write_it_once,
+    completions_are_seen_by_every_handle,
 );
 
 async fn ledger_decides_duplicates_within_and_across_batches(postgres: bool) {
@@ -400,4 +401,23 @@ async fn concurrent_commits_of_one_key_write_it_once(postgres: bool) {
     assert_eq!(repeated, 0);
     assert_eq!(written as u64, distinct);
     assert_eq!(first.count_rows("p__events", None).await.unwrap(), distinct);
+}
+
+/// A once flow's completion, recorded through one handle, is what another handle (another
+/// replica) reads; recording again is harmless.
+async fn completions_are_seen_by_every_handle(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    assert!(store.completions("p").await.unwrap().is_empty());
+    store.record_completion(&flows[1]).await.unwrap();
+    store.record_completion(&flows[1]).await.unwrap();
+    let other = place.open();
+    let seen = other.completions("p").await.unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].0, "other");
+    assert!(
+        seen[0].1 > 1_600_000_000_000,
+        "a wall-clock time in ms: {}",
+        seen[0].1
+    );
+    assert!(other.completions("q").await.unwrap().is_empty());
 }

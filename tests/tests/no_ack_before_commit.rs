@@ -49,6 +49,12 @@ impl Store for DownStore {
     async fn flow_progress(&self, _: &FlowHandle) -> Result<FlowProgress, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
+    async fn record_completion(&self, _: &FlowHandle) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn completions(&self, _: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }

@@ -1,5 +1,9 @@
 //! `sluice run`: open the store, prepare the pipeline's tables, run its flows (a flow starts once
 //! every flow it `depends_on` has completed), drain on a signal, report.
+//!
+//! A once flow that drains records its completion in the store; every replica sharing the store,
+//! and every later run, finds it there and leaves the flow IDLE (not re-read), so its dependents
+//! start at once.
 
 use crate::flows;
 use crate::membership::{self, Membership};
@@ -7,7 +11,7 @@ use crate::signals::{self, Shutdown};
 use sluice_connector::{Backoff, Counters, Ended, FlowEnd, Snapshot};
 use sluice_pipeline::Pipeline;
 use sluice_store::{Layout, Store, StoreError};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -22,6 +26,9 @@ pub enum FlowState {
     /// Stopped by a signal (the normal end of a continuous flow); what it received is committed
     /// and acked.
     Stopped,
+    /// A once flow recorded complete in the store (by this worker earlier or by another
+    /// replica): not run again. Counts as success for its dependents.
+    Idle,
     /// Did not start: a predecessor failed, or the run was stopped first.
     Skipped(String),
     /// Could not run.
@@ -102,6 +109,7 @@ fn print_outcome(outcome: &FlowOutcome) {
     let state = match &outcome.state {
         FlowState::Completed => "COMPLETED".to_owned(),
         FlowState::Stopped => "STOPPED".to_owned(),
+        FlowState::Idle => "IDLE (completed earlier; not re-read)".to_owned(),
         FlowState::Skipped(why) => format!("SKIPPED ({why})"),
         FlowState::Failed(why) => format!("FAILED ({why})"),
     };
@@ -133,7 +141,7 @@ pub async fn execute(
         tables: flows::table_targets(pipeline),
         flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
     };
-    let (store, handles) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
+    let (store, handles, completed) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
     let membership = Membership::start(store.clone(), membership::identity(&pipeline.name));
 
     // One "finished" signal per flow: None while running, Some(success) at the end.
@@ -152,6 +160,7 @@ pub async fn execute(
             .iter()
             .filter_map(|name| finished.get(name).cloned().map(|rx| (name.clone(), rx)))
             .collect();
+        let already_complete = flow.once && completed.contains(&flow.name);
         let (pipeline, flow, store, shutdown) = (
             pipeline.clone(),
             flow.clone(),
@@ -160,8 +169,18 @@ pub async fn execute(
         );
         let name = flow.name.clone();
         let task = tasks.spawn(async move {
-            let outcome = run_flow(&pipeline, &flow, store, handle, &shutdown, predecessors).await;
-            let _ = done.send(Some(outcome.state == FlowState::Completed));
+            let outcome = if already_complete {
+                tracing::info!(flow = %flow.name, "once flow completed earlier; not re-read");
+                FlowOutcome {
+                    name: flow.name.clone(),
+                    state: FlowState::Idle,
+                    counters: Snapshot::default(),
+                }
+            } else {
+                run_flow(&pipeline, &flow, store, handle, &shutdown, predecessors).await
+            };
+            let succeeded = matches!(outcome.state, FlowState::Completed | FlowState::Idle);
+            let _ = done.send(Some(succeeded));
             outcome
         });
         names.insert(task.id(), name);
@@ -217,11 +236,16 @@ async fn run_flow(
     if shutdown.drain.is_cancelled() {
         return outcome(FlowState::Skipped("stopped before start".into()), None);
     }
-    let (run, counters) =
-        match flows::build(pipeline, flow, store, handle, shutdown.give_up.clone()) {
-            Ok(built) => built,
-            Err(error) => return outcome(FlowState::Failed(error), None),
-        };
+    let (run, counters) = match flows::build(
+        pipeline,
+        flow,
+        store.clone(),
+        handle.clone(),
+        shutdown.give_up.clone(),
+    ) {
+        Ok(built) => built,
+        Err(error) => return outcome(FlowState::Failed(error), None),
+    };
     tracing::info!(flow = %flow.name, "flow started");
     match run.run(shutdown.drain.clone()).await {
         Ok(FlowEnd { report, ended }) => {
@@ -231,25 +255,67 @@ async fn run_flow(
                 Ended::Drained => FlowState::Completed,
                 Ended::Stopped => FlowState::Stopped,
             };
+            if flow.once && state == FlowState::Completed {
+                record_completion(&*store, &handle, shutdown).await;
+            }
             outcome(state, Some(&counters))
         }
         Err(error) => outcome(FlowState::Failed(error.to_string()), Some(&counters)),
     }
 }
 
-/// Opens the store and prepares the layout, retrying with backoff while the store is
-/// unavailable (logged once per backoff step), until it works or the run is stopped.
+/// Records a once flow's completion, retrying while the store is unavailable, until it is
+/// recorded or the run is stopped (then the flow simply runs again next time: its messages
+/// were acked, so it drains at once).
+async fn record_completion(
+    store: &dyn Store,
+    flow: &sluice_store::FlowHandle,
+    shutdown: &Shutdown,
+) {
+    let mut backoff = Backoff::default();
+    loop {
+        match store.record_completion(flow).await {
+            Ok(()) => return,
+            Err(error) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(flow = %flow.name, step = backoff.step(), %error,
+                    "cannot record the flow's completion; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.drain.cancelled() => return,
+                }
+            }
+        }
+    }
+}
+
+/// The store, the pipeline's flow handles, and the names of once flows recorded complete.
+pub type Prepared = (
+    Arc<dyn Store>,
+    Vec<sluice_store::FlowHandle>,
+    HashSet<String>,
+);
+
+/// Opens the store, prepares the layout and reads which once flows completed, retrying with
+/// backoff while the store is unavailable (logged once per backoff step), until it works or the
+/// run is stopped.
 pub async fn open_and_prepare(
     url: &str,
     layout: &Layout,
     shutdown: &Shutdown,
-) -> Result<(Arc<dyn Store>, Vec<sluice_store::FlowHandle>), RunError> {
+) -> Result<Prepared, RunError> {
     let mut backoff = Backoff::default();
     loop {
         let attempt = async {
             let store = sluice_store::open(url)?;
             let handles = store.prepare(layout).await?;
-            Ok::<_, StoreError>((store, handles))
+            let completed = store
+                .completions(&layout.pipeline)
+                .await?
+                .into_iter()
+                .map(|(flow, _)| flow)
+                .collect();
+            Ok::<_, StoreError>((store, handles, completed))
         };
         match attempt.await {
             Ok(ready) => return Ok(ready),

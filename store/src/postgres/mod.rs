@@ -78,6 +78,25 @@ impl PostgresStore {
         ledger::attached(&client).await
     }
 
+    /// What the ledger occupies now, and the server's WAL position, for capacity figures.
+    pub async fn footprint(&self) -> Result<Footprint, StoreError> {
+        let (client, _) = self.ready().await?;
+        let row = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM sluice_ledger)::int8,
+                        (SELECT COALESCE(sum(pg_total_relation_size(i.inhrelid)), 0)
+                         FROM pg_inherits i WHERE i.inhparent = 'sluice_ledger'::regclass)::int8,
+                        pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8",
+                &[],
+            )
+            .await?;
+        Ok(Footprint {
+            ledger_rows: row.try_get(0)?,
+            ledger_bytes: row.try_get(1)?,
+            wal_position: row.try_get(2)?,
+        })
+    }
+
     async fn client(&self) -> Result<Client, StoreError> {
         Ok(self.pool.get().await?)
     }
@@ -118,6 +137,17 @@ impl PostgresStore {
             .await?;
         rows.iter().map(|row| row.try_get(0)).collect()
     }
+}
+
+/// Sizes for capacity planning, from [`PostgresStore::footprint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    /// Rows in the ledger (each key is in one or more generations).
+    pub ledger_rows: i64,
+    /// Bytes of the ledger's partitions, indexes included.
+    pub ledger_bytes: i64,
+    /// The server's WAL position, bytes: the difference of two readings is the WAL written.
+    pub wal_position: i64,
 }
 
 fn millis(duration: Duration) -> i64 {
@@ -252,6 +282,36 @@ impl Store for PostgresStore {
             dead_lettered: get(2)?,
             batches: get(3)?,
         })
+    }
+
+    async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        client
+            .execute(
+                "INSERT INTO sluice_completions (flow_id, completed_at) VALUES ($1, now())
+                 ON CONFLICT (flow_id) DO UPDATE SET completed_at = excluded.completed_at",
+                &[&flow.id],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        let (client, _) = self.ready().await?;
+        let rows = client
+            .query(
+                concat!(
+                    "SELECT f.flow, ",
+                    ms!("c.completed_at"),
+                    " FROM sluice_completions c JOIN sluice_flows f USING (flow_id)
+                     WHERE f.pipeline = $1 ORDER BY f.flow"
+                ),
+                &[&pipeline],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect()
     }
 
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {

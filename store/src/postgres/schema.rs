@@ -10,9 +10,10 @@ pub(crate) const DDL_LOCK: i64 = 0x736c_7569_6365_0001;
 
 /// Migrations in order; a database records the highest applied in `sluice_migrations`.
 /// Applied migrations never change: new state gets a new migration.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "
 CREATE TABLE sluice_settings (
     name  TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -63,7 +64,18 @@ CREATE TABLE sluice_leases (
     PRIMARY KEY (pipeline, role)
 );
 ",
-)];
+    ),
+    (
+        2,
+        "
+-- Once flows that drained completely; every replica skips them until a refresh clears them.
+CREATE TABLE sluice_completions (
+    flow_id      BIGINT PRIMARY KEY,
+    completed_at TIMESTAMPTZ NOT NULL
+);
+",
+    ),
+];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms
 /// (recording `default_generation_ms` if the database is new).

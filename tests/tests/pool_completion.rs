@@ -1,0 +1,116 @@
+//! Flow completion is shared through the store: a backfill (a once flow) drained by one worker
+//! is IDLE, not re-read, for a worker that starts later and for the first worker's restart, and
+//! the live flow that `depends_on` it starts at once on both.
+//!
+//! Real parts: the Pub/Sub emulator and PostgreSQL on 127.0.0.1:5432 (a fresh database).
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use sluice_store::ScratchDatabase;
+use sluice_tests::{PROJECT, PgDb, PubSub, Workdir, Worker, emulator, event, eventually};
+use std::time::Duration;
+
+fn pipeline(dir: &Workdir, store: &str, backfill: &str, live: &str) -> std::path::PathBuf {
+    let yaml = format!(
+        "pipeline: test
+mode: continuous
+store: {store}
+pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
+targets:
+  - {{ name: events, kind: table }}
+flows:
+  - name: backfill
+    target: events
+    once: true
+    source:
+      pubsub: {{ subscription: {backfill}, dedup: {{ by: attribute, attribute: event_id }}, drain_idle: 3s, streams: 2 }}
+  - name: live
+    target: events
+    depends_on: backfill
+    source:
+      pubsub: {{ subscription: {live}, dedup: {{ by: attribute, attribute: event_id }}, streams: 2 }}
+",
+        endpoint = emulator().endpoint(),
+    );
+    let path = dir.path().join("p.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+fn rows_of(db: &PgDb, flow: &str) -> i64 {
+    db.query(&format!(
+        "SELECT count(*) FROM test__events WHERE flow = '{flow}'"
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drained_backfill_is_idle_for_every_replica_and_after_restart() {
+    let database = ScratchDatabase::create().await.unwrap();
+    let db = PgDb(database.url().to_owned());
+    let pubsub = PubSub::connect().await;
+    let (history, history_subs) = pubsub.topic_with("history", 1).await;
+    let (live, live_subs) = pubsub.topic_with("live", 1).await;
+    let dir = Workdir::new();
+    let file = pipeline(&dir, database.url(), &history_subs[0], &live_subs[0]);
+    pubsub
+        .publish(
+            &history,
+            (0..400).map(|i| event(&format!("h{i}"))).collect(),
+        )
+        .await;
+
+    let first = Worker::start(&file, "first");
+    assert!(
+        eventually(Duration::from_secs(120), || {
+            db.query("SELECT count(*) FROM sluice_completions") == 1
+        })
+        .await,
+        "the backfill never completed; logs:\n{}",
+        first.logs()
+    );
+    assert_eq!(rows_of(&db, "backfill"), 400);
+
+    // History published after the backfill completed is not read by anyone: a replica
+    // started now, and the first worker restarted, both leave the backfill IDLE.
+    pubsub
+        .publish(
+            &history,
+            (0..100).map(|i| event(&format!("late{i}"))).collect(),
+        )
+        .await;
+    let second = Worker::start(&file, "second");
+    pubsub
+        .publish(&live, (0..300).map(|i| event(&format!("l{i}"))).collect())
+        .await;
+    assert!(
+        eventually(Duration::from_secs(120), || rows_of(&db, "live") == 300).await,
+        "live rows: {}",
+        rows_of(&db, "live")
+    );
+    first.terminate();
+    assert!(first.wait(Duration::from_secs(60)).success());
+    let restarted = Worker::start(&file, "restarted");
+    pubsub
+        .publish(&live, (0..200).map(|i| event(&format!("m{i}"))).collect())
+        .await;
+    assert!(eventually(Duration::from_secs(120), || rows_of(&db, "live") == 500).await);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        rows_of(&db, "backfill"),
+        400,
+        "the backfill was not re-read"
+    );
+    for worker in [second, restarted] {
+        worker.terminate();
+        let logs = worker.logs();
+        assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");
+    }
+    for name in ["second", "restarted"] {
+        let out = std::fs::read_to_string(dir.path().join(format!("{name}.out"))).unwrap();
+        assert!(
+            out.contains("flow backfill: IDLE (completed earlier; not re-read)"),
+            "{name}: {out}"
+        );
+        assert!(out.contains("flow live: STOPPED"), "{name}: {out}");
+    }
+    assert_eq!(db.distinct_keys(), 900, "400 backfill rows and 500 live rows, each once");
+}
