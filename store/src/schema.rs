@@ -25,6 +25,17 @@ pub fn table_name(pipeline: &str, target: &str) -> Result<String, StoreError> {
     Ok(format!("{pipeline}__{target}"))
 }
 
+/// Checks that `table` is a target table name (`<pipeline>__<target>`, both identifiers), the
+/// only form spliced into queries that take a table name from the caller.
+pub(crate) fn check_table(table: &str) -> Result<(), StoreError> {
+    match table.split_once("__") {
+        Some((pipeline, target)) => table_name(pipeline, target).map(|_| ()),
+        None => Err(StoreError::Config(format!(
+            "{table:?} is not a target table"
+        ))),
+    }
+}
+
 /// sluice's own tables (idempotent).
 pub(crate) const SQLITE_STATE_DDL: &str = "
 CREATE TABLE IF NOT EXISTS sluice_flows (

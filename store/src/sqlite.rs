@@ -4,7 +4,9 @@
 //! Several processes may share one database file (WAL mode, `BEGIN IMMEDIATE`, a busy timeout):
 //! the ledger's primary key still decides duplicates across them.
 
-use crate::schema::{SQLITE_STATE_DDL, sqlite_dead_letter_ddl, sqlite_target_ddl, table_name};
+use crate::schema::{
+    SQLITE_STATE_DDL, check_table, sqlite_dead_letter_ddl, sqlite_target_ddl, table_name,
+};
 use crate::{
     CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
     LeaseRequest, LedgerUpkeep, Store, StoreError, WorkerBeat, WorkerRecord,
@@ -386,15 +388,6 @@ fn purge(conn: &Connection, now_ms: i64, limit: usize) -> Result<usize, StoreErr
         params![now_ms, i64::try_from(limit).unwrap_or(i64::MAX)],
     )?;
     Ok(deleted)
-}
-
-fn check_table(table: &str) -> Result<(), StoreError> {
-    match table.split_once("__") {
-        Some((pipeline, target)) => table_name(pipeline, target).map(|_| ()),
-        None => Err(StoreError::Config(format!(
-            "{table:?} is not a target table"
-        ))),
-    }
 }
 
 /// Milliseconds since the Unix epoch, by the wall clock.

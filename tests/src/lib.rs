@@ -465,6 +465,33 @@ impl PgDb {
     pub fn dead_letters(&self) -> i64 {
         self.query("SELECT count(*) FROM test__dead_letter")
     }
+
+    /// Asserts exactly-once: `distinct` rows, one per key, and no dead letters.
+    pub fn assert_exactly_once(&self, distinct: usize) {
+        assert_eq!(
+            self.rows(),
+            distinct as i64,
+            "exactly one row per distinct key"
+        );
+        assert_eq!(self.distinct_keys(), distinct as i64);
+        assert_eq!(self.dead_letters(), 0);
+    }
+}
+
+/// Sends SIGTERM to every worker, asserts that each drains and exits 0 within a minute, and
+/// returns their logs.
+pub fn stop_all(workers: Vec<Worker>) -> Vec<String> {
+    for worker in &workers {
+        worker.terminate();
+    }
+    workers
+        .into_iter()
+        .map(|worker| {
+            let logs = worker.logs();
+            assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");
+            logs
+        })
+        .collect()
 }
 
 /// Polls `condition` every 200 ms until it holds or `within` passed; returns whether it held.

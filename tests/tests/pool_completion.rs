@@ -112,5 +112,9 @@ async fn a_drained_backfill_is_idle_for_every_replica_and_after_restart() {
         );
         assert!(out.contains("flow live: STOPPED"), "{name}: {out}");
     }
-    assert_eq!(db.distinct_keys(), 900, "400 backfill rows and 500 live rows, each once");
+    assert_eq!(
+        db.distinct_keys(),
+        900,
+        "400 backfill rows and 500 live rows, each once"
+    );
 }

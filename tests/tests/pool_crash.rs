@@ -10,7 +10,7 @@
 
 use sluice_store::ScratchDatabase;
 use sluice_tests::{
-    PgDb, PipelineOptions, PubSub, Workdir, Worker, events_with_duplicates, eventually,
+    PgDb, PipelineOptions, PubSub, Workdir, Worker, events_with_duplicates, eventually, stop_all,
 };
 use std::time::Duration;
 
@@ -66,21 +66,8 @@ async fn three_workers_killed_at_random_land_every_key_exactly_once() {
     );
     // Let the killed workers' leases lapse and their redeliveries be acked as duplicates.
     tokio::time::sleep(Duration::from_secs(30)).await;
-    for worker in &workers {
-        worker.terminate();
-    }
-    for worker in workers {
-        let logs = worker.logs();
-        assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");
-    }
-
-    assert_eq!(
-        db.rows(),
-        DISTINCT as i64,
-        "exactly one row per distinct key"
-    );
-    assert_eq!(db.distinct_keys(), DISTINCT as i64);
-    assert_eq!(db.dead_letters(), 0);
+    stop_all(workers);
+    db.assert_exactly_once(DISTINCT);
     let counted = db.query(
         "SELECT sum(committed)::int8 FROM sluice_flow_counters c
          JOIN sluice_flows f USING (flow_id) WHERE f.pipeline = 'test'",

@@ -10,7 +10,7 @@
 
 use sluice_store::ScratchDatabase;
 use sluice_tests::{
-    PgDb, PipelineOptions, PubSub, Workdir, Worker, events_with_duplicates, eventually,
+    PgDb, PipelineOptions, PubSub, Workdir, Worker, events_with_duplicates, eventually, stop_all,
 };
 use std::process::Command;
 use std::time::Duration;
@@ -115,21 +115,8 @@ async fn a_fifteen_second_database_outage_loses_nothing_and_duplicates_nothing()
     let landed = eventually(Duration::from_secs(600), || db.rows() >= DISTINCT as i64).await;
     assert!(landed, "only {} of {DISTINCT} rows", db.rows());
     tokio::time::sleep(Duration::from_secs(20)).await;
-    let logs: Vec<String> = workers.iter().map(Worker::logs).collect();
-    for worker in &workers {
-        worker.terminate();
-    }
-    for worker in workers {
-        let logs = worker.logs();
-        assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");
-    }
-    assert_eq!(
-        db.rows(),
-        DISTINCT as i64,
-        "exactly one row per distinct key"
-    );
-    assert_eq!(db.distinct_keys(), DISTINCT as i64);
-    assert_eq!(db.dead_letters(), 0);
+    let logs = stop_all(workers);
+    db.assert_exactly_once(DISTINCT);
     let all_logs = logs.join("\n");
     assert!(
         all_logs.contains("store unavailable; retrying the commit"),

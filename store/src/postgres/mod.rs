@@ -21,7 +21,7 @@ mod scratch;
 pub use connect::PostgresOptions;
 pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 
-use crate::schema::table_name;
+use crate::schema::{check_table, table_name};
 use crate::{
     CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
     LeaseRequest, LedgerUpkeep, Store, StoreError, WorkerBeat, WorkerRecord,
@@ -462,14 +462,5 @@ impl Store for PostgresStore {
                 })
             })
             .collect()
-    }
-}
-
-fn check_table(table: &str) -> Result<(), StoreError> {
-    match table.split_once("__") {
-        Some((pipeline, target)) => table_name(pipeline, target).map(|_| ()),
-        None => Err(StoreError::Config(format!(
-            "{table:?} is not a target table"
-        ))),
     }
 }
