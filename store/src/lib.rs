@@ -1,4 +1,5 @@
-//! Durable state of sluice: target tables, the dedup ledger, dead letters and flow progress.
+//! Durable state of sluice: target tables, the dedup ledger, dead letters, flow progress and
+//! completion, and the coordination of a worker pool.
 //!
 //! # Guarantees
 //!
@@ -8,18 +9,27 @@
 //! the same transaction. So for every key at most one effect is ever committed per flow within
 //! the dedup window, whichever worker, process or restart commits it, as long as they share the
 //! store. When `commit` returns `Ok`, the transaction is durable (SQLite in WAL mode with
-//! `synchronous = FULL`: synced at commit, so it survives `kill -9` and an operating-system
-//! crash), and only then are its messages acked.
+//! `synchronous = FULL`; PostgreSQL with its default `synchronous_commit`), and only then are
+//! its messages acked.
 //!
-//! Several processes may share one SQLite file on one host (the ledger's primary key decides
-//! duplicates across them); replicas on different hosts need a shared server store (PostgreSQL),
-//! not a shared SQLite file on a network volume.
+//! # Backends
 //!
-//! Expired ledger keys are purged in small chunks between commits, so purging never holds the
-//! writer for long.
+//! - [`SqliteStore`], the embedded default, created on first use. Several processes may share
+//!   one file on one host (the ledger's primary key decides duplicates across them); expired
+//!   ledger keys are purged in small chunks between commits.
+//! - [`PostgresStore`], the shared store of a pool of replicas on any number of hosts: one
+//!   statement per commit, a ledger partitioned by time and expired by dropping partitions,
+//!   decisions on the database server's clock. Not a shared SQLite file on a network volume.
 //!
-//! Backends: [`SqliteStore`] (the embedded default, created on first use). A PostgreSQL backend
-//! implements the same trait.
+//! The same contract tests run against both (`store/tests/store_contract.rs`).
+//!
+//! # Pool coordination
+//!
+//! Replicas find each other through the store, with no other service: heartbeats
+//! ([`Store::heartbeat`], [`Store::workers`]), leases for roles that must have one holder
+//! ([`Store::acquire_lease`]; at most one holder at a time, moved when the holder stops renewing;
+//! see [`LeaseRequest`]), and once-flow completion ([`Store::record_completion`]) that every
+//! replica reads at start.
 
 mod error;
 mod model;
@@ -97,7 +107,9 @@ pub trait Store: Send + Sync + 'static {
         within: std::time::Duration,
     ) -> Result<Vec<WorkerRecord>, StoreError>;
 
-    /// Takes or renews a lease; see [`pool`](crate#pool-coordination) for the guarantees.
+    /// Takes or renews a lease in one atomic step: granted only if it is free, expired or
+    /// already `request.holder`'s, so it has at most one holder at any instant of the store's
+    /// clock (see the [crate docs](crate#pool-coordination)).
     async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError>;
 
     /// Gives a lease up at once if `holder` holds it (a clean shutdown hands the role over
