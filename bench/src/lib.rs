@@ -8,5 +8,5 @@ mod cpu;
 pub mod emulator;
 mod throughput;
 
-pub use emulator::{Emulator, EmulatorError};
+pub use emulator::{Emulator, EmulatorError, free_port};
 pub use throughput::{BenchError, ThroughputArgs, throughput};

@@ -127,7 +127,7 @@ impl CommitThenAck {
                 }]),
                 None => self.stage.stage(batch.deliveries()).await,
             };
-            let mut dead = Vec::new();
+            let mut dead: Vec<Option<String>> = Vec::new();
             let outcome = match effects {
                 Ok(effects) if effects.len() != batch.len() => Err(Failure::Stage(format!(
                     "stage returned {} effects for {} messages",
@@ -137,7 +137,10 @@ impl CommitThenAck {
                 Ok(effects) => {
                     dead = effects
                         .iter()
-                        .map(|e| matches!(e, Effect::DeadLetter { .. }))
+                        .map(|e| match e {
+                            Effect::DeadLetter { reason, .. } => Some(reason.clone()),
+                            Effect::Row { .. } => None,
+                        })
                         .collect();
                     let started = Instant::now();
                     let commit = self.store.commit(self.commit_batch(&batch, effects));
@@ -156,8 +159,19 @@ impl CommitThenAck {
             };
             let failure = match outcome {
                 Ok(outcome) => {
-                    let (rows, dead_letters, duplicates) = count_written(&dead, &outcome.written);
-                    batch.counters().committed(rows, dead_letters, duplicates);
+                    let is_dead: Vec<bool> = dead.iter().map(Option::is_some).collect();
+                    let (rows, dead_letters, duplicates) =
+                        count_written(&is_dead, &outcome.written);
+                    batch.counters().committed(rows, duplicates);
+                    for (reason, _) in dead
+                        .iter()
+                        .zip(&outcome.written)
+                        .filter(|(_, written)| **written)
+                    {
+                        if let Some(reason) = reason {
+                            batch.counters().dead_lettered(reason, 1);
+                        }
+                    }
                     let acked = batch.settle_committed();
                     *report += CommitReport {
                         rows,
@@ -170,7 +184,13 @@ impl CommitThenAck {
                 }
                 Err(failure) => failure,
             };
-            batch.counters().commit_failed();
+            batch.counters().commit_failed(match &failure {
+                Failure::Store(StoreError::Rejected(_)) => "rejected",
+                Failure::Store(StoreError::Config(_)) => "config",
+                Failure::Store(_) => "unavailable",
+                Failure::Stage(_) => "stage",
+                Failure::GaveUp => "gave_up",
+            });
             let message_at_fault = matches!(
                 failure,
                 Failure::Stage(_) | Failure::Store(StoreError::Rejected(_))

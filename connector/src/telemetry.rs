@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Clone)]
 pub struct Counters {
     inner: Arc<Inner>,
+    pipeline: Arc<str>,
+    flow: Arc<str>,
 }
 
 struct Inner {
@@ -16,7 +18,8 @@ struct Inner {
     duplicates_memory: Tally,
     duplicates_store: Tally,
     committed: Tally,
-    dead_lettered: Tally,
+    /// Total only: the metric carries the reason, so it is made per reason when counted.
+    dead_lettered: AtomicU64,
     acked: Tally,
     nacked: AtomicU64,
     commit_errors: AtomicU64,
@@ -89,10 +92,7 @@ impl Counters {
                     "sluice_messages_committed_total",
                     &labels
                 )),
-                dead_lettered: Tally::new(metrics::counter!(
-                    "sluice_messages_dead_lettered_total",
-                    &labels
-                )),
+                dead_lettered: AtomicU64::new(0),
                 acked: Tally::new(metrics::counter!("sluice_messages_acked_total", &labels)),
                 nacked: AtomicU64::new(0),
                 commit_errors: AtomicU64::new(0),
@@ -100,6 +100,8 @@ impl Counters {
                 commit_seconds: metrics::histogram!("sluice_commit_duration_seconds", &labels),
                 ack_latency_seconds: metrics::histogram!("sluice_ack_latency_seconds", &labels),
             }),
+            pipeline: Arc::from(pipeline),
+            flow: Arc::from(flow),
         }
     }
 
@@ -110,10 +112,17 @@ impl Counters {
     pub(crate) fn duplicate_in_memory(&self, n: u64) {
         self.inner.duplicates_memory.add(n);
     }
-    pub(crate) fn committed(&self, rows: u64, dead: u64, duplicates: u64) {
+    pub(crate) fn committed(&self, rows: u64, duplicates: u64) {
         self.inner.committed.add(rows);
-        self.inner.dead_lettered.add(dead);
         self.inner.duplicates_store.add(duplicates);
+    }
+    /// Dead letters committed with `reason` (rare: the labelled handle is looked up each time).
+    pub(crate) fn dead_lettered(&self, reason: &str, n: u64) {
+        self.inner.dead_lettered.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!("sluice_messages_dead_lettered_total",
+            "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone(),
+            "reason" => reason.to_owned())
+        .increment(n);
     }
     pub(crate) fn acked(&self, n: u64) {
         self.inner.acked.add(n);
@@ -123,8 +132,12 @@ impl Counters {
         self.inner.nacked.fetch_add(n, Ordering::Relaxed);
         self.inner.inflight.decrement(n as f64);
     }
-    pub(crate) fn commit_failed(&self) {
+    /// A failed commit attempt; `kind` is `unavailable`, `rejected`, `config` or `stage`.
+    pub(crate) fn commit_failed(&self, kind: &'static str) {
         self.inner.commit_errors.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("sluice_commit_errors_total",
+            "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone(), "kind" => kind)
+        .increment(1);
     }
     pub(crate) fn commit_took(&self, seconds: f64) {
         self.inner.commit_seconds.record(seconds);
@@ -141,7 +154,7 @@ impl Counters {
             duplicates_memory: i.duplicates_memory.get(),
             duplicates_store: i.duplicates_store.get(),
             committed: i.committed.get(),
-            dead_lettered: i.dead_lettered.get(),
+            dead_lettered: i.dead_lettered.load(Ordering::Relaxed),
             acked: i.acked.get(),
             nacked: i.nacked.load(Ordering::Relaxed),
             commit_errors: i.commit_errors.load(Ordering::Relaxed),

@@ -186,6 +186,8 @@ pub struct PipelineOptions {
     pub streams: usize,
     /// `store:` URL; `None` for the workdir's SQLite file named by [`Workdir::pipeline`]'s `db`.
     pub store: Option<String>,
+    /// `metrics.listen` address, if any.
+    pub metrics_listen: Option<String>,
 }
 
 impl PipelineOptions {
@@ -199,6 +201,7 @@ impl PipelineOptions {
             drain_idle: "3s",
             streams: 4,
             store: None,
+            metrics_listen: None,
         }
     }
 
@@ -247,7 +250,7 @@ impl Workdir {
 mode: {mode}
 store: {store}
 pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-targets:
+{metrics}targets:
   - {{ name: events, kind: table }}
 flows:
   - name: ingest
@@ -266,6 +269,11 @@ flows:
                 .clone()
                 .unwrap_or_else(|| format!("sqlite://{}", self.db(db).display())),
             endpoint = emulator().endpoint(),
+            metrics = options
+                .metrics_listen
+                .as_ref()
+                .map(|listen| format!("metrics: {{ listen: \"{listen}\" }}\n"))
+                .unwrap_or_default(),
             subscription = options.subscription,
             dedup = options.dedup,
             batch = options.batch,

@@ -6,6 +6,7 @@ mod demo;
 mod flows;
 mod logging;
 mod membership;
+mod observe;
 mod run;
 mod signals;
 

@@ -7,6 +7,7 @@
 
 use crate::flows;
 use crate::membership::{self, Membership};
+use crate::observe;
 use crate::signals::{self, Shutdown};
 use sluice_connector::{Backoff, Counters, Ended, FlowEnd, Snapshot};
 use sluice_pipeline::Pipeline;
@@ -33,6 +34,19 @@ pub enum FlowState {
     Skipped(String),
     /// Could not run.
     Failed(String),
+}
+
+impl FlowState {
+    /// The state's name as SPEC §6 and `sluice_flow_state{state}` spell it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FlowState::Completed => "COMPLETED",
+            FlowState::Stopped => "STOPPED",
+            FlowState::Idle => "IDLE",
+            FlowState::Skipped(_) => "SKIPPED",
+            FlowState::Failed(_) => "FAILED",
+        }
+    }
 }
 
 /// One flow's result.
@@ -141,6 +155,27 @@ pub async fn execute(
         tables: flows::table_targets(pipeline),
         flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
     };
+    let server_stop = tokio_util::sync::CancellationToken::new();
+    let _server_stop = server_stop.clone().drop_guard();
+    let exporter = match &pipeline.metrics_listen {
+        Some(listen) => {
+            let address: std::net::SocketAddr = listen.parse().map_err(|_| {
+                RunError::Unsupported(format!(
+                    "metrics.listen: {listen:?} is not an address like 127.0.0.1:9464"
+                ))
+            })?;
+            // Before any metric handle is taken: handles taken earlier go nowhere.
+            Some((address, observe::install().map_err(RunError::Unsupported)?))
+        }
+        None => None,
+    };
+    let readiness = observe::Readiness::new(&pipeline.name);
+    if let Some((address, handle)) = exporter {
+        let listen = address;
+        observe::serve(address, handle, readiness.clone(), server_stop.clone())
+            .await
+            .map_err(|e| RunError::Unsupported(format!("metrics.listen {listen}: {e}")))?;
+    }
     let (store, handles, completed) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
     let membership = Membership::start(store.clone(), membership::identity(&pipeline.name));
 
@@ -169,6 +204,7 @@ pub async fn execute(
         );
         let name = flow.name.clone();
         let task = tasks.spawn(async move {
+            observe::flow_state(&pipeline.name, &flow.name, "WAITING");
             let outcome = if already_complete {
                 tracing::info!(flow = %flow.name, "once flow completed earlier; not re-read");
                 FlowOutcome {
@@ -179,11 +215,20 @@ pub async fn execute(
             } else {
                 run_flow(&pipeline, &flow, store, handle, &shutdown, predecessors).await
             };
+            observe::flow_state(&pipeline.name, &flow.name, outcome.state.name());
             let succeeded = matches!(outcome.state, FlowState::Completed | FlowState::Idle);
             let _ = done.send(Some(succeeded));
             outcome
         });
         names.insert(task.id(), name);
+    }
+    readiness.set(true);
+    {
+        let (readiness, drain) = (readiness.clone(), shutdown.drain.clone());
+        tokio::spawn(async move {
+            drain.cancelled().await;
+            readiness.set(false);
+        });
     }
     let mut outcomes = Vec::new();
     while let Some(joined) = tasks.join_next().await {
@@ -247,6 +292,7 @@ async fn run_flow(
         Err(error) => return outcome(FlowState::Failed(error), None),
     };
     tracing::info!(flow = %flow.name, "flow started");
+    observe::flow_state(&pipeline.name, &flow.name, "RUNNING");
     match run.run(shutdown.drain.clone()).await {
         Ok(FlowEnd { report, ended }) => {
             tracing::info!(flow = %flow.name, rows = report.rows, duplicates = report.duplicates,
