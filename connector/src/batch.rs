@@ -150,6 +150,7 @@ impl BatchSource {
             id: self.next_id + 1,
             deliveries: Vec::new(),
             dedup: self.dedup.clone(),
+            tracked_since: None,
         };
         while batch.deliveries.is_empty() {
             let received = match idle {
@@ -167,6 +168,7 @@ impl BatchSource {
             };
             if let Some(delivery) = self.admit(received) {
                 batch.deliveries.reserve(self.batch.max_messages.min(4096));
+                batch.track(delivery.received_at);
                 batch.deliveries.push(delivery);
             }
         }
@@ -233,6 +235,9 @@ pub struct Batch {
     pub id: u64,
     deliveries: Vec<Delivery>,
     dedup: Arc<FlowDedup>,
+    /// Receive instant of the first (oldest) delivery while the batch is tracked for the
+    /// system-lag gauge; taken when the batch settles.
+    tracked_since: Option<std::time::Instant>,
 }
 
 impl Batch {
@@ -255,6 +260,17 @@ impl Batch {
         self.dedup.counters.clone()
     }
 
+    fn track(&mut self, since: std::time::Instant) {
+        self.dedup.counters.track_unacked(since);
+        self.tracked_since = Some(since);
+    }
+
+    fn untrack(&mut self) {
+        if let Some(since) = self.tracked_since.take() {
+            self.dedup.counters.untrack_unacked(since);
+        }
+    }
+
     /// Records a failed attempt of a single-message batch (batches of several are split
     /// first, so an innocent message is not charged for its neighbour).
     pub(crate) fn count_failed_attempt(&mut self, error: &str) {
@@ -267,12 +283,19 @@ impl Batch {
     /// Splits into one batch per delivery (to isolate a message that makes a batch fail).
     pub(crate) fn into_singles(mut self) -> Vec<Batch> {
         let id = self.id;
+        self.untrack();
         std::mem::take(&mut self.deliveries)
             .into_iter()
-            .map(|delivery| Batch {
-                id,
-                deliveries: vec![delivery],
-                dedup: self.dedup.clone(),
+            .map(|delivery| {
+                let mut single = Batch {
+                    id,
+                    deliveries: Vec::with_capacity(1),
+                    dedup: self.dedup.clone(),
+                    tracked_since: None,
+                };
+                single.track(delivery.received_at);
+                single.deliveries.push(delivery);
+                single
             })
             .collect()
     }
@@ -281,6 +304,7 @@ impl Batch {
     /// redelivery parked behind one, and remembers the keys. Returns how many messages were
     /// acked (parked redeliveries included).
     pub fn settle_committed(mut self) -> u64 {
+        self.untrack();
         let counters = self.dedup.counters.clone();
         let deliveries = std::mem::take(&mut self.deliveries);
         let parked = self
@@ -302,6 +326,7 @@ impl Batch {
     }
 
     fn abandon_all(&mut self) {
+        self.untrack();
         let deliveries = std::mem::take(&mut self.deliveries);
         let parked = self
             .dedup
@@ -320,6 +345,7 @@ impl Drop for Batch {
         if !self.deliveries.is_empty() {
             self.abandon_all();
         }
+        self.untrack();
     }
 }
 

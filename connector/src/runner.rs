@@ -28,6 +28,9 @@ use tokio_util::sync::CancellationToken;
 /// while they commit.
 pub const COMMIT_QUEUE: usize = 1;
 
+/// How often the system-lag gauge is sampled.
+pub const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
+
 /// When a flow's run ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunUntil {
@@ -89,6 +92,7 @@ impl FlowRun {
     /// Runs the flow until it ends (see [`RunUntil`]) and returns what was committed.
     pub async fn run(self, drain: CancellationToken) -> Result<FlowEnd, FlowError> {
         let stop_source = drain.child_token();
+        let counters = self.counters.clone();
         let (mut batches, handle) = BatchSource::start(
             self.source,
             self.budget,
@@ -98,6 +102,18 @@ impl FlowRun {
             stop_source.clone(),
         )
         .await?;
+        // The system-lag gauge moves while nothing else happens (a stuck commit), so it is
+        // sampled on a clock rather than per batch.
+        let lag_sampler = {
+            let counters = counters.clone();
+            tokio::spawn(async move {
+                let mut ticks = tokio::time::interval(GAUGE_INTERVAL);
+                loop {
+                    ticks.tick().await;
+                    counters.publish_lag();
+                }
+            })
+        };
         let committers = self.committer.concurrency().max(1);
         let (ready_tx, ready) = mpsc::channel(COMMIT_QUEUE + committers);
         let ready = Arc::new(tokio::sync::Mutex::new(ready));
@@ -134,6 +150,7 @@ impl FlowRun {
             };
             match next {
                 Ok(Some(batch)) => {
+                    counters.publish_cache_entries(batches.cache_entries());
                     if ready_tx.send(batch).await.is_err() {
                         break;
                     }
@@ -147,6 +164,8 @@ impl FlowRun {
         }
         drop(ready_tx);
         let committed = commits.await;
+        lag_sampler.abort();
+        counters.publish_lag();
         // Release the intake before closing, so no source task waits on a full channel.
         drop(batches);
         stop_source.cancel();

@@ -2,8 +2,10 @@
 //! assertions, mirrored to the `metrics` facade (SPEC §8 names) for Prometheus.
 
 use metrics::{Counter, Gauge, Histogram};
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Per-flow counters. Cheap to clone; increments are per batch, not per message, where possible.
 #[derive(Clone)]
@@ -24,6 +26,11 @@ struct Inner {
     nacked: AtomicU64,
     commit_errors: AtomicU64,
     inflight: Gauge,
+    /// Receive instants of the oldest message of each batch not yet settled (a multiset):
+    /// its minimum is the system lag.
+    unacked_since: Mutex<BTreeMap<Instant, usize>>,
+    oldest_unacked_age: Gauge,
+    cache_entries: Gauge,
     commit_seconds: Histogram,
     ack_latency_seconds: Histogram,
 }
@@ -97,6 +104,12 @@ impl Counters {
                 nacked: AtomicU64::new(0),
                 commit_errors: AtomicU64::new(0),
                 inflight: metrics::gauge!("sluice_inflight_messages", &labels),
+                unacked_since: Mutex::new(BTreeMap::new()),
+                oldest_unacked_age: metrics::gauge!(
+                    "sluice_oldest_unacked_message_age_seconds",
+                    &labels
+                ),
+                cache_entries: metrics::gauge!("sluice_dedup_cache_entries", &labels),
                 commit_seconds: metrics::histogram!("sluice_commit_duration_seconds", &labels),
                 ack_latency_seconds: metrics::histogram!("sluice_ack_latency_seconds", &labels),
             }),
@@ -132,6 +145,49 @@ impl Counters {
         self.inner.nacked.fetch_add(n, Ordering::Relaxed);
         self.inner.inflight.decrement(n as f64);
     }
+    /// A batch whose oldest message was received at `since` is in flight.
+    pub(crate) fn track_unacked(&self, since: Instant) {
+        if let Ok(mut unacked) = self.inner.unacked_since.lock() {
+            *unacked.entry(since).or_default() += 1;
+        }
+    }
+
+    /// The batch tracked with `since` is settled (acked or nacked).
+    pub(crate) fn untrack_unacked(&self, since: Instant) {
+        if let Ok(mut unacked) = self.inner.unacked_since.lock()
+            && let Some(count) = unacked.get_mut(&since)
+        {
+            *count -= 1;
+            if *count == 0 {
+                unacked.remove(&since);
+            }
+        }
+    }
+
+    /// Age of the oldest message received and not yet settled (zero when none): the system
+    /// lag, as Dataflow's `system_lag`. Messages still in the intake queue, not yet in a batch,
+    /// are not counted.
+    pub fn oldest_unacked_age(&self) -> std::time::Duration {
+        self.inner
+            .unacked_since
+            .lock()
+            .ok()
+            .and_then(|unacked| unacked.keys().next().map(Instant::elapsed))
+            .unwrap_or_default()
+    }
+
+    /// Sets `sluice_oldest_unacked_message_age_seconds` from the batches in flight.
+    pub(crate) fn publish_lag(&self) {
+        self.inner
+            .oldest_unacked_age
+            .set(self.oldest_unacked_age().as_secs_f64());
+    }
+
+    /// Sets `sluice_dedup_cache_entries` to the `entries` keys the memory tier holds.
+    pub(crate) fn publish_cache_entries(&self, entries: u64) {
+        self.inner.cache_entries.set(entries as f64);
+    }
+
     /// A failed commit attempt; `kind` is `unavailable`, `rejected`, `config` or `stage`.
     pub(crate) fn commit_failed(&self, kind: &'static str) {
         self.inner.commit_errors.fetch_add(1, Ordering::Relaxed);

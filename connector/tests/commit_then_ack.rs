@@ -233,12 +233,17 @@ async fn nothing_is_acked_while_the_store_is_down_and_all_lands_when_it_returns(
         CancellationToken::new(),
         RunUntil::Drained,
     );
+    let counters = run.counters.clone();
     let task = tokio::spawn(run.run(drain.clone()));
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert!(
         setup.store.failed_commits.load(Ordering::SeqCst) >= 2,
         "commits were retried"
     );
+    // The system lag grows while the commits fail: the oldest message waits.
+    let lag = counters.oldest_unacked_age();
+    assert!(lag >= Duration::from_millis(1_000), "system lag {lag:?}");
+    assert!(counters.snapshot().commit_errors >= 2);
     assert_eq!(
         tally.acked.load(Ordering::SeqCst),
         0,
@@ -252,6 +257,11 @@ async fn nothing_is_acked_while_the_store_is_down_and_all_lands_when_it_returns(
     assert_eq!(tally.acked.load(Ordering::SeqCst), 1_000);
     assert_eq!(tally.dropped.load(Ordering::SeqCst), 0);
     assert_eq!(setup.store.count_rows("p__t", None).await.unwrap(), 1_000);
+    assert_eq!(
+        counters.oldest_unacked_age(),
+        Duration::ZERO,
+        "nothing left in flight"
+    );
 }
 
 #[tokio::test]

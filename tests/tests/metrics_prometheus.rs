@@ -226,6 +226,18 @@ async fn prometheus_sees_what_the_store_holds_and_every_shipped_query_runs() {
         Some(1.0)
     );
     assert_eq!(prometheus.scalar("count(sluice_build_info)"), Some(1.0));
+    // Everything is acked: no system lag; the memory tier holds the committed keys.
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            prometheus.scalar("max(sluice_oldest_unacked_message_age_seconds)") == Some(0.0)
+        })
+        .await
+    );
+    assert!(
+        prometheus
+            .scalar("sum(sluice_dedup_cache_entries)")
+            .is_some_and(|entries| entries > 0.0)
+    );
     assert!(
         prometheus
             .scalar("sum(sluice_commit_duration_seconds_count)")
@@ -253,6 +265,7 @@ async fn prometheus_sees_what_the_store_holds_and_every_shipped_query_runs() {
         "sluice_inflight_messages",
         "sluice_flow_state",
         "sluice_ready",
+        "sluice_oldest_unacked_message_age_seconds",
     ];
     for expr in dashboard_expressions() {
         let result = prometheus.query(&expr);
