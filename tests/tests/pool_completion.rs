@@ -6,7 +6,9 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_store::ScratchDatabase;
-use sluice_tests::{PROJECT, PgDb, PubSub, Workdir, Worker, emulator, event, eventually};
+use sluice_tests::{
+    PROJECT, PgDb, PubSub, Workdir, Worker, emulator, event, eventually, sluice_bin,
+};
 use std::time::Duration;
 
 fn pipeline(dir: &Workdir, store: &str, backfill: &str, live: &str) -> std::path::PathBuf {
@@ -99,6 +101,37 @@ async fn a_drained_backfill_is_idle_for_every_replica_and_after_restart() {
         400,
         "the backfill was not re-read"
     );
+
+    // `sluice status` reads the same from the store: counts, completion, the two live workers
+    // and the upkeep lease.
+    let status = |format: &str| {
+        let out = std::process::Command::new(sluice_bin())
+            .args(["status", "-c", file.to_str().unwrap(), "--format", format])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&status("json")).unwrap();
+    assert_eq!(json["flows"][0]["flow"], "backfill");
+    assert_eq!(json["flows"][0]["state"], "COMPLETED");
+    assert_eq!(json["flows"][0]["rows"], 400);
+    assert_eq!(json["flows"][1]["state"], "LIVE");
+    assert_eq!(json["flows"][1]["rows"], 500);
+    assert_eq!(json["workers"].as_array().unwrap().len(), 2, "{json}");
+    assert_eq!(json["leases"][0]["role"], "ledger_upkeep");
+    let text = status("text");
+    assert!(text.contains("2 worker(s) alive"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("backfill") && l.contains("COMPLETED")),
+        "{text}"
+    );
+    eprintln!("{text}");
     for worker in [second, restarted] {
         worker.terminate();
         let logs = worker.logs();

@@ -20,7 +20,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Output format of `validate`.
+/// Output format of `validate` and `status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
     /// One line per error.
@@ -40,6 +40,15 @@ pub enum Command {
     },
     /// Check a pipeline file; exit 0 when valid, 2 when not.
     Validate {
+        /// The pipeline file.
+        #[arg(short = 'c', long = "config")]
+        config: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
+    /// What the store says: flows with their counts and completion, workers alive, leases.
+    Status {
         /// The pipeline file.
         #[arg(short = 'c', long = "config")]
         config: PathBuf,
@@ -76,6 +85,7 @@ pub async fn dispatch(command: Command) -> ExitCode {
     match command {
         Command::Run { config } => crate::run::run_file(&config).await,
         Command::Validate { config, format } => validate(&config, format),
+        Command::Status { config, format } => crate::status::status(&config, format).await,
         Command::Demo { events, dir } => crate::demo::demo(events, &dir).await,
         Command::Bench {
             which: BenchCommand::Throughput(args),

@@ -9,6 +9,7 @@ mod membership;
 mod observe;
 mod run;
 mod signals;
+mod status;
 
 use clap::Parser;
 
