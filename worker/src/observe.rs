@@ -59,6 +59,41 @@ impl Readiness {
     }
 }
 
+/// The exporter of a run (if `metrics.listen` is set) and the run's readiness. Dropping it
+/// stops the server.
+pub struct Observed {
+    /// The run's readiness, served on `/readyz` and as `sluice_ready`.
+    pub readiness: Readiness,
+    _server: Option<tokio_util::sync::DropGuard>,
+}
+
+impl Observed {
+    /// Installs the exporter and starts serving when `listen` is given (an address like
+    /// `127.0.0.1:9464`); otherwise only keeps the readiness.
+    pub async fn start(listen: Option<&str>, pipeline: &str) -> Result<Self, String> {
+        let Some(listen) = listen else {
+            return Ok(Self {
+                readiness: Readiness::new(pipeline),
+                _server: None,
+            });
+        };
+        let address: SocketAddr = listen.parse().map_err(|_| {
+            format!("metrics.listen: {listen:?} is not an address like 127.0.0.1:9464")
+        })?;
+        // Before any metric handle is taken: handles taken earlier go nowhere.
+        let handle = install()?;
+        let readiness = Readiness::new(pipeline);
+        let stop = CancellationToken::new();
+        serve(address, handle, readiness.clone(), stop.clone())
+            .await
+            .map_err(|e| format!("metrics.listen {listen}: {e}"))?;
+        Ok(Self {
+            readiness,
+            _server: Some(stop.drop_guard()),
+        })
+    }
+}
+
 /// Installs the Prometheus recorder (histogram buckets included) and records
 /// `sluice_build_info`. Call once, before any metric is emitted.
 pub fn install() -> Result<PrometheusHandle, String> {

@@ -155,27 +155,10 @@ pub async fn execute(
         tables: flows::table_targets(pipeline),
         flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
     };
-    let server_stop = tokio_util::sync::CancellationToken::new();
-    let _server_stop = server_stop.clone().drop_guard();
-    let exporter = match &pipeline.metrics_listen {
-        Some(listen) => {
-            let address: std::net::SocketAddr = listen.parse().map_err(|_| {
-                RunError::Unsupported(format!(
-                    "metrics.listen: {listen:?} is not an address like 127.0.0.1:9464"
-                ))
-            })?;
-            // Before any metric handle is taken: handles taken earlier go nowhere.
-            Some((address, observe::install().map_err(RunError::Unsupported)?))
-        }
-        None => None,
-    };
-    let readiness = observe::Readiness::new(&pipeline.name);
-    if let Some((address, handle)) = exporter {
-        let listen = address;
-        observe::serve(address, handle, readiness.clone(), server_stop.clone())
-            .await
-            .map_err(|e| RunError::Unsupported(format!("metrics.listen {listen}: {e}")))?;
-    }
+    let observed = observe::Observed::start(pipeline.metrics_listen.as_deref(), &pipeline.name)
+        .await
+        .map_err(RunError::Unsupported)?;
+    let readiness = observed.readiness.clone();
     let (store, handles, completed) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
     let membership = Membership::start(store.clone(), membership::identity(&pipeline.name));
 
@@ -252,6 +235,7 @@ pub async fn execute(
         .collect();
     outcomes.sort_by_key(|o| order.get(&o.name).copied());
     membership.stop().await;
+    drop(observed);
     Ok(outcomes)
 }
 
