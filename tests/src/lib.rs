@@ -486,6 +486,54 @@ impl PgDb {
     }
 }
 
+/// A continuous test pipeline on a fresh PostgreSQL database and a fresh topic with one
+/// subscription: what the pool tests share.
+pub struct PostgresPipeline {
+    /// The database (dropped with this value).
+    pub database: sluice_store::ScratchDatabase,
+    /// Reads of it.
+    pub db: PgDb,
+    /// Emulator access.
+    pub pubsub: PubSub,
+    /// The topic.
+    pub topic: String,
+    /// Its subscription, which the pipeline reads.
+    pub subscription: String,
+    /// The folder of the pipeline file and the workers' logs.
+    pub dir: Workdir,
+    /// The pipeline file.
+    pub file: PathBuf,
+}
+
+impl PostgresPipeline {
+    /// Creates it all; `store_parameters` is appended to the store URL (`?ledger_generation=2s`).
+    pub async fn create(prefix: &str, store_parameters: &str) -> Self {
+        let database = sluice_store::ScratchDatabase::create().await.unwrap();
+        let db = PgDb(database.url().to_owned());
+        let pubsub = PubSub::connect().await;
+        let (topic, mut subs) = pubsub.topic_with(prefix, 1).await;
+        let subscription = subs.remove(0);
+        let dir = Workdir::new();
+        let file = dir.pipeline(
+            "p.yaml",
+            "unused",
+            &PipelineOptions {
+                store: Some(format!("{}{store_parameters}", database.url())),
+                ..PipelineOptions::continuous(&subscription)
+            },
+        );
+        Self {
+            database,
+            db,
+            pubsub,
+            topic,
+            subscription,
+            dir,
+            file,
+        }
+    }
+}
+
 /// Sends SIGTERM to every worker, asserts that each drains and exits 0 within a minute, and
 /// returns their logs.
 pub fn stop_all(workers: Vec<Worker>) -> Vec<String> {

@@ -8,9 +8,8 @@
 //! after their stream's ack deadline (10 s), so the timeouts leave room for that.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_store::ScratchDatabase;
 use sluice_tests::{
-    PgDb, PipelineOptions, PubSub, Workdir, Worker, events_with_duplicates, eventually, stop_all,
+    PostgresPipeline, PubSub, Worker, events_with_duplicates, eventually, stop_all,
 };
 use std::time::Duration;
 
@@ -19,19 +18,15 @@ async fn three_workers_killed_at_random_land_every_key_exactly_once() {
     const DISTINCT: usize = 100_000;
     const DUPLICATES: usize = 10_000;
     const KILLS: usize = 8;
-    let database = ScratchDatabase::create().await.unwrap();
-    let db = PgDb(database.url().to_owned());
-    let pubsub = PubSub::connect().await;
-    let (topic, subs) = pubsub.topic_with("pool", 1).await;
-    let dir = Workdir::new();
-    let file = dir.pipeline(
-        "p.yaml",
-        "unused",
-        &PipelineOptions {
-            store: Some(database.url().to_owned()),
-            ..PipelineOptions::continuous(&subs[0])
-        },
-    );
+    let PostgresPipeline {
+        database: _database,
+        db,
+        pubsub,
+        topic,
+        subscription,
+        dir: _dir,
+        file,
+    } = PostgresPipeline::create("pool", "").await;
 
     let mut workers: Vec<Worker> = (0..3)
         .map(|i| Worker::start(&file, &format!("w{i}-0")))
@@ -76,6 +71,6 @@ async fn three_workers_killed_at_random_land_every_key_exactly_once() {
         counted, DISTINCT as i64,
         "committed counters agree with the rows"
     );
-    let left = sluice_tests::unacked_messages(&pubsub, &subs[0], 0).await;
+    let left = sluice_tests::unacked_messages(&pubsub, &subscription, 0).await;
     assert!(left.is_empty(), "{} messages left unacked", left.len());
 }

@@ -6,8 +6,7 @@
 //! Real parts: the Pub/Sub emulator and PostgreSQL on 127.0.0.1:5432 (a fresh database).
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_store::ScratchDatabase;
-use sluice_tests::{PgDb, PipelineOptions, PubSub, Workdir, Worker, event, eventually};
+use sluice_tests::{PgDb, PostgresPipeline, Worker, event, eventually};
 use std::time::{Duration, Instant};
 
 /// Lease life plus one beat (worker/src/membership.rs), and room for a loaded machine.
@@ -35,19 +34,15 @@ fn generations(db: &PgDb) -> (i64, i64) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dead_lease_holder_is_replaced_within_the_bound_and_upkeep_goes_on() {
-    let database = ScratchDatabase::create().await.unwrap();
-    let db = PgDb(database.url().to_owned());
-    let pubsub = PubSub::connect().await;
-    let (topic, subs) = pubsub.topic_with("lease", 1).await;
-    let dir = Workdir::new();
-    let file = dir.pipeline(
-        "p.yaml",
-        "unused",
-        &PipelineOptions {
-            store: Some(format!("{}?ledger_generation=2s", database.url())),
-            ..PipelineOptions::continuous(&subs[0])
-        },
-    );
+    let PostgresPipeline {
+        database: _database,
+        db,
+        pubsub,
+        topic,
+        subscription: _,
+        dir: _dir,
+        file,
+    } = PostgresPipeline::create("lease", "?ledger_generation=2s").await;
     let mut workers = vec![Worker::start(&file, "a"), Worker::start(&file, "b")];
     assert!(
         eventually(Duration::from_secs(60), || !holder(&db).is_empty()).await,

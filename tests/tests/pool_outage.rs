@@ -8,9 +8,8 @@
 //! test fails half-way.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_store::ScratchDatabase;
 use sluice_tests::{
-    PgDb, PipelineOptions, PubSub, Workdir, Worker, events_with_duplicates, eventually, stop_all,
+    PostgresPipeline, PubSub, Worker, events_with_duplicates, eventually, stop_all,
 };
 use std::process::Command;
 use std::time::Duration;
@@ -73,19 +72,15 @@ impl Drop for Stopped {
 async fn a_fifteen_second_database_outage_loses_nothing_and_duplicates_nothing() {
     const DISTINCT: usize = 20_000;
     const DUPLICATES: usize = 2_000;
-    let database = ScratchDatabase::create().await.unwrap();
-    let db = PgDb(database.url().to_owned());
-    let pubsub = PubSub::connect().await;
-    let (topic, subs) = pubsub.topic_with("outage", 1).await;
-    let dir = Workdir::new();
-    let file = dir.pipeline(
-        "p.yaml",
-        "unused",
-        &PipelineOptions {
-            store: Some(database.url().to_owned()),
-            ..PipelineOptions::continuous(&subs[0])
-        },
-    );
+    let PostgresPipeline {
+        database: _database,
+        db,
+        pubsub,
+        topic,
+        subscription,
+        dir: _dir,
+        file,
+    } = PostgresPipeline::create("outage", "").await;
     let mut workers = vec![Worker::start(&file, "a"), Worker::start(&file, "b")];
     let messages = events_with_duplicates("o", DISTINCT, DUPLICATES);
     let publisher = {
@@ -123,6 +118,6 @@ async fn a_fifteen_second_database_outage_loses_nothing_and_duplicates_nothing()
         "commits were retried during the outage:\n{all_logs}"
     );
     assert!(all_logs.contains("store reachable again"), "{all_logs}");
-    let left = sluice_tests::unacked_messages(&pubsub, &subs[0], 0).await;
+    let left = sluice_tests::unacked_messages(&pubsub, &subscription, 0).await;
     assert!(left.is_empty(), "{} messages left unacked", left.len());
 }
