@@ -188,6 +188,8 @@ pub struct PipelineOptions {
     pub store: Option<String>,
     /// `metrics.listen` address, if any.
     pub metrics_listen: Option<String>,
+    /// `control:` inline map, if any (`{ listen: ..., token_file: ... }`).
+    pub control: Option<String>,
 }
 
 impl PipelineOptions {
@@ -202,6 +204,7 @@ impl PipelineOptions {
             streams: 4,
             store: None,
             metrics_listen: None,
+            control: None,
         }
     }
 
@@ -250,7 +253,7 @@ impl Workdir {
 mode: {mode}
 store: {store}
 pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-{metrics}targets:
+{metrics}{control}targets:
   - {{ name: events, kind: table }}
 flows:
   - name: ingest
@@ -273,6 +276,11 @@ flows:
                 .metrics_listen
                 .as_ref()
                 .map(|listen| format!("metrics: {{ listen: \"{listen}\" }}\n"))
+                .unwrap_or_default(),
+            control = options
+                .control
+                .as_ref()
+                .map(|control| format!("control: {control}\n"))
                 .unwrap_or_default(),
             subscription = options.subscription,
             dedup = options.dedup,

@@ -2,6 +2,7 @@
 //! and hands over to the command. Exit codes: 0 success, 1 runtime failure, 2 invalid input.
 
 mod cli;
+mod control;
 mod demo;
 mod flows;
 mod logging;

@@ -54,7 +54,8 @@ impl Readiness {
         self.gauge.set(if ready { 1.0 } else { 0.0 });
     }
 
-    fn get(&self) -> bool {
+    /// Whether the worker is ready.
+    pub fn get(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
 }

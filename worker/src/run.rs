@@ -5,6 +5,7 @@
 //! and every later run, finds it there and leaves the flow IDLE (not re-read), so its dependents
 //! start at once.
 
+use crate::control::{self, ControlService, FlowBoard};
 use crate::flows;
 use crate::membership::{self, Membership};
 use crate::observe;
@@ -159,8 +160,14 @@ pub async fn execute(
         .await
         .map_err(RunError::Unsupported)?;
     let readiness = observed.readiness.clone();
+    let beat = membership::identity(&pipeline.name);
+    let board = FlowBoard::new(
+        &pipeline.name,
+        pipeline.flows.iter().map(|f| (f.name.clone(), f.once)),
+    );
+    let _control = start_control(pipeline, &beat.worker, &board, &readiness, shutdown).await?;
     let (store, handles, completed) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
-    let membership = Membership::start(store.clone(), membership::identity(&pipeline.name));
+    let membership = Membership::start(store.clone(), beat);
 
     // One "finished" signal per flow: None while running, Some(success) at the end.
     let mut finished = HashMap::new();
@@ -179,15 +186,15 @@ pub async fn execute(
             .filter_map(|name| finished.get(name).cloned().map(|rx| (name.clone(), rx)))
             .collect();
         let already_complete = flow.once && completed.contains(&flow.name);
-        let (pipeline, flow, store, shutdown) = (
+        let (pipeline, flow, store, shutdown, board) = (
             pipeline.clone(),
             flow.clone(),
             store.clone(),
             shutdown.clone(),
+            board.clone(),
         );
         let name = flow.name.clone();
         let task = tasks.spawn(async move {
-            observe::flow_state(&pipeline.name, &flow.name, "WAITING");
             let outcome = if already_complete {
                 tracing::info!(flow = %flow.name, "once flow completed earlier; not re-read");
                 FlowOutcome {
@@ -196,9 +203,18 @@ pub async fn execute(
                     counters: Snapshot::default(),
                 }
             } else {
-                run_flow(&pipeline, &flow, store, handle, &shutdown, predecessors).await
+                run_flow(
+                    &pipeline,
+                    &flow,
+                    store,
+                    handle,
+                    &shutdown,
+                    predecessors,
+                    &board,
+                )
+                .await
             };
-            observe::flow_state(&pipeline.name, &flow.name, outcome.state.name());
+            board.set(&flow.name, outcome.state.name(), None);
             let succeeded = matches!(outcome.state, FlowState::Completed | FlowState::Idle);
             let _ = done.send(Some(succeeded));
             outcome
@@ -246,6 +262,7 @@ async fn run_flow(
     handle: sluice_store::FlowHandle,
     shutdown: &Shutdown,
     predecessors: Vec<(String, watch::Receiver<Option<bool>>)>,
+    board: &FlowBoard,
 ) -> FlowOutcome {
     let outcome = |state, counters: Option<&Counters>| FlowOutcome {
         name: flow.name.clone(),
@@ -276,7 +293,7 @@ async fn run_flow(
         Err(error) => return outcome(FlowState::Failed(error), None),
     };
     tracing::info!(flow = %flow.name, "flow started");
-    observe::flow_state(&pipeline.name, &flow.name, "RUNNING");
+    board.set(&flow.name, "RUNNING", Some(&counters));
     match run.run(shutdown.drain.clone()).await {
         Ok(FlowEnd { report, ended }) => {
             tracing::info!(flow = %flow.name, rows = report.rows, duplicates = report.duplicates,
@@ -292,6 +309,39 @@ async fn run_flow(
         }
         Err(error) => outcome(FlowState::Failed(error.to_string()), Some(&counters)),
     }
+}
+
+/// Starts the control API when `control.listen` is set; dropping the guard stops it.
+async fn start_control(
+    pipeline: &Pipeline,
+    worker: &str,
+    board: &FlowBoard,
+    readiness: &observe::Readiness,
+    shutdown: &Shutdown,
+) -> Result<Option<tokio_util::sync::DropGuard>, RunError> {
+    let Some(listen) = &pipeline.control_listen else {
+        return Ok(None);
+    };
+    let address: std::net::SocketAddr = listen.parse().map_err(|_| {
+        RunError::Unsupported(format!(
+            "control.listen: {listen:?} is not an address like 127.0.0.1:9465"
+        ))
+    })?;
+    let token = control::token_for(address, pipeline.control_token_file.as_deref())
+        .map_err(RunError::Unsupported)?;
+    let service = ControlService {
+        pipeline: pipeline.name.clone(),
+        worker: worker.to_owned(),
+        board: board.clone(),
+        readiness: readiness.clone(),
+        drain: shutdown.drain.clone(),
+        give_up: shutdown.give_up.clone(),
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    control::serve(address, token, service, stop.clone())
+        .await
+        .map_err(|e| RunError::Unsupported(format!("control.listen {listen}: {e}")))?;
+    Ok(Some(stop.drop_guard()))
 }
 
 /// Records a once flow's completion, retrying while the store is unavailable, until it is

@@ -1,6 +1,7 @@
 //! `sluice status -c FILE`: what the store says about a pipeline: each flow's committed counts
 //! and completion, the workers alive and who holds each lease. Read from the store, so it works
-//! whether or not a worker runs (the control API, which will add live states, is not built yet).
+//! whether or not a worker runs. When the file sets `control.listen` and a worker answers there,
+//! its live view is shown instead (flow states, counters since it started, system lag).
 
 use crate::cli::OutputFormat;
 use crate::flows;
@@ -35,6 +36,13 @@ pub async fn status(config: &Path, format: OutputFormat) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(live) = ask_worker(&pipeline).await {
+        match format {
+            OutputFormat::Json => println!("{}", live.json),
+            OutputFormat::Text => print!("{}", live.text),
+        }
+        return ExitCode::SUCCESS;
+    }
     match gather(&pipeline).await {
         Ok(report) => {
             match format {
@@ -53,6 +61,114 @@ pub async fn status(config: &Path, format: OutputFormat) -> ExitCode {
 struct Report {
     text: String,
     json: serde_json::Value,
+}
+
+/// How long `status` waits for a worker's control API before reading the store instead.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The live status from the worker's control API, if `control.listen` is set and it answers.
+async fn ask_worker(pipeline: &sluice_pipeline::Pipeline) -> Option<Report> {
+    use sluice_proto::v1::GetStatusRequest;
+    use sluice_proto::v1::control_client::ControlClient;
+    let listen: std::net::SocketAddr = pipeline.control_listen.as_deref()?.parse().ok()?;
+    let token = crate::control::token_for(listen, pipeline.control_token_file.as_deref()).ok()?;
+    // A worker bound to every interface is reached on loopback.
+    let host = if listen.ip().is_unspecified() {
+        std::net::SocketAddr::from(([127, 0, 0, 1], listen.port()))
+    } else {
+        listen
+    };
+    let call = async {
+        let mut client = ControlClient::connect(format!("http://{host}"))
+            .await
+            .ok()?;
+        let mut request = tonic::Request::new(GetStatusRequest {});
+        if let Some(token) = token {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().ok()?);
+        }
+        client.get_status(request).await.ok()
+    };
+    let status = tokio::time::timeout(CONTROL_TIMEOUT, call)
+        .await
+        .ok()??
+        .into_inner();
+    let headers = [
+        "FLOW",
+        "STATE",
+        "RECEIVED",
+        "ROWS",
+        "DUPLICATES",
+        "DEAD LETTERS",
+        "ACKED",
+        "LAG",
+    ];
+    let rows: Vec<Vec<String>> = status
+        .flows
+        .iter()
+        .map(|f| {
+            vec![
+                f.name.clone(),
+                f.state.clone(),
+                f.received.to_string(),
+                f.rows.to_string(),
+                (f.duplicates_memory + f.duplicates_store).to_string(),
+                f.dead_letters.to_string(),
+                f.acked.to_string(),
+                format!("{:.1}s", f.oldest_unacked_age_seconds),
+            ]
+        })
+        .collect();
+    let mut text = format!(
+        "pipeline {} on worker {} ({}{})\n\n",
+        status.pipeline,
+        status.worker,
+        if status.ready { "ready" } else { "not ready" },
+        if status.draining { ", draining" } else { "" }
+    );
+    text.push_str(&table(&headers, &rows));
+    let json = serde_json::json!({
+        "pipeline": status.pipeline,
+        "worker": status.worker,
+        "ready": status.ready,
+        "draining": status.draining,
+        "source": "control_api",
+        "flows": status.flows.iter().map(|f| serde_json::json!({
+            "flow": f.name, "state": f.state, "once": f.once, "received": f.received,
+            "rows": f.rows, "duplicates_memory": f.duplicates_memory,
+            "duplicates_store": f.duplicates_store, "dead_letters": f.dead_letters,
+            "acked": f.acked, "nacked": f.nacked,
+            "oldest_unacked_age_seconds": f.oldest_unacked_age_seconds,
+        })).collect::<Vec<_>>(),
+    });
+    Some(Report { text, json })
+}
+
+/// A left-aligned text table.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..headers.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].len())
+                .chain([headers[i].len()])
+                .max()
+                .unwrap_or_default()
+        })
+        .collect();
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        format!("{}\n", padded.join("  ").trim_end())
+    };
+    let mut out = line(headers.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        out.push_str(&line(row.clone()));
+    }
+    out
 }
 
 async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_store::StoreError> {
@@ -128,10 +244,10 @@ fn text(
         "COMMITS",
         "COMPLETED AT",
     ];
-    let rows: Vec<[String; 7]> = lines
+    let rows: Vec<Vec<String>> = lines
         .iter()
         .map(|l| {
-            [
+            vec![
                 l.flow.clone(),
                 l.state.to_owned(),
                 l.rows.to_string(),
@@ -144,27 +260,7 @@ fn text(
             ]
         })
         .collect();
-    let widths: Vec<usize> = (0..headers.len())
-        .map(|i| {
-            rows.iter()
-                .map(|r| r[i].len())
-                .chain([headers[i].len()])
-                .max()
-                .unwrap_or_default()
-        })
-        .collect();
-    let line = |cells: &[String]| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
-            .collect();
-        format!("{}\n", padded.join("  ").trim_end())
-    };
-    out.push_str(&line(&headers.map(str::to_owned)));
-    for row in &rows {
-        out.push_str(&line(row));
-    }
+    out.push_str(&table(&headers, &rows));
     if !workers.is_empty() {
         out.push('\n');
         for worker in workers {

@@ -1,0 +1,235 @@
+//! The control API of SPEC §9 (`proto/sluice/v1/control.proto`), served with tonic on
+//! `control.listen`: `GetStatus`, `ListFlows` and `Drain`.
+//!
+//! Access: bound to a loopback address, anyone on the host may call (like the metrics
+//! endpoint). Bound elsewhere, `control.token_file` is required at start (exit 2 without it) and
+//! every call must carry `authorization: Bearer <token>`; a refused call is logged and counted in
+//! `sluice_control_rejected_total`. The token is compared in constant time.
+
+use crate::observe::Readiness;
+use sluice_connector::Counters;
+use sluice_proto::v1::control_server::{Control, ControlServer};
+use sluice_proto::v1::{
+    DrainRequest, DrainResponse, FlowStatus, GetStatusRequest, GetStatusResponse, ListFlowsRequest,
+    ListFlowsResponse,
+};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+/// The live state of every flow of the run, written by the run and read by the API.
+#[derive(Clone, Default)]
+pub struct FlowBoard {
+    pipeline: Arc<str>,
+    flows: Arc<Mutex<Vec<BoardEntry>>>,
+}
+
+struct BoardEntry {
+    name: String,
+    once: bool,
+    state: &'static str,
+    counters: Option<Counters>,
+}
+
+impl FlowBoard {
+    /// A board listing `flows` (name, once), all WAITING.
+    pub fn new(pipeline: &str, flows: impl IntoIterator<Item = (String, bool)>) -> Self {
+        let entries = flows
+            .into_iter()
+            .map(|(name, once)| {
+                crate::observe::flow_state(pipeline, &name, "WAITING");
+                BoardEntry {
+                    name,
+                    once,
+                    state: "WAITING",
+                    counters: None,
+                }
+            })
+            .collect();
+        Self {
+            pipeline: Arc::from(pipeline),
+            flows: Arc::new(Mutex::new(entries)),
+        }
+    }
+
+    /// Records a flow's new state (and its counters once it runs), also as
+    /// `sluice_flow_state`.
+    pub fn set(&self, flow: &str, state: &'static str, counters: Option<&Counters>) {
+        crate::observe::flow_state(&self.pipeline, flow, state);
+        if let Ok(mut flows) = self.flows.lock()
+            && let Some(entry) = flows.iter_mut().find(|e| e.name == flow)
+        {
+            entry.state = state;
+            if let Some(counters) = counters {
+                entry.counters = Some(counters.clone());
+            }
+        }
+    }
+
+    fn statuses(&self) -> Vec<FlowStatus> {
+        let Ok(flows) = self.flows.lock() else {
+            return Vec::new();
+        };
+        flows
+            .iter()
+            .map(|entry| {
+                let snapshot = entry
+                    .counters
+                    .as_ref()
+                    .map(Counters::snapshot)
+                    .unwrap_or_default();
+                FlowStatus {
+                    name: entry.name.clone(),
+                    state: entry.state.to_owned(),
+                    once: entry.once,
+                    received: snapshot.received,
+                    rows: snapshot.committed,
+                    duplicates_memory: snapshot.duplicates_memory,
+                    duplicates_store: snapshot.duplicates_store,
+                    dead_letters: snapshot.dead_lettered,
+                    acked: snapshot.acked,
+                    nacked: snapshot.nacked,
+                    oldest_unacked_age_seconds: entry
+                        .counters
+                        .as_ref()
+                        .map(|c| c.oldest_unacked_age().as_secs_f64())
+                        .unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// What the API answers from.
+pub struct ControlService {
+    /// Pipeline name.
+    pub pipeline: String,
+    /// This worker's id.
+    pub worker: String,
+    /// The run's flows.
+    pub board: FlowBoard,
+    /// The run's readiness.
+    pub readiness: Readiness,
+    /// Cancelled to drain, as SIGTERM does.
+    pub drain: CancellationToken,
+    /// Cancelled [`crate::signals::DRAIN_DEADLINE`] after a drain the API started, as after a
+    /// signal: batches still waiting on the store are nacked then.
+    pub give_up: CancellationToken,
+}
+
+#[tonic::async_trait]
+impl Control for ControlService {
+    async fn get_status(
+        &self,
+        _: Request<GetStatusRequest>,
+    ) -> Result<Response<GetStatusResponse>, Status> {
+        Ok(Response::new(GetStatusResponse {
+            pipeline: self.pipeline.clone(),
+            worker: self.worker.clone(),
+            ready: self.readiness.get(),
+            draining: self.drain.is_cancelled(),
+            flows: self.board.statuses(),
+        }))
+    }
+
+    async fn list_flows(
+        &self,
+        _: Request<ListFlowsRequest>,
+    ) -> Result<Response<ListFlowsResponse>, Status> {
+        Ok(Response::new(ListFlowsResponse {
+            flows: self.board.statuses(),
+        }))
+    }
+
+    async fn drain(&self, _: Request<DrainRequest>) -> Result<Response<DrainResponse>, Status> {
+        let started = !self.drain.is_cancelled();
+        if started {
+            tracing::info!("drain requested through the control API");
+            self.drain.cancel();
+            let give_up = self.give_up.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(crate::signals::DRAIN_DEADLINE).await;
+                give_up.cancel();
+            });
+        }
+        Ok(Response::new(DrainResponse { started }))
+    }
+}
+
+/// Reads the bearer token a non-loopback `listen` requires.
+pub fn token_for(listen: SocketAddr, token_file: Option<&Path>) -> Result<Option<String>, String> {
+    if listen.ip().is_loopback() {
+        return Ok(None);
+    }
+    let Some(file) = token_file else {
+        return Err(format!(
+            "control.listen {listen} is not a loopback address: control.token_file is required"
+        ));
+    };
+    let token = std::fs::read_to_string(file)
+        .map_err(|e| format!("control.token_file {}: {e}", file.display()))?;
+    let token = token.trim().to_owned();
+    if token.is_empty() {
+        return Err(format!("control.token_file {} is empty", file.display()));
+    }
+    Ok(Some(token))
+}
+
+/// Serves the API on `listen` until `stop` is cancelled.
+pub async fn serve(
+    listen: SocketAddr,
+    token: Option<String>,
+    service: ControlService,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tracing::info!(%listen, authenticated = token.is_some(), "serving the control API");
+    let rejected = metrics::counter!("sluice_control_rejected_total",
+        "pipeline" => service.pipeline.clone());
+    let check = move |request: Request<()>| match &token {
+        None => Ok(request),
+        Some(token) => {
+            let presented = request
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or_default();
+            if constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+                Ok(request)
+            } else {
+                rejected.increment(1);
+                tracing::warn!(peer = ?request.remote_addr(),
+                    "control API call refused: missing or wrong bearer token");
+                Err(Status::unauthenticated("a valid bearer token is required"))
+            }
+        }
+    };
+    let server = tonic::transport::Server::builder()
+        .add_service(ControlServer::with_interceptor(service, check))
+        .serve_with_incoming_shutdown(
+            tokio_stream_of(listener),
+            async move { stop.cancelled().await },
+        );
+    tokio::spawn(async move {
+        if let Err(error) = server.await {
+            tracing::error!(%error, "the control API stopped");
+        }
+    });
+    Ok(())
+}
+
+fn tokio_stream_of(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    })
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
