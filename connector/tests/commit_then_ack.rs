@@ -72,6 +72,9 @@ impl Store for FaultyStore {
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
         self.inner.heartbeat(beat).await
     }
+    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
+        self.inner.leave(pipeline, worker).await
+    }
     async fn workers(
         &self,
         pipeline: &str,

@@ -100,6 +100,10 @@ pub trait Store: Send + Sync + 'static {
     /// Records that `beat.worker` is alive (first call registers it).
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError>;
 
+    /// Removes `worker` from the pool's list at a clean stop (a dead worker drops out of
+    /// [`Store::workers`] when its heartbeats stop).
+    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError>;
+
     /// Workers of `pipeline` heard of within `within` (by the store's clock).
     async fn workers(
         &self,

@@ -185,6 +185,18 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
+        let (pipeline, worker) = (pipeline.to_owned(), worker.to_owned());
+        self.call(move |conn| {
+            conn.execute(
+                "DELETE FROM sluice_workers WHERE pipeline = ?1 AND worker = ?2",
+                params![pipeline, worker],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn workers(
         &self,
         pipeline: &str,

@@ -366,6 +366,12 @@ async fn heartbeats_list_live_workers(postgres: bool) {
     let all = store.workers("p", Duration::from_secs(60)).await.unwrap();
     assert_eq!(all.len(), 2);
     assert!(all.iter().all(|w| w.last_beat_ms >= w.started_at_ms));
+    store.leave("p", "new").await.unwrap();
+    let left = store.workers("p", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(
+        left.iter().map(|w| w.worker.as_str()).collect::<Vec<_>>(),
+        vec!["old"]
+    );
 }
 
 /// Eight committers (separate store handles, as separate replicas would have) race on

@@ -61,6 +61,9 @@ impl Store for DownStore {
     async fn heartbeat(&self, _: &WorkerBeat) -> Result<(), StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
+    async fn leave(&self, _: &str, _: &str) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
     async fn workers(&self, _: &str, _: Duration) -> Result<Vec<WorkerRecord>, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }

@@ -103,6 +103,10 @@ async fn beat_loop(store: Arc<dyn Store>, beat: WorkerBeat, stop: CancellationTo
             }
         }
     }
+    // A clean stop leaves the pool's list at once (a crash leaves it when beats stop).
+    if let Err(error) = store.leave(&beat.pipeline, &beat.worker).await {
+        tracing::debug!(%error, "could not leave the worker list; it ages out");
+    }
     if holding {
         match store
             .release_lease(&lease.pipeline, &lease.role, &lease.holder)

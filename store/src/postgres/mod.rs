@@ -347,6 +347,17 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        client
+            .execute(
+                "DELETE FROM sluice_workers WHERE pipeline = $1 AND worker = $2",
+                &[&pipeline, &worker],
+            )
+            .await?;
+        Ok(())
+    }
+
     async fn workers(
         &self,
         pipeline: &str,
