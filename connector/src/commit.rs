@@ -159,9 +159,7 @@ impl CommitThenAck {
             };
             let failure = match outcome {
                 Ok(outcome) => {
-                    let is_dead: Vec<bool> = dead.iter().map(Option::is_some).collect();
-                    let (rows, dead_letters, duplicates) =
-                        count_written(&is_dead, &outcome.written);
+                    let (rows, dead_letters, duplicates) = count_written(&dead, &outcome.written);
                     batch.counters().committed(rows, duplicates);
                     for (reason, _) in dead
                         .iter()
@@ -247,10 +245,10 @@ impl CommitThenAck {
 
 /// (rows, dead letters, duplicates) written by a committed batch, from which entries were dead
 /// letters and which the ledger accepted.
-fn count_written(dead: &[bool], written: &[bool]) -> (u64, u64, u64) {
+fn count_written(dead: &[Option<String>], written: &[bool]) -> (u64, u64, u64) {
     let (mut rows, mut dead_letters, mut duplicates) = (0, 0, 0);
-    for (&is_dead, &is_new) in dead.iter().zip(written) {
-        match (is_new, is_dead) {
+    for (reason, &is_new) in dead.iter().zip(written) {
+        match (is_new, reason.is_some()) {
             (false, _) => duplicates += 1,
             (true, true) => dead_letters += 1,
             (true, false) => rows += 1,

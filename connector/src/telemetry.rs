@@ -188,7 +188,8 @@ impl Counters {
         self.inner.cache_entries.set(entries as f64);
     }
 
-    /// A failed commit attempt; `kind` is `unavailable`, `rejected`, `config` or `stage`.
+    /// A failed commit attempt; `kind` is `unavailable`, `rejected`, `config`, `stage` or
+    /// `gave_up`.
     pub(crate) fn commit_failed(&self, kind: &'static str) {
         self.inner.commit_errors.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("sluice_commit_errors_total",

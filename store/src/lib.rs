@@ -91,8 +91,8 @@ pub trait Store: Send + Sync + 'static {
     /// flow-name order. A restarted or newly started replica skips these once flows.
     async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError>;
 
-    /// Keeps the dedup ledger small: SQLite deletes expired keys (its writer also does this by
-    /// itself between commits); PostgreSQL creates the next ledger generations ahead of time and
+    /// Keeps the dedup ledger small: SQLite deletes one chunk of expired keys (its writer also
+    /// purges by itself between commits); PostgreSQL creates the next ledger generations ahead of time and
     /// drops whole generations no window can still need. Safe to call from several replicas at
     /// once; in a pool one replica does it, under the `ledger_upkeep` lease.
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError>;

@@ -78,7 +78,9 @@ pub struct CommitBatch {
     pub table: Arc<str>,
     /// Entries, in receive order.
     pub entries: Vec<Entry>,
-    /// Commit time, ms since epoch (`committed_at`).
+    /// Commit time, ms since epoch (`committed_at`). SQLite decides expiry with it; PostgreSQL
+    /// uses its server's clock instead (shared by all replicas) and only the window
+    /// `expires_at_ms - now_ms` from here.
     pub now_ms: i64,
     /// Ledger keys written by this batch expire at this time (now + dedup window), ms.
     pub expires_at_ms: i64,

@@ -163,18 +163,13 @@ impl Store for SqliteStore {
     }
 
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
+        // One chunk per call: the writer purges by itself between commits, so a large backlog
+        // is never removed in one go that would hold the writer.
         self.call(|conn| {
-            let mut removed = 0;
-            loop {
-                let deleted = purge(conn, now_ms(), PURGE_CHUNK)?;
-                removed += deleted as u64;
-                if deleted < PURGE_CHUNK {
-                    return Ok(LedgerUpkeep {
-                        keys_removed: removed,
-                        ..LedgerUpkeep::default()
-                    });
-                }
-            }
+            Ok(LedgerUpkeep {
+                keys_removed: purge(conn, now_ms(), PURGE_CHUNK)? as u64,
+                ..LedgerUpkeep::default()
+            })
         })
         .await
     }

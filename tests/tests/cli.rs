@@ -197,3 +197,28 @@ fn unreachable_store_is_retried_with_backoff_not_a_panic() {
         "one line per backoff step"
     );
 }
+
+#[test]
+fn a_listen_setting_that_is_not_an_address_exits_2_naming_it() {
+    let dir = Workdir::new();
+    for (section, setting) in [("metrics", "metrics.listen"), ("control", "control.listen")] {
+        let file = write(
+            &dir,
+            "p.yaml",
+            &format!(
+                "pipeline: p\nstore: sqlite://{}/s.db\n{section}: {{ listen: \"localhost-ish\" }}\n\
+                 pubsub: {{ project: x, endpoint: \"http://127.0.0.1:9\" }}\n\
+                 targets: [ {{ name: events, kind: table }} ]\n\
+                 flows:\n  - name: live\n    target: events\n    source: {{ pubsub: {{ subscription: s }} }}\n",
+                dir.path().display()
+            ),
+        );
+        let (code, stderr) = run_with(&file);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(
+            stderr.contains(setting) && stderr.contains("localhost-ish"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("p.yaml"), "names the file: {stderr}");
+    }
+}

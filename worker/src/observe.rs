@@ -69,23 +69,20 @@ pub struct Observed {
 }
 
 impl Observed {
-    /// Installs the exporter and starts serving when `listen` is given (an address like
-    /// `127.0.0.1:9464`); otherwise only keeps the readiness.
-    pub async fn start(listen: Option<&str>, pipeline: &str) -> Result<Self, String> {
+    /// Installs the exporter and starts serving when `listen` is given; otherwise only keeps
+    /// the readiness. Fails when the recorder cannot be installed or the address bound.
+    pub async fn start(listen: Option<SocketAddr>, pipeline: &str) -> Result<Self, String> {
         let Some(listen) = listen else {
             return Ok(Self {
                 readiness: Readiness::new(pipeline),
                 _server: None,
             });
         };
-        let address: SocketAddr = listen.parse().map_err(|_| {
-            format!("metrics.listen: {listen:?} is not an address like 127.0.0.1:9464")
-        })?;
         // Before any metric handle is taken: handles taken earlier go nowhere.
         let handle = install()?;
         let readiness = Readiness::new(pipeline);
         let stop = CancellationToken::new();
-        serve(address, handle, readiness.clone(), stop.clone())
+        serve(listen, handle, readiness.clone(), stop.clone())
             .await
             .map_err(|e| format!("metrics.listen {listen}: {e}"))?;
         Ok(Self {

@@ -67,6 +67,13 @@ pub enum RunError {
     /// The file is valid but uses features this version cannot run.
     #[error("{0}")]
     Unsupported(String),
+    /// A setting the parser accepted is unusable (an address that is not one, a control API
+    /// beyond loopback without its token file): invalid input, exit 2.
+    #[error("{0}")]
+    Invalid(String),
+    /// The metrics or control endpoint could not be started (address in use): exit 1.
+    #[error("{0}")]
+    Endpoint(String),
     /// The store could not be opened or prepared, and retrying is pointless or was stopped.
     #[error("store: {0}")]
     Store(StoreError),
@@ -102,7 +109,7 @@ pub async fn run_file(path: &Path) -> ExitCode {
                 ExitCode::SUCCESS
             }
         }
-        Err(error @ RunError::Unsupported(_)) => {
+        Err(error @ (RunError::Unsupported(_) | RunError::Invalid(_))) => {
             eprintln!("{}: {error}", path.display());
             ExitCode::from(2)
         }
@@ -122,11 +129,11 @@ pub async fn run_file(path: &Path) -> ExitCode {
 fn print_outcome(outcome: &FlowOutcome) {
     let c = &outcome.counters;
     let state = match &outcome.state {
-        FlowState::Completed => "COMPLETED".to_owned(),
-        FlowState::Stopped => "STOPPED".to_owned(),
         FlowState::Idle => "IDLE (completed earlier; not re-read)".to_owned(),
-        FlowState::Skipped(why) => format!("SKIPPED ({why})"),
-        FlowState::Failed(why) => format!("FAILED ({why})"),
+        FlowState::Skipped(why) | FlowState::Failed(why) => {
+            format!("{} ({why})", outcome.state.name())
+        }
+        other => other.name().to_owned(),
     };
     println!(
         "flow {}: {state}; received {}, rows {}, dead letters {}, duplicates {} (memory {}, store {}), acked {}, nacked {}",
@@ -156,9 +163,14 @@ pub async fn execute(
         tables: flows::table_targets(pipeline),
         flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
     };
-    let observed = observe::Observed::start(pipeline.metrics_listen.as_deref(), &pipeline.name)
+    let metrics_listen = pipeline
+        .metrics_listen
+        .as_deref()
+        .map(|listen| address("metrics.listen", listen))
+        .transpose()?;
+    let observed = observe::Observed::start(metrics_listen, &pipeline.name)
         .await
-        .map_err(RunError::Unsupported)?;
+        .map_err(RunError::Endpoint)?;
     let readiness = observed.readiness.clone();
     let beat = membership::identity(&pipeline.name);
     let board = FlowBoard::new(
@@ -322,13 +334,9 @@ async fn start_control(
     let Some(listen) = &pipeline.control_listen else {
         return Ok(None);
     };
-    let address: std::net::SocketAddr = listen.parse().map_err(|_| {
-        RunError::Unsupported(format!(
-            "control.listen: {listen:?} is not an address like 127.0.0.1:9465"
-        ))
-    })?;
+    let address = address("control.listen", listen)?;
     let token = control::token_for(address, pipeline.control_token_file.as_deref())
-        .map_err(RunError::Unsupported)?;
+        .map_err(RunError::Invalid)?;
     let service = ControlService {
         pipeline: pipeline.name.clone(),
         worker: worker.to_owned(),
@@ -340,8 +348,17 @@ async fn start_control(
     let stop = tokio_util::sync::CancellationToken::new();
     control::serve(address, token, service, stop.clone())
         .await
-        .map_err(|e| RunError::Unsupported(format!("control.listen {listen}: {e}")))?;
+        .map_err(|e| RunError::Endpoint(format!("control.listen {listen}: {e}")))?;
     Ok(Some(stop.drop_guard()))
+}
+
+/// A `listen` setting as a socket address (`127.0.0.1:9464`).
+fn address(setting: &str, listen: &str) -> Result<std::net::SocketAddr, RunError> {
+    listen.parse().map_err(|_| {
+        RunError::Invalid(format!(
+            "{setting}: {listen:?} is not an address like 127.0.0.1:9464"
+        ))
+    })
 }
 
 /// Records a once flow's completion, retrying while the store is unavailable, until it is
