@@ -66,6 +66,17 @@ impl Store for FaultyStore {
     async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
         self.inner.completions(pipeline).await
     }
+    async fn reset_flow(&self, flow: &FlowHandle, table: Option<&str>) -> Result<(), StoreError> {
+        self.inner.reset_flow(flow, table).await
+    }
+    async fn keys_present(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        keys: &[String],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.inner.keys_present(flow, table, keys).await
+    }
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
         self.inner.ledger_upkeep().await
     }

@@ -38,6 +38,7 @@ mod postgres;
 mod schema;
 mod sqlite;
 mod sqlite_commit;
+mod sqlite_flows;
 mod sqlite_pool;
 mod url;
 
@@ -86,6 +87,24 @@ pub trait Store: Send + Sync + 'static {
     /// Records that `flow`, a once flow, has drained its source completely. Every replica
     /// sharing the store sees it (see [`Store::completions`]); recording twice is harmless.
     async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError>;
+
+    /// Forgets what `flow` has done, in one transaction: its ledger keys, its counters, its
+    /// completion, its dead letters and, when `table` (the full name of its target table) is
+    /// given, its rows there. The next run of the flow starts from nothing and writes each
+    /// record once again. Callers make sure no worker is running the flow meanwhile (its
+    /// memory tier would still remember keys).
+    async fn reset_flow(&self, flow: &FlowHandle, table: Option<&str>) -> Result<(), StoreError>;
+
+    /// For each of `keys`, whether `flow` has already committed an effect for it that is still
+    /// in the store: a row in `table` or a dead letter. Unlike the ledger this has no window,
+    /// so a bounded source (a file backfill) that is re-read after a crash skips what it wrote
+    /// before, however long ago.
+    async fn keys_present(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        keys: &[String],
+    ) -> Result<Vec<bool>, StoreError>;
 
     /// The flows of `pipeline` recorded complete, with when (ms since epoch, store clock), in
     /// flow-name order. A restarted or newly started replica skips these once flows.

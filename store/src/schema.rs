@@ -110,7 +110,8 @@ pub(crate) fn sqlite_dead_letter_ddl(table: &str) -> String {
             error        TEXT NOT NULL,
             attempts     INTEGER NOT NULL,
             committed_at INTEGER NOT NULL
-        );"
+        );
+        CREATE INDEX IF NOT EXISTS \"{table}_flow_key\" ON \"{table}\" (flow, dedup_key);"
     )
 }
 

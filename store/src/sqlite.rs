@@ -147,6 +147,23 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn reset_flow(&self, flow: &FlowHandle, table: Option<&str>) -> Result<(), StoreError> {
+        let (flow, table) = (flow.clone(), table.map(str::to_owned));
+        self.call(move |conn| crate::sqlite_flows::reset_flow(conn, &flow, table.as_deref()))
+            .await
+    }
+
+    async fn keys_present(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        keys: &[String],
+    ) -> Result<Vec<bool>, StoreError> {
+        let (flow, table, keys) = (flow.clone(), table.to_owned(), keys.to_vec());
+        self.call(move |conn| crate::sqlite_flows::keys_present(conn, &flow, &table, &keys))
+            .await
+    }
+
     async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
         let pipeline = pipeline.to_owned();
         self.call(move |conn| {

@@ -154,6 +154,7 @@ on_both_backends!(
     heartbeats_list_live_workers,
     concurrent_commits_of_one_key_write_it_once,
     completions_are_seen_by_every_handle,
+    reset_forgets_one_flow_only,
 );
 
 async fn ledger_decides_duplicates_within_and_across_batches(postgres: bool) {
@@ -426,4 +427,69 @@ async fn completions_are_seen_by_every_handle(postgres: bool) {
         seen[0].1
     );
     assert!(other.completions("q").await.unwrap().is_empty());
+}
+
+/// `reset_flow` forgets one flow (ledger, rows, dead letters, counters, completion) and leaves
+/// the other flow of the same table alone; `keys_present` sees rows and dead letters of the
+/// flow asked about, beyond any ledger window.
+async fn reset_forgets_one_flow_only(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    let (live, other) = (&flows[0], &flows[1]);
+    store
+        .commit(batch(live, vec![row("a"), row("b"), dead("c")]))
+        .await
+        .unwrap();
+    store
+        .commit(batch(other, vec![row("a"), row("z")]))
+        .await
+        .unwrap();
+    store.record_completion(live).await.unwrap();
+    store.record_completion(other).await.unwrap();
+    let keys: Vec<String> = ["a", "b", "c", "z"].map(String::from).to_vec();
+    assert_eq!(
+        store.keys_present(live, "p__events", &keys).await.unwrap(),
+        [true, true, true, false]
+    );
+
+    store.reset_flow(live, Some("p__events")).await.unwrap();
+
+    assert_eq!(
+        store.count_rows("p__events", Some("live")).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        store.count_rows("p__events", Some("other")).await.unwrap(),
+        2
+    );
+    assert!(place.dead_letter_reasons().await.is_empty());
+    assert_eq!(
+        store.keys_present(live, "p__events", &keys).await.unwrap(),
+        [false; 4]
+    );
+    assert_eq!(
+        store.keys_present(other, "p__events", &keys).await.unwrap(),
+        [true, false, false, true]
+    );
+    let progress = store.flow_progress(live).await.unwrap();
+    assert_eq!(
+        (progress.committed, progress.dead_lettered, progress.batches),
+        (0, 0, 0)
+    );
+    assert_eq!(store.flow_progress(other).await.unwrap().committed, 2);
+    let completed: Vec<String> = store
+        .completions("p")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(flow, _)| flow)
+        .collect();
+    assert_eq!(completed, ["other"]);
+    // The ledger forgot the live flow's keys: they are new again, once.
+    let outcome = store
+        .commit(batch(live, vec![row("a"), row("b"), row("a")]))
+        .await
+        .unwrap();
+    assert_eq!(outcome.written, [true, true, false]);
+    // A bad table name is refused, not spliced.
+    assert!(store.reset_flow(live, Some("x\"; DROP")).await.is_err());
 }

@@ -55,6 +55,17 @@ impl Store for DownStore {
     async fn completions(&self, _: &str) -> Result<Vec<(String, i64)>, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
+    async fn reset_flow(&self, _: &FlowHandle, _: Option<&str>) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn keys_present(
+        &self,
+        _: &FlowHandle,
+        _: &str,
+        _: &[String],
+    ) -> Result<Vec<bool>, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }

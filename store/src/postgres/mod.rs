@@ -14,6 +14,7 @@
 mod commit;
 mod connect;
 mod error;
+mod flows;
 mod ledger;
 mod schema;
 mod scratch;
@@ -294,6 +295,21 @@ impl Store for PostgresStore {
             )
             .await?;
         Ok(())
+    }
+
+    async fn reset_flow(&self, flow: &FlowHandle, table: Option<&str>) -> Result<(), StoreError> {
+        let (mut client, _) = self.ready().await?;
+        flows::reset_flow(&mut client, flow, table).await
+    }
+
+    async fn keys_present(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        keys: &[String],
+    ) -> Result<Vec<bool>, StoreError> {
+        let (client, _) = self.ready().await?;
+        flows::keys_present(&client, flow, table, keys).await
     }
 
     async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {

@@ -160,6 +160,7 @@ pub(crate) fn dead_letter_ddl(pipeline: &str) -> Result<String, StoreError> {
             error        TEXT NOT NULL,
             attempts     INTEGER NOT NULL,
             committed_at TIMESTAMPTZ NOT NULL
-        );"
+        );
+        CREATE INDEX IF NOT EXISTS \"{table}_flow_key\" ON \"{table}\" (flow, dedup_key);"
     ))
 }

@@ -1,0 +1,79 @@
+//! SQLite: a flow's lifecycle beyond commits — forgetting it (`reset FLOW`, `full-refresh`) and
+//! asking which keys it has already written.
+
+use crate::schema::{check_table, table_name};
+use crate::{FlowHandle, StoreError};
+use rusqlite::{Connection, TransactionBehavior, params};
+
+/// Keys looked up per statement (well under SQLite's limit of bound parameters).
+const PRESENCE_CHUNK: usize = 500;
+
+/// Deletes the flow's ledger keys, counters, completion, dead letters and (with `table`) rows,
+/// in one transaction.
+pub(crate) fn reset_flow(
+    conn: &mut Connection,
+    flow: &FlowHandle,
+    table: Option<&str>,
+) -> Result<(), StoreError> {
+    let dead_letter = table_name(&flow.pipeline, "dead_letter")?;
+    if let Some(table) = table {
+        check_table(table)?;
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute(
+        "DELETE FROM sluice_ledger WHERE flow_id = ?1",
+        params![flow.id],
+    )?;
+    tx.execute(
+        "DELETE FROM sluice_completions WHERE flow_id = ?1",
+        params![flow.id],
+    )?;
+    tx.execute(
+        "UPDATE sluice_flows SET committed = 0, duplicates = 0, dead_lettered = 0, batches = 0,
+             last_commit_at = NULL
+         WHERE flow_id = ?1",
+        params![flow.id],
+    )?;
+    // Table names are validated identifiers (checked above); values are bound.
+    tx.execute(
+        &format!("DELETE FROM \"{dead_letter}\" WHERE flow = ?1"),
+        params![&*flow.name],
+    )?;
+    if let Some(table) = table {
+        tx.execute(
+            &format!("DELETE FROM \"{table}\" WHERE flow = ?1"),
+            params![&*flow.name],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// For each key, whether the flow has a row in `table` or a dead letter with it.
+pub(crate) fn keys_present(
+    conn: &mut Connection,
+    flow: &FlowHandle,
+    table: &str,
+    keys: &[String],
+) -> Result<Vec<bool>, StoreError> {
+    check_table(table)?;
+    let dead_letter = table_name(&flow.pipeline, "dead_letter")?;
+    let mut present = std::collections::HashSet::new();
+    for chunk in keys.chunks(PRESENCE_CHUNK) {
+        let marks = vec!["?"; chunk.len()].join(", ");
+        for source in [table, dead_letter.as_str()] {
+            let sql = format!(
+                "SELECT DISTINCT dedup_key FROM \"{source}\" WHERE flow = ? AND dedup_key IN ({marks})"
+            );
+            let mut statement = conn.prepare_cached(&sql)?;
+            let values = std::iter::once(&*flow.name).chain(chunk.iter().map(String::as_str));
+            let rows = statement.query_map(rusqlite::params_from_iter(values), |row| {
+                row.get::<_, String>(0)
+            })?;
+            for key in rows {
+                present.insert(key?);
+            }
+        }
+    }
+    Ok(keys.iter().map(|k| present.contains(k)).collect())
+}
