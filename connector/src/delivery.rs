@@ -17,6 +17,21 @@ pub struct SourceMessage {
     pub attributes: BTreeMap<String, String>,
     /// Payload.
     pub data: Bytes,
+    /// Event time the source itself knows (a file record's `event_time`), ms since epoch; it
+    /// wins over an `event_time.attribute`. `None` for Pub/Sub messages.
+    pub event_time_ms: Option<i64>,
+    /// Why the source could not decode this message (an undecodable file line); such a message
+    /// becomes a dead letter with this reason, under its own key, and is never lost.
+    pub problem: Option<SourceProblem>,
+}
+
+/// A problem a source found with one message, carried to the stage, which dead-letters it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceProblem {
+    /// Short machine-readable reason (`undecodable`, `missing_id`, `bad_timestamp`).
+    pub reason: &'static str,
+    /// For people.
+    pub error: String,
 }
 
 impl SourceMessage {

@@ -57,6 +57,8 @@ impl InProcessSource {
                     publish_time_ms: now,
                     attributes: BTreeMap::from([("key".to_owned(), key_of(i))]),
                     data: payload.clone(),
+                    event_time_ms: None,
+                    problem: None,
                 })
                 .collect(),
         )

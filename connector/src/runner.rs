@@ -38,6 +38,9 @@ pub enum RunUntil {
     Drained,
     /// Until no message arrived for this long (triggered runs, once flows), or the drain token.
     Idle(Duration),
+    /// Until the source ends by itself (a file source read to its end) and all it delivered
+    /// is settled, or the drain token.
+    Exhausted,
 }
 
 /// Everything one flow's run needs.
@@ -61,7 +64,8 @@ pub struct FlowRun {
 /// How a flow's run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
-    /// The source stayed empty for the idle time: a once flow or triggered run is complete.
+    /// The source stayed empty for the idle time, or ended by itself: a once flow or
+    /// triggered run is complete.
     Drained,
     /// The drain token stopped it (a signal), whatever was left on the subscription.
     Stopped,
@@ -155,7 +159,10 @@ impl FlowRun {
                         break;
                     }
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    drained = self.until == RunUntil::Exhausted;
+                    break;
+                }
                 Err(_idle) => {
                     drained = true;
                     stop_source.cancel();

@@ -40,6 +40,12 @@ impl TableStage {
                 delivery,
             );
         }
+        if let Some(problem) = &delivery.message.problem {
+            return dead_letter(problem.reason, problem.error.clone(), delivery);
+        }
+        if let Some(event_time_ms) = delivery.message.event_time_ms {
+            return Effect::Row { event_time_ms };
+        }
         let Some(name) = &self.event_time_attribute else {
             return Effect::Row {
                 event_time_ms: delivery.message.publish_time_ms,

@@ -31,6 +31,16 @@ pub enum ErrorCode {
     UnknownTarget,
     /// A `depends_on` entry names no flow.
     UnknownFlow,
+    /// Flows wait for each other in a cycle (through `depends_on` or data edges).
+    DependsOnCycle,
+    /// Continuous mode: a `depends_on` predecessor is not a `once` flow.
+    DependsOnPredecessorMustBeOnce,
+    /// A `depends_on` predecessor writes to a `view` target.
+    DependsOnPredecessorWritesToView,
+    /// A `once` flow writes to a `foreach_batch` target.
+    ForeachBatchCannotBeOnce,
+    /// Continuous mode: a `depends_on` predecessor writes to a `foreach_batch` target.
+    ForeachBatchPredecessor,
     /// A `schedule:` that is malformed or not allowed (continuous mode).
     InvalidSchedule,
     /// A name that is not `[a-z_][a-z0-9_]*` of at most 48 bytes.
@@ -54,6 +64,11 @@ impl ErrorCode {
             Self::DuplicateKey => "DUPLICATE_KEY",
             Self::UnknownTarget => "UNKNOWN_TARGET",
             Self::UnknownFlow => "UNKNOWN_FLOW",
+            Self::DependsOnCycle => "DEPENDS_ON_CYCLE",
+            Self::DependsOnPredecessorMustBeOnce => "DEPENDS_ON_PREDECESSOR_MUST_BE_ONCE",
+            Self::DependsOnPredecessorWritesToView => "DEPENDS_ON_PREDECESSOR_WRITES_TO_VIEW",
+            Self::ForeachBatchCannotBeOnce => "FOREACH_BATCH_CANNOT_BE_ONCE",
+            Self::ForeachBatchPredecessor => "FOREACH_BATCH_PREDECESSOR",
             Self::InvalidSchedule => "INVALID_SCHEDULE",
             Self::InvalidIdentifier => "INVALID_IDENTIFIER",
             Self::Unreadable => "UNREADABLE",
@@ -260,5 +275,13 @@ mod tests {
         assert_eq!(ErrorCode::UnknownKey.to_string(), "UNKNOWN_KEY");
         assert_eq!(ErrorCode::InvalidSchedule.to_string(), "INVALID_SCHEDULE");
         assert_eq!(ErrorCode::DuplicateName.to_string(), "DUPLICATE_NAME");
+        assert_eq!(
+            ErrorCode::DependsOnPredecessorWritesToView.to_string(),
+            "DEPENDS_ON_PREDECESSOR_WRITES_TO_VIEW"
+        );
+        assert_eq!(
+            ErrorCode::ForeachBatchPredecessor.to_string(),
+            "FOREACH_BATCH_PREDECESSOR"
+        );
     }
 }

@@ -12,6 +12,14 @@
 //!   target names and flow names are unique.
 //! - **References resolve.** Every flow's `target`, every `source.table` names a declared target
 //!   and every `depends_on` entry names a declared flow.
+//! - **The flow graph can run** (SPEC §6; [`graph`] builds it and explains what its edges mean
+//!   for scheduling). It has no cycle, counting `depends_on` edges and data edges (a flow reading
+//!   `source: { table: X }` waits for every flow whose target is `X`), a flow depending on itself
+//!   included (`DEPENDS_ON_CYCLE`, printing the cycle). In continuous mode every `depends_on`
+//!   predecessor is a `once` flow (`DEPENDS_ON_PREDECESSOR_MUST_BE_ONCE`) and none writes to a
+//!   `foreach_batch` target (`FOREACH_BATCH_PREDECESSOR`); triggered mode allows both. In either
+//!   mode no predecessor writes to a `view` (`DEPENDS_ON_PREDECESSOR_WRITES_TO_VIEW`) and no
+//!   `once` flow writes to a `foreach_batch` target (`FOREACH_BATCH_CANNOT_BE_ONCE`).
 //! - **Values are in range.** Durations and sizes are humane (`10m`, `50ms`, `100MiB`) and
 //!   parsed; counts have their documented bounds (`streams` 1..=64, `max_attempts` ≥ 1, ...).
 //! - **Every error is located.** Each [`ConfigError`] carries a stable [`ErrorCode`], the file,
@@ -23,6 +31,7 @@
 mod convert;
 mod decode;
 mod errors;
+pub mod graph;
 mod humane;
 mod locate;
 pub mod model;

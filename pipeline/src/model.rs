@@ -93,6 +93,19 @@ pub enum TargetKind {
     },
 }
 
+impl TargetKind {
+    /// The `kind:` word of the file: `table`, `view`, `sink`, `window` or `foreach_batch`.
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            Self::Table => "table",
+            Self::View => "view",
+            Self::Sink { .. } => "sink",
+            Self::Window { .. } => "window",
+            Self::ForeachBatch { .. } => "foreach_batch",
+        }
+    }
+}
+
 /// One entry of `flows:`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Flow {

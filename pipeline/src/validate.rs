@@ -1,12 +1,29 @@
 //! Checks that relate parts of the file to each other: identifiers, unique names, references
 //! from flows to targets and flows, and what the mode allows (SPEC §5, §6).
 //!
-//! Graph checks of later issues (`DEPENDS_ON_CYCLE`, ...) belong here too.
+//! The flow-graph checks (on the [`FlowGraph`] of the converted pipeline) guarantee that a
+//! valid pipeline has:
+//!
+//! - no cycle of `depends_on` and data edges, a flow depending on itself included
+//!   (`DEPENDS_ON_CYCLE`, one error per cycle found, printing it as `a -> b -> a` where each
+//!   flow waits for the one before it, located at the `depends_on` entry, or the
+//!   `source.table`, through which the cycle's first flow in the file waits);
+//! - in continuous mode, only `once` flows as `depends_on` predecessors
+//!   (`DEPENDS_ON_PREDECESSOR_MUST_BE_ONCE`) and none that writes to a `foreach_batch` target
+//!   (`FOREACH_BATCH_PREDECESSOR`); triggered mode allows both;
+//! - no `depends_on` predecessor that writes to a `view` (`DEPENDS_ON_PREDECESSOR_WRITES_TO_VIEW`);
+//! - no `once` flow writing to a `foreach_batch` target (`FOREACH_BATCH_CANNOT_BE_ONCE`).
+//!
+//! Predecessor errors are located at the `depends_on` entry that names the predecessor. A
+//! reference already reported as unknown (`UNKNOWN_FLOW`, `UNKNOWN_TARGET`) takes part in no
+//! graph check, a predecessor named twice by one flow is checked once, and a flow depending on
+//! itself gets only the cycle error.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::errors::{Collector, ErrorCode};
-use crate::model::{Mode, Pipeline, Source};
+use crate::graph::{EdgeKind, FlowGraph};
+use crate::model::{Mode, Pipeline, Source, TargetKind};
 
 /// Longest identifier, in bytes (table names are `<pipeline>__<target>`).
 pub const MAX_IDENTIFIER_LEN: usize = 48;
@@ -64,19 +81,121 @@ pub(crate) fn validate(p: &Pipeline, c: &mut Collector<'_>) {
             if flows.contains_key(dep.as_str()) {
                 continue;
             }
-            // `depends_on: x` has no index; `depends_on: [x, y]` does.
-            let item = format!("flows[{i}].depends_on[{j}]");
-            let path = if c.locator().contains(&item) {
-                item
-            } else {
-                format!("flows[{i}].depends_on")
-            };
+            let path = depends_on_path(c, i, j);
             c.push(
                 ErrorCode::UnknownFlow,
                 &path,
                 format!("no flow named `{dep}`{}", known(&flows)),
             );
         }
+    }
+
+    flow_graph(p, c, &flows);
+}
+
+/// The flow-graph checks of the module docs; `flows` maps each flow name to its first index.
+fn flow_graph(p: &Pipeline, c: &mut Collector<'_>, flows: &HashMap<&str, usize>) {
+    let graph = FlowGraph::new(p);
+    let continuous = p.mode == Mode::Continuous;
+
+    for cycle in graph.cycle_paths() {
+        // A cycle path is `[first, ..., before, first]`: `first` waits for `before`.
+        let (Some(&first), Some(&before)) = (cycle.first(), cycle.iter().rev().nth(1)) else {
+            continue;
+        };
+        let shown: Vec<&str> = cycle.iter().map(|&at| p.flows[at].name.as_str()).collect();
+        let waits_on = &p.flows[before].name;
+        let path = match graph.edge_kind(before, first) {
+            Some(EdgeKind::Data) => format!("flows[{first}].source.table"),
+            _ => match p.flows[first].depends_on.iter().position(|d| d == waits_on) {
+                Some(j) => depends_on_path(c, first, j),
+                None => format!("flows[{first}].depends_on"),
+            },
+        };
+        c.push(
+            ErrorCode::DependsOnCycle,
+            &path,
+            format!(
+                "cycle {}: each flow waits for the one before it (by `depends_on` or by \
+                 reading its target); remove one of these edges",
+                shown.join(" -> ")
+            ),
+        );
+    }
+
+    for (i, flow) in p.flows.iter().enumerate() {
+        let kind = graph.nodes()[i].target_kind.as_ref();
+        if flow.once && matches!(kind, Some(TargetKind::ForeachBatch { .. })) {
+            c.push(
+                ErrorCode::ForeachBatchCannotBeOnce,
+                &format!("flows[{i}].once"),
+                format!(
+                    "`{}` writes to `{}`, a foreach_batch target, which takes the micro-batches \
+                     of a running stream: such a flow cannot be `once`",
+                    flow.name, flow.target
+                ),
+            );
+        }
+        let mut checked = HashSet::new();
+        for (j, dep) in flow.depends_on.iter().enumerate() {
+            // Unknown names were reported above; a self-dependency is reported as a cycle.
+            let Some(&at) = flows.get(dep.as_str()) else {
+                continue;
+            };
+            if at == i || !checked.insert(at) {
+                continue;
+            }
+            predecessor(c, &graph, continuous, &depends_on_path(c, i, j), at);
+        }
+    }
+}
+
+/// Checks the flow at index `at` as a `depends_on` predecessor named at `path`.
+fn predecessor(c: &mut Collector<'_>, graph: &FlowGraph, continuous: bool, path: &str, at: usize) {
+    let pred = &graph.nodes()[at];
+    if continuous && !pred.once {
+        c.push(
+            ErrorCode::DependsOnPredecessorMustBeOnce,
+            path,
+            format!(
+                "predecessor `{}` is not a `once` flow: in a continuous pipeline it never \
+                 completes, so a predecessor must have `once: true` (`mode: triggered` allows \
+                 any flow as a predecessor)",
+                pred.name
+            ),
+        );
+    }
+    match pred.target_kind {
+        Some(TargetKind::View) => c.push(
+            ErrorCode::DependsOnPredecessorWritesToView,
+            path,
+            format!(
+                "predecessor `{}` writes to `{}`, a view: a view stores nothing, so there is no \
+                 completed output to wait for; depend on a flow that writes a table",
+                pred.name, pred.target
+            ),
+        ),
+        Some(TargetKind::ForeachBatch { .. }) if continuous => c.push(
+            ErrorCode::ForeachBatchPredecessor,
+            path,
+            format!(
+                "predecessor `{}` writes to `{}`, a foreach_batch target: in a continuous \
+                 pipeline such a flow cannot be a predecessor (`mode: triggered` allows it)",
+                pred.name, pred.target
+            ),
+        ),
+        _ => {}
+    }
+}
+
+/// The path of `depends_on` entry `j` of flow `i`: `depends_on: x` has no index,
+/// `depends_on: [x, y]` does.
+fn depends_on_path(c: &Collector<'_>, i: usize, j: usize) -> String {
+    let item = format!("flows[{i}].depends_on[{j}]");
+    if c.locator().contains(&item) {
+        item
+    } else {
+        format!("flows[{i}].depends_on")
     }
 }
 

@@ -29,6 +29,17 @@ pub enum OutputFormat {
     Json,
 }
 
+/// Output format of `graph`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GraphFormat {
+    /// One line per flow, in start order.
+    Text,
+    /// Graphviz.
+    Dot,
+    /// A Mermaid flowchart.
+    Mermaid,
+}
+
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -37,6 +48,12 @@ pub enum Command {
         /// The pipeline file.
         #[arg(short = 'c', long = "config")]
         config: PathBuf,
+        /// First clear every flow (completion, ledger, rows), as `sluice full-refresh` does.
+        #[arg(long)]
+        full_refresh: bool,
+        /// First clear these flows only (comma-separated), as `sluice reset` does.
+        #[arg(long, value_delimiter = ',', conflicts_with = "full_refresh")]
+        refresh: Vec<String>,
     },
     /// Check a pipeline file; exit 0 when valid, 2 when not.
     Validate {
@@ -55,6 +72,33 @@ pub enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
+    },
+    /// Draw the flow graph: data edges and depends_on edges, with states from the store.
+    Graph {
+        /// The pipeline file.
+        #[arg(short = 'c', long = "config")]
+        config: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = GraphFormat::Text)]
+        format: GraphFormat,
+    },
+    /// Clear completion, ledger, rows and dead letters of every flow: the next run starts the
+    /// chain from the beginning, in order.
+    FullRefresh {
+        /// The pipeline file.
+        #[arg(short = 'c', long = "config")]
+        config: PathBuf,
+    },
+    /// Clear one flow (ledger, counters, completion, rows); upstream once flows stay drained.
+    Reset {
+        /// The flow.
+        flow: String,
+        /// The pipeline file.
+        #[arg(short = 'c', long = "config")]
+        config: PathBuf,
+        /// Seek the flow's subscription to this time (RFC 3339 or ms since epoch).
+        #[arg(long)]
+        seek: Option<String>,
     },
     /// The quickstart: emulator, sample stream with duplicates, exactly-once ingestion.
     Demo {
@@ -83,7 +127,23 @@ pub enum BenchCommand {
 /// Runs a command; maps its outcome to the exit code.
 pub async fn dispatch(command: Command) -> ExitCode {
     match command {
-        Command::Run { config } => crate::run::run_file(&config).await,
+        Command::Run {
+            config,
+            full_refresh,
+            refresh,
+        } => {
+            let refresh = if full_refresh {
+                crate::run::Refresh::All
+            } else {
+                crate::run::Refresh::Flows(refresh)
+            };
+            crate::run::run_file(&config, refresh).await
+        }
+        Command::Graph { config, format } => crate::graph::graph(&config, format).await,
+        Command::FullRefresh { config } => crate::refresh::full_refresh_file(&config).await,
+        Command::Reset { flow, config, seek } => {
+            crate::refresh::reset_file(&config, &flow, seek.as_deref()).await
+        }
         Command::Validate { config, format } => validate(&config, format),
         Command::Status { config, format } => crate::status::status(&config, format).await,
         Command::Demo { events, dir } => crate::demo::demo(events, &dir).await,

@@ -34,16 +34,16 @@ struct BoardEntry {
 }
 
 impl FlowBoard {
-    /// A board listing `flows` (name, once), all WAITING.
+    /// A board listing `flows` (name, once), all QUEUED.
     pub fn new(pipeline: &str, flows: impl IntoIterator<Item = (String, bool)>) -> Self {
         let entries = flows
             .into_iter()
             .map(|(name, once)| {
-                crate::observe::flow_state(pipeline, &name, "WAITING");
+                crate::observe::flow_state(pipeline, &name, "QUEUED");
                 BoardEntry {
                     name,
                     once,
-                    state: "WAITING",
+                    state: "QUEUED",
                     counters: None,
                 }
             })

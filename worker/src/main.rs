@@ -5,10 +5,14 @@ mod cli;
 mod control;
 mod demo;
 mod flows;
+mod graph;
 mod logging;
 mod membership;
 mod observe;
+mod progress;
+mod refresh;
 mod run;
+mod scheduler;
 mod signals;
 mod status;
 

@@ -19,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 pub const BEAT_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a lease lasts without renewal: three beats, so one slow store call does not lose it.
 pub const LEASE_TTL: Duration = Duration::from_secs(15);
+/// Workers heard of within this long count as alive: three missed beats.
+pub const ALIVE_WITHIN: Duration = Duration::from_secs(BEAT_INTERVAL.as_secs() * 3);
 /// The role that keeps the dedup ledger's generations.
 pub const LEDGER_UPKEEP: &str = "ledger_upkeep";
 

@@ -176,7 +176,8 @@ fn respond<B>(
 
 /// The states `sluice_flow_state{state}` takes (SPEC §6 names).
 const FLOW_STATES: &[&str] = &[
-    "WAITING",
+    "QUEUED",
+    "STARTING",
     "RUNNING",
     "COMPLETED",
     "STOPPED",

@@ -9,57 +9,18 @@ use crate::control::{self, ControlService, FlowBoard};
 use crate::flows;
 use crate::membership::{self, Membership};
 use crate::observe;
+use crate::scheduler::{self, MAX_PARALLEL_BOUNDED, RunContext};
+pub use crate::scheduler::{FlowOutcome, FlowState};
 use crate::signals::{self, Shutdown};
-use sluice_connector::{Backoff, Counters, Ended, FlowEnd, Snapshot};
+use sluice_connector::{Backoff, Snapshot};
 use sluice_pipeline::Pipeline;
 use sluice_store::{Layout, Store, StoreError};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
-
-/// How one flow ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FlowState {
-    /// Ran to its end: drained (idle for `drain_idle`) in a triggered run or as a once flow.
-    Completed,
-    /// Stopped by a signal (the normal end of a continuous flow); what it received is committed
-    /// and acked.
-    Stopped,
-    /// A once flow recorded complete in the store (by this worker earlier or by another
-    /// replica): not run again. Counts as success for its dependents.
-    Idle,
-    /// Did not start: a predecessor failed, or the run was stopped first.
-    Skipped(String),
-    /// Could not run.
-    Failed(String),
-}
-
-impl FlowState {
-    /// The state's name as SPEC §6 and `sluice_flow_state{state}` spell it.
-    pub fn name(&self) -> &'static str {
-        match self {
-            FlowState::Completed => "COMPLETED",
-            FlowState::Stopped => "STOPPED",
-            FlowState::Idle => "IDLE",
-            FlowState::Skipped(_) => "SKIPPED",
-            FlowState::Failed(_) => "FAILED",
-        }
-    }
-}
-
-/// One flow's result.
-#[derive(Debug, Clone)]
-pub struct FlowOutcome {
-    /// Flow name.
-    pub name: String,
-    /// How it ended.
-    pub state: FlowState,
-    /// Its counters at the end.
-    pub counters: Snapshot,
-}
 
 /// Why a run could not happen at all.
 #[derive(Debug, thiserror::Error)]
@@ -79,8 +40,17 @@ pub enum RunError {
     Store(StoreError),
 }
 
+/// What `run` clears before it starts (`--full-refresh`, `--refresh FLOW,...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refresh {
+    /// Every flow.
+    All,
+    /// These flows (none: a plain run).
+    Flows(Vec<String>),
+}
+
 /// `sluice run -c FILE`.
-pub async fn run_file(path: &Path) -> ExitCode {
+pub async fn run_file(path: &Path, refresh: Refresh) -> ExitCode {
     let pipeline = match sluice_pipeline::load(path) {
         Ok(pipeline) => pipeline,
         Err(errors) => {
@@ -88,6 +58,17 @@ pub async fn run_file(path: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let flows = match refresh {
+        Refresh::All => pipeline.flows.iter().map(|f| f.name.clone()).collect(),
+        Refresh::Flows(flows) => flows,
+    };
+    if !flows.is_empty() {
+        if let Err(error) = crate::refresh::refresh(&pipeline, &flows).await {
+            eprintln!("{}: {error}", path.display());
+            return error.exit_code();
+        }
+        println!("cleared before the run: {}", flows.join(", "));
+    }
     let shutdown = match signals::install() {
         Ok(shutdown) => shutdown,
         Err(error) => {
@@ -181,6 +162,13 @@ pub async fn execute(
     let (store, handles, completed) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
     let membership = Membership::start(store.clone(), beat);
 
+    let ctx = RunContext {
+        pipeline: pipeline.clone(),
+        store: store.clone(),
+        shutdown: shutdown.clone(),
+        board: board.clone(),
+        slots: Arc::new(Semaphore::new(MAX_PARALLEL_BOUNDED)),
+    };
     // One "finished" signal per flow: None while running, Some(success) at the end.
     let mut finished = HashMap::new();
     let mut senders = Vec::new();
@@ -189,22 +177,20 @@ pub async fn execute(
         finished.insert(flow.name.clone(), rx);
         senders.push(tx);
     }
+    let graph = sluice_pipeline::graph::FlowGraph::new(pipeline);
     let mut tasks = JoinSet::new();
     let mut names = HashMap::new();
     for ((flow, handle), done) in pipeline.flows.iter().zip(handles).zip(senders) {
-        let predecessors: Vec<_> = flow
-            .depends_on
-            .iter()
-            .filter_map(|name| finished.get(name).cloned().map(|rx| (name.clone(), rx)))
+        let predecessors: Vec<_> = graph
+            .waits_for(&flow.name)
+            .into_iter()
+            .filter_map(|name| {
+                let rx = finished.get(name).cloned()?;
+                Some((name.to_owned(), rx))
+            })
             .collect();
         let already_complete = flow.once && completed.contains(&flow.name);
-        let (pipeline, flow, store, shutdown, board) = (
-            pipeline.clone(),
-            flow.clone(),
-            store.clone(),
-            shutdown.clone(),
-            board.clone(),
-        );
+        let (ctx, flow) = (ctx.clone(), flow.clone());
         let name = flow.name.clone();
         let task = tasks.spawn(async move {
             let outcome = if already_complete {
@@ -215,20 +201,10 @@ pub async fn execute(
                     counters: Snapshot::default(),
                 }
             } else {
-                run_flow(
-                    &pipeline,
-                    &flow,
-                    store,
-                    handle,
-                    &shutdown,
-                    predecessors,
-                    &board,
-                )
-                .await
+                scheduler::run_flow(&ctx, &flow, handle, predecessors).await
             };
-            board.set(&flow.name, outcome.state.name(), None);
-            let succeeded = matches!(outcome.state, FlowState::Completed | FlowState::Idle);
-            let _ = done.send(Some(succeeded));
+            ctx.board.set(&flow.name, outcome.state.name(), None);
+            let _ = done.send(Some(outcome.state.succeeded()));
             outcome
         });
         names.insert(task.id(), name);
@@ -267,62 +243,6 @@ pub async fn execute(
     Ok(outcomes)
 }
 
-async fn run_flow(
-    pipeline: &Pipeline,
-    flow: &sluice_pipeline::Flow,
-    store: Arc<dyn Store>,
-    handle: sluice_store::FlowHandle,
-    shutdown: &Shutdown,
-    predecessors: Vec<(String, watch::Receiver<Option<bool>>)>,
-    board: &FlowBoard,
-) -> FlowOutcome {
-    let outcome = |state, counters: Option<&Counters>| FlowOutcome {
-        name: flow.name.clone(),
-        state,
-        counters: counters.map(Counters::snapshot).unwrap_or_default(),
-    };
-    for (name, mut rx) in predecessors {
-        let succeeded = tokio::select! {
-            result = rx.wait_for(Option::is_some) => result.ok().and_then(|v| *v).unwrap_or(false),
-            _ = shutdown.drain.cancelled() => false,
-        };
-        if !succeeded {
-            let why = format!("predecessor {name} did not complete");
-            return outcome(FlowState::Skipped(why), None);
-        }
-    }
-    if shutdown.drain.is_cancelled() {
-        return outcome(FlowState::Skipped("stopped before start".into()), None);
-    }
-    let (run, counters) = match flows::build(
-        pipeline,
-        flow,
-        store.clone(),
-        handle.clone(),
-        shutdown.give_up.clone(),
-    ) {
-        Ok(built) => built,
-        Err(error) => return outcome(FlowState::Failed(error), None),
-    };
-    tracing::info!(flow = %flow.name, "flow started");
-    board.set(&flow.name, "RUNNING", Some(&counters));
-    match run.run(shutdown.drain.clone()).await {
-        Ok(FlowEnd { report, ended }) => {
-            tracing::info!(flow = %flow.name, rows = report.rows, duplicates = report.duplicates,
-                dead_letters = report.dead_letters, ?ended, "flow finished");
-            let state = match ended {
-                Ended::Drained => FlowState::Completed,
-                Ended::Stopped => FlowState::Stopped,
-            };
-            if flow.once && state == FlowState::Completed {
-                record_completion(&*store, &handle, shutdown).await;
-            }
-            outcome(state, Some(&counters))
-        }
-        Err(error) => outcome(FlowState::Failed(error.to_string()), Some(&counters)),
-    }
-}
-
 /// Starts the control API when `control.listen` is set; dropping the guard stops it.
 async fn start_control(
     pipeline: &Pipeline,
@@ -359,31 +279,6 @@ fn address(setting: &str, listen: &str) -> Result<std::net::SocketAddr, RunError
             "{setting}: {listen:?} is not an address like 127.0.0.1:9464"
         ))
     })
-}
-
-/// Records a once flow's completion, retrying while the store is unavailable, until it is
-/// recorded or the run is stopped (then the flow simply runs again next time: its messages
-/// were acked, so it drains at once).
-async fn record_completion(
-    store: &dyn Store,
-    flow: &sluice_store::FlowHandle,
-    shutdown: &Shutdown,
-) {
-    let mut backoff = Backoff::default();
-    loop {
-        match store.record_completion(flow).await {
-            Ok(()) => return,
-            Err(error) => {
-                let delay = backoff.next_delay();
-                tracing::warn!(flow = %flow.name, step = backoff.step(), %error,
-                    "cannot record the flow's completion; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.drain.cancelled() => return,
-                }
-            }
-        }
-    }
 }
 
 /// The store, the pipeline's flow handles, and the names of once flows recorded complete.

@@ -5,14 +5,11 @@
 
 use crate::cli::OutputFormat;
 use crate::flows;
-use crate::membership::{BEAT_INTERVAL, LEASE_TTL};
+use crate::membership::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
 use sluice_store::Layout;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
-
-/// Workers heard of within this long count as alive: three missed beats.
-const ALIVE_WITHIN: Duration = Duration::from_secs(BEAT_INTERVAL.as_secs() * 3);
 
 /// One flow's line.
 #[derive(Debug, serde::Serialize)]

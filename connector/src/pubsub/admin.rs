@@ -95,6 +95,45 @@ impl Admin {
         Ok(path)
     }
 
+    /// Creates a subscription that keeps acked messages (7 days by default), so that it can be
+    /// seeked back in time (`sluice reset FLOW --seek`); returns its path.
+    pub async fn create_replayable_subscription(
+        &self,
+        subscription: &str,
+        topic: &str,
+        ack_deadline_seconds: i32,
+    ) -> Result<String, SourceError> {
+        let path = self.config.subscription_path(subscription)?;
+        self.subscriptions
+            .create_subscription()
+            .set_name(&path)
+            .set_topic(self.config.topic_path(topic)?)
+            .set_ack_deadline_seconds(ack_deadline_seconds)
+            .set_retain_acked_messages(true)
+            .send()
+            .await
+            .map_err(rpc)?;
+        Ok(path)
+    }
+
+    /// Seeks a subscription to a time (ms since epoch): messages published since then are
+    /// delivered again, acked ones too when the subscription retains them.
+    pub async fn seek_to_time(&self, subscription: &str, time_ms: i64) -> Result<(), SourceError> {
+        let time = google_cloud_wkt::Timestamp::new(
+            time_ms.div_euclid(1000),
+            (time_ms.rem_euclid(1000) * 1_000_000) as i32,
+        )
+        .map_err(|e| SourceError::Name(format!("cannot seek to {time_ms} ms: {e}")))?;
+        self.subscriptions
+            .seek()
+            .set_subscription(self.config.subscription_path(subscription)?)
+            .set_time(time)
+            .send()
+            .await
+            .map_err(rpc)?;
+        Ok(())
+    }
+
     /// Whether a subscription exists. `Err` when Pub/Sub cannot be asked (unreachable).
     pub async fn subscription_exists(&self, subscription: &str) -> Result<bool, SourceError> {
         let result = self

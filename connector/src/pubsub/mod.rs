@@ -27,6 +27,9 @@ pub enum SourceError {
     /// A name is not usable (no project for a short subscription name).
     #[error("{0}")]
     Name(String),
+    /// A file source cannot read its files (none matches, one is unreadable).
+    #[error("{0}")]
+    File(String),
 }
 
 /// Where and as whom to talk to Pub/Sub.

@@ -249,6 +249,8 @@ fn convert(message: Message) -> SourceMessage {
         publish_time_ms,
         attributes: message.attributes.into_iter().collect(),
         data: message.data,
+        event_time_ms: None,
+        problem: None,
     }
 }
 

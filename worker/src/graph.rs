@@ -1,0 +1,64 @@
+//! `sluice graph -c FILE [--format text|dot|mermaid]`: the flow graph (depends_on and data
+//! edges), with the once flows the store records complete marked `COMPLETED`.
+//!
+//! The graph is drawn from the file alone when the store cannot be reached within a few
+//! seconds: drawing never waits on an outage.
+
+use crate::cli::GraphFormat;
+use sluice_pipeline::graph::{FlowGraph, render_dot, render_mermaid, render_text};
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// How long the store may take to say which once flows completed.
+const STORE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// `sluice graph`.
+pub async fn graph(config: &Path, format: GraphFormat) -> ExitCode {
+    let pipeline = match sluice_pipeline::load(config) {
+        Ok(pipeline) => pipeline,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let states = completed_flows(&pipeline).await;
+    let graph = FlowGraph::new(&pipeline);
+    let drawn = match format {
+        GraphFormat::Text => render_text(&graph, &states),
+        GraphFormat::Dot => render_dot(&graph, &states),
+        GraphFormat::Mermaid => render_mermaid(&graph, &states),
+    };
+    print!("{drawn}");
+    if !drawn.ends_with('\n') {
+        println!();
+    }
+    ExitCode::SUCCESS
+}
+
+/// Once flows recorded complete, as `COMPLETED`; empty when the store cannot tell quickly.
+async fn completed_flows(pipeline: &sluice_pipeline::Pipeline) -> HashMap<String, String> {
+    // Drawing must not create an embedded store that does not exist yet.
+    if let Ok(sluice_store::StoreUrl::Sqlite(path)) = pipeline.store.parse()
+        && !path.exists()
+    {
+        return HashMap::new();
+    }
+    let ask = async {
+        let store = sluice_store::open(&pipeline.store)?;
+        store.completions(&pipeline.name).await
+    };
+    match tokio::time::timeout(STORE_TIMEOUT, ask).await {
+        Ok(Ok(completed)) => completed
+            .into_iter()
+            .filter(|(flow, _)| pipeline.flows.iter().any(|f| &f.name == flow && f.once))
+            .map(|(flow, _)| (flow, "COMPLETED".to_owned()))
+            .collect(),
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "graph drawn without states: store unavailable");
+            HashMap::new()
+        }
+        Err(_) => HashMap::new(),
+    }
+}
