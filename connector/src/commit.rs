@@ -6,6 +6,8 @@
 //!   the data): retry the same batch with backoff, forever (leases keep extending, nothing is
 //!   acked), logging once per backoff step; when the caller gives up (shutdown deadline) the
 //!   batch is nacked;
+//! * a stage that is unavailable ([`crate::StageError::unavailable`]): the same, retried as long
+//!   as it takes, the stage called again with the same batch (so the same batch id);
 //! * a stage failure or a commit the store refuses ([`StoreError::Rejected`]): a batch of several
 //!   is split into single messages to find the culprit, without charging anyone; a single
 //!   message uses one attempt per failure, and once it has used `max_attempts` it is committed as
@@ -14,6 +16,7 @@
 use crate::backoff::Backoff;
 use crate::batch::Batch;
 use crate::delivery::Delivery;
+use crate::sink::{JsonlSink, SinkCommit};
 use crate::stage::Stage;
 use crate::time::now_ms;
 use sluice_store::{CommitBatch, Effect, Entry, FlowHandle, MessageFields, Store, StoreError};
@@ -64,9 +67,17 @@ pub struct CommitThenAck {
     stage: Arc<dyn Stage>,
     retry: RetrySettings,
     give_up: CancellationToken,
+    sink: Option<Arc<JsonlSink>>,
 }
 
 impl CommitThenAck {
+    /// Also writes each committed batch's new records to a JSONL sink file (see
+    /// [`crate::JsonlSink`]).
+    pub fn with_sink(mut self, sink: Arc<JsonlSink>) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
     /// How many batches of this flow may commit at once: what the store asks for.
     pub fn concurrency(&self) -> usize {
         self.store.commit_concurrency()
@@ -93,6 +104,7 @@ impl CommitThenAck {
                 ..retry
             },
             give_up,
+            sink: None,
         }
     }
 
@@ -143,7 +155,8 @@ impl CommitThenAck {
                         })
                         .collect();
                     let started = Instant::now();
-                    let commit = self.store.commit(self.commit_batch(&batch, effects));
+                    let (commit_batch, sink_commit) = self.commit_batch(&batch, effects);
+                    let commit = self.store.commit(commit_batch);
                     let result = tokio::select! {
                         result = commit => result.map_err(Failure::Store),
                         // The commit may still land; its messages are nacked and the ledger
@@ -153,9 +166,18 @@ impl CommitThenAck {
                     batch
                         .counters()
                         .commit_took(started.elapsed().as_secs_f64());
+                    if let (Ok(_), Some(sink)) = (&result, &sink_commit)
+                        && let Err(error) = sink.publish()
+                    {
+                        // Committed: the temporary file is published by the next start's
+                        // recovery, and the rows are in the target's table meanwhile.
+                        tracing::error!(flow = %self.flow.name, %error,
+                            "cannot publish a committed sink file; recovery will");
+                    }
                     result
                 }
-                Err(error) => Err(Failure::Stage(error.0)),
+                Err(error) if error.transient => Err(Failure::StageUnavailable(error.message)),
+                Err(error) => Err(Failure::Stage(error.message)),
             };
             let failure = match outcome {
                 Ok(outcome) => {
@@ -187,6 +209,7 @@ impl CommitThenAck {
                 Failure::Store(StoreError::Config(_)) => "config",
                 Failure::Store(_) => "unavailable",
                 Failure::Stage(_) => "stage",
+                Failure::StageUnavailable(_) => "stage_unavailable",
                 Failure::GaveUp => "gave_up",
             });
             let message_at_fault = matches!(
@@ -216,7 +239,7 @@ impl CommitThenAck {
             } else {
                 tracing::warn!(flow = %self.flow.name, batch = batch.id, step = backoff.step(),
                     retry_in_ms = delay.as_millis() as u64, error = %failure,
-                    "store unavailable; retrying the commit (nothing acked)");
+                    "store or stage unavailable; retrying the batch (nothing acked)");
             }
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
@@ -225,21 +248,35 @@ impl CommitThenAck {
         }
     }
 
-    fn commit_batch(&self, batch: &Batch, effects: Vec<Effect>) -> CommitBatch {
+    /// The store's work for a batch, and a sink's file work when the flow writes a sink.
+    fn commit_batch(
+        &self,
+        batch: &Batch,
+        effects: Vec<Effect>,
+    ) -> (CommitBatch, Option<Arc<SinkCommit>>) {
         let now = now_ms();
         let window = i64::try_from(self.retry.dedup_window.as_millis()).unwrap_or(i64::MAX);
-        CommitBatch {
+        let entries: Vec<Entry> = batch
+            .deliveries()
+            .iter()
+            .zip(effects)
+            .map(|(delivery, effect)| entry(delivery, effect))
+            .collect();
+        let sink_commit = self
+            .sink
+            .as_ref()
+            .map(|sink| Arc::new(sink.commit(&entries, now)));
+        let commit = CommitBatch {
             flow: self.flow.clone(),
             table: self.table.clone(),
-            entries: batch
-                .deliveries()
-                .iter()
-                .zip(effects)
-                .map(|(delivery, effect)| entry(delivery, effect))
-                .collect(),
+            entries,
             now_ms: now,
             expires_at_ms: now.saturating_add(window),
-        }
+            hook: sink_commit
+                .clone()
+                .map(|s| s as Arc<dyn sluice_store::CommitHook>),
+        };
+        (commit, sink_commit)
     }
 }
 
@@ -276,6 +313,8 @@ fn entry(delivery: &Delivery, effect: Effect) -> Entry {
 enum Failure {
     #[error("{0}")]
     Stage(String),
+    #[error("stage unavailable: {0}")]
+    StageUnavailable(String),
     #[error(transparent)]
     Store(StoreError),
     #[error("gave up waiting for the commit at shutdown")]

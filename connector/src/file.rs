@@ -10,23 +10,23 @@
 //!   is delivered with a [`SourceProblem`] and becomes a dead letter (`undecodable`,
 //!   `missing_id`, `bad_timestamp`), keyed by `FILE:LINE` so that re-reading it does not
 //!   dead-letter it twice.
-//! * **Exactly once across crashes, whenever they happen.** With [`SkipCommitted`], records
+//! * **Exactly once across crashes, whenever they happen.** With [`crate::SkipCommitted`], records
 //!   whose key the flow already committed (a row or a dead letter, however long ago) are skipped
 //!   before delivery, so a backfill re-read after a crash writes only what it had not; records
 //!   in flight at the crash are still caught by the dedup ledger like any redelivery.
 //! * **A source that ends.** After the last line of the last file the source closes its
 //!   intake; the flow then finishes once everything delivered is committed. A file that cannot
 //!   be read (no file matches, permission denied, a read error half-way) fails the flow: at
-//!   start as an error, later through [`FileProgress::failure`]; a failed flow never counts as
+//!   start as an error, later through [`crate::SourceProgress::failure`]; a failed flow never counts as
 //!   complete.
 //! * Files are read in path order, one line at a time, within the flow's budget.
 //!
 //! There is no publish time in a file: a record's publish time is its file's modification time,
 //! and a record without `event_time` takes that as its event time.
 
-use crate::backoff::Backoff;
+use crate::bounded::{Deliverer, SkipCommitted, SourceProgress};
 use crate::budget::Budget;
-use crate::delivery::{AckHandle, SourceMessage, SourceProblem};
+use crate::delivery::{SourceMessage, SourceProblem};
 use crate::event_time::parse_event_time;
 use crate::pubsub::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
@@ -34,63 +34,21 @@ use async_trait::async_trait;
 use base64::Engine;
 use bytes::Bytes;
 use serde_json::Value;
-use sluice_store::{FlowHandle, Store};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// Records parsed, checked against the store and delivered together.
-const CHUNK: usize = 500;
-
-/// Where to look for what a flow already committed (see the module docs).
-#[derive(Clone)]
-pub struct SkipCommitted {
-    /// The store the flow commits to.
-    pub store: Arc<dyn Store>,
-    /// The flow.
-    pub flow: FlowHandle,
-    /// Its target table (full name).
-    pub table: Arc<str>,
-}
-
-/// How far a [`FileSource`] has got; shared with whoever draws a progress bar.
-#[derive(Debug, Default)]
-pub struct FileProgress {
-    /// Bytes of all matched files.
-    pub bytes_total: AtomicU64,
-    /// Bytes read so far.
-    pub bytes_read: AtomicU64,
-    /// Records delivered.
-    pub delivered: AtomicU64,
-    /// Records skipped because the flow had committed them before.
-    pub skipped: AtomicU64,
-    failure: Mutex<Option<String>>,
-}
-
-impl FileProgress {
-    /// Why reading stopped early, if it did: the flow must then be reported failed.
-    pub fn failure(&self) -> Option<String> {
-        self.failure.lock().ok().and_then(|f| f.clone())
-    }
-
-    fn fail(&self, why: String) {
-        tracing::error!(error = %why, "file source failed");
-        if let Ok(mut failure) = self.failure.lock() {
-            failure.get_or_insert(why);
-        }
-    }
-}
+use crate::bounded::CHUNK;
 
 /// JSONL files matched by a glob, read once.
 pub struct FileSource {
     pattern: String,
     skip: Option<SkipCommitted>,
-    progress: Arc<FileProgress>,
+    progress: Arc<SourceProgress>,
 }
 
 impl FileSource {
@@ -99,7 +57,7 @@ impl FileSource {
         Self {
             pattern: pattern.into(),
             skip: None,
-            progress: Arc::new(FileProgress::default()),
+            progress: Arc::new(SourceProgress::default()),
         }
     }
 
@@ -110,7 +68,7 @@ impl FileSource {
     }
 
     /// Its progress, for a progress bar and for the flow's final state.
-    pub fn progress(&self) -> Arc<FileProgress> {
+    pub fn progress(&self) -> Arc<SourceProgress> {
         self.progress.clone()
     }
 }
@@ -166,36 +124,31 @@ impl MessageSource for FileSource {
     ) -> Result<Box<dyn SourceHandle>, SourceError> {
         let (files, total) = matching_files(&self.pattern)?;
         self.progress.bytes_total.store(total, Ordering::Relaxed);
-        let reader = Reader {
+        let reader = Reader(Deliverer {
             skip: self.skip,
             progress: self.progress.clone(),
             intake,
             budget,
             stop: stop.clone(),
-        };
+        });
         let task = tokio::spawn(async move {
             for file in files {
                 if let Err(why) = reader.read_file(&file).await {
-                    reader.progress.fail(why);
+                    reader.0.progress.fail(why);
                     return;
                 }
-                if reader.stop.is_cancelled() {
+                if reader.0.stop.is_cancelled() {
                     return;
                 }
             }
             // Dropping the reader closes the intake: the flow ends once it is all committed.
         });
-        Ok(Box::new(RunningFiles { stop, task }))
+        Ok(Box::new(crate::bounded::Running { stop, task }))
     }
 }
 
-struct Reader {
-    skip: Option<SkipCommitted>,
-    progress: Arc<FileProgress>,
-    intake: mpsc::Sender<Received>,
-    budget: Budget,
-    stop: CancellationToken,
-}
+/// Reads files into a [`Deliverer`].
+struct Reader(Deliverer);
 
 impl Reader {
     /// Reads one file to its end (or until stopped); `Err` when it cannot be read.
@@ -218,71 +171,19 @@ impl Reader {
                 break;
             }
             number += 1;
-            self.progress
+            self.0
+                .progress
                 .bytes_read
                 .fetch_add(read as u64, Ordering::Relaxed);
             if let Some(message) = record(&line, &file.path, number, file.modified_ms) {
                 chunk.push(message);
             }
-            if chunk.len() == CHUNK && !self.deliver(std::mem::take(&mut chunk)).await {
+            if chunk.len() == CHUNK && !self.0.deliver(std::mem::take(&mut chunk)).await {
                 return Ok(());
             }
         }
-        self.deliver(chunk).await;
+        self.0.deliver(chunk).await;
         Ok(())
-    }
-
-    /// Delivers a chunk, minus what the flow already committed; `false` once stopped.
-    async fn deliver(&self, chunk: Vec<SourceMessage>) -> bool {
-        let Some(present) = self.already_committed(&chunk).await else {
-            return false;
-        };
-        for (message, present) in chunk.into_iter().zip(present) {
-            if present {
-                self.progress.skipped.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            let permit = tokio::select! {
-                _ = self.stop.cancelled() => return false,
-                permit = self.budget.reserve_message() => permit,
-            };
-            let Some(permit) = permit else { return false };
-            let permits = self.budget.reserve_bytes(permit, message.size()).await;
-            let received = Received::new(message, Box::new(FileAck), permits);
-            if self.intake.send(received).await.is_err() {
-                return false;
-            }
-            self.progress.delivered.fetch_add(1, Ordering::Relaxed);
-        }
-        !self.stop.is_cancelled()
-    }
-
-    /// Which records of the chunk the flow has committed before, asking the store until it
-    /// answers (an outage is waited out with backoff); `None` when stopped meanwhile.
-    async fn already_committed(&self, chunk: &[SourceMessage]) -> Option<Vec<bool>> {
-        let Some(skip) = &self.skip else {
-            return Some(vec![false; chunk.len()]);
-        };
-        let keys: Vec<String> = chunk.iter().map(|m| m.message_id.clone()).collect();
-        let mut backoff = Backoff::default();
-        loop {
-            match skip
-                .store
-                .keys_present(&skip.flow, &skip.table, &keys)
-                .await
-            {
-                Ok(present) => return Some(present),
-                Err(error) => {
-                    let delay = backoff.next_delay();
-                    tracing::warn!(flow = %skip.flow.name, step = backoff.step(), %error,
-                        "cannot ask the store what the file flow committed; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = self.stop.cancelled() => return None,
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -394,29 +295,6 @@ fn parse(text: &[u8]) -> Result<Parsed, SourceProblem> {
         data,
         event_time_ms,
     })
-}
-
-struct RunningFiles {
-    stop: CancellationToken,
-    task: JoinHandle<()>,
-}
-
-#[async_trait]
-impl SourceHandle for RunningFiles {
-    async fn close(self: Box<Self>) {
-        self.stop.cancel();
-        let _ = self.task.await;
-    }
-}
-
-/// A file record needs no acknowledgement: what the flow committed is found again through
-/// [`SkipCommitted`] and the ledger.
-struct FileAck;
-
-impl AckHandle for FileAck {
-    fn ack(self: Box<Self>) {}
-
-    fn nack(self: Box<Self>) {}
 }
 
 #[cfg(test)]

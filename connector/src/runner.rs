@@ -160,7 +160,9 @@ impl FlowRun {
                     }
                 }
                 Ok(None) => {
-                    drained = self.until == RunUntil::Exhausted;
+                    // A bounded source that ended by itself has drained; any other source
+                    // closes only after a stop (an idle drain already said so above).
+                    drained |= self.until == RunUntil::Exhausted;
                     break;
                 }
                 Err(_idle) => {

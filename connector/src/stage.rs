@@ -5,12 +5,40 @@ use crate::event_time::{EventTimeError, parse_event_time};
 use async_trait::async_trait;
 use sluice_store::Effect;
 
-/// A stage failed for a whole batch. The batch is retried with backoff; each failure uses up
-/// one attempt of each of its messages, and a message that fails alone `max_attempts` times is
-/// dead-lettered with reason `max_attempts`.
+/// A stage failed for a whole batch.
+///
+/// * [`StageError::rejected`] (the data is at fault): a batch of several is split into single
+///   messages; a single uses one attempt per failure, and one that fails `max_attempts` times
+///   is dead-lettered with reason `max_attempts`.
+/// * [`StageError::unavailable`] (a remote stage is down or timed out): the whole batch is
+///   retried with backoff, as long as it takes, charging no attempt; nothing is acked
+///   meanwhile (like a store outage).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("stage failed: {0}")]
-pub struct StageError(pub String);
+#[error("stage {}: {message}", if *.transient { "unavailable" } else { "failed" })]
+pub struct StageError {
+    /// What went wrong.
+    pub message: String,
+    /// Whether retrying the same batch later may work without any change to it.
+    pub transient: bool,
+}
+
+impl StageError {
+    /// The batch's data made the stage fail.
+    pub fn rejected(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            transient: false,
+        }
+    }
+
+    /// The stage could not be reached or did not answer in time.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            transient: true,
+        }
+    }
+}
 
 /// Maps each delivery of a batch to its effect. Per-message problems that retrying cannot fix
 /// (a bad timestamp) are returned as [`Effect::DeadLetter`]; an `Err` is a failure worth a

@@ -69,6 +69,21 @@ impl Store for FaultyStore {
     async fn reset_flow(&self, flow: &FlowHandle, table: Option<&str>) -> Result<(), StoreError> {
         self.inner.reset_flow(flow, table).await
     }
+    async fn commit_recorded(
+        &self,
+        flow: &FlowHandle,
+        commit_id: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.commit_recorded(flow, commit_id).await
+    }
+    async fn read_rows(
+        &self,
+        table: &str,
+        after: Option<&sluice_store::RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<sluice_store::StoredRow>, StoreError> {
+        self.inner.read_rows(table, after, limit).await
+    }
     async fn keys_present(
         &self,
         flow: &FlowHandle,

@@ -44,7 +44,8 @@ mod url;
 
 pub use error::StoreError;
 pub use model::{
-    CommitBatch, CommitOutcome, Effect, Entry, FlowHandle, FlowProgress, Layout, MessageFields,
+    CommitBatch, CommitHook, CommitOutcome, Effect, Entry, FlowHandle, FlowProgress, Layout,
+    MessageFields, RowCursor, StoredRow,
 };
 pub use pool::{LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, WorkerBeat, WorkerRecord};
 pub use postgres::{
@@ -105,6 +106,20 @@ pub trait Store: Send + Sync + 'static {
         table: &str,
         keys: &[String],
     ) -> Result<Vec<bool>, StoreError>;
+
+    /// Whether a commit with this hook id ([`CommitHook::id`]) of `flow` was committed.
+    async fn commit_recorded(&self, flow: &FlowHandle, commit_id: &str)
+    -> Result<bool, StoreError>;
+
+    /// Up to `limit` rows of `table` (a full target table name) after `after`, in the order
+    /// `(flow, dedup_key, message_id)`: a `table` source pages through a target with it. Rows
+    /// committed meanwhile appear if they sort after the cursor.
+    async fn read_rows(
+        &self,
+        table: &str,
+        after: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<StoredRow>, StoreError>;
 
     /// The flows of `pipeline` recorded complete, with when (ms since epoch, store clock), in
     /// flow-name order. A restarted or newly started replica skips these once flows.

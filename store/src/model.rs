@@ -84,6 +84,23 @@ pub struct CommitBatch {
     pub now_ms: i64,
     /// Ledger keys written by this batch expire at this time (now + dedup window), ms.
     pub expires_at_ms: i64,
+    /// Work to do inside the transaction once the ledger has decided (a sink's file); `None`
+    /// for most batches.
+    pub hook: Option<Arc<dyn CommitHook>>,
+}
+
+/// Work done inside a commit's transaction, after the ledger has said which entries are new
+/// and before the transaction commits: a sink writes its file (under a temporary name) here.
+///
+/// The same transaction records [`CommitHook::id`] in `sluice_commit_marks`, so whoever finds
+/// the work's leftovers after a crash can ask [`crate::Store::commit_recorded`] whether they
+/// belong to a committed batch (publish them) or not (discard them). An `Err` rolls the
+/// transaction back; the batch is retried like after a store outage.
+pub trait CommitHook: Send + Sync + std::fmt::Debug {
+    /// Unique id of this commit attempt.
+    fn id(&self) -> &str;
+    /// Does the work, given which entries are new (`written[i]` for entry `i`).
+    fn before_commit(&self, written: &[bool]) -> Result<(), String>;
 }
 
 /// Result of a committed batch.
@@ -104,4 +121,45 @@ pub struct FlowProgress {
     pub dead_lettered: u64,
     /// Batches committed.
     pub batches: u64,
+}
+
+/// A row of a target table, as a `table` source reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredRow {
+    /// The flow that wrote it.
+    pub flow: String,
+    /// Its dedup key.
+    pub dedup_key: String,
+    /// Pub/Sub message id (file records: the record id).
+    pub message_id: String,
+    /// Publish time, ms since epoch.
+    pub publish_time_ms: i64,
+    /// Event time, ms since epoch.
+    pub event_time_ms: i64,
+    /// Attributes as a JSON object.
+    pub attributes_json: String,
+    /// Payload.
+    pub data: Bytes,
+}
+
+/// Where a paged read of a table goes on from: the last row read, in the order
+/// `(flow, dedup_key, message_id)`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RowCursor {
+    /// Flow of the last row read.
+    pub flow: String,
+    /// Its dedup key.
+    pub dedup_key: String,
+    /// Its message id.
+    pub message_id: String,
+}
+
+impl From<&StoredRow> for RowCursor {
+    fn from(row: &StoredRow) -> Self {
+        Self {
+            flow: row.flow.clone(),
+            dedup_key: row.dedup_key.clone(),
+            message_id: row.message_id.clone(),
+        }
+    }
 }

@@ -56,6 +56,12 @@ CREATE TABLE IF NOT EXISTS sluice_ledger (
     PRIMARY KEY (flow_id, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS sluice_ledger_expiry ON sluice_ledger (expires_at);
+CREATE TABLE IF NOT EXISTS sluice_commit_marks (
+    flow_id      INTEGER NOT NULL,
+    commit_id    TEXT NOT NULL,
+    committed_at INTEGER NOT NULL,
+    PRIMARY KEY (flow_id, commit_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sluice_completions (
     flow_id      INTEGER PRIMARY KEY,
     completed_at INTEGER NOT NULL

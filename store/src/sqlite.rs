@@ -9,7 +9,7 @@ use crate::schema::{
 };
 use crate::{
     CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerUpkeep, Store, StoreError, WorkerBeat, WorkerRecord,
+    LeaseRequest, LedgerUpkeep, RowCursor, Store, StoreError, StoredRow, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -161,6 +161,27 @@ impl Store for SqliteStore {
     ) -> Result<Vec<bool>, StoreError> {
         let (flow, table, keys) = (flow.clone(), table.to_owned(), keys.to_vec());
         self.call(move |conn| crate::sqlite_flows::keys_present(conn, &flow, &table, &keys))
+            .await
+    }
+
+    async fn commit_recorded(
+        &self,
+        flow: &FlowHandle,
+        commit_id: &str,
+    ) -> Result<bool, StoreError> {
+        let (flow, id) = (flow.clone(), commit_id.to_owned());
+        self.call(move |conn| crate::sqlite_flows::commit_recorded(conn, &flow, &id))
+            .await
+    }
+
+    async fn read_rows(
+        &self,
+        table: &str,
+        after: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        let (table, after) = (table.to_owned(), after.cloned());
+        self.call(move |conn| crate::sqlite_flows::read_rows(conn, &table, after.as_ref(), limit))
             .await
     }
 

@@ -152,6 +152,15 @@ pub(crate) fn commit(
         batch.now_ms,
         batch.flow.id
     ])?;
+    // 5. Work outside the database that this transaction publishes (a sink's file).
+    if let Some(hook) = &batch.hook {
+        hook.before_commit(&written)
+            .map_err(|e| StoreError::Unavailable(format!("commit hook {}: {e}", hook.id())))?;
+        tx.prepare_cached(
+            "INSERT INTO sluice_commit_marks (flow_id, commit_id, committed_at) VALUES (?1, ?2, ?3)",
+        )?
+        .execute(params![batch.flow.id, hook.id(), batch.now_ms])?;
+    }
     tx.commit()?;
     Ok(CommitOutcome { written })
 }

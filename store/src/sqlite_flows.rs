@@ -2,7 +2,7 @@
 //! asking which keys it has already written.
 
 use crate::schema::{check_table, table_name};
-use crate::{FlowHandle, StoreError};
+use crate::{FlowHandle, RowCursor, StoreError, StoredRow};
 use rusqlite::{Connection, TransactionBehavior, params};
 
 /// Keys looked up per statement (well under SQLite's limit of bound parameters).
@@ -26,6 +26,10 @@ pub(crate) fn reset_flow(
     )?;
     tx.execute(
         "DELETE FROM sluice_completions WHERE flow_id = ?1",
+        params![flow.id],
+    )?;
+    tx.execute(
+        "DELETE FROM sluice_commit_marks WHERE flow_id = ?1",
         params![flow.id],
     )?;
     tx.execute(
@@ -76,4 +80,54 @@ pub(crate) fn keys_present(
         }
     }
     Ok(keys.iter().map(|k| present.contains(k)).collect())
+}
+
+/// A page of `table` after `after` (see `Store::read_rows`).
+pub(crate) fn read_rows(
+    conn: &mut Connection,
+    table: &str,
+    after: Option<&RowCursor>,
+    limit: usize,
+) -> Result<Vec<StoredRow>, StoreError> {
+    check_table(table)?;
+    let start = after.cloned().unwrap_or_default();
+    // Row values compare in order; the empty cursor sorts before every row... except rows whose
+    // flow is empty, which validated flow names never are.
+    let sql = format!(
+        "SELECT flow, dedup_key, message_id, publish_time, event_time, attributes, data
+         FROM \"{table}\"
+         WHERE (flow, dedup_key, message_id) > (?1, ?2, ?3)
+         ORDER BY flow, dedup_key, message_id LIMIT ?4"
+    );
+    let mut statement = conn.prepare_cached(&sql)?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = statement.query_map(
+        params![start.flow, start.dedup_key, start.message_id, limit],
+        |row| {
+            Ok(StoredRow {
+                flow: row.get(0)?,
+                dedup_key: row.get(1)?,
+                message_id: row.get(2)?,
+                publish_time_ms: row.get(3)?,
+                event_time_ms: row.get(4)?,
+                attributes_json: row.get(5)?,
+                data: bytes::Bytes::from(row.get::<_, Vec<u8>>(6)?),
+            })
+        },
+    )?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Whether the flow committed with this hook id.
+pub(crate) fn commit_recorded(
+    conn: &mut Connection,
+    flow: &FlowHandle,
+    commit_id: &str,
+) -> Result<bool, StoreError> {
+    let found: i64 = conn.query_row(
+        "SELECT COUNT(*) FROM sluice_commit_marks WHERE flow_id = ?1 AND commit_id = ?2",
+        params![flow.id, commit_id],
+        |row| row.get(0),
+    )?;
+    Ok(found > 0)
 }

@@ -35,6 +35,7 @@ fn batch(flow: &FlowHandle, keys: &[&str], window_ms: i64) -> CommitBatch {
             .collect(),
         now_ms: now,
         expires_at_ms: now + window_ms,
+        hook: None,
     }
 }
 

@@ -55,6 +55,7 @@ fn batch_with_window(flow: &FlowHandle, entries: Vec<Entry>, window_ms: i64) -> 
         entries,
         now_ms: now,
         expires_at_ms: now + window_ms,
+        hook: None,
     }
 }
 
@@ -155,6 +156,7 @@ on_both_backends!(
     concurrent_commits_of_one_key_write_it_once,
     completions_are_seen_by_every_handle,
     reset_forgets_one_flow_only,
+    rows_are_read_in_pages,
 );
 
 async fn ledger_decides_duplicates_within_and_across_batches(postgres: bool) {
@@ -492,4 +494,51 @@ async fn reset_forgets_one_flow_only(postgres: bool) {
     assert_eq!(outcome.written, [true, true, false]);
     // A bad table name is refused, not spliced.
     assert!(store.reset_flow(live, Some("x\"; DROP")).await.is_err());
+}
+
+/// `read_rows` pages through a table in `(flow, dedup_key, message_id)` order, every row once,
+/// with what the row holds.
+async fn rows_are_read_in_pages(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let keys: Vec<String> = (0..25).map(|i| format!("k{i:02}")).collect();
+    let entries = keys.iter().map(|k| row(k)).collect();
+    store.commit(batch(&flows[0], entries)).await.unwrap();
+    store
+        .commit(batch(&flows[1], vec![row("k00"), dead("zz")]))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = store
+            .read_rows("p__events", cursor.as_ref(), 7)
+            .await
+            .unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 7);
+        cursor = page.last().map(sluice_store::RowCursor::from);
+        seen.extend(page);
+    }
+    let order: Vec<(String, String)> = seen
+        .iter()
+        .map(|r| (r.flow.clone(), r.dedup_key.clone()))
+        .collect();
+    let mut expected: Vec<(String, String)> = keys
+        .iter()
+        .map(|k| ("live".to_owned(), k.clone()))
+        .collect();
+    expected.push(("other".to_owned(), "k00".to_owned()));
+    assert_eq!(
+        order, expected,
+        "every row once, in order; dead letters are not rows"
+    );
+    let first = &seen[0];
+    assert_eq!(first.message_id, "m-k00");
+    assert_eq!(first.publish_time_ms, 1_000);
+    assert_eq!(first.event_time_ms, 5);
+    // PostgreSQL gives its JSONB text form back (`{"k": "v"}`).
+    assert_eq!(first.attributes_json.replace(' ', ""), r#"{"k":"v"}"#);
+    assert_eq!(&first.data[..], b"payload");
 }

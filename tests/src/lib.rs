@@ -398,9 +398,10 @@ impl Drop for Worker {
 pub struct Db(pub PathBuf);
 
 impl Db {
-    /// Runs a `COUNT` query; 0 while the store or its table does not exist yet, a panic on any
-    /// other error (so a broken query can never pass for an empty table).
-    fn query(&self, sql: &str) -> i64 {
+    /// Runs a query returning one integer (`COUNT`, `MAX(committed_at)`); 0 while the store or
+    /// its table does not exist yet, a panic on any other error (so a broken query can never
+    /// pass for an empty table).
+    pub fn query(&self, sql: &str) -> i64 {
         if !self.0.exists() {
             return 0;
         }

@@ -58,6 +58,17 @@ impl Store for DownStore {
     async fn reset_flow(&self, _: &FlowHandle, _: Option<&str>) -> Result<(), StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
+    async fn commit_recorded(&self, _: &FlowHandle, _: &str) -> Result<bool, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn read_rows(
+        &self,
+        _: &str,
+        _: Option<&sluice_store::RowCursor>,
+        _: usize,
+    ) -> Result<Vec<sluice_store::StoredRow>, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
     async fn keys_present(
         &self,
         _: &FlowHandle,

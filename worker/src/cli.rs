@@ -88,6 +88,10 @@ pub enum Command {
         /// The pipeline file.
         #[arg(short = 'c', long = "config")]
         config: PathBuf,
+        /// Also seek every Pub/Sub flow's subscription to this time (RFC 3339 or ms since
+        /// epoch), so live flows replay from there.
+        #[arg(long)]
+        seek: Option<String>,
     },
     /// Clear one flow (ledger, counters, completion, rows); upstream once flows stay drained.
     Reset {
@@ -140,7 +144,9 @@ pub async fn dispatch(command: Command) -> ExitCode {
             crate::run::run_file(&config, refresh).await
         }
         Command::Graph { config, format } => crate::graph::graph(&config, format).await,
-        Command::FullRefresh { config } => crate::refresh::full_refresh_file(&config).await,
+        Command::FullRefresh { config, seek } => {
+            crate::refresh::full_refresh_file(&config, seek.as_deref()).await
+        }
         Command::Reset { flow, config, seek } => {
             crate::refresh::reset_file(&config, &flow, seek.as_deref()).await
         }

@@ -1,10 +1,11 @@
-//! From a validated pipeline's flow to a runnable [`FlowRun`]: a Pub/Sub flow, or a file
-//! backfill (JSONL files by glob), both committing through the same ledger.
+//! From a validated pipeline's flow to a runnable [`FlowRun`]: a Pub/Sub flow, a file backfill
+//! (JSONL files by glob) or a read of another target's table, all committing through the same
+//! ledger.
 
 use sluice_connector::{
-    BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FileProgress, FileSource,
-    FlowRun, KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil,
-    SkipCommitted, TableStage,
+    BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FileSource, FlowRun, JsonlSink,
+    KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil, SkipCommitted,
+    SourceProgress, Stage, TableSource, TableStage,
 };
 use sluice_pipeline::{
     DedupBy, Flow, Mode, OnBadTimestamp, OnMissingKey, Pipeline, Source, TargetKind,
@@ -28,9 +29,11 @@ const FILE_DEDUP_WINDOW: Duration = Duration::from_secs(600);
 pub fn unsupported(pipeline: &Pipeline) -> Vec<String> {
     let mut problems = Vec::new();
     for (i, flow) in pipeline.flows.iter().enumerate() {
-        if matches!(flow.source, Source::Table { .. }) {
+        let bounded = flow.once || pipeline.mode == Mode::Triggered;
+        if matches!(flow.source, Source::Table { .. }) && !bounded {
             problems.push(format!(
-                "flows[{i}].source: flow {:?} reads a table; only Pub/Sub and file sources run in this version",
+                "flows[{i}].source: flow {:?} reads a table in a continuous pipeline without `once: true`; \
+                 following a table as it grows is not built yet (read it once, or use `mode: triggered`)",
                 flow.name
             ));
         }
@@ -39,34 +42,59 @@ pub fn unsupported(pipeline: &Pipeline) -> Vec<String> {
             .iter()
             .find(|t| t.name == flow.target)
             .map(|t| &t.kind);
-        if !matches!(kind, Some(TargetKind::Table)) {
-            problems.push(format!(
-                "flows[{i}].target: flow {:?} writes a non-table target; only `table` targets run in this version",
+        match kind {
+            Some(TargetKind::Table | TargetKind::ForeachBatch { .. }) => {}
+            Some(TargetKind::Sink { format, .. }) if format == "jsonl" => {}
+            Some(TargetKind::Sink { format, .. }) => problems.push(format!(
+                "flows[{i}].target: flow {:?} writes a sink of format {format:?}; only `jsonl` sinks exist",
                 flow.name
-            ));
+            )),
+            other => problems.push(format!(
+                "flows[{i}].target: flow {:?} writes a {} target; `view` and `window` targets do not run in this version",
+                flow.name,
+                other.map(TargetKind::keyword).unwrap_or("missing")
+            )),
         }
     }
     problems
 }
 
-/// The `table` targets of a pipeline.
+/// Whether a target has a table in the store: `table` targets, and `foreach_batch` and `sink`
+/// targets (a row per record handed over and committed: the record of what they were given).
+fn has_table(kind: &TargetKind) -> bool {
+    matches!(
+        kind,
+        TargetKind::Table | TargetKind::ForeachBatch { .. } | TargetKind::Sink { .. }
+    )
+}
+
+/// The sink of a flow, when its target is a `sink`.
+pub fn sink_of(pipeline: &Pipeline, flow: &Flow) -> Option<JsonlSink> {
+    pipeline.targets.iter().find_map(|t| match &t.kind {
+        TargetKind::Sink { path, .. } if t.name == flow.target => {
+            Some(JsonlSink::new(path, &flow.name))
+        }
+        _ => None,
+    })
+}
+
+/// The targets of a pipeline that have a table in the store.
 pub fn table_targets(pipeline: &Pipeline) -> Vec<String> {
     pipeline
         .targets
         .iter()
-        .filter(|t| matches!(t.kind, TargetKind::Table))
+        .filter(|t| has_table(&t.kind))
         .map(|t| t.name.clone())
         .collect()
 }
 
-/// The full name of a flow's target table, when it writes a table.
+/// The full name of a flow's target table, when its target has one.
 pub fn target_table(pipeline: &Pipeline, flow: &Flow) -> Option<String> {
-    let is_table = pipeline
+    let has = pipeline
         .targets
         .iter()
-        .any(|t| t.name == flow.target && matches!(t.kind, TargetKind::Table));
-    is_table
-        .then(|| table_name(&pipeline.name, &flow.target).ok())
+        .any(|t| t.name == flow.target && has_table(&t.kind));
+    has.then(|| table_name(&pipeline.name, &flow.target).ok())
         .flatten()
 }
 
@@ -76,8 +104,12 @@ pub struct BuiltFlow {
     pub run: FlowRun,
     /// Its counters (shared with the run).
     pub counters: Counters,
-    /// A file flow's progress: drawn on a terminal, and consulted for a read failure.
-    pub file_progress: Option<Arc<FileProgress>>,
+    /// A bounded flow's progress (files, tables): consulted for a read failure.
+    pub progress: Option<Arc<SourceProgress>>,
+    /// Whether a progress bar is worth drawing (file flows: their size is known).
+    pub draw_progress: bool,
+    /// A sink flow's file writer: its crash leftovers are resolved before the run.
+    pub sink: Option<Arc<JsonlSink>>,
 }
 
 /// How one flow reads: its source and the settings that go with it.
@@ -89,7 +121,8 @@ struct Plan {
     stage: TableStage,
     max_attempts: u32,
     until: RunUntil,
-    file_progress: Option<Arc<FileProgress>>,
+    progress: Option<Arc<SourceProgress>>,
+    draw_progress: bool,
 }
 
 fn pubsub_plan(
@@ -139,15 +172,19 @@ fn pubsub_plan(
         stage,
         max_attempts: settings.max_attempts,
         until,
-        file_progress: None,
+        progress: None,
+        draw_progress: false,
     })
 }
 
-fn file_plan(pattern: &str, skip: SkipCommitted) -> Plan {
-    let source = FileSource::new(pattern).skip_committed(skip);
-    let file_progress = Some(source.progress());
+/// A bounded source: its settings are fixed, since it has no `pubsub:` section.
+fn bounded_plan(
+    source: Box<dyn MessageSource>,
+    progress: Arc<SourceProgress>,
+    draw_progress: bool,
+) -> Plan {
     Plan {
-        source: Box::new(source),
+        source,
         dedup: DedupSettings {
             key: KeySource::MessageId,
             window: FILE_DEDUP_WINDOW,
@@ -157,7 +194,8 @@ fn file_plan(pattern: &str, skip: SkipCommitted) -> Plan {
         stage: TableStage::default(),
         max_attempts: FILE_MAX_ATTEMPTS,
         until: RunUntil::Exhausted,
-        file_progress,
+        progress: Some(progress),
+        draw_progress,
     }
 }
 
@@ -174,47 +212,64 @@ pub fn build(
             .map_err(|e| e.to_string())?
             .as_str(),
     );
+    let skip = SkipCommitted {
+        store: store.clone(),
+        flow: handle.clone(),
+        table: table.clone(),
+    };
     let plan = match &flow.source {
         Source::PubSub(settings) => pubsub_plan(pipeline, flow, settings)?,
-        Source::File { path } => file_plan(
-            path,
-            SkipCommitted {
-                store: store.clone(),
-                flow: handle.clone(),
-                table: table.clone(),
-            },
-        ),
+        Source::File { path } => {
+            let source = FileSource::new(path.clone()).skip_committed(skip);
+            let progress = source.progress();
+            bounded_plan(Box::new(source), progress, true)
+        }
         Source::Table { target } => {
-            return Err(format!(
-                "flow {:?} reads table {target:?}; table sources do not run in this version",
-                flow.name
-            ));
+            let read = table_name(&pipeline.name, target).map_err(|e| e.to_string())?;
+            let source = TableSource::new(store.clone(), read).skip_committed(skip);
+            let progress = source.progress();
+            bounded_plan(Box::new(source), progress, false)
         }
     };
     let counters = Counters::new(&pipeline.name, &flow.name);
     let window = plan.dedup.window;
+    let target = pipeline.targets.iter().find(|t| t.name == flow.target);
+    let stage: Arc<dyn Stage> =
+        match target.map(|t| &t.kind) {
+            Some(TargetKind::ForeachBatch { endpoint }) => Arc::new(
+                crate::stage_client::grpc_stage(&pipeline.name, &flow.name, endpoint, plan.stage)?,
+            ),
+            _ => Arc::new(plan.stage),
+        };
+    let sink = sink_of(pipeline, flow).map(Arc::new);
+    let mut committer = CommitThenAck::new(
+        store,
+        handle,
+        table,
+        stage,
+        RetrySettings {
+            max_attempts: plan.max_attempts,
+            dedup_window: window,
+        },
+        give_up,
+    );
+    if let Some(sink) = &sink {
+        committer = committer.with_sink(sink.clone());
+    }
     let run = FlowRun {
         source: plan.source,
         budget: plan.budget,
         dedup: plan.dedup,
         batch: plan.batch,
-        committer: CommitThenAck::new(
-            store,
-            handle,
-            table,
-            Arc::new(plan.stage),
-            RetrySettings {
-                max_attempts: plan.max_attempts,
-                dedup_window: window,
-            },
-            give_up,
-        ),
+        committer,
         counters: counters.clone(),
         until: plan.until,
     };
     Ok(BuiltFlow {
         run,
         counters,
-        file_progress: plan.file_progress,
+        progress: plan.progress,
+        draw_progress: plan.draw_progress,
+        sink,
     })
 }

@@ -14,6 +14,7 @@ mod refresh;
 mod run;
 mod scheduler;
 mod signals;
+mod stage_client;
 mod status;
 
 use clap::Parser;

@@ -2,7 +2,7 @@
 //! into a pipe or a log file, SPEC §3).
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use sluice_connector::FileProgress;
+use sluice_connector::SourceProgress;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,7 +12,7 @@ use std::time::Duration;
 const REFRESH: Duration = Duration::from_millis(200);
 
 /// Draws `progress` until the returned guard is dropped; nothing when stderr is not a terminal.
-pub fn draw(flow: &str, progress: Arc<FileProgress>) -> Option<tokio_util::sync::DropGuard> {
+pub fn draw(flow: &str, progress: Arc<SourceProgress>) -> Option<tokio_util::sync::DropGuard> {
     if !std::io::stderr().is_terminal() {
         return None;
     }

@@ -5,7 +5,7 @@
 //!
 //! * **Each record once after a refresh.** Resetting a flow deletes, in one transaction, its
 //!   ledger keys, counters, completion, dead letters and its rows in its target table; rows
-//!   other flows wrote to the same table stay. Re-reading its source then writes each record
+//!   other flows wrote to the same table stay. A sink flow's files go too (after the store). Re-reading its source then writes each record
 //!   once again.
 //! * **Only what was asked.** `reset FLOW` touches that flow alone: upstream once flows stay
 //!   drained (IDLE) and are not re-read. `full-refresh` resets every flow, so the next run
@@ -48,8 +48,8 @@ impl RefreshError {
     }
 }
 
-/// `sluice full-refresh -c FILE`.
-pub async fn full_refresh_file(path: &Path) -> ExitCode {
+/// `sluice full-refresh -c FILE [--seek TIME]`.
+pub async fn full_refresh_file(path: &Path, seek: Option<&str>) -> ExitCode {
     let pipeline = match sluice_pipeline::load(path) {
         Ok(pipeline) => pipeline,
         Err(errors) => {
@@ -57,18 +57,57 @@ pub async fn full_refresh_file(path: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    report(path, full_refresh(&pipeline, seek).await)
+}
+
+/// Resets every flow and, with `seek`, seeks every Pub/Sub flow's subscription.
+pub async fn full_refresh(pipeline: &Pipeline, seek: Option<&str>) -> Result<String, RefreshError> {
+    let seek_ms = seek.map(seek_time).transpose()?;
     let all: Vec<String> = pipeline.flows.iter().map(|f| f.name.clone()).collect();
-    report(
-        path,
-        refresh(&pipeline, &all).await.map(|()| {
-            format!(
-                "full refresh of {}: {} flows cleared (completion, ledger, rows, dead letters); \
-             the next run starts the chain from the beginning",
-                pipeline.name,
-                all.len()
-            )
-        }),
-    )
+    refresh(pipeline, &all).await?;
+    let mut done = format!(
+        "full refresh of {}: {} flows cleared (completion, ledger, rows, dead letters); \
+         the next run starts the chain from the beginning",
+        pipeline.name,
+        all.len()
+    );
+    if let Some(ms) = seek_ms {
+        for flow in &pipeline.flows {
+            if let Source::PubSub(settings) = &flow.source {
+                seek_subscription(pipeline, &settings.subscription, ms).await?;
+                done.push_str(&format!("; {} seeked to {ms} ms", settings.subscription));
+            }
+        }
+    }
+    Ok(done)
+}
+
+fn seek_time(time: &str) -> Result<i64, RefreshError> {
+    parse_event_time(time).ok_or_else(|| {
+        RefreshError::Invalid(format!(
+            "--seek {time:?}: not an RFC 3339 time or ms since epoch"
+        ))
+    })
+}
+
+/// Seeks one subscription (after the store was reset).
+async fn seek_subscription(
+    pipeline: &Pipeline,
+    subscription: &str,
+    ms: i64,
+) -> Result<(), RefreshError> {
+    let config = PubSubConfig {
+        project: pipeline.pubsub.project.clone(),
+        endpoint: pipeline.pubsub.endpoint.clone(),
+    };
+    let failed = |e: sluice_connector::pubsub::SourceError| {
+        RefreshError::Failed(format!(
+            "the store was reset, but seeking {subscription} failed: {e}; run the command \
+             again with --seek"
+        ))
+    };
+    let admin = Admin::connect(&config).await.map_err(failed)?;
+    admin.seek_to_time(subscription, ms).await.map_err(failed)
 }
 
 /// `sluice reset FLOW -c FILE [--seek TIME]`.
@@ -117,32 +156,13 @@ pub async fn reset(
                     "--seek: flow `{flow}` reads no Pub/Sub subscription"
                 )));
             };
-            let ms = parse_event_time(time).ok_or_else(|| {
-                RefreshError::Invalid(format!(
-                    "--seek {time:?}: not an RFC 3339 time or ms since epoch"
-                ))
-            })?;
-            Some((settings.subscription.clone(), ms))
+            Some((settings.subscription.clone(), seek_time(time)?))
         }
     };
     refresh(pipeline, &[flow.to_owned()]).await?;
     let mut done = format!("flow {flow} reset (ledger, counters, completion, rows, dead letters)");
     if let Some((subscription, ms)) = seek {
-        let config = PubSubConfig {
-            project: pipeline.pubsub.project.clone(),
-            endpoint: pipeline.pubsub.endpoint.clone(),
-        };
-        let failed = |e: sluice_connector::pubsub::SourceError| {
-            RefreshError::Failed(format!(
-                "the store was reset, but seeking {subscription} failed: {e}; run the reset \
-                 again with --seek"
-            ))
-        };
-        let admin = Admin::connect(&config).await.map_err(failed)?;
-        admin
-            .seek_to_time(&subscription, ms)
-            .await
-            .map_err(failed)?;
+        seek_subscription(pipeline, &subscription, ms).await?;
         done.push_str(&format!("; {subscription} seeked to {ms} ms"));
     }
     Ok(done)
@@ -183,6 +203,16 @@ pub async fn refresh(pipeline: &Pipeline, names: &[String]) -> Result<(), Refres
                 .reset_flow(handle, table.as_deref())
                 .await
                 .map_err(failed)?;
+            if let Some(sink) = flows::sink_of(pipeline, flow) {
+                let removed = sink.clear().map_err(|e| {
+                    RefreshError::Failed(format!(
+                        "flow {} was reset, but its sink files in {} could not be removed: {e}",
+                        flow.name,
+                        sink.dir().display()
+                    ))
+                })?;
+                tracing::info!(flow = %flow.name, removed, "sink files removed");
+            }
             tracing::info!(flow = %flow.name, "flow reset");
         }
     }

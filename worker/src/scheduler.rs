@@ -175,14 +175,20 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         Err(error) => return outcome(FlowState::Failed(error), None),
     };
     let counters = built.counters;
+    if let Some(sink) = &built.sink
+        && let Err(error) = sink.recover(&*ctx.store, &handle).await
+    {
+        return outcome(FlowState::Failed(error), None);
+    }
     tracing::info!(flow = %flow.name, "flow started");
     ctx.board.set(&flow.name, "RUNNING", Some(&counters));
     let _bar = built
-        .file_progress
+        .progress
         .clone()
+        .filter(|_| built.draw_progress)
         .and_then(|progress| crate::progress::draw(&flow.name, progress));
     let end = built.run.run(ctx.shutdown.drain.clone()).await;
-    let failure = built.file_progress.and_then(|p| p.failure());
+    let failure = built.progress.and_then(|p| p.failure());
     match (end, failure) {
         (Err(error), _) => outcome(FlowState::Failed(error.to_string()), Some(&counters)),
         (Ok(_), Some(failure)) => outcome(FlowState::Failed(failure), Some(&counters)),

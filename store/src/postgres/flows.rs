@@ -2,7 +2,7 @@
 //! and asking which keys it has already written.
 
 use crate::schema::{check_table, table_name};
-use crate::{FlowHandle, StoreError};
+use crate::{FlowHandle, RowCursor, StoreError, StoredRow};
 use deadpool_postgres::Client;
 
 /// Deletes the flow's ledger keys (in every generation), counters, completion, dead letters
@@ -27,6 +27,11 @@ pub(super) async fn reset_flow(
     .await?;
     tx.execute(
         "DELETE FROM sluice_flow_counters WHERE flow_id = $1",
+        &[&flow.id],
+    )
+    .await?;
+    tx.execute(
+        "DELETE FROM sluice_commit_marks WHERE flow_id = $1",
         &[&flow.id],
     )
     .await?;
@@ -68,4 +73,59 @@ pub(super) async fn keys_present(
         .map(|row| row.try_get::<_, String>(0))
         .collect::<Result<std::collections::HashSet<_>, _>>()?;
     Ok(keys.iter().map(|k| present.contains(k)).collect())
+}
+
+/// A page of `table` after `after` (see `Store::read_rows`).
+pub(super) async fn read_rows(
+    client: &Client,
+    table: &str,
+    after: Option<&RowCursor>,
+    limit: usize,
+) -> Result<Vec<StoredRow>, StoreError> {
+    check_table(table)?;
+    let start = after.cloned().unwrap_or_default();
+    let sql = format!(
+        "SELECT flow, dedup_key, message_id,
+                (extract(epoch FROM publish_time) * 1000)::int8,
+                (extract(epoch FROM event_time) * 1000)::int8,
+                attributes::text, data
+         FROM \"{table}\"
+         WHERE (flow, dedup_key, message_id) > ($1, $2 COLLATE \"C\", $3)
+         ORDER BY flow, dedup_key, message_id LIMIT $4"
+    );
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = client
+        .query(
+            &sql,
+            &[&start.flow, &start.dedup_key, &start.message_id, &limit],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(StoredRow {
+                flow: row.try_get(0)?,
+                dedup_key: row.try_get(1)?,
+                message_id: row.try_get(2)?,
+                publish_time_ms: row.try_get(3)?,
+                event_time_ms: row.try_get(4)?,
+                attributes_json: row.try_get(5)?,
+                data: bytes::Bytes::from(row.try_get::<_, Vec<u8>>(6)?),
+            })
+        })
+        .collect()
+}
+
+/// Whether the flow committed with this hook id.
+pub(super) async fn commit_recorded(
+    client: &Client,
+    flow: &FlowHandle,
+    commit_id: &str,
+) -> Result<bool, StoreError> {
+    let row = client
+        .query_one(
+            "SELECT count(*) FROM sluice_commit_marks WHERE flow_id = $1 AND commit_id = $2",
+            &[&flow.id, &commit_id],
+        )
+        .await?;
+    Ok(row.try_get::<_, i64>(0)? > 0)
 }

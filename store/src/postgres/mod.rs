@@ -25,7 +25,7 @@ pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 use crate::schema::{check_table, table_name};
 use crate::{
     CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerUpkeep, Store, StoreError, WorkerBeat, WorkerRecord,
+    LeaseRequest, LedgerUpkeep, RowCursor, Store, StoreError, StoredRow, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -120,9 +120,44 @@ impl PostgresStore {
             .saturating_add(ledger::AHEAD_MS)
     }
 
+    /// A commit whose hook must run inside the transaction: the statement, the hook and the
+    /// commit mark in one explicit transaction (one more round trip than a plain commit).
+    async fn commit_with_hook(
+        &self,
+        client: &mut Client,
+        width: i64,
+        batch: &CommitBatch,
+        arguments: &commit::Arguments<'_>,
+        hook: &dyn crate::CommitHook,
+    ) -> Result<CommitOutcome, StoreError> {
+        let mut attempts_left = 2;
+        loop {
+            attempts_left -= 1;
+            let tx = client.transaction().await?;
+            let fresh = match self.run_commit(&tx, batch, arguments).await {
+                Err(error) if error::is_missing_generation(&error) && attempts_left > 0 => {
+                    drop(tx);
+                    ledger::create_ahead(client, width, self.horizon_ms()).await?;
+                    continue;
+                }
+                other => other?,
+            };
+            let written = commit::outcome(batch, &arguments.firsts, &fresh);
+            hook.before_commit(&written)
+                .map_err(|e| StoreError::Unavailable(format!("commit hook {}: {e}", hook.id())))?;
+            tx.execute(
+                "INSERT INTO sluice_commit_marks (flow_id, commit_id) VALUES ($1, $2)",
+                &[&batch.flow.id, &hook.id()],
+            )
+            .await?;
+            tx.commit().await?;
+            return Ok(CommitOutcome { written });
+        }
+    }
+
     async fn run_commit(
         &self,
-        client: &Client,
+        client: &impl deadpool_postgres::GenericClient,
         batch: &CommitBatch,
         arguments: &commit::Arguments<'_>,
     ) -> Result<Vec<String>, tokio_postgres::Error> {
@@ -206,6 +241,11 @@ impl Store for PostgresStore {
         let arguments = commit::Arguments::new(&batch, width, shard);
         self.largest_window_ms
             .fetch_max(arguments.window_ms(), Ordering::Relaxed);
+        if let Some(hook) = &batch.hook {
+            return self
+                .commit_with_hook(&mut client, width, &batch, &arguments, hook.as_ref())
+                .await;
+        }
         let fresh = match self.run_commit(&client, &batch, &arguments).await {
             Err(error) if error::is_missing_generation(&error) => {
                 // The upkeep holder is late (or this is the first commit after a long pause):
@@ -310,6 +350,25 @@ impl Store for PostgresStore {
     ) -> Result<Vec<bool>, StoreError> {
         let (client, _) = self.ready().await?;
         flows::keys_present(&client, flow, table, keys).await
+    }
+
+    async fn commit_recorded(
+        &self,
+        flow: &FlowHandle,
+        commit_id: &str,
+    ) -> Result<bool, StoreError> {
+        let (client, _) = self.ready().await?;
+        flows::commit_recorded(&client, flow, commit_id).await
+    }
+
+    async fn read_rows(
+        &self,
+        table: &str,
+        after: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        let client = self.client().await?;
+        flows::read_rows(&client, table, after, limit).await
     }
 
     async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {

@@ -75,6 +75,19 @@ CREATE TABLE sluice_completions (
 );
 ",
     ),
+    (
+        3,
+        "
+-- Commits that did work outside the database in their transaction (a sink's file): a file
+-- left behind by a crash is published if its commit is here, deleted if not.
+CREATE TABLE sluice_commit_marks (
+    flow_id      BIGINT NOT NULL,
+    commit_id    TEXT NOT NULL,
+    committed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (flow_id, commit_id)
+);
+",
+    ),
 ];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms

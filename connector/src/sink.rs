@@ -1,0 +1,271 @@
+//! `sink` targets: JSONL files, one per committed batch, without duplicates across crashes.
+//!
+//! # How a batch becomes a file
+//!
+//! 1. Inside the batch's store transaction, after the ledger has said which records are new
+//!    ([`sluice_store::CommitHook`]), the new records are written to a hidden temporary file
+//!    `.<stem>-<flow>-<commit id>.jsonl.tmp` and synced; the transaction also records the commit
+//!    id (`sluice_commit_marks`). A failure here rolls the transaction back.
+//! 2. After the commit, the file is renamed to `<stem>-<flow>-<commit id>.jsonl` (atomic), and
+//!    only then are the messages acked. If the temporary file has vanished meanwhile, the file
+//!    is written again from memory.
+//! 3. After a crash, [`JsonlSink::recover`] (run before the flow starts) looks at the flow's
+//!    temporary files: one whose commit id is recorded is published (renamed), one whose commit
+//!    never happened is deleted; its records come again and go into a later batch's file. A
+//!    failed commit leaves its temporary file to this recovery too, since a commit whose answer
+//!    was lost may still have landed.
+//!
+//! # Guarantees
+//!
+//! * **Each record in exactly one published file**: a record is in a file only if its key was
+//!   new in a committed transaction, and every committed transaction's file is published, by
+//!   its writer or by the recovery; duplicates caught by either dedup tier are in no file.
+//! * **No partial files**: readers only ever see complete files (rename after sync).
+//! * **Same record shape as file sources**: `{"id", "message_id", "publish_time", "event_time",
+//!   "attributes", "data"}` with `data` base64, so a sink's output can be read back by a file
+//!   source. The target's store table holds the same rows (the record of what was written).
+
+use base64::Engine;
+use sluice_store::{CommitHook, Effect, Entry, FlowHandle, Store};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The sink of one flow into one `sink` target.
+#[derive(Debug)]
+pub struct JsonlSink {
+    dir: PathBuf,
+    /// `<stem>-<flow>-`: every file of this flow starts with it.
+    prefix: String,
+    /// Distinguishes this process's commits from every other's.
+    process: String,
+    next: AtomicU64,
+}
+
+impl JsonlSink {
+    /// The sink of `flow` writing next to `path` (`out/events.jsonl` → `out/events-<flow>-*.jsonl`).
+    pub fn new(path: &Path, flow: &str) -> Self {
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "sink".to_owned());
+        Self {
+            dir,
+            prefix: format!("{stem}-{flow}-"),
+            process: format!("{:016x}", rand::random::<u64>()),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// The folder the files go to.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The published files of this flow, in name order.
+    pub fn files(&self) -> std::io::Result<Vec<PathBuf>> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.dir)?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&self.prefix) && n.ends_with(".jsonl"))
+            })
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
+    /// The file work of one commit attempt of `entries` at `now_ms`.
+    pub fn commit(&self, entries: &[Entry], now_ms: i64) -> SinkCommit {
+        let id = format!(
+            "{now_ms:013}-{}-{:06}",
+            self.process,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        );
+        let name = format!("{}{id}.jsonl", self.prefix);
+        SinkCommit {
+            temporary: self.dir.join(format!(".{name}.tmp")),
+            published: self.dir.join(name),
+            id,
+            lines: entries.iter().map(line).collect(),
+            written: Mutex::new(None),
+        }
+    }
+
+    /// Resolves what a crash left behind (see the module docs): returns (published, deleted).
+    pub async fn recover(
+        &self,
+        store: &dyn Store,
+        flow: &FlowHandle,
+    ) -> Result<(usize, usize), String> {
+        let io = |e: std::io::Error| format!("sink folder {}: {e}", self.dir.display());
+        std::fs::create_dir_all(&self.dir).map_err(io)?;
+        let hidden = format!(".{}", self.prefix);
+        let mut leftovers: Vec<(PathBuf, String)> = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(io)? {
+            let path = entry.map_err(io)?.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if let Some(id) = name
+                .strip_prefix(&hidden)
+                .and_then(|rest| rest.strip_suffix(".jsonl.tmp"))
+            {
+                leftovers.push((path.clone(), id.to_owned()));
+            }
+        }
+        let (mut published, mut deleted) = (0, 0);
+        for (path, id) in leftovers {
+            let recorded = store
+                .commit_recorded(flow, &id)
+                .await
+                .map_err(|e| format!("cannot ask the store about sink commit {id}: {e}"))?;
+            if recorded {
+                let target = self.dir.join(format!("{}{id}.jsonl", self.prefix));
+                std::fs::rename(&path, &target).map_err(io)?;
+                published += 1;
+            } else {
+                std::fs::remove_file(&path).map_err(io)?;
+                deleted += 1;
+            }
+        }
+        if published + deleted > 0 {
+            sync_dir(&self.dir).map_err(io)?;
+            tracing::info!(flow = %flow.name, published, deleted,
+                "sink files left by a crash resolved");
+        }
+        Ok((published, deleted))
+    }
+
+    /// Deletes every published and temporary file of this flow (a reset or full refresh).
+    pub fn clear(&self) -> std::io::Result<usize> {
+        let hidden = format!(".{}", self.prefix);
+        let mut removed = 0;
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let path = entry?.path();
+            let ours = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                (n.starts_with(&self.prefix) && n.ends_with(".jsonl"))
+                    || (n.starts_with(&hidden) && n.ends_with(".jsonl.tmp"))
+            });
+            if ours {
+                std::fs::remove_file(&path)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// The file of one commit attempt: written inside the transaction, published after it.
+#[derive(Debug)]
+pub struct SinkCommit {
+    id: String,
+    temporary: PathBuf,
+    published: PathBuf,
+    /// One line per entry; `None` for dead letters (they are not sink records).
+    lines: Vec<Option<String>>,
+    /// Which entries the ledger let through, once the transaction has run.
+    written: Mutex<Option<Vec<bool>>>,
+}
+
+impl SinkCommit {
+    fn content(&self, written: &[bool]) -> String {
+        let mut text = String::new();
+        for (line, _) in self.lines.iter().zip(written).filter(|(_, w)| **w) {
+            if let Some(line) = line {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        text
+    }
+
+    /// After the commit: makes the file visible under its final name.
+    pub fn publish(&self) -> std::io::Result<()> {
+        let written = self.written.lock().ok().and_then(|w| w.clone());
+        let Some(written) = written else {
+            return Ok(());
+        };
+        let content = self.content(&written);
+        if content.is_empty() {
+            return Ok(());
+        }
+        match std::fs::rename(&self.temporary, &self.published) {
+            Ok(()) => {}
+            // Resolved by a recovery meanwhile (published, or deleted because the commit
+            // looked unfinished): write it again from memory.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let part = self
+                    .temporary
+                    .with_extension(format!("{:08x}.part", rand::random::<u32>()));
+                write_synced(&part, &content)?;
+                std::fs::rename(&part, &self.published)?;
+            }
+            Err(e) => return Err(e),
+        }
+        sync_dir(self.published.parent().unwrap_or(Path::new(".")))
+    }
+}
+
+impl CommitHook for SinkCommit {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn before_commit(&self, written: &[bool]) -> Result<(), String> {
+        let content = self.content(written);
+        if !content.is_empty() {
+            write_synced(&self.temporary, &content)
+                .map_err(|e| format!("cannot write {}: {e}", self.temporary.display()))?;
+        }
+        if let Ok(mut slot) = self.written.lock() {
+            *slot = Some(written.to_vec());
+        }
+        Ok(())
+    }
+}
+
+fn write_synced(path: &Path, content: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut file = std::fs::File::create(path)?;
+    file.write_all(content.as_bytes())?;
+    file.sync_all()
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// A record's line, or `None` for a dead letter.
+fn line(entry: &Entry) -> Option<String> {
+    let Effect::Row { event_time_ms } = entry.effect else {
+        return None;
+    };
+    let m = &entry.message;
+    let attributes: serde_json::Value =
+        serde_json::from_str(&m.attributes_json).unwrap_or_else(|_| serde_json::json!({}));
+    let record = serde_json::json!({
+        "id": entry.key.as_str(),
+        "message_id": m.message_id,
+        "publish_time": m.publish_time_ms,
+        "event_time": event_time_ms,
+        "attributes": attributes,
+        "data": base64::engine::general_purpose::STANDARD.encode(&m.data),
+    });
+    Some(record.to_string())
+}

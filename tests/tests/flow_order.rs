@@ -1,0 +1,532 @@
+//! Flows ordered by `depends_on` (SPEC §6), end to end on the real emulator and real stores:
+//! the three patterns of Lakeflow's flow-ordering documentation (backfill then live; two
+//! backfills in parallel then live; chained backfills), persistent completion across restarts,
+//! `reset` of the live flow with `--seek`, `full-refresh`, and a failing flow whose dependents
+//! are SKIPPED.
+//!
+//! Order is read from the rows themselves (`committed_at`), never from timings: no live row may
+//! be committed before the last backfill row, and chained backfills may not overlap. Counts are
+//! exact: every published or written record once, duplicates none.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use sluice_tests::{
+    Db, PROJECT, PgDb, PubSub, Workdir, Worker, emulator, event, events_with_duplicates,
+    eventually, sluice_bin, unique,
+};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Writes `files` JSONL files under `dir/sub` holding records `{prefix}0..{prefix}{n}` (split
+/// evenly), plus `dups` records repeated in a later file, plus the given bad lines in the last
+/// file. Returns the glob.
+fn history(
+    dir: &Path,
+    sub: &str,
+    prefix: &str,
+    n: usize,
+    files: usize,
+    dups: usize,
+    bad: &[&str],
+) -> String {
+    let folder = dir.join(sub);
+    std::fs::create_dir_all(&folder).unwrap();
+    let per_file = n.div_ceil(files);
+    for f in 0..files {
+        let mut text = String::new();
+        for i in (f * per_file)..((f + 1) * per_file).min(n) {
+            text.push_str(&format!(
+                "{{\"id\":\"{prefix}{i}\",\"data\":{{\"n\":{i}}},\"attributes\":{{\"src\":\"file\"}},\"event_time\":{}}}\n",
+                1_700_000_000_000_i64 + i as i64
+            ));
+        }
+        if f == files - 1 {
+            for i in 0..dups {
+                text.push_str(&format!("{{\"id\":\"{prefix}{i}\",\"data\":\"ZHVw\"}}\n"));
+            }
+            for line in bad {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        std::fs::write(folder.join(format!("part-{f:02}.jsonl")), text).unwrap();
+    }
+    folder.join("*.jsonl").display().to_string()
+}
+
+fn sluice(args: &[&str], dir: &Path) -> (i32, String, String) {
+    let out = Command::new(sluice_bin())
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PUBSUB_EMULATOR_HOST")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Stops a continuous worker with SIGTERM and returns its stdout (the flow outcome lines).
+fn stop(worker: Worker) -> String {
+    worker.terminate();
+    let (logs, out) = (worker.logs(), worker.stdout.clone());
+    assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");
+    std::fs::read_to_string(out).unwrap()
+}
+
+fn flow_line<'a>(output: &'a str, flow: &str) -> &'a str {
+    let prefix = format!("flow {flow}: ");
+    output
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no outcome line for {flow} in {output:?}"))
+}
+
+/// Pattern 1 (backfill then live on one table), continuous, on SQLite; then a restart (the
+/// backfill is IDLE, not re-read), a reset of the live flow with --seek (only it replays), and
+/// a full refresh with --seek (the chain runs again from the start, in order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_then_live_restart_reset_and_full_refresh() {
+    let pubsub = PubSub::connect().await;
+    let topic = unique("order");
+    pubsub.admin.create_topic(&topic).await.unwrap();
+    let subscription = format!("{topic}-sub");
+    pubsub
+        .admin
+        .create_replayable_subscription(&subscription, &topic, 10)
+        .await
+        .unwrap();
+    let dir = Workdir::new();
+    // 8 000 history records in 4 files, 200 of them repeated, 2 lines that cannot be records.
+    let glob = history(
+        dir.path(),
+        "history",
+        "h",
+        8_000,
+        4,
+        200,
+        &["this is not json", r#"{"data":"bm8gaWQ="}"#],
+    );
+    let db = dir.db("order");
+    let file = dir.path().join("p.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "pipeline: test
+mode: continuous
+store: sqlite://{db}
+pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
+targets:
+  - {{ name: events, kind: table }}
+flows:
+  - name: events_backfill
+    target: events
+    once: true
+    source: {{ file: {{ path: \"{glob}\" }} }}
+  - name: events_live
+    target: events
+    depends_on: events_backfill
+    source:
+      pubsub:
+        subscription: {subscription}
+        dedup: {{ by: attribute, attribute: event_id }}
+        batch: {{ max_messages: 500, max_delay: 20ms }}
+        streams: 2
+",
+            db = db.display(),
+            endpoint = emulator().endpoint(),
+        ),
+    )
+    .unwrap();
+    let store = Db(db.clone());
+    let count = |flow: &str| {
+        store.query(&format!(
+            "SELECT COUNT(*) FROM test__events WHERE flow = '{flow}'"
+        ))
+    };
+    let max_at = |flow: &str| {
+        store.query(&format!(
+            "SELECT COALESCE(MAX(committed_at), 0) FROM test__events WHERE flow = '{flow}'"
+        ))
+    };
+    let min_at = |flow: &str| {
+        store.query(&format!(
+            "SELECT COALESCE(MIN(committed_at), 0) FROM test__events WHERE flow = '{flow}'"
+        ))
+    };
+
+    // The live subscription has its messages before the worker starts: without depends_on the
+    // live flow would write at once, beside the backfill.
+    let seek_to = now_ms() - 1_000;
+    pubsub
+        .publish(&topic, events_with_duplicates("live", 1_000, 100))
+        .await;
+
+    let worker = Worker::start(&file, "first");
+    let all_in = eventually(Duration::from_secs(180), || {
+        count("events_backfill") == 8_000 && count("events_live") == 1_000
+    })
+    .await;
+    assert!(
+        all_in,
+        "rows: backfill {} live {}; logs:\n{}",
+        count("events_backfill"),
+        count("events_live"),
+        worker.logs()
+    );
+    // A reset under a running worker is refused.
+    let (code, _, stderr) = sluice(
+        &["reset", "events_live", "-c", file.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("are running"), "{stderr}");
+    let output = stop(worker);
+    assert!(
+        flow_line(&output, "events_backfill").contains("COMPLETED"),
+        "{output}"
+    );
+    assert!(
+        flow_line(&output, "events_live").contains("STOPPED"),
+        "{output}"
+    );
+    let backfill_done = max_at("events_backfill");
+    assert!(
+        backfill_done <= min_at("events_live"),
+        "a live row ({}) was committed before the last backfill row ({backfill_done})",
+        min_at("events_live")
+    );
+    assert_eq!(store.rows(), 9_000);
+    assert_eq!(store.distinct_keys(), 9_000, "each record once");
+    // The two lines that are not records are dead letters, with their reasons.
+    assert_eq!(store.dead_letters(), 2);
+    assert_eq!(
+        store.query(
+            "SELECT COUNT(*) FROM test__dead_letter WHERE reason IN ('undecodable', 'missing_id')"
+        ),
+        2
+    );
+
+    // Restart: the backfill is IDLE and not re-read; live carries on.
+    pubsub
+        .publish(
+            &topic,
+            (1_000..1_200).map(|i| event(&format!("live{i}"))).collect(),
+        )
+        .await;
+    let worker = Worker::start(&file, "second");
+    let more = eventually(Duration::from_secs(120), || count("events_live") == 1_200).await;
+    assert!(
+        more,
+        "live rows {}; logs:\n{}",
+        count("events_live"),
+        worker.logs()
+    );
+    let output = stop(worker);
+    assert!(
+        flow_line(&output, "events_backfill").contains("IDLE"),
+        "{output}"
+    );
+    assert_eq!(
+        max_at("events_backfill"),
+        backfill_done,
+        "the backfill was re-read"
+    );
+    assert_eq!(store.rows(), 9_200);
+    assert_eq!(store.distinct_keys(), 9_200);
+
+    // Reset of the live flow, seeking its subscription back: only the live flow replays.
+    let seek = seek_to.to_string();
+    let (code, stdout, stderr) = sluice(
+        &[
+            "reset",
+            "events_live",
+            "-c",
+            file.to_str().unwrap(),
+            "--seek",
+            &seek,
+        ],
+        dir.path(),
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(count("events_live"), 0, "reset deletes the flow's rows");
+    assert_eq!(count("events_backfill"), 8_000, "and no other flow's");
+    let live_reset_at = now_ms();
+    let worker = Worker::start(&file, "after-reset");
+    let replayed = eventually(Duration::from_secs(300), || count("events_live") == 1_200).await;
+    assert!(
+        replayed,
+        "live rows {}; logs:\n{}",
+        count("events_live"),
+        worker.logs()
+    );
+    let output = stop(worker);
+    assert!(
+        flow_line(&output, "events_backfill").contains("IDLE"),
+        "{output}"
+    );
+    assert_eq!(
+        max_at("events_backfill"),
+        backfill_done,
+        "the backfill was re-read"
+    );
+    assert!(min_at("events_live") >= live_reset_at);
+    assert_eq!(store.rows(), 9_200);
+    assert_eq!(store.distinct_keys(), 9_200);
+
+    // Full refresh: the chain runs again from the start, in order, each record once.
+    let (code, stdout, stderr) = sluice(
+        &[
+            "full-refresh",
+            "-c",
+            file.to_str().unwrap(),
+            "--seek",
+            &seek,
+        ],
+        dir.path(),
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(store.rows(), 0);
+    assert_eq!(store.dead_letters(), 0);
+    let refreshed_at = now_ms();
+    let worker = Worker::start(&file, "after-refresh");
+    let again = eventually(Duration::from_secs(300), || {
+        count("events_backfill") == 8_000 && count("events_live") == 1_200
+    })
+    .await;
+    assert!(
+        again,
+        "rows: backfill {} live {}; logs:\n{}",
+        count("events_backfill"),
+        count("events_live"),
+        worker.logs()
+    );
+    let output = stop(worker);
+    assert!(
+        flow_line(&output, "events_backfill").contains("COMPLETED"),
+        "{output}"
+    );
+    assert!(
+        min_at("events_backfill") >= refreshed_at,
+        "the backfill ran again"
+    );
+    assert!(
+        max_at("events_backfill") <= min_at("events_live"),
+        "order kept after the refresh"
+    );
+    assert_eq!(store.rows(), 9_200);
+    assert_eq!(store.distinct_keys(), 9_200);
+    assert_eq!(store.dead_letters(), 2);
+}
+
+/// Patterns 2 and 3 in one triggered run on PostgreSQL: two backfills in parallel, then a
+/// third chained after both, then the live flow; each starts only after its predecessors'
+/// last row, and the run ends by itself with every record once. A `table` source copies the
+/// target after all its writers (a data edge), each row once, again on the next run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_then_chained_backfills_then_live() {
+    let database = sluice_store::ScratchDatabase::create().await.unwrap();
+    let db = PgDb(database.url().to_owned());
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("chain", 1).await;
+    pubsub
+        .publish(&topic, events_with_duplicates("live", 1_000, 100))
+        .await;
+    let dir = Workdir::new();
+    let a = history(dir.path(), "a", "a", 3_000, 2, 0, &[]);
+    let b = history(dir.path(), "b", "b", 3_000, 2, 0, &[]);
+    let c = history(dir.path(), "c", "c", 3_000, 2, 50, &[]);
+    let file = dir.path().join("p.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "pipeline: test
+mode: triggered
+store: \"{store}\"
+pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
+targets:
+  - {{ name: events, kind: table }}
+  - {{ name: events_copy, kind: table }}
+flows:
+  - {{ name: copy, target: events_copy, source: {{ table: events }} }}
+  - {{ name: hist_a, target: events, once: true, source: {{ file: {{ path: \"{a}\" }} }} }}
+  - {{ name: hist_b, target: events, once: true, source: {{ file: {{ path: \"{b}\" }} }} }}
+  - name: hist_c
+    target: events
+    once: true
+    depends_on: [hist_a, hist_b]
+    source: {{ file: {{ path: \"{c}\" }} }}
+  - name: live
+    target: events
+    depends_on: hist_c
+    source:
+      pubsub:
+        subscription: {subscription}
+        dedup: {{ by: attribute, attribute: event_id }}
+        drain_idle: 20s
+        streams: 2
+",
+            store = database.url(),
+            endpoint = emulator().endpoint(),
+            subscription = subs[0],
+        ),
+    )
+    .unwrap();
+    let worker = Worker::start(&file, "triggered");
+    let status = worker.wait(Duration::from_secs(240));
+    let output = std::fs::read_to_string(dir.path().join("triggered.out")).unwrap();
+    let logs = std::fs::read_to_string(dir.path().join("triggered.err")).unwrap();
+    assert!(status.success(), "{output}\n{logs}");
+    for flow in ["hist_a", "hist_b", "hist_c", "live"] {
+        assert!(flow_line(&output, flow).contains("COMPLETED"), "{output}");
+    }
+    let at = |agg: &str, flow: &str| {
+        db.query(&format!(
+            "SELECT (extract(epoch FROM {agg}(committed_at)) * 1000000)::int8 FROM test__events WHERE flow = '{flow}'"
+        ))
+    };
+    let backfills_done = at("max", "hist_a").max(at("max", "hist_b"));
+    assert!(
+        at("min", "hist_c") >= backfills_done,
+        "hist_c started before hist_a and hist_b had finished"
+    );
+    assert!(
+        at("min", "live") >= at("max", "hist_c"),
+        "live started before hist_c finished"
+    );
+    for (flow, n) in [
+        ("hist_a", 3_000),
+        ("hist_b", 3_000),
+        ("hist_c", 3_000),
+        ("live", 1_000),
+    ] {
+        let rows = db.query(&format!(
+            "SELECT count(*) FROM test__events WHERE flow = '{flow}'"
+        ));
+        assert_eq!(rows, n, "{flow}");
+    }
+    db.assert_exactly_once(10_000);
+    // The copy waited for every writer of `events` (a data edge) and holds each row once.
+    assert!(flow_line(&output, "copy").contains("COMPLETED"), "{output}");
+    let copied = |sql: &str| db.query(&sql.replace("T", "test__events_copy"));
+    assert_eq!(copied("SELECT count(*) FROM T"), 10_000);
+    assert_eq!(copied("SELECT count(DISTINCT dedup_key) FROM T"), 10_000);
+    let copy_started = db.query(
+        "SELECT (extract(epoch FROM min(committed_at)) * 1000000)::int8 FROM test__events_copy",
+    );
+    assert!(
+        copy_started >= at("max", "live"),
+        "the copy started before a writer finished"
+    );
+
+    // A second triggered run: the backfills are IDLE, the live flow drains what is new. (The
+    // emulator holds a subscription back for about 10 s after a stream of it closed, hence the
+    // live flow's drain_idle of 20 s.)
+    pubsub
+        .publish(
+            &topic,
+            (1_000..1_200).map(|i| event(&format!("live{i}"))).collect(),
+        )
+        .await;
+    let worker = Worker::start(&file, "triggered-again");
+    let status = worker.wait(Duration::from_secs(180));
+    let output = std::fs::read_to_string(dir.path().join("triggered-again.out")).unwrap();
+    assert!(status.success(), "{output}");
+    for flow in ["hist_a", "hist_b", "hist_c"] {
+        assert!(flow_line(&output, flow).contains("IDLE"), "{output}");
+    }
+    assert!(flow_line(&output, "live").contains("COMPLETED"), "{output}");
+    db.assert_exactly_once(10_200);
+    // The copy read the whole table again and wrote only the 200 new rows.
+    assert!(flow_line(&output, "copy").contains("rows 200,"), "{output}");
+    assert_eq!(
+        db.query("SELECT count(DISTINCT dedup_key) FROM test__events_copy"),
+        10_200
+    );
+    assert_eq!(db.query("SELECT count(*) FROM test__events_copy"), 10_200);
+}
+
+/// A flow that cannot read its files fails (after its retries) and its dependents are SKIPPED,
+/// never started; an independent flow completes; the run exits 1.
+#[test]
+fn a_failing_flow_skips_its_dependents() {
+    let dir = Workdir::new();
+    let good = history(dir.path(), "good", "g", 100, 1, 0, &[]);
+    let missing = dir.path().join("missing").join("*.jsonl");
+    let db: PathBuf = dir.db("fail");
+    let file = dir.path().join("p.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "pipeline: test
+mode: triggered
+store: sqlite://{db}
+targets:
+  - {{ name: events, kind: table }}
+flows:
+  - {{ name: broken, target: events, once: true, source: {{ file: {{ path: \"{missing}\" }} }} }}
+  - {{ name: after_broken, target: events, once: true, depends_on: broken, source: {{ file: {{ path: \"{good}\" }} }} }}
+  - {{ name: then_this, target: events, once: true, depends_on: after_broken, source: {{ file: {{ path: \"{good}\" }} }} }}
+  - {{ name: independent, target: events, once: true, source: {{ file: {{ path: \"{good}\" }} }} }}
+",
+            db = db.display(),
+            missing = missing.display(),
+        ),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = sluice(&["run", "-c", file.to_str().unwrap()], dir.path());
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    let broken = flow_line(&stdout, "broken");
+    assert!(
+        broken.contains("FAILED") && broken.contains("no file matches"),
+        "{stdout}"
+    );
+    assert!(
+        flow_line(&stdout, "after_broken")
+            .contains("SKIPPED (predecessor broken did not complete)"),
+        "{stdout}"
+    );
+    assert!(
+        flow_line(&stdout, "then_this").contains("SKIPPED"),
+        "{stdout}"
+    );
+    assert!(
+        flow_line(&stdout, "independent").contains("COMPLETED"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stderr.matches("flow failed; retrying").count(),
+        3,
+        "{stderr}"
+    );
+    let store = Db(db);
+    let rows = |flow: &str| {
+        store.query(&format!(
+            "SELECT COUNT(*) FROM test__events WHERE flow = '{flow}'"
+        ))
+    };
+    assert_eq!(rows("independent"), 100);
+    assert_eq!(rows("after_broken"), 0, "a skipped flow never starts");
+    assert_eq!(rows("then_this"), 0);
+    // Completion is recorded only for what completed: the next run re-tries the broken chain
+    // and leaves the independent flow IDLE.
+    let (code, stdout, _) = sluice(&["run", "-c", file.to_str().unwrap()], dir.path());
+    assert_eq!(code, 1);
+    assert!(
+        flow_line(&stdout, "independent").contains("IDLE"),
+        "{stdout}"
+    );
+    assert!(
+        flow_line(&stdout, "after_broken").contains("SKIPPED"),
+        "{stdout}"
+    );
+}

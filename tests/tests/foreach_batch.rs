@@ -1,0 +1,225 @@
+//! `foreach_batch` targets end to end: a real gRPC Stage server (tonic, in this test) behind a
+//! `sluice` worker reading the emulator.
+//!
+//! * Every record reaches the Stage once per committed batch, each call's `batch_id` is the one
+//!   derived from its keys, and the target's table holds each record once.
+//! * A crash between the Stage's answer and the commit: the store is held locked (a write
+//!   transaction of this test on the SQLite file: the commit waits), the worker is SIGKILLed
+//!   after the Stage answered, the lock released, a new worker started: the Stage receives the
+//!   same batch id with the same records again, and the table holds each record once.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use sluice_proto::v1::stage_server::{Stage, StageServer};
+use sluice_proto::v1::{ProcessRequest, ProcessResponse};
+use sluice_tests::{
+    Db, PROJECT, PubSub, Workdir, Worker, emulator, event, events_with_duplicates, eventually,
+};
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One call the Stage server received.
+#[derive(Debug, Clone)]
+struct Call {
+    flow: String,
+    batch_id: String,
+    keys: Vec<String>,
+}
+
+#[derive(Default, Clone)]
+struct Recorder {
+    calls: Arc<Mutex<Vec<Call>>>,
+}
+
+#[tonic::async_trait]
+impl Stage for Recorder {
+    async fn process(
+        &self,
+        request: tonic::Request<ProcessRequest>,
+    ) -> Result<tonic::Response<ProcessResponse>, tonic::Status> {
+        let request = request.into_inner();
+        self.calls.lock().unwrap().push(Call {
+            flow: request.flow,
+            batch_id: request.batch_id,
+            keys: request.records.into_iter().map(|r| r.key).collect(),
+        });
+        Ok(tonic::Response::new(ProcessResponse {}))
+    }
+}
+
+/// Serves a Stage recording its calls on a free loopback port.
+async fn stage_server() -> (SocketAddr, Recorder) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let recorder = Recorder::default();
+    let incoming = futures::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    });
+    let server = tonic::transport::Server::builder()
+        .add_service(StageServer::new(recorder.clone()))
+        .serve_with_incoming(incoming);
+    tokio::spawn(server);
+    (address, recorder)
+}
+
+fn pipeline(
+    dir: &Path,
+    db: &Path,
+    stage: SocketAddr,
+    subscription: &str,
+    batch: &str,
+) -> std::path::PathBuf {
+    let file = dir.join("p.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "pipeline: test
+store: sqlite://{db}
+pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
+targets:
+  - {{ name: enrich, kind: foreach_batch, foreach_batch: {{ endpoint: \"http://{stage}\" }} }}
+flows:
+  - name: live
+    target: enrich
+    source:
+      pubsub:
+        subscription: {subscription}
+        dedup: {{ by: attribute, attribute: event_id }}
+        batch: {batch}
+        streams: 1
+",
+            db = db.display(),
+            endpoint = emulator().endpoint(),
+        ),
+    )
+    .unwrap();
+    file
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_record_reaches_the_stage_once_per_committed_batch() {
+    let (stage, recorder) = stage_server().await;
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("foreach", 1).await;
+    let dir = Workdir::new();
+    let db = dir.db("foreach");
+    let file = pipeline(
+        dir.path(),
+        &db,
+        stage,
+        &subs[0],
+        "{ max_messages: 200, max_delay: 20ms }",
+    );
+    let worker = Worker::start(&file, "worker");
+    pubsub
+        .publish(&topic, events_with_duplicates("e", 2_000, 200))
+        .await;
+    let store = Db(db);
+    let rows = || store.query("SELECT COUNT(*) FROM test__enrich");
+    let done = eventually(Duration::from_secs(120), || rows() == 2_000).await;
+    assert!(done, "rows {}; logs:\n{}", rows(), worker.logs());
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(60)).success());
+
+    assert_eq!(
+        store.query("SELECT COUNT(DISTINCT dedup_key) FROM test__enrich"),
+        2_000
+    );
+    let calls = recorder.calls.lock().unwrap().clone();
+    let mut times_seen: HashMap<String, usize> = HashMap::new();
+    for call in &calls {
+        assert_eq!(call.flow, "live");
+        assert_eq!(
+            call.batch_id,
+            sluice_connector::batch_id(call.keys.iter().map(String::as_str)),
+            "the batch id is the one derived from its keys"
+        );
+        for key in &call.keys {
+            *times_seen.entry(key.clone()).or_default() += 1;
+        }
+    }
+    assert_eq!(times_seen.len(), 2_000, "every record reached the stage");
+    let repeated: Vec<_> = times_seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "records sent twice with no failure: {repeated:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_stage_answer_and_the_commit_resends_the_same_batch_id() {
+    let (stage, recorder) = stage_server().await;
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("foreach-crash", 1).await;
+    let dir = Workdir::new();
+    let db = dir.db("crash");
+    // Exactly one batch of 50: it closes when its 50th message arrives, after the crash too.
+    let file = pipeline(
+        dir.path(),
+        &db,
+        stage,
+        &subs[0],
+        "{ max_messages: 50, max_delay: 10s }",
+    );
+    let worker = Worker::start(&file, "first");
+    let started = eventually(Duration::from_secs(60), || {
+        worker.logs().contains("flow started")
+    })
+    .await;
+    assert!(started, "{}", worker.logs());
+
+    // Hold the store's write lock: the worker's commit waits behind it.
+    let lock = rusqlite::Connection::open(&db).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    pubsub
+        .publish(&topic, (0..50).map(|i| event(&format!("c{i}"))).collect())
+        .await;
+    let answered = eventually(Duration::from_secs(60), || {
+        !recorder.calls.lock().unwrap().is_empty()
+    })
+    .await;
+    assert!(
+        answered,
+        "the stage was never called; logs:\n{}",
+        worker.logs()
+    );
+    let first = recorder.calls.lock().unwrap()[0].clone();
+    assert_eq!(first.keys.len(), 50, "{first:?}");
+    // The stage answered; the commit is stuck behind the lock. Crash now.
+    worker.kill9();
+    lock.execute_batch("ROLLBACK").unwrap();
+    drop(lock);
+    let store = Db(db.clone());
+    assert_eq!(
+        store.query("SELECT COUNT(*) FROM test__enrich"),
+        0,
+        "nothing was committed"
+    );
+    let calls_before = recorder.calls.lock().unwrap().len();
+
+    let worker = Worker::start(&file, "second");
+    let rows = || store.query("SELECT COUNT(*) FROM test__enrich");
+    let done = eventually(Duration::from_secs(180), || rows() == 50).await;
+    assert!(done, "rows {}; logs:\n{}", rows(), worker.logs());
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(60)).success());
+
+    let calls = recorder.calls.lock().unwrap().clone();
+    let after: Vec<&Call> = calls[calls_before..].iter().collect();
+    assert!(!after.is_empty(), "the batch was not sent again");
+    let first_keys: BTreeSet<&String> = first.keys.iter().collect();
+    for call in &after {
+        assert_eq!(
+            call.batch_id, first.batch_id,
+            "a different batch id after the crash: {call:?}"
+        );
+        assert_eq!(call.keys.iter().collect::<BTreeSet<_>>(), first_keys);
+    }
+    assert_eq!(
+        store.query("SELECT COUNT(DISTINCT dedup_key) FROM test__enrich"),
+        50
+    );
+}
