@@ -445,3 +445,70 @@ async fn a_racing_redelivery_is_parked_and_acked_with_its_original() {
     drop(batches);
     handle.close().await;
 }
+
+/// A `foreach_batch` closure (library use) sees every record once per committed batch, with the
+/// batch id derived from its keys; while it reports itself unavailable, the same batch comes
+/// again with the same id and no attempt is charged (nothing is dead-lettered), and nothing is
+/// acked before it answers OK and the batch commits.
+#[tokio::test]
+async fn a_foreach_batch_closure_sees_each_batch_and_its_outages_retry_the_same_batch_id() {
+    let setup = setup().await;
+    let source = InProcessSource::generated(2_000, 10, |i| format!("k{i}"));
+    let tally = source.tally();
+    let calls: Arc<Mutex<Vec<(String, Vec<String>)>>> = Arc::default();
+    let outages = Arc::new(AtomicU64::new(4));
+    let stage = {
+        let (calls, outages) = (calls.clone(), outages.clone());
+        sluice_connector::ForeachBatchStage::new("f", TableStage::default(), move |batch| {
+            let keys: Vec<String> = batch.records.iter().map(|r| r.key.clone()).collect();
+            calls.lock().unwrap().push((batch.batch_id.clone(), keys));
+            let down = outages
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            async move {
+                if down {
+                    Err(StageError::unavailable("stage restarting"))
+                } else {
+                    Ok(())
+                }
+            }
+        })
+    };
+    let end = run_of(
+        &setup,
+        source,
+        Arc::new(stage),
+        CancellationToken::new(),
+        RunUntil::Idle(Duration::from_millis(500)),
+    )
+    .run(CancellationToken::new())
+    .await
+    .unwrap();
+    assert_eq!(end.report.rows, 2_000);
+    assert_eq!(end.report.dead_letters, 0, "an outage charges no attempt");
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 2_000);
+    let calls = calls.lock().unwrap();
+    // The first batch was refused four times, then accepted: five calls with one id and one
+    // set of keys.
+    let (first_id, first_keys) = &calls[0];
+    assert!(
+        calls[..5]
+            .iter()
+            .all(|(id, keys)| id == first_id && keys == first_keys)
+    );
+    for (id, keys) in calls.iter() {
+        assert_eq!(
+            id,
+            &sluice_connector::batch_id(keys.iter().map(String::as_str))
+        );
+    }
+    let mut accepted: Vec<&String> = calls[4..].iter().flat_map(|(_, keys)| keys).collect();
+    accepted.sort();
+    accepted.dedup();
+    assert_eq!(accepted.len(), 2_000, "every record reached the closure");
+    assert_eq!(
+        calls[4..].iter().map(|(_, k)| k.len()).sum::<usize>(),
+        2_000,
+        "once per committed batch"
+    );
+}
