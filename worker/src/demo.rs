@@ -1,7 +1,8 @@
 //! `sluice demo`: the quickstart. Starts an emulator (unless `PUBSUB_EMULATOR_HOST` names one),
-//! publishes a stream with publisher duplicates, out-of-order event times and a few bad
-//! timestamps, ingests it exactly once into SQLite with a triggered pipeline, and checks the
-//! result against what was published.
+//! writes a file of order history (with repeated ids and an undecodable line) and publishes a
+//! live stream with publisher duplicates, out-of-order event times and a few bad timestamps,
+//! then runs a triggered backfill-then-live pipeline (`depends_on`) into SQLite and checks each
+//! flow's result against what was written and published.
 
 use crate::run::{FlowState, execute};
 use crate::signals;
@@ -22,6 +23,8 @@ const EVENT_TIME_JITTER_MS: i64 = 8_000;
 const DRAIN_IDLE: &str = "3s";
 /// Messages published with an unparseable timestamp, to show dead letters.
 const BAD_TIMESTAMPS: usize = 5;
+/// Lines of the history file that are not records (dead letters of the backfill).
+const BAD_LINES: usize = 1;
 
 /// Runs the demo; exit 0 when what landed matches what was published.
 pub async fn demo(events: usize, dir: &Path) -> ExitCode {
@@ -84,12 +87,27 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
     );
 
     std::fs::create_dir_all(dir)?;
+    let history = events / 4;
+    let history_dir = dir.join("history");
+    std::fs::create_dir_all(&history_dir)?;
+    std::fs::write(
+        history_dir.join("orders-0001.jsonl"),
+        history_file(history, now),
+    )?;
+    println!(
+        "wrote {history} past orders to {} (plus {} repeated ids and {BAD_LINES} line that is not a record)",
+        history_dir.join("orders-0001.jsonl").display(),
+        history / 10
+    );
     let db = dir.join("demo.db");
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
     }
     let pipeline_file = dir.join("pipeline.yaml");
-    std::fs::write(&pipeline_file, pipeline_yaml(&db, &endpoint, &subscription))?;
+    std::fs::write(
+        &pipeline_file,
+        pipeline_yaml(&db, &history_dir, &endpoint, &subscription),
+    )?;
     println!("pipeline file: {}", pipeline_file.display());
     let pipeline = sluice_pipeline::load(&pipeline_file).map_err(|e| e.to_string())?;
 
@@ -100,13 +118,15 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
     let mut ok = true;
     for outcome in &outcomes {
         let c = outcome.counters;
-        println!(
-            "flow {}: {:?} in {took:.1}s (including {DRAIN_IDLE} of idle time to decide the subscription is drained)",
-            outcome.name, outcome.state
-        );
+        let (rows, dead, what) = if outcome.name == "orders_backfill" {
+            (history, BAD_LINES, "reason undecodable")
+        } else {
+            (events, BAD_TIMESTAMPS, "reason bad_timestamp")
+        };
+        println!("flow {}: {}", outcome.name, outcome.state.name());
         println!("  received      {:>7}  (redeliveries included)", c.received);
         println!(
-            "  rows written  {:>7}  (expected {events}: one per order)",
+            "  rows written  {:>7}  (expected {rows}: one per order)",
             c.committed
         );
         println!(
@@ -116,17 +136,27 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
             c.duplicates_store
         );
         println!(
-            "  dead letters  {:>7}  (expected {BAD_TIMESTAMPS}: reason bad_timestamp)",
+            "  dead letters  {:>7}  (expected {dead}: {what})",
             c.dead_lettered
         );
+        if outcome.skipped > 0 {
+            println!(
+                "  skipped       {:>7}  (repeated ids already committed, not read again)",
+                outcome.skipped
+            );
+        }
         println!(
             "  acked         {:>7}  (every message, after its commit)",
             c.acked
         );
         ok &= outcome.state == FlowState::Completed
-            && c.committed == events as u64
-            && c.dead_lettered == BAD_TIMESTAMPS as u64;
+            && c.committed == rows as u64
+            && c.dead_lettered == dead as u64;
     }
+    println!(
+        "{took:.1}s in all, including {DRAIN_IDLE} of idle time to decide the subscription is \
+         drained; orders_live started only when orders_backfill had completed"
+    );
     println!(
         "\nlook inside: sqlite3 {} 'SELECT COUNT(*), COUNT(DISTINCT dedup_key) FROM demo__orders'",
         db.display()
@@ -153,7 +183,22 @@ fn event(order_id: &str, ts: &str) -> Message {
         .set_attributes([("order_id", order_id.to_owned()), ("ts", ts.to_owned())])
 }
 
-fn pipeline_yaml(db: &Path, endpoint: &str, subscription: &str) -> String {
+/// `n` past orders, one JSON record a line, with every tenth id repeated at the end and one
+/// line that is not a record.
+fn history_file(n: usize, now: i64) -> String {
+    let line = |i: usize| {
+        format!(
+            "{{\"id\":\"past-{i}\",\"data\":{{\"order_id\":\"past-{i}\",\"amount\":7}},\"event_time\":{}}}\n",
+            now - 86_400_000 + i as i64
+        )
+    };
+    let mut text: String = (0..n).map(line).collect();
+    text.extend((0..n).step_by(10).map(line));
+    text.push_str("this line is not a record\n");
+    text
+}
+
+fn pipeline_yaml(db: &Path, history: &Path, endpoint: &str, subscription: &str) -> String {
     format!(
         "# Written by `sluice demo`.
 pipeline: demo
@@ -166,8 +211,13 @@ targets:
   - name: orders
     kind: table
 flows:
+  - name: orders_backfill
+    target: orders
+    once: true
+    source: {{ file: {{ path: \"{history}/*.jsonl\" }} }}
   - name: orders_live
     target: orders
+    depends_on: orders_backfill
     source:
       pubsub:
         subscription: {subscription}
@@ -176,6 +226,7 @@ flows:
         batch: {{ max_messages: 1000, max_delay: 50ms }}
         drain_idle: {DRAIN_IDLE}
 ",
-        db = db.display()
+        db = db.display(),
+        history = history.display()
     )
 }

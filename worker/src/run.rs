@@ -128,6 +128,12 @@ fn print_outcome(outcome: &FlowOutcome) {
         c.acked,
         c.nacked
     );
+    if outcome.skipped > 0 {
+        println!(
+            "  {}: {} records skipped, committed before",
+            outcome.name, outcome.skipped
+        );
+    }
 }
 
 /// Runs a validated pipeline to its end.
@@ -199,6 +205,7 @@ pub async fn execute(
                     name: flow.name.clone(),
                     state: FlowState::Idle,
                     counters: Snapshot::default(),
+                    skipped: 0,
                 }
             } else {
                 scheduler::run_flow(&ctx, &flow, handle, predecessors).await
@@ -227,6 +234,7 @@ pub async fn execute(
                     name: names.get(&error.id()).cloned().unwrap_or_default(),
                     state: FlowState::Failed(format!("panicked: {error}")),
                     counters: Snapshot::default(),
+                    skipped: 0,
                 });
             }
         }

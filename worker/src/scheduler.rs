@@ -81,6 +81,9 @@ pub struct FlowOutcome {
     pub state: FlowState,
     /// Its counters at the end (of its last attempt).
     pub counters: Snapshot,
+    /// Records of a bounded source (files, a table) not delivered because the flow had
+    /// committed them before (a re-read after a crash, a repeated id, a table read again).
+    pub skipped: u64,
 }
 
 /// What every flow of a run shares.
@@ -110,6 +113,7 @@ pub async fn run_flow(
         name: flow.name.clone(),
         state,
         counters: Snapshot::default(),
+        skipped: 0,
     };
     for (name, mut rx) in predecessors {
         let succeeded = tokio::select! {
@@ -163,6 +167,7 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         name: flow.name.clone(),
         state,
         counters: counters.map(Counters::snapshot).unwrap_or_default(),
+        skipped: 0,
     };
     let built = match flows::build(
         &ctx.pipeline,
@@ -188,7 +193,15 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         .filter(|_| built.draw_progress)
         .and_then(|progress| crate::progress::draw(&flow.name, progress));
     let end = built.run.run(ctx.shutdown.drain.clone()).await;
-    let failure = built.progress.and_then(|p| p.failure());
+    let failure = built.progress.as_ref().and_then(|p| p.failure());
+    let skipped = built
+        .progress
+        .as_ref()
+        .map_or(0, |p| p.skipped.load(std::sync::atomic::Ordering::Relaxed));
+    let outcome = |state, counters: Option<&Counters>| FlowOutcome {
+        skipped,
+        ..outcome(state, counters)
+    };
     match (end, failure) {
         (Err(error), _) => outcome(FlowState::Failed(error.to_string()), Some(&counters)),
         (Ok(_), Some(failure)) => outcome(FlowState::Failed(failure), Some(&counters)),
