@@ -58,14 +58,18 @@ pub struct SourceProgress {
 impl SourceProgress {
     /// Why reading stopped early, if it did: the flow must then be reported failed.
     pub fn failure(&self) -> Option<String> {
-        self.failure.lock().ok().and_then(|f| f.clone())
+        self.failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     pub(crate) fn fail(&self, why: String) {
         tracing::error!(error = %why, "bounded source failed");
-        if let Ok(mut failure) = self.failure.lock() {
-            failure.get_or_insert(why);
-        }
+        self.failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_or_insert(why);
     }
 }
 
@@ -137,13 +141,21 @@ impl Deliverer {
 pub(crate) struct Running {
     pub(crate) stop: CancellationToken,
     pub(crate) task: JoinHandle<()>,
+    pub(crate) progress: Arc<SourceProgress>,
 }
 
 #[async_trait]
 impl SourceHandle for Running {
     async fn close(self: Box<Self>) {
         self.stop.cancel();
-        let _ = self.task.await;
+        // A reading task that panicked closed the intake early, which looks like the end of
+        // the source: it must fail the flow instead, never let it count as complete.
+        if let Err(error) = self.task.await
+            && error.is_panic()
+        {
+            self.progress
+                .fail(format!("the source's reading task panicked: {error}"));
+        }
     }
 }
 

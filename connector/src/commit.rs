@@ -25,6 +25,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// Tries to publish a committed sink file before leaving it to recovery.
+const PUBLISH_ATTEMPTS: usize = 3;
+
 /// Retry settings of a flow.
 #[derive(Debug, Clone, Copy)]
 pub struct RetrySettings {
@@ -124,8 +127,28 @@ impl CommitThenAck {
     }
 
     /// Processes one batch; returns its singles when it had to be split.
-    async fn process_one(&self, mut batch: Batch, report: &mut CommitReport) -> Option<Vec<Batch>> {
+    async fn process_one(&self, batch: Batch, report: &mut CommitReport) -> Option<Vec<Batch>> {
         let mut backoff = Backoff::default();
+        // Sink attempts whose transaction ran but whose commit reported an error: the commit
+        // may have landed all the same (a lost answer), so they are decided from the store
+        // once the batch is settled.
+        let mut uncertain: Vec<Arc<SinkCommit>> = Vec::new();
+        let singles = self
+            .attempt_until_settled(batch, report, &mut backoff, &mut uncertain)
+            .await;
+        self.resolve_uncertain(uncertain).await;
+        singles
+    }
+
+    /// Retries `batch` until it is committed and acked or abandoned (`None`), or must be split
+    /// (its singles).
+    async fn attempt_until_settled(
+        &self,
+        mut batch: Batch,
+        report: &mut CommitReport,
+        backoff: &mut Backoff,
+        uncertain: &mut Vec<Arc<SinkCommit>>,
+    ) -> Option<Vec<Batch>> {
         loop {
             let exhausted = match batch.deliveries() {
                 [single] if single.attempts >= self.retry.max_attempts => Some(single),
@@ -166,13 +189,12 @@ impl CommitThenAck {
                     batch
                         .counters()
                         .commit_took(started.elapsed().as_secs_f64());
-                    if let (Ok(_), Some(sink)) = (&result, &sink_commit)
-                        && let Err(error) = sink.publish()
-                    {
-                        // Committed: the temporary file is published by the next start's
-                        // recovery, and the rows are in the target's table meanwhile.
-                        tracing::error!(flow = %self.flow.name, %error,
-                            "cannot publish a committed sink file; recovery will");
+                    if let Some(sink) = sink_commit {
+                        match &result {
+                            Ok(_) => self.publish(&sink),
+                            Err(_) if sink.ran() => uncertain.push(sink),
+                            Err(_) => {}
+                        }
                     }
                     result
                 }
@@ -244,6 +266,45 @@ impl CommitThenAck {
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = self.give_up.cancelled() => {}
+            }
+        }
+    }
+
+    /// Publishes a committed sink file, retrying a few times; if it still fails, the file
+    /// stays under its temporary name for the next start's recovery (the rows are in the
+    /// target's table meanwhile).
+    fn publish(&self, sink: &SinkCommit) {
+        let mut last = None;
+        for _ in 0..PUBLISH_ATTEMPTS {
+            match sink.publish() {
+                Ok(()) => return,
+                Err(error) => last = Some(error),
+            }
+        }
+        if let Some(error) = last {
+            tracing::error!(flow = %self.flow.name, commit = sink.commit_id(), %error,
+                "cannot publish a committed sink file; the next start's recovery will");
+        }
+        sink.release();
+    }
+
+    /// Decides the sink attempts whose commit reported an error after their transaction ran:
+    /// published if the store recorded them (the answer was lost, the commit landed),
+    /// discarded if not; left to the next start's recovery if the store cannot say.
+    async fn resolve_uncertain(&self, uncertain: Vec<Arc<SinkCommit>>) {
+        for sink in uncertain {
+            match self
+                .store
+                .commit_recorded(&self.flow, sink.commit_id())
+                .await
+            {
+                Ok(true) => self.publish(&sink),
+                Ok(false) => sink.discard(),
+                Err(error) => {
+                    tracing::warn!(flow = %self.flow.name, commit = sink.commit_id(), %error,
+                        "cannot tell whether a sink commit landed; the next start's recovery will");
+                    sink.release();
+                }
             }
         }
     }

@@ -143,7 +143,11 @@ impl MessageSource for FileSource {
             }
             // Dropping the reader closes the intake: the flow ends once it is all committed.
         });
-        Ok(Box::new(crate::bounded::Running { stop, task }))
+        Ok(Box::new(crate::bounded::Running {
+            stop,
+            task,
+            progress: self.progress,
+        }))
     }
 }
 

@@ -97,10 +97,13 @@ impl JsonlSink {
             id,
             lines: entries.iter().map(line).collect(),
             written: Mutex::new(None),
+            held: Mutex::new(None),
         }
     }
 
     /// Resolves what a crash left behind (see the module docs): returns (published, deleted).
+    /// A temporary file another process holds locked (its commit is under way) is left alone;
+    /// one that vanished meanwhile was resolved by its writer.
     pub async fn recover(
         &self,
         store: &dyn Store,
@@ -115,27 +118,42 @@ impl JsonlSink {
             let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
                 continue;
             };
-            if let Some(id) = name
-                .strip_prefix(&hidden)
-                .and_then(|rest| rest.strip_suffix(".jsonl.tmp"))
-            {
+            let Some(rest) = name.strip_prefix(&hidden) else {
+                continue;
+            };
+            if let Some(id) = rest.strip_suffix(".jsonl.tmp") {
                 leftovers.push((path.clone(), id.to_owned()));
+            } else if rest.ends_with(".part") {
+                // A publication rewritten from memory that did not finish: its commit's file
+                // is published (or will be) under its final name by its writer.
+                ignore_missing(std::fs::remove_file(&path)).map_err(io)?;
             }
         }
         let (mut published, mut deleted) = (0, 0);
         for (path, id) in leftovers {
+            let file = match std::fs::File::open(&path) {
+                Ok(file) => file,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io(e)),
+            };
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => continue,
+                Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+            }
             let recorded = store
                 .commit_recorded(flow, &id)
                 .await
                 .map_err(|e| format!("cannot ask the store about sink commit {id}: {e}"))?;
             if recorded {
                 let target = self.dir.join(format!("{}{id}.jsonl", self.prefix));
-                std::fs::rename(&path, &target).map_err(io)?;
+                ignore_missing(std::fs::rename(&path, &target)).map_err(io)?;
                 published += 1;
             } else {
-                std::fs::remove_file(&path).map_err(io)?;
+                ignore_missing(std::fs::remove_file(&path)).map_err(io)?;
                 deleted += 1;
             }
+            drop(file);
         }
         if published + deleted > 0 {
             sync_dir(&self.dir).map_err(io)?;
@@ -158,7 +176,7 @@ impl JsonlSink {
             let path = entry?.path();
             let ours = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
                 (n.starts_with(&self.prefix) && n.ends_with(".jsonl"))
-                    || (n.starts_with(&hidden) && n.ends_with(".jsonl.tmp"))
+                    || (n.starts_with(&hidden) && (n.ends_with(".tmp") || n.ends_with(".part")))
             });
             if ours {
                 std::fs::remove_file(&path)?;
@@ -179,6 +197,9 @@ pub struct SinkCommit {
     lines: Vec<Option<String>>,
     /// Which entries the ledger let through, once the transaction has run.
     written: Mutex<Option<Vec<bool>>>,
+    /// The temporary file, locked while this attempt may still publish it: a recovery running
+    /// meanwhile (another worker starting) leaves a locked file alone.
+    held: Mutex<Option<std::fs::File>>,
 }
 
 impl SinkCommit {
@@ -193,20 +214,34 @@ impl SinkCommit {
         text
     }
 
-    /// After the commit: makes the file visible under its final name.
+    /// Whether the transaction ran this attempt's work (its commit may then have landed even
+    /// if the store reported an error).
+    pub fn ran(&self) -> bool {
+        lock(&self.written).is_some()
+    }
+
+    /// This attempt's commit id.
+    pub fn commit_id(&self) -> &str {
+        &self.id
+    }
+
+    /// After the commit: makes the file visible under its final name, then lets go of it.
     pub fn publish(&self) -> std::io::Result<()> {
-        let written = self.written.lock().ok().and_then(|w| w.clone());
-        let Some(written) = written else {
+        let Some(written) = lock(&self.written).clone() else {
             return Ok(());
         };
         let content = self.content(&written);
         if content.is_empty() {
             return Ok(());
         }
-        match std::fs::rename(&self.temporary, &self.published) {
+        let renamed = std::fs::rename(&self.temporary, &self.published);
+        // Released only now: until the rename, a recovery must not touch the file.
+        lock(&self.held).take();
+        match renamed {
             Ok(()) => {}
-            // Resolved by a recovery meanwhile (published, or deleted because the commit
-            // looked unfinished): write it again from memory.
+            // Published by a recovery already (its commit is recorded).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.published.exists() => {}
+            // Gone without being published (removed by hand): write it again from memory.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let part = self
                     .temporary
@@ -218,6 +253,30 @@ impl SinkCommit {
         }
         sync_dir(self.published.parent().unwrap_or(Path::new(".")))
     }
+
+    /// After a commit known not to have happened: removes the temporary file.
+    pub fn discard(&self) {
+        lock(&self.held).take();
+        if let Err(error) = std::fs::remove_file(&self.temporary)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(file = %self.temporary.display(), %error,
+                "cannot remove the file of a sink commit that did not happen; recovery will");
+        }
+    }
+
+    /// Lets go of the temporary file without deciding (the commit's outcome is unknown): the
+    /// next start's recovery decides from the store.
+    pub fn release(&self) {
+        lock(&self.held).take();
+    }
+}
+
+/// A mutex's content even if a panic poisoned it (the data here stays consistent).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl CommitHook for SinkCommit {
@@ -228,14 +287,26 @@ impl CommitHook for SinkCommit {
     fn before_commit(&self, written: &[bool]) -> Result<(), String> {
         let content = self.content(written);
         if !content.is_empty() {
-            write_synced(&self.temporary, &content)
+            let file = write_locked(&self.temporary, &content)
                 .map_err(|e| format!("cannot write {}: {e}", self.temporary.display()))?;
+            *lock(&self.held) = Some(file);
         }
-        if let Ok(mut slot) = self.written.lock() {
-            *slot = Some(written.to_vec());
-        }
+        *lock(&self.written) = Some(written.to_vec());
         Ok(())
     }
+}
+
+/// Creates `path` locked (an exclusive advisory lock, released when the file is dropped or the
+/// process dies), writes and syncs it, and returns it still locked.
+fn write_locked(path: &Path, content: &str) -> std::io::Result<std::fs::File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut file = std::fs::File::create(path)?;
+    file.lock()?;
+    file.write_all(content.as_bytes())?;
+    file.sync_all()?;
+    Ok(file)
 }
 
 fn write_synced(path: &Path, content: &str) -> std::io::Result<()> {
@@ -245,6 +316,14 @@ fn write_synced(path: &Path, content: &str) -> std::io::Result<()> {
     let mut file = std::fs::File::create(path)?;
     file.write_all(content.as_bytes())?;
     file.sync_all()
+}
+
+/// `Ok` also when the file was not there (someone else resolved it first).
+fn ignore_missing(result: std::io::Result<()>) -> std::io::Result<()> {
+    match result {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {

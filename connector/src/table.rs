@@ -7,9 +7,11 @@
 //!   reading flow) is `<writer flow>/<dedup key>`, so the same record is the same key however
 //!   often the table is read, and the guarantees of [`crate::SkipCommitted`] and the ledger make
 //!   each land once in the reading flow's target.
-//! * **A snapshot, then the end.** Rows are read until a page comes back empty; rows committed
-//!   later are left to the next run. The scheduler starts a table flow after the writers of its
-//!   table completed (a data edge), so a triggered run or a backfill reads a finished table.
+//! * **A finished table, then the end.** Rows are read in pages until a page comes back empty.
+//!   The pages are separate reads, so a row committed meanwhile may be missed: the table must
+//!   not be written while it is read. The worker ensures it: a table flow starts after every
+//!   writer of its table completed (a data edge), and a table that live flows write cannot be
+//!   read in a continuous pipeline.
 //! * Event time and attributes carry over from the row; its publish time too.
 
 use crate::bounded::{CHUNK, Deliverer, Running, SkipCommitted, SourceProgress};
@@ -132,6 +134,10 @@ impl MessageSource for TableSource {
                 }
             }
         });
-        Ok(Box::new(Running { stop, task }))
+        Ok(Box::new(Running {
+            stop,
+            task,
+            progress: self.progress,
+        }))
     }
 }

@@ -66,8 +66,13 @@ impl Store for FaultyStore {
     async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
         self.inner.completions(pipeline).await
     }
-    async fn reset_flow(&self, flow: &FlowHandle, table: Option<&str>) -> Result<(), StoreError> {
-        self.inner.reset_flow(flow, table).await
+    async fn reset_flow(
+        &self,
+        flow: &FlowHandle,
+        table: Option<&str>,
+        rows: sluice_store::ResetRows,
+    ) -> Result<(), StoreError> {
+        self.inner.reset_flow(flow, table, rows).await
     }
     async fn commit_recorded(
         &self,
@@ -455,7 +460,9 @@ async fn a_foreach_batch_closure_sees_each_batch_and_its_outages_retry_the_same_
     let setup = setup().await;
     let source = InProcessSource::generated(2_000, 10, |i| format!("k{i}"));
     let tally = source.tally();
-    let calls: Arc<Mutex<Vec<(String, Vec<String>)>>> = Arc::default();
+    // (batch id, keys) per call.
+    type Calls = Arc<Mutex<Vec<(String, Vec<String>)>>>;
+    let calls: Calls = Arc::default();
     let outages = Arc::new(AtomicU64::new(4));
     let stage = {
         let (calls, outages) = (calls.clone(), outages.clone());

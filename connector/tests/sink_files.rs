@@ -1,6 +1,7 @@
 //! `JsonlSink` against a real SQLite store: a file per committed batch holding only the records
 //! the ledger let through, and the recovery of what a crash leaves behind (a temporary file of
-//! a committed batch is published, one of a batch that never committed is deleted).
+//! a committed batch is published, one of a batch that never committed is deleted, one whose
+//! writer still holds it is left alone).
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use bytes::Bytes;
@@ -95,6 +96,11 @@ async fn committed_batches_become_files_and_crash_leftovers_are_resolved() {
 
     let published_before = sink.files().unwrap();
     assert_eq!(published_before.len(), 1, "{published_before:?}");
+    // While their writers hold them (commits under way), a recovery leaves them alone.
+    assert_eq!(sink.recover(&store, flow).await.unwrap(), (0, 0));
+    // The writers die: their locks go with them.
+    second.release();
+    never.release();
     let (published, deleted) = sink.recover(&store, flow).await.unwrap();
     assert_eq!((published, deleted), (1, 1));
     let files = sink.files().unwrap();

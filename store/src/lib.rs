@@ -45,7 +45,7 @@ mod url;
 pub use error::StoreError;
 pub use model::{
     CommitBatch, CommitHook, CommitOutcome, Effect, Entry, FlowHandle, FlowProgress, Layout,
-    MessageFields, RowCursor, StoredRow,
+    MessageFields, ResetRows, RowCursor, StoredRow,
 };
 pub use pool::{LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, WorkerBeat, WorkerRecord};
 pub use postgres::{
@@ -89,12 +89,19 @@ pub trait Store: Send + Sync + 'static {
     /// sharing the store sees it (see [`Store::completions`]); recording twice is harmless.
     async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError>;
 
-    /// Forgets what `flow` has done, in one transaction: its ledger keys, its counters, its
-    /// completion, its dead letters and, when `table` (the full name of its target table) is
-    /// given, its rows there. The next run of the flow starts from nothing and writes each
-    /// record once again. Callers make sure no worker is running the flow meanwhile (its
-    /// memory tier would still remember keys).
-    async fn reset_flow(&self, flow: &FlowHandle, table: Option<&str>) -> Result<(), StoreError>;
+    /// Forgets what `flow` has done, in one transaction: its ledger keys, counters, completion
+    /// and sink commit marks, and those of its rows in `table` (the full name of its target
+    /// table, if it has one) and of its dead letters that `rows` says. Records its source gives
+    /// again are then written once again; rows it cannot give again stay. Handles of the flow
+    /// taken before are stale afterwards (PostgreSQL gives the flow a new id, leaving its old
+    /// ledger keys to expire with their partitions): prepare again. Callers make sure no
+    /// worker is running the flow meanwhile (its memory tier would still remember keys).
+    async fn reset_flow(
+        &self,
+        flow: &FlowHandle,
+        table: Option<&str>,
+        rows: ResetRows,
+    ) -> Result<(), StoreError>;
 
     /// For each of `keys`, whether `flow` has already committed an effect for it that is still
     /// in the store: a row in `table` or a dead letter. Unlike the ledger this has no window,

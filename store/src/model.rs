@@ -163,3 +163,16 @@ impl From<&StoredRow> for RowCursor {
         }
     }
 }
+
+/// Which of a flow's target rows and dead letters a reset deletes (see
+/// [`crate::Store::reset_flow`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetRows {
+    /// None: the source cannot give them again (acked Pub/Sub messages, no seek).
+    Keep,
+    /// Every one: the source gives them all again (files, tables).
+    All,
+    /// Those published at or after this time (ms): a Pub/Sub subscription seeked to it gives
+    /// exactly those again.
+    PublishedSince(i64),
+}

@@ -9,7 +9,8 @@ use crate::schema::{
 };
 use crate::{
     CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerUpkeep, RowCursor, Store, StoreError, StoredRow, WorkerBeat, WorkerRecord,
+    LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError, StoredRow, WorkerBeat,
+    WorkerRecord,
 };
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -147,9 +148,14 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn reset_flow(&self, flow: &FlowHandle, table: Option<&str>) -> Result<(), StoreError> {
+    async fn reset_flow(
+        &self,
+        flow: &FlowHandle,
+        table: Option<&str>,
+        rows: ResetRows,
+    ) -> Result<(), StoreError> {
         let (flow, table) = (flow.clone(), table.map(str::to_owned));
-        self.call(move |conn| crate::sqlite_flows::reset_flow(conn, &flow, table.as_deref()))
+        self.call(move |conn| crate::sqlite_flows::reset_flow(conn, &flow, table.as_deref(), rows))
             .await
     }
 

@@ -2,36 +2,31 @@
 //! asking which keys it has already written.
 
 use crate::schema::{check_table, table_name};
-use crate::{FlowHandle, RowCursor, StoreError, StoredRow};
+use crate::{FlowHandle, ResetRows, RowCursor, StoreError, StoredRow};
 use rusqlite::{Connection, TransactionBehavior, params};
 
 /// Keys looked up per statement (well under SQLite's limit of bound parameters).
 const PRESENCE_CHUNK: usize = 500;
 
-/// Deletes the flow's ledger keys, counters, completion, dead letters and (with `table`) rows,
-/// in one transaction.
+/// Deletes the flow's ledger keys, counters, completion and commit marks, and the rows and
+/// dead letters `rows` says, in one transaction.
 pub(crate) fn reset_flow(
     conn: &mut Connection,
     flow: &FlowHandle,
     table: Option<&str>,
+    rows: ResetRows,
 ) -> Result<(), StoreError> {
     let dead_letter = table_name(&flow.pipeline, "dead_letter")?;
     if let Some(table) = table {
         check_table(table)?;
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    tx.execute(
-        "DELETE FROM sluice_ledger WHERE flow_id = ?1",
-        params![flow.id],
-    )?;
-    tx.execute(
-        "DELETE FROM sluice_completions WHERE flow_id = ?1",
-        params![flow.id],
-    )?;
-    tx.execute(
-        "DELETE FROM sluice_commit_marks WHERE flow_id = ?1",
-        params![flow.id],
-    )?;
+    for state in ["sluice_ledger", "sluice_completions", "sluice_commit_marks"] {
+        tx.execute(
+            &format!("DELETE FROM {state} WHERE flow_id = ?1"),
+            params![flow.id],
+        )?;
+    }
     tx.execute(
         "UPDATE sluice_flows SET committed = 0, duplicates = 0, dead_lettered = 0, batches = 0,
              last_commit_at = NULL
@@ -39,15 +34,22 @@ pub(crate) fn reset_flow(
         params![flow.id],
     )?;
     // Table names are validated identifiers (checked above); values are bound.
-    tx.execute(
-        &format!("DELETE FROM \"{dead_letter}\" WHERE flow = ?1"),
-        params![&*flow.name],
-    )?;
-    if let Some(table) = table {
-        tx.execute(
-            &format!("DELETE FROM \"{table}\" WHERE flow = ?1"),
-            params![&*flow.name],
-        )?;
+    for target in std::iter::once(dead_letter.as_str()).chain(table) {
+        match rows {
+            ResetRows::Keep => {}
+            ResetRows::All => {
+                tx.execute(
+                    &format!("DELETE FROM \"{target}\" WHERE flow = ?1"),
+                    params![&*flow.name],
+                )?;
+            }
+            ResetRows::PublishedSince(ms) => {
+                tx.execute(
+                    &format!("DELETE FROM \"{target}\" WHERE flow = ?1 AND publish_time >= ?2"),
+                    params![&*flow.name, ms],
+                )?;
+            }
+        }
     }
     tx.commit()?;
     Ok(())

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use sluice_dedup::DedupKey;
 use sluice_store::{
     CommitBatch, Effect, Entry, FlowHandle, Layout, LeaseGrant, LeaseRequest, MessageFields,
-    PostgresStore, ScratchDatabase, SqliteStore, Store, WorkerBeat, table_name,
+    PostgresStore, ResetRows, ScratchDatabase, SqliteStore, Store, WorkerBeat, table_name,
 };
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -453,7 +453,29 @@ async fn reset_forgets_one_flow_only(postgres: bool) {
         [true, true, true, false]
     );
 
-    store.reset_flow(live, Some("p__events")).await.unwrap();
+    // Rows published before the seek point stay (the subscription cannot give them again);
+    // the ledger, counters and completion go all the same.
+    store
+        .reset_flow(live, Some("p__events"), ResetRows::PublishedSince(2_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.count_rows("p__events", Some("live")).await.unwrap(),
+        2
+    );
+    assert_eq!(place.dead_letter_reasons().await.len(), 1);
+    let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
+    let live = &flows[0];
+    assert_eq!(store.flow_progress(live).await.unwrap().committed, 0);
+    store.record_completion(live).await.unwrap();
+
+    store
+        .reset_flow(live, Some("p__events"), ResetRows::All)
+        .await
+        .unwrap();
+    // Handles taken before a reset are stale: prepare again, as a worker does at start.
+    let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
+    let (live, other) = (&flows[0], &flows[1]);
 
     assert_eq!(
         store.count_rows("p__events", Some("live")).await.unwrap(),
@@ -493,7 +515,12 @@ async fn reset_forgets_one_flow_only(postgres: bool) {
         .unwrap();
     assert_eq!(outcome.written, [true, true, false]);
     // A bad table name is refused, not spliced.
-    assert!(store.reset_flow(live, Some("x\"; DROP")).await.is_err());
+    assert!(
+        store
+            .reset_flow(live, Some("x\"; DROP"), ResetRows::All)
+            .await
+            .is_err()
+    );
 }
 
 /// `read_rows` pages through a table in `(flow, dedup_key, message_id)` order, every row once,

@@ -244,6 +244,18 @@ flows:
     assert_eq!(store.rows(), 9_200);
     assert_eq!(store.distinct_keys(), 9_200);
 
+    // A reset without a seek keeps the live flow's rows: acked messages do not come back.
+    let (code, stdout, stderr) = sluice(
+        &["reset", "events_live", "-c", file.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(
+        count("events_live"),
+        1_200,
+        "rows that cannot be replayed stay"
+    );
+
     // Reset of the live flow, seeking its subscription back: only the live flow replays.
     let seek = seek_to.to_string();
     let (code, stdout, stderr) = sluice(
@@ -453,6 +465,19 @@ flows:
         10_200
     );
     assert_eq!(db.query("SELECT count(*) FROM test__events_copy"), 10_200);
+
+    // This subscription does not retain acked messages: seeking it could not replay the rows a
+    // seek reset deletes, so the reset is refused and nothing is touched.
+    let (code, stdout, stderr) = sluice(
+        &["reset", "live", "-c", file.to_str().unwrap(), "--seek", "0"],
+        dir.path(),
+    );
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("does not retain acked messages"),
+        "{stderr}"
+    );
+    db.assert_exactly_once(10_200);
 }
 
 /// A flow that cannot read its files fails (after its retries) and its dependents are SKIPPED,

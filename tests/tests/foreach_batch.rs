@@ -162,7 +162,7 @@ async fn a_crash_between_the_stage_answer_and_the_commit_resends_the_same_batch_
         &db,
         stage,
         &subs[0],
-        "{ max_messages: 50, max_delay: 10s }",
+        "{ max_messages: 50, max_delay: 30s }",
     );
     let worker = Worker::start(&file, "first");
     let started = eventually(Duration::from_secs(60), || {

@@ -55,7 +55,12 @@ impl Store for DownStore {
     async fn completions(&self, _: &str) -> Result<Vec<(String, i64)>, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
-    async fn reset_flow(&self, _: &FlowHandle, _: Option<&str>) -> Result<(), StoreError> {
+    async fn reset_flow(
+        &self,
+        _: &FlowHandle,
+        _: Option<&str>,
+        _: sluice_store::ResetRows,
+    ) -> Result<(), StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
     async fn commit_recorded(&self, _: &FlowHandle, _: &str) -> Result<bool, StoreError> {

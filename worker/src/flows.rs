@@ -30,12 +30,30 @@ pub fn unsupported(pipeline: &Pipeline) -> Vec<String> {
     let mut problems = Vec::new();
     for (i, flow) in pipeline.flows.iter().enumerate() {
         let bounded = flow.once || pipeline.mode == Mode::Triggered;
-        if matches!(flow.source, Source::Table { .. }) && !bounded {
-            problems.push(format!(
-                "flows[{i}].source: flow {:?} reads a table in a continuous pipeline without `once: true`; \
-                 following a table as it grows is not built yet (read it once, or use `mode: triggered`)",
-                flow.name
-            ));
+        if let Source::Table { target } = &flow.source {
+            if !bounded {
+                problems.push(format!(
+                    "flows[{i}].source: flow {:?} reads a table in a continuous pipeline without `once: true`; \
+                     following a table as it grows is not built yet (read it once, or use `mode: triggered`)",
+                    flow.name
+                ));
+            }
+            // A read in pages sees a table that still grows only in part, so every writer must
+            // have finished first: in continuous mode that means once writers only.
+            let live_writers: Vec<&str> = pipeline
+                .flows
+                .iter()
+                .filter(|w| &w.target == target && !w.once && pipeline.mode == Mode::Continuous)
+                .map(|w| w.name.as_str())
+                .collect();
+            if !live_writers.is_empty() {
+                problems.push(format!(
+                    "flows[{i}].source: flow {:?} reads table {target:?}, which live flows write ({}); \
+                     reading a table that is still being written is not built yet (use `mode: triggered`)",
+                    flow.name,
+                    live_writers.join(", ")
+                ));
+            }
         }
         let kind = pipeline
             .targets

@@ -3,26 +3,28 @@
 //!
 //! # Guarantees
 //!
-//! * **Each record once after a refresh.** Resetting a flow deletes, in one transaction, its
-//!   ledger keys, counters, completion, dead letters and its rows in its target table; rows
-//!   other flows wrote to the same table stay. A sink flow's files go too (after the store). Re-reading its source then writes each record
-//!   once again.
+//! * **Each record once after a refresh, and nothing lost.** Resetting a flow deletes, in one
+//!   transaction, its ledger keys, counters, completion and commit marks, and the rows and dead
+//!   letters its source will give again: all of them for file and table flows (re-read in
+//!   full); for a Pub/Sub flow, those published since `--seek TIME`, and none without a seek
+//!   (acked messages do not come back). Rows other flows wrote to the same table stay. A sink
+//!   flow's files go when all its rows go (a sink flow reading Pub/Sub cannot be seeked).
 //! * **Only what was asked.** `reset FLOW` touches that flow alone: upstream once flows stay
 //!   drained (IDLE) and are not re-read. `full-refresh` resets every flow, so the next run
 //!   starts the chain from the beginning, in `depends_on` order.
 //! * **Never under a running worker.** A worker keeps recent keys in memory; resetting beneath
 //!   it could let it drop a record the store no longer holds. These commands refuse while any
 //!   worker of the pipeline has beaten within the last 15 s.
-//! * `--seek TIME` repositions the flow's Pub/Sub subscription after the store is reset (so a
-//!   replayed message never meets a stale ledger or an old row): messages published since
-//!   TIME are delivered again (acked ones too, if the subscription retains acked messages).
+//! * `--seek TIME` is refused unless the subscription retains acked messages for long enough
+//!   to replay everything since TIME; the seek happens after the store reset, so a replayed
+//!   message never meets a stale ledger or an old row.
 
 use crate::flows;
 use crate::membership::ALIVE_WITHIN;
 use sluice_connector::pubsub::Admin;
 use sluice_connector::{PubSubConfig, parse_event_time};
 use sluice_pipeline::{Pipeline, Source};
-use sluice_store::{Layout, Store};
+use sluice_store::{Layout, ResetRows, Store};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -64,20 +66,16 @@ pub async fn full_refresh_file(path: &Path, seek: Option<&str>) -> ExitCode {
 pub async fn full_refresh(pipeline: &Pipeline, seek: Option<&str>) -> Result<String, RefreshError> {
     let seek_ms = seek.map(seek_time).transpose()?;
     let all: Vec<String> = pipeline.flows.iter().map(|f| f.name.clone()).collect();
-    refresh(pipeline, &all).await?;
+    let seeks = seekable(pipeline, &all, seek_ms).await?;
+    refresh(pipeline, &all, seek_ms).await?;
     let mut done = format!(
-        "full refresh of {}: {} flows cleared (completion, ledger, rows, dead letters); \
-         the next run starts the chain from the beginning",
+        "full refresh of {}: {} flows cleared; the next run starts the chain from the beginning",
         pipeline.name,
         all.len()
     );
-    if let Some(ms) = seek_ms {
-        for flow in &pipeline.flows {
-            if let Source::PubSub(settings) = &flow.source {
-                seek_subscription(pipeline, &settings.subscription, ms).await?;
-                done.push_str(&format!("; {} seeked to {ms} ms", settings.subscription));
-            }
-        }
+    for (subscription, ms) in seeks {
+        seek_subscription(pipeline, &subscription, ms).await?;
+        done.push_str(&format!("; {subscription} seeked to {ms} ms"));
     }
     Ok(done)
 }
@@ -90,23 +88,87 @@ fn seek_time(time: &str) -> Result<i64, RefreshError> {
     })
 }
 
+fn admin_config(pipeline: &Pipeline) -> PubSubConfig {
+    PubSubConfig {
+        project: pipeline.pubsub.project.clone(),
+        endpoint: pipeline.pubsub.endpoint.clone(),
+    }
+}
+
+/// The subscriptions of the named Pub/Sub flows to seek to `seek_ms`, after checking that each
+/// can replay everything published since then (it retains acked messages, for long enough):
+/// their rows published since then are deleted, so what cannot be replayed would be lost.
+async fn seekable(
+    pipeline: &Pipeline,
+    names: &[String],
+    seek_ms: Option<i64>,
+) -> Result<Vec<(String, i64)>, RefreshError> {
+    let Some(ms) = seek_ms else {
+        return Ok(Vec::new());
+    };
+    let mut subscriptions = Vec::new();
+    for flow in pipeline.flows.iter().filter(|f| names.contains(&f.name)) {
+        let Source::PubSub(settings) = &flow.source else {
+            continue;
+        };
+        if flows::sink_of(pipeline, flow).is_some() {
+            return Err(RefreshError::Invalid(format!(
+                "--seek: flow `{}` writes a sink, whose files mix records published before and \
+                 after the seek time; they cannot be split, so a sink flow cannot be seeked",
+                flow.name
+            )));
+        }
+        subscriptions.push(settings.subscription.clone());
+    }
+    if subscriptions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let unreachable = |e: sluice_connector::pubsub::SourceError| {
+        RefreshError::Failed(format!("cannot ask Pub/Sub about the subscriptions: {e}"))
+    };
+    let admin = Admin::connect(&admin_config(pipeline))
+        .await
+        .map_err(unreachable)?;
+    for subscription in &subscriptions {
+        let window = admin
+            .replay_window(subscription)
+            .await
+            .map_err(unreachable)?;
+        let Some(window) = window else {
+            return Err(RefreshError::Invalid(format!(
+                "--seek: subscription {subscription} does not retain acked messages, so a seek \
+                 cannot replay what was acked and those rows would be lost; set \
+                 retain_acked_messages on it, or reset without --seek (rows are then kept)"
+            )));
+        };
+        let oldest = sluice_connector::now_ms()
+            .saturating_sub(i64::try_from(window.as_millis()).unwrap_or(i64::MAX));
+        if ms < oldest {
+            return Err(RefreshError::Invalid(format!(
+                "--seek {ms}: subscription {subscription} retains messages for {}s only; \
+                 seek to {oldest} ms or later",
+                window.as_secs()
+            )));
+        }
+    }
+    Ok(subscriptions.into_iter().map(|s| (s, ms)).collect())
+}
+
 /// Seeks one subscription (after the store was reset).
 async fn seek_subscription(
     pipeline: &Pipeline,
     subscription: &str,
     ms: i64,
 ) -> Result<(), RefreshError> {
-    let config = PubSubConfig {
-        project: pipeline.pubsub.project.clone(),
-        endpoint: pipeline.pubsub.endpoint.clone(),
-    };
     let failed = |e: sluice_connector::pubsub::SourceError| {
         RefreshError::Failed(format!(
             "the store was reset, but seeking {subscription} failed: {e}; run the command \
              again with --seek"
         ))
     };
-    let admin = Admin::connect(&config).await.map_err(failed)?;
+    let admin = Admin::connect(&admin_config(pipeline))
+        .await
+        .map_err(failed)?;
     admin.seek_to_time(subscription, ms).await.map_err(failed)
 }
 
@@ -148,28 +210,36 @@ pub async fn reset(
             names.join(", ")
         )));
     };
-    let seek = match seek {
+    let seek_ms = match seek {
         None => None,
         Some(time) => {
-            let Source::PubSub(settings) = &declared.source else {
+            if !matches!(declared.source, Source::PubSub(_)) {
                 return Err(RefreshError::Invalid(format!(
                     "--seek: flow `{flow}` reads no Pub/Sub subscription"
                 )));
-            };
-            Some((settings.subscription.clone(), seek_time(time)?))
+            }
+            Some(seek_time(time)?)
         }
     };
-    refresh(pipeline, &[flow.to_owned()]).await?;
-    let mut done = format!("flow {flow} reset (ledger, counters, completion, rows, dead letters)");
-    if let Some((subscription, ms)) = seek {
+    let names = [flow.to_owned()];
+    let seeks = seekable(pipeline, &names, seek_ms).await?;
+    refresh(pipeline, &names, seek_ms).await?;
+    let mut done = format!("flow {flow} reset");
+    for (subscription, ms) in seeks {
         seek_subscription(pipeline, &subscription, ms).await?;
         done.push_str(&format!("; {subscription} seeked to {ms} ms"));
     }
     Ok(done)
 }
 
-/// Resets the named flows (their store state) after checking no worker is running.
-pub async fn refresh(pipeline: &Pipeline, names: &[String]) -> Result<(), RefreshError> {
+/// Resets the named flows (their store state) after checking no worker is running. Rows go
+/// where the source gives them again: all of a file or table flow's; of a Pub/Sub flow, those
+/// published since `seek_ms` (none without a seek).
+pub async fn refresh(
+    pipeline: &Pipeline,
+    names: &[String],
+    seek_ms: Option<i64>,
+) -> Result<(), RefreshError> {
     for name in names {
         if !pipeline.flows.iter().any(|f| &f.name == name) {
             return Err(RefreshError::Invalid(format!("no flow named `{name}`")));
@@ -199,11 +269,16 @@ pub async fn refresh(pipeline: &Pipeline, names: &[String]) -> Result<(), Refres
     for (flow, handle) in pipeline.flows.iter().zip(&handles) {
         if names.contains(&flow.name) {
             let table = flows::target_table(pipeline, flow);
+            let rows = match (&flow.source, seek_ms) {
+                (Source::PubSub(_), Some(ms)) => ResetRows::PublishedSince(ms),
+                (Source::PubSub(_), None) => ResetRows::Keep,
+                _ => ResetRows::All,
+            };
             store
-                .reset_flow(handle, table.as_deref())
+                .reset_flow(handle, table.as_deref(), rows)
                 .await
                 .map_err(failed)?;
-            if let Some(sink) = flows::sink_of(pipeline, flow) {
+            if let Some(sink) = flows::sink_of(pipeline, flow).filter(|_| rows == ResetRows::All) {
                 let removed = sink.clear().map_err(|e| {
                     RefreshError::Failed(format!(
                         "flow {} was reset, but its sink files in {} could not be removed: {e}",

@@ -63,7 +63,7 @@ pub async fn run_file(path: &Path, refresh: Refresh) -> ExitCode {
         Refresh::Flows(flows) => flows,
     };
     if !flows.is_empty() {
-        if let Err(error) = crate::refresh::refresh(&pipeline, &flows).await {
+        if let Err(error) = crate::refresh::refresh(&pipeline, &flows, None).await {
             eprintln!("{}: {error}", path.display());
             return error.exit_code();
         }
@@ -201,6 +201,8 @@ pub async fn execute(
         let task = tasks.spawn(async move {
             let outcome = if already_complete {
                 tracing::info!(flow = %flow.name, "once flow completed earlier; not re-read");
+                // A sink file its last run left behind is still published.
+                scheduler::recover_sink(&ctx, &flow, &handle).await;
                 FlowOutcome {
                     name: flow.name.clone(),
                     state: FlowState::Idle,

@@ -161,6 +161,16 @@ pub async fn run_flow(
     }
 }
 
+/// Resolves a sink flow's crash leftovers when the flow itself does not run (IDLE); a failure
+/// is logged and left to the next start.
+pub async fn recover_sink(ctx: &RunContext, flow: &Flow, handle: &FlowHandle) {
+    if let Some(sink) = flows::sink_of(&ctx.pipeline, flow)
+        && let Err(error) = sink.recover(&*ctx.store, handle).await
+    {
+        tracing::warn!(flow = %flow.name, %error, "cannot resolve sink files left by a crash");
+    }
+}
+
 /// One attempt at running a flow.
 async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutcome {
     let outcome = |state, counters: Option<&Counters>| FlowOutcome {

@@ -53,18 +53,17 @@ fn record(r: StageRecord) -> Record {
     }
 }
 
-/// Statuses that say nothing about the data (the service is down, slow, overloaded or broke)
-/// are retried as long as it takes; the others blame the batch.
+/// Statuses that say the service is down, slow or overloaded (connection failures arrive as
+/// UNAVAILABLE) are retried as long as it takes; every other status, UNKNOWN and INTERNAL
+/// included (what a handler that throws on a record returns), blames the batch: it is split
+/// and a record that keeps failing is dead-lettered after the flow's `max_attempts`, so one bad
+/// record never stalls the flow.
 fn classify(status: tonic::Status) -> StageError {
     let message = format!("{:?}: {}", status.code(), status.message());
     match status.code() {
-        Code::Unavailable
-        | Code::DeadlineExceeded
-        | Code::ResourceExhausted
-        | Code::Aborted
-        | Code::Internal
-        | Code::Unknown
-        | Code::Cancelled => StageError::unavailable(message),
+        Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted | Code::Aborted => {
+            StageError::unavailable(message)
+        }
         _ => StageError::rejected(message),
     }
 }
@@ -80,5 +79,8 @@ mod tests {
         let refused = classify(tonic::Status::invalid_argument("bad record"));
         assert!(!refused.transient);
         assert!(refused.message.contains("bad record"));
+        // A handler that throws: the data is suspected, never retried forever.
+        assert!(!classify(tonic::Status::unknown("exception")).transient);
+        assert!(!classify(tonic::Status::internal("exception")).transient);
     }
 }

@@ -134,6 +134,31 @@ impl Admin {
         Ok(())
     }
 
+    /// How far back a seek of this subscription can replay acked messages: `None` when it
+    /// does not retain acked messages (a seek then replays only what is still unacked), else
+    /// its message retention (7 days when unset).
+    pub async fn replay_window(
+        &self,
+        subscription: &str,
+    ) -> Result<Option<std::time::Duration>, SourceError> {
+        let found = self
+            .subscriptions
+            .get_subscription()
+            .set_subscription(self.config.subscription_path(subscription)?)
+            .send()
+            .await
+            .map_err(rpc)?;
+        if !found.retain_acked_messages {
+            return Ok(None);
+        }
+        let retention = found
+            .message_retention_duration
+            .map(|d| std::time::Duration::from_secs(u64::try_from(d.seconds()).unwrap_or(0)))
+            .filter(|d| !d.is_zero())
+            .unwrap_or(std::time::Duration::from_secs(7 * 24 * 3600));
+        Ok(Some(retention))
+    }
+
     /// Whether a subscription exists. `Err` when Pub/Sub cannot be asked (unreachable).
     pub async fn subscription_exists(&self, subscription: &str) -> Result<bool, SourceError> {
         let result = self

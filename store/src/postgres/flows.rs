@@ -2,15 +2,18 @@
 //! and asking which keys it has already written.
 
 use crate::schema::{check_table, table_name};
-use crate::{FlowHandle, RowCursor, StoreError, StoredRow};
+use crate::{FlowHandle, ResetRows, RowCursor, StoreError, StoredRow};
 use deadpool_postgres::Client;
 
-/// Deletes the flow's ledger keys (in every generation), counters, completion, dead letters
-/// and (with `table`) rows, in one transaction.
+/// Forgets the flow in one transaction: its counters, completion and commit marks and the rows
+/// and dead letters `rows` says are deleted, and the flow gets a new id, so its ledger keys
+/// (in every generation) belong to no flow any more and leave with their partitions; no row of
+/// the partitioned ledger is deleted.
 pub(super) async fn reset_flow(
     client: &mut Client,
     flow: &FlowHandle,
     table: Option<&str>,
+    rows: ResetRows,
 ) -> Result<(), StoreError> {
     let dead_letter = table_name(&flow.pipeline, "dead_letter")?;
     if let Some(table) = table {
@@ -18,35 +21,45 @@ pub(super) async fn reset_flow(
     }
     let name: &str = &flow.name;
     let tx = client.transaction().await?;
-    tx.execute("DELETE FROM sluice_ledger WHERE flow_id = $1", &[&flow.id])
+    for state in [
+        "sluice_completions",
+        "sluice_flow_counters",
+        "sluice_commit_marks",
+    ] {
+        tx.execute(
+            &format!("DELETE FROM {state} WHERE flow_id = $1"),
+            &[&flow.id],
+        )
         .await?;
+    }
     tx.execute(
-        "DELETE FROM sluice_completions WHERE flow_id = $1",
-        &[&flow.id],
-    )
-    .await?;
-    tx.execute(
-        "DELETE FROM sluice_flow_counters WHERE flow_id = $1",
-        &[&flow.id],
-    )
-    .await?;
-    tx.execute(
-        "DELETE FROM sluice_commit_marks WHERE flow_id = $1",
+        "UPDATE sluice_flows SET flow_id = nextval(pg_get_serial_sequence('sluice_flows', 'flow_id'))
+         WHERE flow_id = $1",
         &[&flow.id],
     )
     .await?;
     // Table names are validated identifiers (checked above); values are bound.
-    tx.execute(
-        &format!("DELETE FROM \"{dead_letter}\" WHERE flow = $1"),
-        &[&name],
-    )
-    .await?;
-    if let Some(table) = table {
-        tx.execute(
-            &format!("DELETE FROM \"{table}\" WHERE flow = $1"),
-            &[&name],
-        )
-        .await?;
+    for target in std::iter::once(dead_letter.as_str()).chain(table) {
+        match rows {
+            ResetRows::Keep => {}
+            ResetRows::All => {
+                tx.execute(
+                    &format!("DELETE FROM \"{target}\" WHERE flow = $1"),
+                    &[&name],
+                )
+                .await?;
+            }
+            ResetRows::PublishedSince(ms) => {
+                tx.execute(
+                    &format!(
+                        "DELETE FROM \"{target}\"
+                         WHERE flow = $1 AND publish_time >= to_timestamp($2::int8 / 1000.0)"
+                    ),
+                    &[&name, &ms],
+                )
+                .await?;
+            }
+        }
     }
     tx.commit().await?;
     Ok(())

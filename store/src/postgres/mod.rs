@@ -25,7 +25,8 @@ pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 use crate::schema::{check_table, table_name};
 use crate::{
     CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerUpkeep, RowCursor, Store, StoreError, StoredRow, WorkerBeat, WorkerRecord,
+    LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError, StoredRow, WorkerBeat,
+    WorkerRecord,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -128,7 +129,7 @@ impl PostgresStore {
         width: i64,
         batch: &CommitBatch,
         arguments: &commit::Arguments<'_>,
-        hook: &dyn crate::CommitHook,
+        hook: &Arc<dyn crate::CommitHook>,
     ) -> Result<CommitOutcome, StoreError> {
         let mut attempts_left = 2;
         loop {
@@ -143,8 +144,16 @@ impl PostgresStore {
                 other => other?,
             };
             let written = commit::outcome(batch, &arguments.firsts, &fresh);
-            hook.before_commit(&written)
-                .map_err(|e| StoreError::Unavailable(format!("commit hook {}: {e}", hook.id())))?;
+            // The hook writes and syncs a file: off the async threads, which other commits
+            // need meanwhile.
+            let (work, id) = (hook.clone(), hook.id().to_owned());
+            let done =
+                tokio::task::spawn_blocking(move || work.before_commit(&written).map(|()| written))
+                    .await
+                    .map_err(|e| format!("panicked: {e}"))
+                    .and_then(|result| result);
+            let written =
+                done.map_err(|e| StoreError::Unavailable(format!("commit hook {id}: {e}")))?;
             tx.execute(
                 "INSERT INTO sluice_commit_marks (flow_id, commit_id) VALUES ($1, $2)",
                 &[&batch.flow.id, &hook.id()],
@@ -243,7 +252,7 @@ impl Store for PostgresStore {
             .fetch_max(arguments.window_ms(), Ordering::Relaxed);
         if let Some(hook) = &batch.hook {
             return self
-                .commit_with_hook(&mut client, width, &batch, &arguments, hook.as_ref())
+                .commit_with_hook(&mut client, width, &batch, &arguments, hook)
                 .await;
         }
         let fresh = match self.run_commit(&client, &batch, &arguments).await {
@@ -337,9 +346,14 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn reset_flow(&self, flow: &FlowHandle, table: Option<&str>) -> Result<(), StoreError> {
+    async fn reset_flow(
+        &self,
+        flow: &FlowHandle,
+        table: Option<&str>,
+        rows: ResetRows,
+    ) -> Result<(), StoreError> {
         let (mut client, _) = self.ready().await?;
-        flows::reset_flow(&mut client, flow, table).await
+        flows::reset_flow(&mut client, flow, table, rows).await
     }
 
     async fn keys_present(
