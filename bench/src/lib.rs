@@ -7,6 +7,8 @@
 mod cpu;
 pub mod emulator;
 mod throughput;
+mod watermark;
 
 pub use emulator::{Emulator, EmulatorError, free_port};
 pub use throughput::{BenchError, ThroughputArgs, throughput};
+pub use watermark::{WatermarkArgs, watermark};

@@ -258,10 +258,14 @@ impl CommitThenAck {
                 tracing::warn!(flow = %self.flow.name, batch = batch.id,
                     attempts = batch.deliveries()[0].attempts, error = %failure,
                     retry_in_ms = delay.as_millis() as u64, "message failed; retrying");
+            } else if matches!(failure, Failure::StageUnavailable(_)) {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id, step = backoff.step(),
+                    retry_in_ms = delay.as_millis() as u64, error = %failure,
+                    "stage unavailable; retrying the batch (nothing acked)");
             } else {
                 tracing::warn!(flow = %self.flow.name, batch = batch.id, step = backoff.step(),
                     retry_in_ms = delay.as_millis() as u64, error = %failure,
-                    "store or stage unavailable; retrying the batch (nothing acked)");
+                    "store unavailable; retrying the commit (nothing acked)");
             }
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}

@@ -429,9 +429,11 @@ flows:
     db.assert_exactly_once(10_000);
     // The copy waited for every writer of `events` (a data edge) and holds each row once.
     assert!(flow_line(&output, "copy").contains("COMPLETED"), "{output}");
-    let copied = |sql: &str| db.query(&sql.replace("T", "test__events_copy"));
-    assert_eq!(copied("SELECT count(*) FROM T"), 10_000);
-    assert_eq!(copied("SELECT count(DISTINCT dedup_key) FROM T"), 10_000);
+    assert_eq!(db.query("SELECT count(*) FROM test__events_copy"), 10_000);
+    assert_eq!(
+        db.query("SELECT count(DISTINCT dedup_key) FROM test__events_copy"),
+        10_000
+    );
     let copy_started = db.query(
         "SELECT (extract(epoch FROM min(committed_at)) * 1000000)::int8 FROM test__events_copy",
     );

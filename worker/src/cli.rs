@@ -126,6 +126,8 @@ pub enum Command {
 pub enum BenchCommand {
     /// Raw client vs sluice end to end on one emulator, and sluice's own capacity.
     Throughput(sluice_bench::ThroughputArgs),
+    /// sluice's watermark estimator and a Beam-style baseline on the same simulated streams.
+    Watermark(sluice_bench::WatermarkArgs),
 }
 
 /// Runs a command; maps its outcome to the exit code.
@@ -153,6 +155,12 @@ pub async fn dispatch(command: Command) -> ExitCode {
         Command::Validate { config, format } => validate(&config, format),
         Command::Status { config, format } => crate::status::status(&config, format).await,
         Command::Demo { events, dir } => crate::demo::demo(events, &dir).await,
+        Command::Bench {
+            which: BenchCommand::Watermark(args),
+        } => {
+            sluice_bench::watermark(&args);
+            ExitCode::SUCCESS
+        }
         Command::Bench {
             which: BenchCommand::Throughput(args),
         } => match sluice_bench::throughput(args).await {

@@ -1,0 +1,48 @@
+//! Event-time watermarks for Pub/Sub flows, estimated through a tracking subscription, and
+//! provably never ahead of the data.
+//!
+//! # The setting
+//!
+//! A flow reads a *base* subscription. A second, *tracking* subscription on the same topic is
+//! read by one reader that acks at once and records, per publish-time bucket, the smallest
+//! event time and the count of what it saw ([`TrackingHistogram`]). The workers of the flow
+//! report how far processing has got ([`BaseProgress`]). The estimator ([`SluiceEstimator`]) is
+//! a pure function of these, the band and the clock, plus the last watermark it gave (it never
+//! goes back). This is Dataflow's design for Pub/Sub watermarks (see
+//! `../shared/reference/`); the baseline to beat is the open-source Beam reader, the minimum
+//! event time seen in the last minute ([`BeamStyleEstimator`]).
+//!
+//! # The guarantee
+//!
+//! Assume (a) every message's event time is at least its publish time minus the band `B`
+//! (a message outside the band is late by definition, and counted as such); (b) the tracking
+//! reader has seen every message published before its horizon `H`
+//! ([`TrackingHistogram::advance_horizon`]); (c) every message published before
+//! `unprocessed_from` ([`BaseProgress`]) has been processed. Then the watermark
+//!
+//! ```text
+//! W = max(W_previous, min( min event time of the tracked buckets from unprocessed_from up to H,
+//!                          H − B ))
+//! ```
+//!
+//! is at most the event time of every message not yet processed: such a message was published
+//! at `p ≥ unprocessed_from`; if `p < H` the tracking reader saw it, so its bucket's minimum is
+//! at most its event time; if `p ≥ H`, its event time is at least `p − B ≥ H − B`. Taking the
+//! maximum with the previous watermark keeps it monotonic without breaking the bound, because
+//! the set of unprocessed messages only loses members older than `unprocessed_from` and gains
+//! messages published after the horizon, both of which the previous bound already covered
+//! (the horizon and `unprocessed_from` never move back). When nothing is unprocessed and the
+//! tracking reader is caught up with the clock, `W = H − B ≈ now − B`: an idle flow's watermark
+//! trails the clock by the band. While the tracking reader lags, `H` stalls and the watermark
+//! holds. The property tests (`tests/properties.rs`) check all of this on random streams.
+
+mod baseline;
+mod estimator;
+mod histogram;
+
+pub use baseline::{BEAM_BUCKET_MS, BEAM_IDLE_MS, BEAM_WINDOW_MS, BeamStyleEstimator};
+pub use estimator::{BaseProgress, Estimate, SluiceEstimator, WatermarkEstimator};
+pub use histogram::{BucketStats, TrackingHistogram};
+
+/// Milliseconds since the Unix epoch.
+pub type Millis = i64;
