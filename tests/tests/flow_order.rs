@@ -83,6 +83,18 @@ fn stop(worker: Worker) -> String {
     std::fs::read_to_string(out).unwrap()
 }
 
+/// Waits (at most `within`) until `done` holds for a running `worker`, failing with its logs
+/// and `what()` otherwise.
+async fn wait_for(
+    worker: &Worker,
+    within: Duration,
+    done: impl FnMut() -> bool,
+    what: impl Fn() -> String,
+) {
+    let held = eventually(within, done).await;
+    assert!(held, "{}; logs:\n{}", what(), worker.logs());
+}
+
 fn flow_line<'a>(output: &'a str, flow: &str) -> &'a str {
     let prefix = format!("flow {flow}: ");
     output
@@ -171,18 +183,16 @@ flows:
         .publish(&topic, events_with_duplicates("live", 1_000, 100))
         .await;
 
+    let rows = || {
+        format!(
+            "rows: backfill {} live {}",
+            count("events_backfill"),
+            count("events_live")
+        )
+    };
     let worker = Worker::start(&file, "first");
-    let all_in = eventually(Duration::from_secs(180), || {
-        count("events_backfill") == 8_000 && count("events_live") == 1_000
-    })
-    .await;
-    assert!(
-        all_in,
-        "rows: backfill {} live {}; logs:\n{}",
-        count("events_backfill"),
-        count("events_live"),
-        worker.logs()
-    );
+    let all_in = || count("events_backfill") == 8_000 && count("events_live") == 1_000;
+    wait_for(&worker, Duration::from_secs(180), all_in, rows).await;
     // A reset under a running worker is refused.
     let (code, _, stderr) = sluice(
         &["reset", "events_live", "-c", file.to_str().unwrap()],
@@ -223,26 +233,24 @@ flows:
             (1_000..1_200).map(|i| event(&format!("live{i}"))).collect(),
         )
         .await;
+    let live_complete = || count("events_live") == 1_200;
+    // A run after which the backfill must be as it was: IDLE, not re-read, each record once.
+    let untouched_backfill = |output: &str| {
+        assert!(
+            flow_line(output, "events_backfill").contains("IDLE"),
+            "{output}"
+        );
+        assert_eq!(
+            max_at("events_backfill"),
+            backfill_done,
+            "the backfill was re-read"
+        );
+        assert_eq!(store.rows(), 9_200);
+        assert_eq!(store.distinct_keys(), 9_200);
+    };
     let worker = Worker::start(&file, "second");
-    let more = eventually(Duration::from_secs(120), || count("events_live") == 1_200).await;
-    assert!(
-        more,
-        "live rows {}; logs:\n{}",
-        count("events_live"),
-        worker.logs()
-    );
-    let output = stop(worker);
-    assert!(
-        flow_line(&output, "events_backfill").contains("IDLE"),
-        "{output}"
-    );
-    assert_eq!(
-        max_at("events_backfill"),
-        backfill_done,
-        "the backfill was re-read"
-    );
-    assert_eq!(store.rows(), 9_200);
-    assert_eq!(store.distinct_keys(), 9_200);
+    wait_for(&worker, Duration::from_secs(120), live_complete, rows).await;
+    untouched_backfill(&stop(worker));
 
     // A reset without a seek keeps the live flow's rows: acked messages do not come back.
     let (code, stdout, stderr) = sluice(
@@ -274,26 +282,9 @@ flows:
     assert_eq!(count("events_backfill"), 8_000, "and no other flow's");
     let live_reset_at = now_ms();
     let worker = Worker::start(&file, "after-reset");
-    let replayed = eventually(Duration::from_secs(300), || count("events_live") == 1_200).await;
-    assert!(
-        replayed,
-        "live rows {}; logs:\n{}",
-        count("events_live"),
-        worker.logs()
-    );
-    let output = stop(worker);
-    assert!(
-        flow_line(&output, "events_backfill").contains("IDLE"),
-        "{output}"
-    );
-    assert_eq!(
-        max_at("events_backfill"),
-        backfill_done,
-        "the backfill was re-read"
-    );
+    wait_for(&worker, Duration::from_secs(300), live_complete, rows).await;
+    untouched_backfill(&stop(worker));
     assert!(min_at("events_live") >= live_reset_at);
-    assert_eq!(store.rows(), 9_200);
-    assert_eq!(store.distinct_keys(), 9_200);
 
     // Full refresh: the chain runs again from the start, in order, each record once.
     let (code, stdout, stderr) = sluice(
@@ -311,17 +302,8 @@ flows:
     assert_eq!(store.dead_letters(), 0);
     let refreshed_at = now_ms();
     let worker = Worker::start(&file, "after-refresh");
-    let again = eventually(Duration::from_secs(300), || {
-        count("events_backfill") == 8_000 && count("events_live") == 1_200
-    })
-    .await;
-    assert!(
-        again,
-        "rows: backfill {} live {}; logs:\n{}",
-        count("events_backfill"),
-        count("events_live"),
-        worker.logs()
-    );
+    let again = || count("events_backfill") == 8_000 && count("events_live") == 1_200;
+    wait_for(&worker, Duration::from_secs(300), again, rows).await;
     let output = stop(worker);
     assert!(
         flow_line(&output, "events_backfill").contains("COMPLETED"),

@@ -83,16 +83,8 @@ impl Admin {
         topic: &str,
         ack_deadline_seconds: i32,
     ) -> Result<String, SourceError> {
-        let path = self.config.subscription_path(subscription)?;
-        self.subscriptions
-            .create_subscription()
-            .set_name(&path)
-            .set_topic(self.config.topic_path(topic)?)
-            .set_ack_deadline_seconds(ack_deadline_seconds)
-            .send()
+        self.create(subscription, topic, ack_deadline_seconds, false)
             .await
-            .map_err(rpc)?;
-        Ok(path)
     }
 
     /// Creates a subscription that keeps acked messages (7 days by default), so that it can be
@@ -103,13 +95,24 @@ impl Admin {
         topic: &str,
         ack_deadline_seconds: i32,
     ) -> Result<String, SourceError> {
+        self.create(subscription, topic, ack_deadline_seconds, true)
+            .await
+    }
+
+    async fn create(
+        &self,
+        subscription: &str,
+        topic: &str,
+        ack_deadline_seconds: i32,
+        retain_acked_messages: bool,
+    ) -> Result<String, SourceError> {
         let path = self.config.subscription_path(subscription)?;
         self.subscriptions
             .create_subscription()
             .set_name(&path)
             .set_topic(self.config.topic_path(topic)?)
             .set_ack_deadline_seconds(ack_deadline_seconds)
-            .set_retain_acked_messages(true)
+            .set_retain_acked_messages(retain_acked_messages)
             .send()
             .await
             .map_err(rpc)?;
