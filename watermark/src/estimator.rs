@@ -95,6 +95,7 @@ impl WatermarkEstimator for SluiceEstimator {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
