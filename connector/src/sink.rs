@@ -7,13 +7,15 @@
 //!    `.<stem>-<flow>-<commit id>.jsonl.tmp` and synced; the transaction also records the commit
 //!    id (`sluice_commit_marks`). A failure here rolls the transaction back.
 //! 2. After the commit, the file is renamed to `<stem>-<flow>-<commit id>.jsonl` (atomic), and
-//!    only then are the messages acked. If the temporary file has vanished meanwhile, the file
-//!    is written again from memory.
-//! 3. After a crash, [`JsonlSink::recover`] (run before the flow starts) looks at the flow's
-//!    temporary files: one whose commit id is recorded is published (renamed), one whose commit
-//!    never happened is deleted; its records come again and go into a later batch's file. A
-//!    failed commit leaves its temporary file to this recovery too, since a commit whose answer
-//!    was lost may still have landed.
+//!    only then are the messages acked. Until then its writer holds the temporary file locked
+//!    (an advisory lock the operating system drops when the process dies). If the store
+//!    reports an error after the hook ran, the commit may have landed all the same (a lost
+//!    answer): once the batch settles, the writer asks the store
+//!    ([`sluice_store::Store::commit_recorded`]) and publishes or deletes the file.
+//! 3. After a crash, [`JsonlSink::recover`] (run before the flow starts, IDLE flows included)
+//!    looks at the flow's temporary files that nobody holds locked: one whose commit id is
+//!    recorded is published (renamed), one whose commit never happened is deleted; its records
+//!    come again and go into a later batch's file. A file another worker holds is left alone.
 //!
 //! # Guarantees
 //!
