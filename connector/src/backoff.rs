@@ -7,7 +7,7 @@ pub const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest delay between retries: a recovered store or emulator is noticed within this.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
-/// One retry sequence. Each [`Backoff::next_delay`] doubles the ceiling up to [`MAX_BACKOFF`].
+/// One retry sequence. Each [`Backoff::next_delay`] doubles the ceiling up to `MAX_BACKOFF`.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     ceiling: Duration,
