@@ -197,29 +197,31 @@ fn record(line: &[u8], file: &Path, number: usize, modified_ms: i64) -> Option<S
     if text.is_empty() {
         return None;
     }
-    let position = format!("{}:{number}", file.display());
-    let mut message = SourceMessage {
-        message_id: position.clone(),
-        publish_time_ms: modified_ms,
-        attributes: BTreeMap::new(),
-        data: Bytes::copy_from_slice(text),
-        event_time_ms: None,
-        problem: None,
-    };
-    match parse(text) {
-        Ok(parsed) => {
-            message.message_id = parsed.id;
-            message.attributes = parsed.attributes;
-            message.data = parsed.data;
-            message.event_time_ms = parsed.event_time_ms;
-        }
+    let message = match parse(text) {
+        Ok(parsed) => SourceMessage {
+            message_id: parsed.id,
+            publish_time_ms: modified_ms,
+            attributes: parsed.attributes,
+            data: parsed.data,
+            event_time_ms: parsed.event_time_ms,
+            problem: None,
+        },
+        // Only a line that is not a record needs its position (its key) and its raw text.
         Err(problem) => {
-            message.problem = Some(SourceProblem {
-                reason: problem.reason,
-                error: format!("{position}: {}", problem.error),
-            });
+            let position = format!("{}:{number}", file.display());
+            SourceMessage {
+                problem: Some(SourceProblem {
+                    reason: problem.reason,
+                    error: format!("{position}: {}", problem.error),
+                }),
+                message_id: position,
+                publish_time_ms: modified_ms,
+                attributes: BTreeMap::new(),
+                data: Bytes::copy_from_slice(text),
+                event_time_ms: None,
+            }
         }
-    }
+    };
     Some(message)
 }
 
