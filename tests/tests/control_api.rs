@@ -2,14 +2,18 @@
 //! the live view from it, `GetStatus`/`ListFlows` report the flow running with its counts, a
 //! `Drain` call ends the run like SIGTERM (exit 0, STOPPED, everything committed), and bound to
 //! a non-loopback address it refuses calls without the bearer token (logged and counted in
-//! `sluice_control_rejected_total`).
+//! `sluice_control_rejected_total`). `ResetFlow` and `StartUpdate` stop the running flows,
+//! clear what was asked and start a new update in which only that replays, each record once;
+//! bad requests and requests while another worker runs are refused without touching anything.
 //!
 //! Real parts: the Pub/Sub emulator, `sluice` processes, SQLite, a tonic client.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_bench::free_port;
 use sluice_proto::v1::control_client::ControlClient;
-use sluice_proto::v1::{DrainRequest, GetStatusRequest, ListFlowsRequest};
+use sluice_proto::v1::{
+    DrainRequest, GetStatusRequest, ListFlowsRequest, ResetFlowRequest, StartUpdateRequest,
+};
 use sluice_tests::{Db, PipelineOptions, PubSub, Workdir, Worker, event, eventually, sluice_bin};
 use std::time::Duration;
 
@@ -162,4 +166,229 @@ async fn bound_beyond_loopback_it_requires_the_bearer_token() {
     let logs = refused.logs();
     let status = refused.wait(Duration::from_secs(30));
     assert_eq!(status.code(), Some(2), "{logs}");
+}
+
+/// States of the flows in the worker's live view, in pipeline order.
+async fn states(client: &mut ControlClient<tonic::transport::Channel>) -> Vec<String> {
+    let status = client.get_status(GetStatusRequest {}).await.unwrap();
+    status
+        .into_inner()
+        .flows
+        .into_iter()
+        .map(|f| f.state)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("update", 1).await;
+    let dir = Workdir::new();
+    let port = free_port().unwrap();
+    let history = dir.path().join("history.jsonl");
+    let records: String = (0..2_000)
+        .map(|i| format!("{{\"id\":\"h{i}\",\"data\":{{\"n\":{i}}}}}\n"))
+        .collect();
+    std::fs::write(&history, records).unwrap();
+    let db_path = dir.db("db");
+    let file = dir.path().join("p.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "pipeline: test
+mode: continuous
+store: \"sqlite://{db}\"
+pubsub: {{ project: {project}, endpoint: \"{endpoint}\" }}
+control: {{ listen: \"127.0.0.1:{port}\" }}
+targets:
+  - {{ name: events, kind: table }}
+flows:
+  - {{ name: hist, target: events, once: true, source: {{ file: {{ path: \"{history}\" }} }} }}
+  - name: live
+    target: events
+    depends_on: hist
+    source:
+      pubsub:
+        subscription: {subscription}
+        dedup: {{ by: attribute, attribute: event_id }}
+",
+            db = db_path.display(),
+            project = sluice_tests::PROJECT,
+            endpoint = sluice_tests::emulator().endpoint(),
+            history = history.display(),
+            subscription = subs[0],
+        ),
+    )
+    .unwrap();
+    let db = Db(db_path);
+    let count = |flow: &str| {
+        db.query(&format!(
+            "SELECT COUNT(*) FROM test__events WHERE flow = '{flow}'"
+        ))
+    };
+    let at = |agg: &str, flow: &str| {
+        db.query(&format!(
+            "SELECT COALESCE({agg}(committed_at), 0) FROM test__events WHERE flow = '{flow}'"
+        ))
+    };
+    let exactly_once = |n: i64| {
+        assert_eq!(db.rows(), n, "rows");
+        assert_eq!(db.distinct_keys(), n, "distinct keys");
+    };
+    let worker = Worker::start(&file, "w");
+    let mut client = client(port).await;
+    pubsub
+        .publish(&topic, (0..300).map(|i| event(&format!("l{i}"))).collect())
+        .await;
+    assert!(
+        eventually(Duration::from_secs(120), || count("hist") == 2_000
+            && count("live") == 300)
+        .await,
+        "{}",
+        worker.logs()
+    );
+    assert_eq!(states(&mut client).await, ["COMPLETED", "RUNNING"]);
+    let first_read = at("max", "hist");
+
+    // Bad requests are refused and change nothing: an unknown flow, a seek the subscription
+    // cannot replay (it does not retain acked messages).
+    let unknown = client
+        .reset_flow(ResetFlowRequest {
+            flow: "nope".into(),
+            seek: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::InvalidArgument, "{unknown:?}");
+    assert!(
+        unknown.message().contains("no flow named `nope`"),
+        "{unknown:?}"
+    );
+    let seek = client
+        .reset_flow(ResetFlowRequest {
+            flow: "live".into(),
+            seek: "0".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(seek.code(), tonic::Code::InvalidArgument, "{seek:?}");
+    assert!(
+        seek.message().contains("does not retain acked messages"),
+        "{seek:?}"
+    );
+    assert_eq!(states(&mut client).await, ["COMPLETED", "RUNNING"]);
+    assert_eq!(at("max", "hist"), first_read);
+
+    // ResetFlow(hist): the running flows stop, hist is cleared and re-read in full, each record
+    // once; the live flow's rows stay (acked messages do not come back) and it runs again
+    // after hist.
+    let reset = client
+        .reset_flow(ResetFlowRequest {
+            flow: "hist".into(),
+            seek: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reset.update, 2);
+    assert!(
+        reset.message.contains("flow hist reset"),
+        "{}",
+        reset.message
+    );
+    assert!(
+        eventually(Duration::from_secs(120), || count("hist") == 2_000
+            && at("min", "hist") > first_read)
+        .await,
+        "hist was not re-read; logs:\n{}",
+        worker.logs()
+    );
+    exactly_once(2_300);
+    let mut live_again = false;
+    for _ in 0..100 {
+        if states(&mut client).await == ["COMPLETED", "RUNNING"] {
+            live_again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(live_again, "{:?}", states(&mut client).await);
+    // The live flow of the new update receives what is published now. (The emulator holds a
+    // subscription's new streams back for up to about 3 minutes after a stream of it closed,
+    // ../shared/notes/pubsub-client.md gotcha 1.)
+    pubsub
+        .publish(
+            &topic,
+            (300..500).map(|i| event(&format!("l{i}"))).collect(),
+        )
+        .await;
+    assert!(
+        eventually(Duration::from_secs(300), || count("live") == 500).await,
+        "{}",
+        worker.logs()
+    );
+    exactly_once(2_500);
+
+    // StartUpdate with a full refresh: every flow is cleared, the chain runs again from hist.
+    let second_read = at("max", "hist");
+    let update = client
+        .start_update(StartUpdateRequest {
+            full_refresh: true,
+            refresh_flows: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(update.update, 3);
+    assert!(
+        eventually(Duration::from_secs(120), || count("hist") == 2_000
+            && at("min", "hist") > second_read)
+        .await,
+        "{}",
+        worker.logs()
+    );
+    exactly_once(2_500);
+
+    // A second worker of the pipeline is running: clearing beneath it is refused.
+    let other_file = dir.path().join("other.yaml");
+    std::fs::write(
+        &other_file,
+        std::fs::read_to_string(&file).unwrap().replace(
+            &format!("control: {{ listen: \"127.0.0.1:{port}\" }}\n"),
+            "",
+        ),
+    )
+    .unwrap();
+    let other = Worker::start(&other_file, "other");
+    let other_pid = other.pid();
+    assert!(
+        eventually(Duration::from_secs(60), || db.query(&format!(
+            "SELECT COUNT(*) FROM sluice_workers WHERE pid = {other_pid}"
+        )) == 1)
+        .await,
+        "{}",
+        other.logs()
+    );
+    let refused = client
+        .start_update(StartUpdateRequest {
+            full_refresh: false,
+            refresh_flows: vec!["hist".into()],
+        })
+        .await
+        .err();
+    let refused = refused.expect("an update was accepted while another worker ran");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("other worker(s)"), "{refused:?}");
+    other.terminate();
+    assert!(other.wait(Duration::from_secs(60)).success());
+
+    let drained = client.drain(DrainRequest {}).await.unwrap().into_inner();
+    assert!(drained.started);
+    let logs = worker.logs();
+    assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");
+    exactly_once(2_500);
 }

@@ -1,5 +1,6 @@
 //! The control API of SPEC §9 (`proto/sluice/v1/control.proto`), served with tonic on
-//! `control.listen`: `GetStatus`, `ListFlows` and `Drain`.
+//! `control.listen`: `GetStatus`, `ListFlows`, `StartUpdate`, `ResetFlow` and `Drain` (how an
+//! update replaces the running one: [`crate::update`]).
 //!
 //! Access: bound to a loopback address, anyone on the host may call (like the metrics
 //! endpoint). Bound elsewhere, `control.token_file` is required at start (exit 2 without it) and
@@ -7,11 +8,14 @@
 //! `sluice_control_rejected_total`. The token is compared in constant time.
 
 use crate::observe::Readiness;
+use crate::refresh::RefreshError;
+use crate::update::{UpdateKind, UpdateSender};
 use sluice_connector::Counters;
 use sluice_proto::v1::control_server::{Control, ControlServer};
 use sluice_proto::v1::{
     DrainRequest, DrainResponse, FlowStatus, GetStatusRequest, GetStatusResponse, ListFlowsRequest,
-    ListFlowsResponse,
+    ListFlowsResponse, ResetFlowRequest, ResetFlowResponse, StartUpdateRequest,
+    StartUpdateResponse,
 };
 use std::net::SocketAddr;
 use std::path::Path;
@@ -51,6 +55,17 @@ impl FlowBoard {
         Self {
             pipeline: Arc::from(pipeline),
             flows: Arc::new(Mutex::new(entries)),
+        }
+    }
+
+    /// Puts every flow back to QUEUED with no counters, as a new update starts.
+    pub fn restart(&self) {
+        if let Ok(mut flows) = self.flows.lock() {
+            for entry in flows.iter_mut() {
+                crate::observe::flow_state(&self.pipeline, &entry.name, "QUEUED");
+                entry.state = "QUEUED";
+                entry.counters = None;
+            }
         }
     }
 
@@ -117,6 +132,8 @@ pub struct ControlService {
     /// Cancelled [`crate::signals::DRAIN_DEADLINE`] after a drain the API started, as after a
     /// signal: batches still waiting on the store are nacked then.
     pub give_up: CancellationToken,
+    /// Where `StartUpdate` and `ResetFlow` go: the run loop.
+    pub updates: UpdateSender,
 }
 
 #[tonic::async_trait]
@@ -143,6 +160,41 @@ impl Control for ControlService {
         }))
     }
 
+    async fn start_update(
+        &self,
+        request: Request<StartUpdateRequest>,
+    ) -> Result<Response<StartUpdateResponse>, Status> {
+        let request = request.into_inner();
+        let kind = if request.full_refresh {
+            UpdateKind::FullRefresh
+        } else {
+            UpdateKind::Refresh(request.refresh_flows)
+        };
+        tracing::info!(?kind, "update requested through the control API");
+        let started = self.updates.request(kind).await.map_err(refused)?;
+        Ok(Response::new(StartUpdateResponse {
+            message: started.message,
+            update: started.update,
+        }))
+    }
+
+    async fn reset_flow(
+        &self,
+        request: Request<ResetFlowRequest>,
+    ) -> Result<Response<ResetFlowResponse>, Status> {
+        let request = request.into_inner();
+        let kind = UpdateKind::Reset {
+            flow: request.flow,
+            seek: Some(request.seek).filter(|s| !s.is_empty()),
+        };
+        tracing::info!(?kind, "flow reset requested through the control API");
+        let started = self.updates.request(kind).await.map_err(refused)?;
+        Ok(Response::new(ResetFlowResponse {
+            message: started.message,
+            update: started.update,
+        }))
+    }
+
     async fn drain(&self, _: Request<DrainRequest>) -> Result<Response<DrainResponse>, Status> {
         let started = !self.drain.is_cancelled();
         if started {
@@ -155,6 +207,15 @@ impl Control for ControlService {
             });
         }
         Ok(Response::new(DrainResponse { started }))
+    }
+}
+
+/// A refused update as a gRPC status: a bad request is INVALID_ARGUMENT, anything else (other
+/// workers running, a drain, the store) FAILED_PRECONDITION.
+fn refused(error: RefreshError) -> Status {
+    match error {
+        RefreshError::Invalid(why) => Status::invalid_argument(why),
+        RefreshError::Failed(why) => Status::failed_precondition(why),
     }
 }
 

@@ -16,6 +16,7 @@ mod scheduler;
 mod signals;
 mod stage_client;
 mod status;
+mod update;
 
 use clap::Parser;
 

@@ -24,7 +24,7 @@ use crate::membership::ALIVE_WITHIN;
 use sluice_connector::pubsub::Admin;
 use sluice_connector::{PubSubConfig, parse_event_time};
 use sluice_pipeline::{Pipeline, Source};
-use sluice_store::{Layout, ResetRows, Store};
+use sluice_store::{ResetRows, Store};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -59,15 +59,21 @@ pub async fn full_refresh_file(path: &Path, seek: Option<&str>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    report(path, full_refresh(&pipeline, seek).await)
+    report(path, full_refresh(&pipeline, seek, None).await)
 }
 
-/// Resets every flow and, with `seek`, seeks every Pub/Sub flow's subscription.
-pub async fn full_refresh(pipeline: &Pipeline, seek: Option<&str>) -> Result<String, RefreshError> {
+/// Resets every flow and, with `seek`, seeks every Pub/Sub flow's subscription. `caller` is
+/// the worker asking through its control API, if any (its own heartbeat is not "a worker
+/// running": it has stopped its flows first).
+pub async fn full_refresh(
+    pipeline: &Pipeline,
+    seek: Option<&str>,
+    caller: Option<&str>,
+) -> Result<String, RefreshError> {
     let seek_ms = seek.map(seek_time).transpose()?;
     let all: Vec<String> = pipeline.flows.iter().map(|f| f.name.clone()).collect();
     let seeks = seekable(pipeline, &all, seek_ms).await?;
-    refresh(pipeline, &all, seek_ms).await?;
+    refresh(pipeline, &all, seek_ms, caller).await?;
     let mut done = format!(
         "full refresh of {}: {} flows cleared; the next run starts the chain from the beginning",
         pipeline.name,
@@ -181,7 +187,7 @@ pub async fn reset_file(path: &Path, flow: &str, seek: Option<&str>) -> ExitCode
             return ExitCode::from(2);
         }
     };
-    report(path, reset(&pipeline, flow, seek).await)
+    report(path, reset(&pipeline, flow, seek, None).await)
 }
 
 fn report(path: &Path, result: Result<String, RefreshError>) -> ExitCode {
@@ -197,12 +203,32 @@ fn report(path: &Path, result: Result<String, RefreshError>) -> ExitCode {
     }
 }
 
-/// Resets one flow and, with `seek`, seeks its subscription.
+/// Resets one flow and, with `seek`, seeks its subscription (`caller`: as for
+/// [`full_refresh`]).
 pub async fn reset(
     pipeline: &Pipeline,
     flow: &str,
     seek: Option<&str>,
+    caller: Option<&str>,
 ) -> Result<String, RefreshError> {
+    let seeks = reset_seeks(pipeline, flow, seek).await?;
+    let seek_ms = seeks.first().map(|(_, ms)| *ms);
+    refresh(pipeline, &[flow.to_owned()], seek_ms, caller).await?;
+    let mut done = format!("flow {flow} reset");
+    for (subscription, ms) in seeks {
+        seek_subscription(pipeline, &subscription, ms).await?;
+        done.push_str(&format!("; {subscription} seeked to {ms} ms"));
+    }
+    Ok(done)
+}
+
+/// Checks a reset of `flow` with `seek` without doing it: the flow exists, and the seek (if
+/// any) is a time its subscription can replay from. Returns the subscription to seek.
+pub async fn reset_seeks(
+    pipeline: &Pipeline,
+    flow: &str,
+    seek: Option<&str>,
+) -> Result<Vec<(String, i64)>, RefreshError> {
     let Some(declared) = pipeline.flows.iter().find(|f| f.name == flow) else {
         let names: Vec<&str> = pipeline.flows.iter().map(|f| f.name.as_str()).collect();
         return Err(RefreshError::Invalid(format!(
@@ -221,24 +247,18 @@ pub async fn reset(
             Some(seek_time(time)?)
         }
     };
-    let names = [flow.to_owned()];
-    let seeks = seekable(pipeline, &names, seek_ms).await?;
-    refresh(pipeline, &names, seek_ms).await?;
-    let mut done = format!("flow {flow} reset");
-    for (subscription, ms) in seeks {
-        seek_subscription(pipeline, &subscription, ms).await?;
-        done.push_str(&format!("; {subscription} seeked to {ms} ms"));
-    }
-    Ok(done)
+    seekable(pipeline, &[flow.to_owned()], seek_ms).await
 }
 
-/// Resets the named flows (their store state) after checking no worker is running. Rows go
-/// where the source gives them again: all of a file or table flow's; of a Pub/Sub flow, those
-/// published since `seek_ms` (none without a seek).
+/// Resets the named flows (their store state) after checking no worker is running (`caller`,
+/// the worker asking with its flows stopped, aside). Rows go where the source gives them
+/// again: all of a file or table flow's; of a Pub/Sub flow, those published since `seek_ms`
+/// (none without a seek).
 pub async fn refresh(
     pipeline: &Pipeline,
     names: &[String],
     seek_ms: Option<i64>,
+    caller: Option<&str>,
 ) -> Result<(), RefreshError> {
     for name in names {
         if !pipeline.flows.iter().any(|f| &f.name == name) {
@@ -247,16 +267,17 @@ pub async fn refresh(
     }
     let failed = |e: sluice_store::StoreError| RefreshError::Failed(format!("store: {e}"));
     let store: Arc<dyn Store> = sluice_store::open(&pipeline.store).map_err(failed)?;
-    let layout = Layout {
-        pipeline: pipeline.name.clone(),
-        tables: flows::table_targets(pipeline),
-        flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
-    };
-    let handles = store.prepare(&layout).await.map_err(failed)?;
-    let running = store
-        .workers(&pipeline.name, ALIVE_WITHIN)
+    let handles = store
+        .prepare(&crate::update::layout(pipeline))
         .await
         .map_err(failed)?;
+    let running: Vec<_> = store
+        .workers(&pipeline.name, ALIVE_WITHIN)
+        .await
+        .map_err(failed)?
+        .into_iter()
+        .filter(|w| Some(w.worker.as_str()) != caller)
+        .collect();
     if !running.is_empty() {
         let names: Vec<&str> = running.iter().map(|w| w.worker.as_str()).collect();
         return Err(RefreshError::Failed(format!(

@@ -9,9 +9,11 @@ use crate::control::{self, ControlService, FlowBoard};
 use crate::flows;
 use crate::membership::{self, Membership};
 use crate::observe;
+use crate::refresh::RefreshError;
 use crate::scheduler::{self, MAX_PARALLEL_BOUNDED, RunContext};
 pub use crate::scheduler::{FlowOutcome, FlowState};
 use crate::signals::{self, Shutdown};
+use crate::update::{self, Started, UpdateRequest, UpdateSender};
 use sluice_connector::{Backoff, Snapshot};
 use sluice_pipeline::Pipeline;
 use sluice_store::{Layout, Store, StoreError};
@@ -19,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
 /// Why a run could not happen at all.
@@ -63,7 +65,7 @@ pub async fn run_file(path: &Path, refresh: Refresh) -> ExitCode {
         Refresh::Flows(flows) => flows,
     };
     if !flows.is_empty() {
-        if let Err(error) = crate::refresh::refresh(&pipeline, &flows, None).await {
+        if let Err(error) = crate::refresh::refresh(&pipeline, &flows, None, None).await {
             eprintln!("{}: {error}", path.display());
             return error.exit_code();
         }
@@ -145,11 +147,7 @@ pub async fn execute(
     if !problems.is_empty() {
         return Err(RunError::Unsupported(problems.join("\n")));
     }
-    let layout = Layout {
-        pipeline: pipeline.name.clone(),
-        tables: flows::table_targets(pipeline),
-        flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
-    };
+    let layout = update::layout(pipeline);
     let metrics_listen = pipeline
         .metrics_listen
         .as_deref()
@@ -164,17 +162,119 @@ pub async fn execute(
         &pipeline.name,
         pipeline.flows.iter().map(|f| (f.name.clone(), f.once)),
     );
-    let _control = start_control(pipeline, &beat.worker, &board, &readiness, shutdown).await?;
-    let (store, handles, completed) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
+    let (update_requests, mut requests) = mpsc::channel(update::PENDING_REQUESTS);
+    let _control = start_control(
+        pipeline,
+        &beat.worker,
+        &board,
+        &readiness,
+        shutdown,
+        UpdateSender(update_requests),
+    )
+    .await?;
+    let (store, mut handles, mut completed) =
+        open_and_prepare(&pipeline.store, &layout, shutdown).await?;
+    let worker = beat.worker.clone();
     let membership = Membership::start(store.clone(), beat);
-
-    let ctx = RunContext {
-        pipeline: pipeline.clone(),
-        store: store.clone(),
-        shutdown: shutdown.clone(),
-        board: board.clone(),
-        slots: Arc::new(Semaphore::new(MAX_PARALLEL_BOUNDED)),
+    {
+        let (readiness, drain) = (readiness.clone(), shutdown.drain.clone());
+        tokio::spawn(async move {
+            drain.cancelled().await;
+            readiness.set(false);
+        });
+    }
+    let slots = Arc::new(Semaphore::new(MAX_PARALLEL_BOUNDED));
+    let mut number = 1u64;
+    let outcomes = loop {
+        // Each update drains on its own token, so a control request can stop it without
+        // stopping the worker; a signal stops both.
+        let this_update = Shutdown {
+            drain: shutdown.drain.child_token(),
+            give_up: shutdown.give_up.child_token(),
+        };
+        let ctx = RunContext {
+            pipeline: pipeline.clone(),
+            store: store.clone(),
+            shutdown: this_update.clone(),
+            board: board.clone(),
+            slots: slots.clone(),
+        };
+        board.restart();
+        let run = run_update(ctx, handles, std::mem::take(&mut completed), &readiness);
+        tokio::pin!(run);
+        let request = loop {
+            tokio::select! {
+                outcomes = &mut run => break Err(outcomes),
+                Some(request) = requests.recv() => {
+                    if let Some(accepted) = accept(pipeline, &*store, request, &worker, shutdown).await {
+                        break Ok(accepted);
+                    }
+                }
+            }
+        };
+        let request = match request {
+            Ok(request) => request,
+            Err(outcomes) => break outcomes,
+        };
+        tracing::info!(update = number, kind = ?request.kind,
+            "stopping the running flows for a new update");
+        this_update.drain.cancel();
+        let give_up = this_update.give_up.clone();
+        let deadline = tokio::spawn(async move {
+            tokio::time::sleep(crate::signals::DRAIN_DEADLINE).await;
+            give_up.cancel();
+        });
+        for outcome in run.await {
+            tracing::info!(update = number, flow = %outcome.name, state = outcome.state.name(),
+                rows = outcome.counters.committed, "flow of the replaced update ended");
+        }
+        deadline.abort();
+        let cleared = update::clear(pipeline, &request.kind, &worker).await;
+        (handles, completed) = reread(&*store, &layout, shutdown).await?;
+        number += 1;
+        let _ = request.reply.send(cleared.map(|message| Started {
+            message,
+            update: number,
+        }));
     };
+    membership.stop().await;
+    drop(observed);
+    Ok(outcomes)
+}
+
+/// Checks a control request against the running update; answers a refused one at once.
+async fn accept(
+    pipeline: &Pipeline,
+    store: &dyn Store,
+    request: UpdateRequest,
+    worker: &str,
+    shutdown: &Shutdown,
+) -> Option<UpdateRequest> {
+    if shutdown.drain.is_cancelled() {
+        let _ = request.reply.send(Err(RefreshError::Failed(
+            "the worker is draining; start a new one instead".to_owned(),
+        )));
+        return None;
+    }
+    match update::check(pipeline, store, &request.kind, worker).await {
+        Ok(()) => Some(request),
+        Err(error) => {
+            tracing::warn!(%error, kind = ?request.kind, "update request refused");
+            let _ = request.reply.send(Err(error));
+            None
+        }
+    }
+}
+
+/// Runs every flow of one update to its end (a flow starts once its predecessors succeeded)
+/// and returns their outcomes in the pipeline's order.
+async fn run_update(
+    ctx: RunContext,
+    handles: Vec<sluice_store::FlowHandle>,
+    completed: HashSet<String>,
+    readiness: &observe::Readiness,
+) -> Vec<FlowOutcome> {
+    let pipeline = &ctx.pipeline;
     // One "finished" signal per flow: None while running, Some(success) at the end.
     let mut finished = HashMap::new();
     let mut senders = Vec::new();
@@ -218,13 +318,8 @@ pub async fn execute(
         });
         names.insert(task.id(), name);
     }
-    readiness.set(true);
-    {
-        let (readiness, drain) = (readiness.clone(), shutdown.drain.clone());
-        tokio::spawn(async move {
-            drain.cancelled().await;
-            readiness.set(false);
-        });
+    if !ctx.shutdown.drain.is_cancelled() {
+        readiness.set(true);
     }
     let mut outcomes = Vec::new();
     while let Some(joined) = tasks.join_next().await {
@@ -248,9 +343,41 @@ pub async fn execute(
         .map(|(i, f)| (f.name.clone(), i))
         .collect();
     outcomes.sort_by_key(|o| order.get(&o.name).copied());
-    membership.stop().await;
-    drop(observed);
-    Ok(outcomes)
+    outcomes
+}
+
+/// The flow handles and completions again, after a clear (retrying while the store is
+/// unavailable, like the first read).
+async fn reread(
+    store: &dyn Store,
+    layout: &Layout,
+    shutdown: &Shutdown,
+) -> Result<(Vec<sluice_store::FlowHandle>, HashSet<String>), RunError> {
+    let mut backoff = Backoff::default();
+    loop {
+        let attempt = async {
+            let handles = store.prepare(layout).await?;
+            let completed = store
+                .completions(&layout.pipeline)
+                .await?
+                .into_iter()
+                .map(|(flow, _)| flow)
+                .collect();
+            Ok::<_, StoreError>((handles, completed))
+        };
+        match attempt.await {
+            Ok(ready) => return Ok(ready),
+            Err(error) if error.is_transient() && !shutdown.drain.is_cancelled() => {
+                let delay = backoff.next_delay();
+                tracing::warn!(step = backoff.step(), %error, "store unavailable; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.drain.cancelled() => {}
+                }
+            }
+            Err(error) => return Err(RunError::Store(error)),
+        }
+    }
 }
 
 /// Starts the control API when `control.listen` is set; dropping the guard stops it.
@@ -260,6 +387,7 @@ async fn start_control(
     board: &FlowBoard,
     readiness: &observe::Readiness,
     shutdown: &Shutdown,
+    updates: UpdateSender,
 ) -> Result<Option<tokio_util::sync::DropGuard>, RunError> {
     let Some(listen) = &pipeline.control_listen else {
         return Ok(None);
@@ -274,6 +402,7 @@ async fn start_control(
         readiness: readiness.clone(),
         drain: shutdown.drain.clone(),
         give_up: shutdown.give_up.clone(),
+        updates,
     };
     let stop = tokio_util::sync::CancellationToken::new();
     control::serve(address, token, service, stop.clone())

@@ -1,0 +1,153 @@
+//! Updates: a run of the pipeline's flows in `depends_on` order inside a worker process, and
+//! how the control API's `StartUpdate` and `ResetFlow` replace the running update with a new
+//! one.
+//!
+//! # Guarantees
+//!
+//! * **Nothing is cleared under a running flow.** A request is checked first (known flows, a
+//!   seek the subscription can replay, no *other* worker of the pipeline alive); a refused
+//!   request leaves the running update alone. An accepted one stops every flow of the update
+//!   the way a drain does (what was received is committed and acked, or nacked after
+//!   [`crate::signals::DRAIN_DEADLINE`] if the store stays down), and only then clears the
+//!   flows asked for, exactly as `sluice full-refresh` and `sluice reset` do.
+//! * **The new update starts from fresh state.** Flow handles and completions are read again
+//!   from the store (a reset on PostgreSQL gives the flow a new id), and every flow starts with
+//!   an empty dedup cache, so no key remembered from before the reset can drop a record.
+//! * A signal or `Drain` ends the worker as always; a request that arrives during a drain is
+//!   refused.
+
+use crate::flows;
+use crate::membership::ALIVE_WITHIN;
+use crate::refresh::{self, RefreshError};
+use sluice_pipeline::Pipeline;
+use sluice_store::Store;
+use tokio::sync::{mpsc, oneshot};
+
+/// Requests waiting for the run loop, at most (a caller beyond that waits to be queued).
+pub const PENDING_REQUESTS: usize = 4;
+
+/// What a new update clears before it starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpdateKind {
+    /// `StartUpdate { full_refresh: true }`: every flow.
+    FullRefresh,
+    /// `StartUpdate { refresh_flows }`: these flows (none: just run the chain again).
+    Refresh(Vec<String>),
+    /// `ResetFlow { flow, seek }`: one flow, its subscription seeked when asked.
+    Reset {
+        /// The flow.
+        flow: String,
+        /// RFC 3339 or ms since epoch.
+        seek: Option<String>,
+    },
+}
+
+/// A new update was started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    /// What was cleared, in words.
+    pub message: String,
+    /// The update's number in this worker (the first is 1).
+    pub update: u64,
+}
+
+/// A request to the run loop, answered once the new update has started (or was refused).
+#[derive(Debug)]
+pub struct UpdateRequest {
+    /// What to clear.
+    pub kind: UpdateKind,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<Result<Started, RefreshError>>,
+}
+
+/// The control API's end of the channel to the run loop.
+#[derive(Debug, Clone)]
+pub struct UpdateSender(pub mpsc::Sender<UpdateRequest>);
+
+impl UpdateSender {
+    /// Asks for a new update and waits until it has started or was refused.
+    pub async fn request(&self, kind: UpdateKind) -> Result<Started, RefreshError> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || RefreshError::Failed("the worker is shutting down".to_owned());
+        self.0
+            .send(UpdateRequest { kind, reply })
+            .await
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+}
+
+/// Checks a request before anything is stopped: the flows exist, a seek can be replayed, and
+/// no other worker of the pipeline is running (clearing under it could let its memory drop a record the store no
+/// longer holds).
+pub async fn check(
+    pipeline: &Pipeline,
+    store: &dyn Store,
+    kind: &UpdateKind,
+    caller: &str,
+) -> Result<(), RefreshError> {
+    let named: &[String] = match kind {
+        UpdateKind::FullRefresh => &[],
+        UpdateKind::Refresh(flows) => flows,
+        UpdateKind::Reset { flow, .. } => std::slice::from_ref(flow),
+    };
+    for name in named {
+        if !pipeline.flows.iter().any(|f| &f.name == name) {
+            let declared: Vec<&str> = pipeline.flows.iter().map(|f| f.name.as_str()).collect();
+            return Err(RefreshError::Invalid(format!(
+                "no flow named `{name}` (declared: {})",
+                declared.join(", ")
+            )));
+        }
+    }
+    if let UpdateKind::Reset { flow, seek } = kind {
+        refresh::reset_seeks(pipeline, flow, seek.as_deref()).await?;
+    }
+    let others: Vec<String> = store
+        .workers(&pipeline.name, ALIVE_WITHIN)
+        .await
+        .map_err(|e| RefreshError::Failed(format!("store: {e}")))?
+        .into_iter()
+        .map(|w| w.worker)
+        .filter(|w| w != caller)
+        .collect();
+    if !others.is_empty() {
+        return Err(RefreshError::Failed(format!(
+            "{} other worker(s) of pipeline {} are running ({}); stop them first",
+            others.len(),
+            pipeline.name,
+            others.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Clears what the request asks for; the flows of the previous update have stopped.
+pub async fn clear(
+    pipeline: &Pipeline,
+    kind: &UpdateKind,
+    caller: &str,
+) -> Result<String, RefreshError> {
+    match kind {
+        UpdateKind::FullRefresh => refresh::full_refresh(pipeline, None, Some(caller)).await,
+        UpdateKind::Refresh(names) if names.is_empty() => {
+            Ok("nothing cleared; the chain runs again".to_owned())
+        }
+        UpdateKind::Refresh(names) => {
+            refresh::refresh(pipeline, names, None, Some(caller)).await?;
+            Ok(format!("cleared: {}", names.join(", ")))
+        }
+        UpdateKind::Reset { flow, seek } => {
+            refresh::reset(pipeline, flow, seek.as_deref(), Some(caller)).await
+        }
+    }
+}
+
+/// The flows a pipeline's layout lists, for re-reading handles after a clear.
+pub fn layout(pipeline: &Pipeline) -> sluice_store::Layout {
+    sluice_store::Layout {
+        pipeline: pipeline.name.clone(),
+        tables: flows::table_targets(pipeline),
+        flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
+    }
+}
