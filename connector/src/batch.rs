@@ -60,6 +60,7 @@ impl FlowDedup {
             Admission::New(delivery) => Some(delivery),
             Admission::Parked => None,
             Admission::Committed(duplicate) => {
+                self.counters.processed(duplicate.message.publish_time_ms);
                 let received_at = duplicate.ack();
                 self.counters.duplicate_in_memory(1);
                 self.counters.acked(1);
@@ -260,6 +261,16 @@ impl Batch {
         self.dedup.counters.clone()
     }
 
+    /// The flow's event-time watermark now (ms since epoch), for flows that estimate one;
+    /// `None` otherwise or until the tracking reader gave one. A message of this batch whose
+    /// event time is below it is late (and counted so when committed).
+    pub fn watermark_ms(&self) -> Option<i64> {
+        self.dedup
+            .counters
+            .watermark()
+            .and_then(crate::FlowWatermark::current)
+    }
+
     fn track(&mut self, since: std::time::Instant) {
         self.dedup.counters.track_unacked(since);
         self.tracked_since = Some(since);
@@ -313,6 +324,7 @@ impl Batch {
             .settle(deliveries.iter().map(|d| d.hash), Settlement::Committed);
         let (acked, parked_duplicates) = (deliveries.len() as u64, parked.len() as u64);
         for delivery in deliveries.into_iter().chain(parked) {
+            counters.processed(delivery.message.publish_time_ms);
             counters.ack_latency(delivery.ack().elapsed().as_secs_f64());
         }
         counters.duplicate_in_memory(parked_duplicates);

@@ -163,6 +163,7 @@ impl CommitThenAck {
                 None => self.stage.stage(batch.deliveries()).await,
             };
             let mut dead: Vec<Option<String>> = Vec::new();
+            let mut late: Vec<bool> = Vec::new();
             let outcome = match effects {
                 Ok(effects) if effects.len() != batch.len() => Err(Failure::Stage(format!(
                     "stage returned {} effects for {} messages",
@@ -177,6 +178,13 @@ impl CommitThenAck {
                             Effect::Row { .. } => None,
                         })
                         .collect();
+                    // Checked against the watermark as the batch goes to commit.
+                    if let Some(watermark) = batch.watermark_ms() {
+                        late = effects
+                            .iter()
+                            .map(|e| matches!(e, Effect::Row { event_time_ms } if *event_time_ms < watermark))
+                            .collect();
+                    }
                     let started = Instant::now();
                     let (commit_batch, sink_commit) = self.commit_batch(&batch, effects);
                     let commit = self.store.commit(commit_batch);
@@ -205,6 +213,15 @@ impl CommitThenAck {
                 Ok(outcome) => {
                     let (rows, dead_letters, duplicates) = count_written(&dead, &outcome.written);
                     batch.counters().committed(rows, duplicates);
+                    let late_rows = late
+                        .iter()
+                        .zip(&outcome.written)
+                        .filter(|(late, written)| **late && **written)
+                        .count();
+                    if late_rows > 0 {
+                        tracing::debug!(late_rows, "rows committed below the watermark");
+                        batch.counters().late(late_rows as u64);
+                    }
                     for (reason, _) in dead
                         .iter()
                         .zip(&outcome.written)

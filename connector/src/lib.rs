@@ -48,6 +48,8 @@ mod stage;
 mod table;
 mod telemetry;
 mod time;
+mod tracking;
+mod watermark;
 
 pub use backoff::Backoff;
 pub use batch::{Batch, BatchSettings, BatchSource, DedupSettings, Idle, KeySource};
@@ -67,3 +69,5 @@ pub use stage::{Stage, StageError, TableStage};
 pub use table::TableSource;
 pub use telemetry::{Counters, Snapshot};
 pub use time::now_ms;
+pub use tracking::{TrackerSettings, WatermarkTracker};
+pub use watermark::{FlowWatermark, bucket_of};

@@ -1,10 +1,11 @@
 //! Counts kept per flow: plain atomics the worker reads for its summary and tests read for
 //! assertions, mirrored to the `metrics` facade (SPEC §8 names) for Prometheus.
 
+use crate::watermark::FlowWatermark;
 use metrics::{Counter, Gauge, Histogram};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// Per-flow counters. Cheap to clone; increments are per batch, not per message, where possible.
@@ -33,6 +34,11 @@ struct Inner {
     cache_entries: Gauge,
     commit_seconds: Histogram,
     ack_latency_seconds: Histogram,
+    late: Tally,
+    /// Set once, for flows with a watermark.
+    watermark: OnceLock<FlowWatermark>,
+    watermark_timestamp: Gauge,
+    watermark_age: Gauge,
 }
 
 struct Tally {
@@ -79,6 +85,8 @@ pub struct Snapshot {
     pub nacked: u64,
     /// Failed commit attempts.
     pub commit_errors: u64,
+    /// Rows committed with an event time below the flow's watermark at their commit.
+    pub late: u64,
 }
 
 impl Counters {
@@ -112,6 +120,10 @@ impl Counters {
                 cache_entries: metrics::gauge!("sluice_dedup_cache_entries", &labels),
                 commit_seconds: metrics::histogram!("sluice_commit_duration_seconds", &labels),
                 ack_latency_seconds: metrics::histogram!("sluice_ack_latency_seconds", &labels),
+                late: Tally::new(metrics::counter!("sluice_messages_late_total", &labels)),
+                watermark: OnceLock::new(),
+                watermark_timestamp: metrics::gauge!("sluice_watermark_timestamp_seconds", &labels),
+                watermark_age: metrics::gauge!("sluice_data_watermark_age_seconds", &labels),
             }),
             pipeline: Arc::from(pipeline),
             flow: Arc::from(flow),
@@ -176,11 +188,46 @@ impl Counters {
             .unwrap_or_default()
     }
 
-    /// Sets `sluice_oldest_unacked_message_age_seconds` from the batches in flight.
+    /// Sets `sluice_oldest_unacked_message_age_seconds` from the batches in flight, and the
+    /// watermark gauges of a flow that has one.
     pub(crate) fn publish_lag(&self) {
         self.inner
             .oldest_unacked_age
             .set(self.oldest_unacked_age().as_secs_f64());
+        self.publish_watermark();
+    }
+
+    /// Gives the flow a watermark: its settled messages are counted toward it, its commits
+    /// count late rows against it, and its gauges show it. Only the first call counts.
+    pub fn attach_watermark(&self, watermark: FlowWatermark) {
+        let _ = self.inner.watermark.set(watermark);
+    }
+
+    /// The flow's watermark, if it has one.
+    pub fn watermark(&self) -> Option<&FlowWatermark> {
+        self.inner.watermark.get()
+    }
+
+    /// Sets `sluice_watermark_timestamp_seconds` and `sluice_data_watermark_age_seconds`.
+    pub fn publish_watermark(&self) {
+        if let Some(ms) = self.watermark().and_then(FlowWatermark::current) {
+            self.inner.watermark_timestamp.set(ms as f64 / 1000.0);
+            let age_ms = crate::time::now_ms().saturating_sub(ms).max(0);
+            self.inner.watermark_age.set(age_ms as f64 / 1000.0);
+        }
+    }
+
+    /// One message published at `publish_ms` was settled (acked after its commit, or as a
+    /// duplicate).
+    pub(crate) fn processed(&self, publish_ms: i64) {
+        if let Some(watermark) = self.watermark() {
+            watermark.processed(publish_ms);
+        }
+    }
+
+    /// Rows committed below the watermark.
+    pub(crate) fn late(&self, n: u64) {
+        self.inner.late.add(n);
     }
 
     /// Sets `sluice_dedup_cache_entries` to the `entries` keys the memory tier holds.
@@ -215,6 +262,7 @@ impl Counters {
             acked: i.acked.get(),
             nacked: i.nacked.load(Ordering::Relaxed),
             commit_errors: i.commit_errors.load(Ordering::Relaxed),
+            late: i.late.get(),
         }
     }
 }

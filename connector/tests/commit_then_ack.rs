@@ -127,6 +127,36 @@ impl Store for FaultyStore {
     async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         self.inner.leases(pipeline).await
     }
+    async fn add_bucket_counts(
+        &self,
+        flow: &FlowHandle,
+        counts: &[sluice_store::BucketCounts],
+    ) -> Result<(), StoreError> {
+        self.inner.add_bucket_counts(flow, counts).await
+    }
+    async fn bucket_counts(
+        &self,
+        flow: &FlowHandle,
+        from_ms: i64,
+    ) -> Result<Vec<sluice_store::BucketCounts>, StoreError> {
+        self.inner.bucket_counts(flow, from_ms).await
+    }
+    async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError> {
+        self.inner.prune_buckets(flow, before_ms).await
+    }
+    async fn advance_watermark(
+        &self,
+        flow: &FlowHandle,
+        offer: &sluice_store::WatermarkRecord,
+    ) -> Result<sluice_store::WatermarkRecord, StoreError> {
+        self.inner.advance_watermark(flow, offer).await
+    }
+    async fn watermarks(
+        &self,
+        pipeline: &str,
+    ) -> Result<Vec<(String, sluice_store::WatermarkRecord)>, StoreError> {
+        self.inner.watermarks(pipeline).await
+    }
 }
 
 /// Counts how often each key reaches the stage.

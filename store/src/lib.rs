@@ -35,11 +35,13 @@ mod error;
 mod model;
 mod pool;
 mod postgres;
+mod progress;
 mod schema;
 mod sqlite;
 mod sqlite_commit;
 mod sqlite_flows;
 mod sqlite_pool;
+mod sqlite_progress;
 mod url;
 
 pub use error::StoreError;
@@ -52,6 +54,7 @@ pub use postgres::{
     DEFAULT_SCRATCH_SERVER, Footprint, PostgresOptions, PostgresStore, SCRATCH_SERVER_VAR,
     ScratchDatabase,
 };
+pub use progress::{BucketCounts, PROGRESS_BUCKET_MS, WatermarkRecord};
 pub use schema::{is_identifier, table_name};
 pub use sqlite::SqliteStore;
 pub use url::{StoreUrl, open};
@@ -89,8 +92,8 @@ pub trait Store: Send + Sync + 'static {
     /// sharing the store sees it (see [`Store::completions`]); recording twice is harmless.
     async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError>;
 
-    /// Forgets what `flow` has done, in one transaction: its ledger keys, counters, completion
-    /// and sink commit marks, and those of its rows in `table` (the full name of its target
+    /// Forgets what `flow` has done, in one transaction: its ledger keys, counters, completion,
+    /// sink commit marks, watermark buckets and watermark, and those of its rows in `table` (the full name of its target
     /// table, if it has one) and of its dead letters that `rows` says. Records its source gives
     /// again are then written once again; rows it cannot give again stay. Handles of the flow
     /// taken before are stale afterwards (PostgreSQL gives the flow a new id, leaving its old
@@ -168,4 +171,37 @@ pub trait Store: Send + Sync + 'static {
 
     /// The leases of `pipeline`, expired ones included.
     async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError>;
+
+    /// Adds `counts` to `flow`'s watermark buckets in one transaction: `tracked` and
+    /// `processed` are added to the stored totals (a missing bucket starts at zero) and
+    /// `min_event_ms` merges by minimum. See [`BucketCounts`].
+    async fn add_bucket_counts(
+        &self,
+        flow: &FlowHandle,
+        counts: &[BucketCounts],
+    ) -> Result<(), StoreError>;
+
+    /// `flow`'s buckets starting at or after `from_ms`, in bucket order, with their totals.
+    async fn bucket_counts(
+        &self,
+        flow: &FlowHandle,
+        from_ms: i64,
+    ) -> Result<Vec<BucketCounts>, StoreError>;
+
+    /// Deletes `flow`'s buckets starting before `before_ms`; returns how many went.
+    async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError>;
+
+    /// Moves `flow`'s watermark record forward: each field becomes the larger of the stored
+    /// and the offered value (a first call stores the offer). Returns the record now stored.
+    async fn advance_watermark(
+        &self,
+        flow: &FlowHandle,
+        offer: &WatermarkRecord,
+    ) -> Result<WatermarkRecord, StoreError>;
+
+    /// The watermark records of `pipeline`'s flows that have one, in flow-name order.
+    async fn watermarks(
+        &self,
+        pipeline: &str,
+    ) -> Result<Vec<(String, WatermarkRecord)>, StoreError>;
 }

@@ -83,6 +83,20 @@ CREATE TABLE IF NOT EXISTS sluice_leases (
     expires_at  INTEGER NOT NULL,
     PRIMARY KEY (pipeline, role)
 );
+CREATE TABLE IF NOT EXISTS sluice_watermark_buckets (
+    flow_id      INTEGER NOT NULL,
+    bucket_ms    INTEGER NOT NULL,
+    tracked      INTEGER NOT NULL,
+    processed    INTEGER NOT NULL,
+    min_event_ms INTEGER,
+    PRIMARY KEY (flow_id, bucket_ms)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sluice_watermarks (
+    flow_id       INTEGER PRIMARY KEY,
+    watermark_ms  INTEGER NOT NULL,
+    horizon_ms    INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL
+);
 ";
 
 /// DDL of a target table and its `(flow, dedup_key)` index.

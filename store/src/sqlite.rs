@@ -8,9 +8,9 @@ use crate::schema::{
     SQLITE_STATE_DDL, check_table, sqlite_dead_letter_ddl, sqlite_target_ddl, table_name,
 };
 use crate::{
-    CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError, StoredRow, WorkerBeat,
-    WorkerRecord,
+    BucketCounts, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant,
+    LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError, StoredRow,
+    WatermarkRecord, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -266,6 +266,54 @@ impl Store for SqliteStore {
     async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         let pipeline = pipeline.to_owned();
         self.call(move |conn| crate::sqlite_pool::leases(conn, &pipeline))
+            .await
+    }
+
+    async fn add_bucket_counts(
+        &self,
+        flow: &FlowHandle,
+        counts: &[BucketCounts],
+    ) -> Result<(), StoreError> {
+        if counts.is_empty() {
+            return Ok(());
+        }
+        let (flow, counts) = (flow.clone(), counts.to_vec());
+        self.call(move |conn| crate::sqlite_progress::add_bucket_counts(conn, &flow, &counts))
+            .await
+    }
+
+    async fn bucket_counts(
+        &self,
+        flow: &FlowHandle,
+        from_ms: i64,
+    ) -> Result<Vec<BucketCounts>, StoreError> {
+        let flow = flow.clone();
+        self.call(move |conn| crate::sqlite_progress::bucket_counts(conn, &flow, from_ms))
+            .await
+    }
+
+    async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError> {
+        let flow = flow.clone();
+        self.call(move |conn| crate::sqlite_progress::prune_buckets(conn, &flow, before_ms))
+            .await
+    }
+
+    async fn advance_watermark(
+        &self,
+        flow: &FlowHandle,
+        offer: &WatermarkRecord,
+    ) -> Result<WatermarkRecord, StoreError> {
+        let (flow, offer) = (flow.clone(), *offer);
+        self.call(move |conn| crate::sqlite_progress::advance_watermark(conn, &flow, &offer))
+            .await
+    }
+
+    async fn watermarks(
+        &self,
+        pipeline: &str,
+    ) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| crate::sqlite_progress::watermarks(conn, &pipeline))
             .await
     }
 }

@@ -8,8 +8,8 @@ use rusqlite::{Connection, TransactionBehavior, params};
 /// Keys looked up per statement (well under SQLite's limit of bound parameters).
 const PRESENCE_CHUNK: usize = 500;
 
-/// Deletes the flow's ledger keys, counters, completion and commit marks, and the rows and
-/// dead letters `rows` says, in one transaction.
+/// Deletes the flow's ledger keys, counters, completion, commit marks, watermark buckets and
+/// watermark record, and the rows and dead letters `rows` says, in one transaction.
 pub(crate) fn reset_flow(
     conn: &mut Connection,
     flow: &FlowHandle,
@@ -21,7 +21,13 @@ pub(crate) fn reset_flow(
         check_table(table)?;
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    for state in ["sluice_ledger", "sluice_completions", "sluice_commit_marks"] {
+    for state in [
+        "sluice_ledger",
+        "sluice_completions",
+        "sluice_commit_marks",
+        "sluice_watermark_buckets",
+        "sluice_watermarks",
+    ] {
         tx.execute(
             &format!("DELETE FROM {state} WHERE flow_id = ?1"),
             params![flow.id],

@@ -5,8 +5,9 @@
 use bytes::Bytes;
 use sluice_dedup::DedupKey;
 use sluice_store::{
-    CommitBatch, Effect, Entry, FlowHandle, Layout, LeaseGrant, LeaseRequest, MessageFields,
-    PostgresStore, ResetRows, ScratchDatabase, SqliteStore, Store, WorkerBeat, table_name,
+    BucketCounts, CommitBatch, Effect, Entry, FlowHandle, Layout, LeaseGrant, LeaseRequest,
+    MessageFields, PostgresStore, ResetRows, ScratchDatabase, SqliteStore, Store, WatermarkRecord,
+    WorkerBeat, table_name,
 };
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -157,6 +158,9 @@ on_both_backends!(
     completions_are_seen_by_every_handle,
     reset_forgets_one_flow_only,
     rows_are_read_in_pages,
+    bucket_counts_add_up_across_reporters,
+    watermarks_never_move_back,
+    reset_forgets_buckets_and_watermark,
 );
 
 async fn ledger_decides_duplicates_within_and_across_batches(postgres: bool) {
@@ -568,4 +572,250 @@ async fn rows_are_read_in_pages(postgres: bool) {
     // PostgreSQL gives its JSONB text form back (`{"k": "v"}`).
     assert_eq!(first.attributes_json.replace(' ', ""), r#"{"k":"v"}"#);
     assert_eq!(&first.data[..], b"payload");
+}
+
+fn bucket(bucket_ms: i64, tracked: u64, processed: u64, min_event_ms: Option<i64>) -> BucketCounts {
+    BucketCounts {
+        bucket_ms,
+        tracked,
+        processed,
+        min_event_ms,
+    }
+}
+
+fn mark(watermark_ms: i64, horizon_ms: i64, updated_at_ms: i64) -> WatermarkRecord {
+    WatermarkRecord {
+        watermark_ms,
+        horizon_ms,
+        updated_at_ms,
+    }
+}
+
+/// Two reporters (separate handles, as the tracking reader and a worker would have) add into
+/// the same buckets: counts sum, the smallest event time wins and a report without one keeps
+/// it; reading from a bucket on gives that bucket and the later ones in order; pruning deletes
+/// the older ones of that flow only.
+async fn bucket_counts_add_up_across_reporters(postgres: bool) {
+    let (place, tracker, flows) = open(postgres).await;
+    let worker = place.open();
+    let (live, other) = (&flows[0], &flows[1]);
+    assert!(
+        tracker
+            .bucket_counts(live, i64::MIN)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    tracker.add_bucket_counts(live, &[]).await.unwrap();
+
+    // Out of bucket order on purpose.
+    tracker
+        .add_bucket_counts(
+            live,
+            &[
+                bucket(2_000, 1, 0, Some(2_100)),
+                bucket(0, 3, 0, Some(50)),
+                bucket(1_000, 2, 0, Some(1_500)),
+            ],
+        )
+        .await
+        .unwrap();
+    worker
+        .add_bucket_counts(
+            live,
+            &[
+                bucket(1_000, 0, 2, None),
+                bucket(0, 0, 2, None),
+                bucket(3_000, 0, 4, None),
+                // The same bucket twice in one call.
+                bucket(1_000, 0, 1, None),
+            ],
+        )
+        .await
+        .unwrap();
+    tracker
+        .add_bucket_counts(
+            live,
+            &[
+                // A later but smaller event time lowers the minimum; a larger one does not.
+                bucket(1_000, 1, 0, Some(1_200)),
+                bucket(0, 1, 0, Some(70)),
+            ],
+        )
+        .await
+        .unwrap();
+    tracker
+        .add_bucket_counts(other, &[bucket(0, 9, 9, Some(1))])
+        .await
+        .unwrap();
+
+    let all = vec![
+        bucket(0, 4, 2, Some(50)),
+        bucket(1_000, 3, 3, Some(1_200)),
+        bucket(2_000, 1, 0, Some(2_100)),
+        bucket(3_000, 0, 4, None),
+    ];
+    assert_eq!(worker.bucket_counts(live, i64::MIN).await.unwrap(), all);
+    assert_eq!(tracker.bucket_counts(live, 0).await.unwrap(), all);
+    assert_eq!(
+        tracker.bucket_counts(live, 1_000).await.unwrap(),
+        all[1..].to_vec()
+    );
+    assert_eq!(
+        tracker.bucket_counts(live, 1_001).await.unwrap(),
+        all[2..].to_vec()
+    );
+    assert!(tracker.bucket_counts(live, 3_001).await.unwrap().is_empty());
+
+    assert_eq!(worker.prune_buckets(live, 2_000).await.unwrap(), 2);
+    assert_eq!(worker.prune_buckets(live, 2_000).await.unwrap(), 0);
+    assert_eq!(
+        tracker.bucket_counts(live, i64::MIN).await.unwrap(),
+        all[2..].to_vec()
+    );
+    // The other flow's bucket 0 is its own, and stays.
+    assert_eq!(
+        tracker.bucket_counts(other, i64::MIN).await.unwrap(),
+        [bucket(0, 9, 9, Some(1))]
+    );
+}
+
+/// A watermark record only moves forward, field by field; what `advance_watermark` returns is
+/// what any handle then reads; `watermarks` lists the pipeline's flows that have a record, by
+/// name, and no other pipeline's.
+async fn watermarks_never_move_back(postgres: bool) {
+    let (place, store, _) = open(postgres).await;
+    let flows = store
+        .prepare(&layout(&["live", "other", "beta", "alpha"]))
+        .await
+        .unwrap();
+    let (live, beta, alpha) = (&flows[0], &flows[2], &flows[3]);
+    let elsewhere = store
+        .prepare(&Layout {
+            pipeline: "q".into(),
+            tables: vec![],
+            flows: vec!["live".into()],
+        })
+        .await
+        .unwrap();
+    assert!(store.watermarks("p").await.unwrap().is_empty());
+
+    assert_eq!(
+        store
+            .advance_watermark(live, &mark(100, 200, 10))
+            .await
+            .unwrap(),
+        mark(100, 200, 10)
+    );
+    // An older view cannot move the watermark back, but its larger horizon counts.
+    let stored = store
+        .advance_watermark(live, &mark(50, 300, 5))
+        .await
+        .unwrap();
+    assert_eq!(stored, mark(100, 300, 10));
+    let again = place.open();
+    assert_eq!(
+        again
+            .advance_watermark(live, &mark(100, 300, 10))
+            .await
+            .unwrap(),
+        stored
+    );
+    assert_eq!(
+        again.watermarks("p").await.unwrap(),
+        [("live".to_owned(), stored)]
+    );
+
+    store.advance_watermark(beta, &mark(7, 8, 9)).await.unwrap();
+    store
+        .advance_watermark(alpha, &mark(1, 2, 3))
+        .await
+        .unwrap();
+    store
+        .advance_watermark(&elsewhere[0], &mark(5, 5, 5))
+        .await
+        .unwrap();
+    let moved = store
+        .advance_watermark(live, &mark(150, 250, 20))
+        .await
+        .unwrap();
+    assert_eq!(moved, mark(150, 300, 20));
+    assert_eq!(
+        again.watermarks("p").await.unwrap(),
+        [
+            ("alpha".to_owned(), mark(1, 2, 3)),
+            ("beta".to_owned(), mark(7, 8, 9)),
+            ("live".to_owned(), moved),
+        ],
+        "flows with a record, by name; `other` has none"
+    );
+    assert_eq!(
+        again.watermarks("q").await.unwrap(),
+        [("live".to_owned(), mark(5, 5, 5))]
+    );
+    assert!(again.watermarks("none").await.unwrap().is_empty());
+}
+
+/// `reset_flow` forgets the flow's buckets and watermark, so it starts from nothing (a smaller
+/// watermark is stored as offered); the other flow's stay.
+async fn reset_forgets_buckets_and_watermark(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let (stale, other) = (&flows[0], &flows[1]);
+    for flow in [stale, other] {
+        store
+            .add_bucket_counts(flow, &[bucket(0, 2, 1, Some(5)), bucket(1_000, 1, 1, None)])
+            .await
+            .unwrap();
+        store
+            .advance_watermark(flow, &mark(500, 600, 700))
+            .await
+            .unwrap();
+    }
+
+    store
+        .reset_flow(stale, Some("p__events"), ResetRows::All)
+        .await
+        .unwrap();
+    let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
+    let live = &flows[0];
+
+    assert!(
+        store
+            .bucket_counts(live, i64::MIN)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Not even the handle taken before the reset finds them.
+    assert!(
+        store
+            .bucket_counts(stale, i64::MIN)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store.watermarks("p").await.unwrap(),
+        [("other".to_owned(), mark(500, 600, 700))]
+    );
+    assert_eq!(
+        store.bucket_counts(other, i64::MIN).await.unwrap(),
+        [bucket(0, 2, 1, Some(5)), bucket(1_000, 1, 1, None)]
+    );
+    // A fresh start: the reset flow's first record is what it offers.
+    assert_eq!(
+        store
+            .advance_watermark(live, &mark(10, 20, 30))
+            .await
+            .unwrap(),
+        mark(10, 20, 30)
+    );
+    store
+        .add_bucket_counts(live, &[bucket(0, 1, 0, Some(9))])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.bucket_counts(live, i64::MIN).await.unwrap(),
+        [bucket(0, 1, 0, Some(9))]
+    );
 }

@@ -103,6 +103,36 @@ impl Store for DownStore {
     async fn leases(&self, _: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
+    async fn add_bucket_counts(
+        &self,
+        _: &FlowHandle,
+        _: &[sluice_store::BucketCounts],
+    ) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn bucket_counts(
+        &self,
+        _: &FlowHandle,
+        _: i64,
+    ) -> Result<Vec<sluice_store::BucketCounts>, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn prune_buckets(&self, _: &FlowHandle, _: i64) -> Result<u64, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn advance_watermark(
+        &self,
+        _: &FlowHandle,
+        _: &sluice_store::WatermarkRecord,
+    ) -> Result<sluice_store::WatermarkRecord, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn watermarks(
+        &self,
+        _: &str,
+    ) -> Result<Vec<(String, sluice_store::WatermarkRecord)>, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

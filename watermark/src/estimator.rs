@@ -32,7 +32,8 @@ pub trait WatermarkEstimator {
 pub struct Estimate {
     /// The watermark.
     pub watermark_ms: Millis,
-    /// The bound from the unprocessed messages the tracking subscription saw, if any.
+    /// The bound from the unprocessed messages the tracking subscription saw (those published
+    /// past the horizon too), if any.
     pub from_backlog_ms: Option<Millis>,
     /// The bound from what the tracking subscription has not seen yet: horizon − band.
     pub from_horizon_ms: Millis,
@@ -64,7 +65,6 @@ impl SluiceEstimator {
         let from_horizon_ms = horizon.saturating_sub(self.band_ms);
         let from_backlog_ms = base
             .unprocessed_from
-            .filter(|from| *from < horizon)
             .and_then(|from| tracking.min_event_from(from));
         let raw = from_backlog_ms.map_or(from_horizon_ms, |b| b.min(from_horizon_ms));
         let watermark_ms = self.last.map_or(raw, |last| last.max(raw));

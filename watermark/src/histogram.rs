@@ -38,16 +38,22 @@ impl TrackingHistogram {
 
     /// Records one message read from the tracking subscription.
     pub fn observe(&mut self, publish_ms: Millis, event_ms: Millis) {
-        let bucket = self.bucket_of(publish_ms);
+        self.add_bucket(publish_ms, event_ms, 1);
+    }
+
+    /// Adds a bucket's totals as a store keeps them (`count` messages, the smallest event time
+    /// `min_event_ms`) to the bucket holding `bucket_ms`.
+    pub fn add_bucket(&mut self, bucket_ms: Millis, min_event_ms: Millis, count: u64) {
+        let bucket = self.bucket_of(bucket_ms);
         self.buckets
             .entry(bucket)
             .and_modify(|b| {
-                b.min_event_ms = b.min_event_ms.min(event_ms);
-                b.count += 1;
+                b.min_event_ms = b.min_event_ms.min(min_event_ms);
+                b.count += count;
             })
             .or_insert(BucketStats {
-                min_event_ms: event_ms,
-                count: 1,
+                min_event_ms,
+                count,
             });
     }
 
@@ -63,12 +69,11 @@ impl TrackingHistogram {
     }
 
     /// The smallest event time of the buckets that may hold messages published at or after
-    /// `from_ms` (its own bucket included) and before the horizon; `None` when there are none.
+    /// `from_ms` (its own bucket included), those past the horizon too; `None` when there are
+    /// none.
     pub fn min_event_from(&self, from_ms: Millis) -> Option<Millis> {
-        let horizon = self.horizon_ms?;
         self.buckets
             .range(self.bucket_of(from_ms)..)
-            .take_while(|(start, _)| **start < horizon)
             .map(|(_, b)| b.min_event_ms)
             .min()
     }
@@ -107,7 +112,7 @@ mod tests {
         h.observe(3_000, 2_000);
         h.observe(-1, -5);
         assert_eq!(h.len(), 3);
-        assert_eq!(h.min_event_from(0), None, "no horizon yet");
+        assert_eq!(h.horizon(), None, "no horizon yet");
         h.advance_horizon(3_000);
         h.advance_horizon(2_000);
         assert_eq!(h.horizon(), Some(3_000), "the horizon never moves back");
@@ -119,9 +124,10 @@ mod tests {
         assert_eq!(h.min_event_from(-10), Some(-5));
         assert_eq!(
             h.min_event_from(2_000),
-            None,
-            "bucket 3000 is at the horizon"
+            Some(2_000),
+            "bucket 3000, at the horizon, still bounds"
         );
+        assert_eq!(h.min_event_from(4_000), None);
         h.prune_before(1_999);
         assert_eq!(
             h.buckets().map(|(k, _)| k).collect::<Vec<_>>(),

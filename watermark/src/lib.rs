@@ -21,13 +21,16 @@
 //! `unprocessed_from` ([`BaseProgress`]) has been processed. Then the watermark
 //!
 //! ```text
-//! W = max(W_previous, min( min event time of the tracked buckets from unprocessed_from up to H,
+//! W = max(W_previous, min( min event time of the tracked buckets from unprocessed_from on,
 //!                          H − B ))
 //! ```
 //!
 //! is at most the event time of every message not yet processed: such a message was published
-//! at `p ≥ unprocessed_from`; if `p < H` the tracking reader saw it, so its bucket's minimum is
-//! at most its event time; if `p ≥ H`, its event time is at least `p − B ≥ H − B`. Taking the
+//! at `p ≥ unprocessed_from`; if the tracking reader saw it (as it did if `p < H`), its bucket's
+//! minimum is at most its event time; if not, `p ≥ H` and its event time is at least
+//! `p − B ≥ H − B`. (Buckets past the horizon count too: what was seen there is a bound all the
+//! same, and it is what holds the watermark for a backlog whose event times lie far outside
+//! the band, which assumption (a) alone would not cover.) Taking the
 //! maximum with the previous watermark keeps it monotonic without breaking the bound, because
 //! the set of unprocessed messages only loses members older than `unprocessed_from` and gains
 //! messages published after the horizon, both of which the previous bound already covered
@@ -39,10 +42,12 @@
 mod baseline;
 mod estimator;
 mod histogram;
+mod horizon;
 
 pub use baseline::{BEAM_BUCKET_MS, BEAM_IDLE_MS, BEAM_WINDOW_MS, BeamStyleEstimator};
 pub use estimator::{BaseProgress, Estimate, SluiceEstimator, WatermarkEstimator};
 pub use histogram::{BucketStats, TrackingHistogram};
+pub use horizon::{DEFAULT_QUIET_MS, DeliveryHorizon};
 
 /// Milliseconds since the Unix epoch.
 pub type Millis = i64;

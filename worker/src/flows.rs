@@ -128,6 +128,8 @@ pub struct BuiltFlow {
     pub draw_progress: bool,
     /// A sink flow's file writer: its crash leftovers are resolved before the run.
     pub sink: Option<Arc<JsonlSink>>,
+    /// A Pub/Sub flow's watermark tracker, to start beside the run.
+    pub watermark: Option<crate::watermarks::WatermarkPlan>,
 }
 
 /// How one flow reads: its source and the settings that go with it.
@@ -250,6 +252,7 @@ pub fn build(
         }
     };
     let counters = Counters::new(&pipeline.name, &flow.name);
+    let watermark = crate::watermarks::plan(pipeline, flow, &counters);
     let window = plan.dedup.window;
     let target = pipeline.targets.iter().find(|t| t.name == flow.target);
     let stage: Arc<dyn Stage> =
@@ -289,5 +292,6 @@ pub fn build(
         progress: plan.progress,
         draw_progress: plan.draw_progress,
         sink,
+        watermark,
     })
 }

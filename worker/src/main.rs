@@ -17,6 +17,7 @@ mod signals;
 mod stage_client;
 mod status;
 mod update;
+mod watermarks;
 
 use clap::Parser;
 

@@ -198,6 +198,7 @@ pub async fn execute(
             shutdown: this_update.clone(),
             board: board.clone(),
             slots: slots.clone(),
+            worker: worker.clone(),
         };
         board.restart();
         let run = run_update(ctx, handles, std::mem::take(&mut completed), &readiness);

@@ -99,6 +99,8 @@ pub struct RunContext {
     pub board: FlowBoard,
     /// Slots of bounded work.
     pub slots: Arc<Semaphore>,
+    /// This worker's id in the pool (lease holder name).
+    pub worker: String,
 }
 
 /// Runs one flow once its predecessors have succeeded, with retries; announces its end on
@@ -195,6 +197,17 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
     {
         return outcome(FlowState::Failed(error), None);
     }
+    let tracker = match built.watermark {
+        None => None,
+        Some(plan) => {
+            match crate::watermarks::start(plan, ctx.store.clone(), handle.clone(), &ctx.worker)
+                .await
+            {
+                Ok(tracker) => Some(tracker),
+                Err(error) => return outcome(FlowState::Failed(error), None),
+            }
+        }
+    };
     tracing::info!(flow = %flow.name, "flow started");
     ctx.board.set(&flow.name, "RUNNING", Some(&counters));
     let _bar = built
@@ -203,6 +216,9 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         .filter(|_| built.draw_progress)
         .and_then(|progress| crate::progress::draw(&flow.name, progress));
     let end = built.run.run(ctx.shutdown.drain.clone()).await;
+    if let Some(tracker) = tracker {
+        tracker.finish().await;
+    }
     let failure = built.progress.as_ref().and_then(|p| p.failure());
     let skipped = built
         .progress

@@ -162,6 +162,41 @@ impl Admin {
         Ok(Some(retention))
     }
 
+    /// Makes sure `tracking` exists: if missing, creates it on the topic of `base`, with the
+    /// same filter, so it sees the same messages (`tracking_subscription: auto`). Returns
+    /// whether it was created.
+    pub async fn ensure_tracking_subscription(
+        &self,
+        base: &str,
+        tracking: &str,
+    ) -> Result<bool, SourceError> {
+        if self.subscription_exists(tracking).await? {
+            return Ok(false);
+        }
+        let found = self
+            .subscriptions
+            .get_subscription()
+            .set_subscription(self.config.subscription_path(base)?)
+            .send()
+            .await
+            .map_err(rpc)?;
+        let created = self
+            .subscriptions
+            .create_subscription()
+            .set_name(self.config.subscription_path(tracking)?)
+            .set_topic(found.topic)
+            .set_filter(found.filter)
+            .set_ack_deadline_seconds(found.ack_deadline_seconds.max(10))
+            .send()
+            .await;
+        match created {
+            Ok(_) => Ok(true),
+            // Another replica created it meanwhile.
+            Err(e) if e.status().is_some_and(|s| s.code == Code::AlreadyExists) => Ok(false),
+            Err(e) => Err(rpc(e)),
+        }
+    }
+
     /// Whether a subscription exists. `Err` when Pub/Sub cannot be asked (unreachable).
     pub async fn subscription_exists(&self, subscription: &str) -> Result<bool, SourceError> {
         let result = self

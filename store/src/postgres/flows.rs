@@ -5,10 +5,10 @@ use crate::schema::{check_table, table_name};
 use crate::{FlowHandle, ResetRows, RowCursor, StoreError, StoredRow};
 use deadpool_postgres::Client;
 
-/// Forgets the flow in one transaction: its counters, completion and commit marks and the rows
-/// and dead letters `rows` says are deleted, and the flow gets a new id, so its ledger keys
-/// (in every generation) belong to no flow any more and leave with their partitions; no row of
-/// the partitioned ledger is deleted.
+/// Forgets the flow in one transaction: its counters, completion, commit marks, watermark
+/// buckets and watermark record and the rows and dead letters `rows` says are deleted, and the
+/// flow gets a new id, so its ledger keys (in every generation) belong to no flow any more and
+/// leave with their partitions; no row of the partitioned ledger is deleted.
 pub(super) async fn reset_flow(
     client: &mut Client,
     flow: &FlowHandle,
@@ -25,6 +25,8 @@ pub(super) async fn reset_flow(
         "sluice_completions",
         "sluice_flow_counters",
         "sluice_commit_marks",
+        "sluice_watermark_buckets",
+        "sluice_watermarks",
     ] {
         tx.execute(
             &format!("DELETE FROM {state} WHERE flow_id = $1"),

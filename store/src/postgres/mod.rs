@@ -16,6 +16,7 @@ mod connect;
 mod error;
 mod flows;
 mod ledger;
+mod progress;
 mod schema;
 mod scratch;
 
@@ -24,9 +25,9 @@ pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 
 use crate::schema::{check_table, table_name};
 use crate::{
-    CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError, StoredRow, WorkerBeat,
-    WorkerRecord,
+    BucketCounts, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant,
+    LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError, StoredRow,
+    WatermarkRecord, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -562,5 +563,48 @@ impl Store for PostgresStore {
                 })
             })
             .collect()
+    }
+
+    async fn add_bucket_counts(
+        &self,
+        flow: &FlowHandle,
+        counts: &[BucketCounts],
+    ) -> Result<(), StoreError> {
+        if counts.is_empty() {
+            return Ok(());
+        }
+        let (client, _) = self.ready().await?;
+        progress::add_bucket_counts(&client, flow, counts).await
+    }
+
+    async fn bucket_counts(
+        &self,
+        flow: &FlowHandle,
+        from_ms: i64,
+    ) -> Result<Vec<BucketCounts>, StoreError> {
+        let (client, _) = self.ready().await?;
+        progress::bucket_counts(&client, flow, from_ms).await
+    }
+
+    async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError> {
+        let (client, _) = self.ready().await?;
+        progress::prune_buckets(&client, flow, before_ms).await
+    }
+
+    async fn advance_watermark(
+        &self,
+        flow: &FlowHandle,
+        offer: &WatermarkRecord,
+    ) -> Result<WatermarkRecord, StoreError> {
+        let (client, _) = self.ready().await?;
+        progress::advance_watermark(&client, flow, offer).await
+    }
+
+    async fn watermarks(
+        &self,
+        pipeline: &str,
+    ) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
+        let (client, _) = self.ready().await?;
+        progress::watermarks(&client, pipeline).await
     }
 }

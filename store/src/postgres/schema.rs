@@ -88,6 +88,28 @@ CREATE TABLE sluice_commit_marks (
 );
 ",
     ),
+    (
+        4,
+        "
+-- Event-time watermarks (see progress.rs): per publish-time bucket of a flow, what the
+-- tracking subscription saw and what the workers settled, added to by every reporter...
+CREATE TABLE sluice_watermark_buckets (
+    flow_id      BIGINT NOT NULL,
+    bucket_ms    BIGINT NOT NULL,
+    tracked      BIGINT NOT NULL,
+    processed    BIGINT NOT NULL,
+    min_event_ms BIGINT,
+    PRIMARY KEY (flow_id, bucket_ms)
+);
+-- ...and each flow's watermark, which only moves forward.
+CREATE TABLE sluice_watermarks (
+    flow_id       BIGINT PRIMARY KEY,
+    watermark_ms  BIGINT NOT NULL,
+    horizon_ms    BIGINT NOT NULL,
+    updated_at_ms BIGINT NOT NULL
+);
+",
+    ),
 ];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms

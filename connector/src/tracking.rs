@@ -1,0 +1,391 @@
+//! The watermark of a Pub/Sub flow, kept by every worker of the flow and estimated by one.
+//!
+//! Every worker running the flow runs a [`WatermarkTracker`] beside it. Each of them, every
+//! [`TICK`]:
+//!
+//! 1. adds the processed counts of its own settled messages ([`FlowWatermark`]) to the store's
+//!    per-publish-bucket counts;
+//! 2. competes for the flow's `watermark/<flow>` lease, so one worker of a pool is the
+//!    *tracking reader*;
+//! 3. takes the flow's watermark from the store into its [`FlowWatermark`] (batches, late
+//!    counts, gauges).
+//!
+//! The tracking reader also reads the tracking subscription: it adds each delivered message to
+//! its publish-time bucket's `tracked` count and smallest event time, stores the counts, and
+//! **acks only once they are stored** (so a crash can make it count a message twice, which only
+//! holds the watermark back, never once too few). Then it estimates: a bucket is *processed*
+//! when the workers' processed count has reached its tracked count; `unprocessed_from` is the
+//! first bucket that is not; the horizon comes from the tracking stream's deliveries
+//! ([`sluice_watermark::DeliveryHorizon`]); and [`sluice_watermark::SluiceEstimator`] gives
+//! the watermark, which the store only lets move forward.
+//!
+//! # What this relies on, and its limits
+//!
+//! * The estimator's guarantee (crate `sluice_watermark`) holds when the horizon is right (the
+//!   live-delivery assumption of [`sluice_watermark::DeliveryHorizon`]) and processed counts
+//!   never run ahead of the truth. A redelivery of a message whose commit landed but whose
+//!   ack was lost (a crash between the two) is counted again as a duplicate; until that bucket
+//!   is otherwise done, it can then look processed one message early.
+//! * Counts a worker had not stored when it crashed are missing, and a bucket can then never
+//!   look processed. A bucket that stays unprocessed for [`STALL_RELEASE`] while later buckets
+//!   are being processed is released, with a warning in the log, so the watermark holds at
+//!   most that long after a crash.
+
+use crate::budget::Budget;
+use crate::event_time::parse_event_time;
+use crate::pubsub::{PubSubConfig, PubSubSource};
+use crate::source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
+use crate::time::now_ms;
+use crate::watermark::{FlowWatermark, bucket_of};
+use sluice_store::{
+    BucketCounts, FlowHandle, LeaseGrant, LeaseRequest, Store, StoreError, WatermarkRecord,
+};
+use sluice_watermark::{DEFAULT_QUIET_MS, DeliveryHorizon, SluiceEstimator, TrackingHistogram};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// How often a tracker reports, renews and estimates.
+pub const TICK: Duration = Duration::from_millis(500);
+/// How long the tracking-reader lease lasts without renewal.
+pub const LEASE_TTL: Duration = Duration::from_secs(15);
+/// An unprocessed bucket is released after this long behind processed ones (see the module
+/// docs).
+pub const STALL_RELEASE: Duration = Duration::from_secs(600);
+/// Messages the tracking reader holds unacked, at most (they are acked each tick).
+const TRACKING_BUDGET: usize = 20_000;
+
+/// What one flow's tracker needs.
+#[derive(Debug, Clone)]
+pub struct TrackerSettings {
+    /// The tracking subscription (short name or full path), already existing.
+    pub tracking_subscription: String,
+    /// `event_time.attribute`; `None`: the publish time.
+    pub event_time_attribute: Option<String>,
+    /// `on_bad_timestamp: publish_time`.
+    pub bad_timestamp_uses_publish_time: bool,
+    /// `watermark.band`, ms.
+    pub band_ms: i64,
+    /// This worker's id (the lease holder name).
+    pub worker: String,
+}
+
+/// One worker's tracker of one flow's watermark.
+pub struct WatermarkTracker {
+    store: Arc<dyn Store>,
+    flow: FlowHandle,
+    pubsub: PubSubConfig,
+    settings: TrackerSettings,
+    watermark: FlowWatermark,
+}
+
+/// The tracking reader's running state (only while this worker holds the lease).
+struct Reading {
+    source: Box<dyn SourceHandle>,
+    stop: CancellationToken,
+    intake: mpsc::Receiver<Received>,
+    horizon: DeliveryHorizon,
+    /// Delivered, counted in `pending`, not yet stored: acked once the counts are stored.
+    held: Vec<Received>,
+    pending: BTreeMap<i64, BucketCounts>,
+    estimator: SluiceEstimator,
+    /// Buckets first seen unprocessed behind processed ones, and when.
+    stalled_since: HashMap<i64, i64>,
+}
+
+impl WatermarkTracker {
+    /// A tracker of `flow` that publishes into `watermark`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        flow: FlowHandle,
+        pubsub: PubSubConfig,
+        settings: TrackerSettings,
+        watermark: FlowWatermark,
+    ) -> Self {
+        Self {
+            store,
+            flow,
+            pubsub,
+            settings,
+            watermark,
+        }
+    }
+
+    /// Runs until `stop`; then reports the last processed counts, hands the lease back and
+    /// closes the tracking stream.
+    pub async fn run(self, stop: CancellationToken) {
+        let lease = LeaseRequest {
+            pipeline: self.flow.pipeline.to_string(),
+            role: format!("watermark/{}", self.flow.name),
+            holder: self.settings.worker.clone(),
+            ttl: LEASE_TTL,
+        };
+        let mut reading: Option<Reading> = None;
+        let mut ticks = tokio::time::interval(TICK);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut store_down = false;
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = stop.cancelled() => break,
+            }
+            let result = self.tick(&lease, &mut reading).await;
+            match result {
+                Ok(()) if store_down => {
+                    tracing::info!(flow = %self.flow.name, "watermark tracking resumed");
+                    store_down = false;
+                }
+                Ok(()) => {}
+                Err(error) if !store_down => {
+                    tracing::warn!(flow = %self.flow.name, %error,
+                        "watermark tracking cannot reach the store; the watermark holds");
+                    store_down = true;
+                }
+                Err(_) => {}
+            }
+        }
+        if let Err(error) = self.report_processed().await {
+            tracing::warn!(flow = %self.flow.name, %error,
+                "could not store the last processed counts; the watermark may hold");
+        }
+        if let Some(mut reading) = reading.take() {
+            let _ = self.store_tracked(&mut reading).await;
+            self.stop_reading(reading).await;
+            let _ = self
+                .store
+                .release_lease(&lease.pipeline, &lease.role, &lease.holder)
+                .await;
+        }
+    }
+
+    async fn tick(
+        &self,
+        lease: &LeaseRequest,
+        reading: &mut Option<Reading>,
+    ) -> Result<(), StoreError> {
+        self.report_processed().await?;
+        let holding = match self.store.acquire_lease(lease).await? {
+            LeaseGrant::Held { taken, .. } => {
+                if taken {
+                    tracing::info!(flow = %self.flow.name, "reading the tracking subscription");
+                }
+                true
+            }
+            LeaseGrant::HeldBy(_) => false,
+        };
+        if !holding {
+            if let Some(reading) = reading.take() {
+                tracing::warn!(flow = %self.flow.name, "lost the tracking-reader lease");
+                self.stop_reading(reading).await;
+            }
+            return self.follow().await;
+        }
+        if reading.is_none() {
+            match self.start_reading().await {
+                Ok(started) => *reading = Some(started),
+                Err(error) => {
+                    tracing::warn!(flow = %self.flow.name, %error,
+                        "cannot read the tracking subscription; retrying");
+                    return Ok(());
+                }
+            }
+        }
+        let Some(reading) = reading.as_mut() else {
+            return Ok(());
+        };
+        self.take_deliveries(reading);
+        self.store_tracked(reading).await?;
+        self.estimate(reading).await
+    }
+
+    /// Adds this worker's processed counts to the store (given back on failure).
+    async fn report_processed(&self) -> Result<(), StoreError> {
+        let counts = self.watermark.take_processed();
+        if counts.is_empty() {
+            return Ok(());
+        }
+        let added = self.store.add_bucket_counts(&self.flow, &counts).await;
+        if added.is_err() {
+            self.watermark.restore_processed(&counts);
+        }
+        added
+    }
+
+    /// Not the reader: takes the stored watermark.
+    async fn follow(&self) -> Result<(), StoreError> {
+        let stored = self.store.watermarks(&self.flow.pipeline).await?;
+        if let Some((_, record)) = stored.iter().find(|(name, _)| *name == *self.flow.name) {
+            self.watermark.advance(record.watermark_ms);
+        }
+        Ok(())
+    }
+
+    async fn start_reading(&self) -> Result<Reading, crate::pubsub::SourceError> {
+        let source =
+            PubSubSource::new(self.pubsub.clone(), &self.settings.tracking_subscription, 1)?;
+        let (intake_tx, intake) = mpsc::channel(INTAKE_CAPACITY);
+        let stop = CancellationToken::new();
+        let budget = Budget::new(TRACKING_BUDGET, u64::MAX / 2);
+        let handle = Box::new(source)
+            .start(intake_tx, budget, stop.clone())
+            .await?;
+        let mut horizon = DeliveryHorizon::new(DEFAULT_QUIET_MS, self.settings.band_ms);
+        horizon.stream_opened();
+        Ok(Reading {
+            source: handle,
+            stop,
+            intake,
+            horizon,
+            held: Vec::new(),
+            pending: BTreeMap::new(),
+            estimator: SluiceEstimator::new(self.settings.band_ms),
+            stalled_since: HashMap::new(),
+        })
+    }
+
+    async fn stop_reading(&self, reading: Reading) {
+        let Reading {
+            source,
+            stop,
+            intake,
+            held,
+            ..
+        } = reading;
+        stop.cancel();
+        // Uncounted deliveries go back (nacked when dropped) to whoever reads next.
+        drop(held);
+        drop(intake);
+        source.close().await;
+    }
+
+    /// Counts what the tracking stream delivered since the last tick.
+    fn take_deliveries(&self, reading: &mut Reading) {
+        let now = now_ms();
+        while let Ok(received) = reading.intake.try_recv() {
+            let message = &received.message;
+            let bucket = bucket_of(message.publish_time_ms);
+            let event = self.event_time(message);
+            let counts = reading.pending.entry(bucket).or_insert(BucketCounts {
+                bucket_ms: bucket,
+                ..BucketCounts::default()
+            });
+            counts.tracked += 1;
+            counts.min_event_ms = match (counts.min_event_ms, event) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let in_band =
+                event.is_none_or(|e| e >= message.publish_time_ms - self.settings.band_ms);
+            reading
+                .horizon
+                .delivered(message.publish_time_ms, now, in_band);
+            reading.held.push(received);
+        }
+    }
+
+    /// The event time the flow's stage will give the message; `None` for a message it will
+    /// dead-letter (a bad timestamp), which never becomes a row and so is never late.
+    fn event_time(&self, message: &crate::SourceMessage) -> Option<i64> {
+        let Some(name) = &self.settings.event_time_attribute else {
+            return Some(message.publish_time_ms);
+        };
+        match message
+            .attributes
+            .get(name)
+            .and_then(|v| parse_event_time(v))
+        {
+            Some(ms) => Some(ms),
+            None if self.settings.bad_timestamp_uses_publish_time => Some(message.publish_time_ms),
+            None => None,
+        }
+    }
+
+    /// Stores the tracked counts, then acks what they count.
+    async fn store_tracked(&self, reading: &mut Reading) -> Result<(), StoreError> {
+        if reading.pending.is_empty() {
+            return Ok(());
+        }
+        let counts: Vec<BucketCounts> = reading.pending.values().copied().collect();
+        self.store.add_bucket_counts(&self.flow, &counts).await?;
+        reading.pending.clear();
+        for received in reading.held.drain(..) {
+            received.handle.ack();
+        }
+        Ok(())
+    }
+
+    /// Estimates from the stored counts and moves the stored watermark forward.
+    async fn estimate(&self, reading: &mut Reading) -> Result<(), StoreError> {
+        let now = now_ms();
+        let stored = self
+            .store
+            .watermarks(&self.flow.pipeline)
+            .await?
+            .into_iter()
+            .find(|(name, _)| *name == *self.flow.name)
+            .map(|(_, record)| record);
+        // No horizon (nothing delivered since the stream opened, or a backlog still being
+        // drained): the watermark holds.
+        let Some(live) = reading.horizon.horizon(now) else {
+            return Ok(());
+        };
+        let horizon = stored.map_or(live, |r| r.horizon_ms.max(live));
+        let buckets = self.store.bucket_counts(&self.flow, i64::MIN).await?;
+        let mut tracking = TrackingHistogram::new(sluice_store::PROGRESS_BUCKET_MS);
+        tracking.advance_horizon(horizon);
+        let mut unprocessed_from = None;
+        let mut processed_after = false;
+        for bucket in buckets.iter().rev() {
+            if let Some(min_event) = bucket.min_event_ms {
+                tracking.add_bucket(bucket.bucket_ms, min_event, bucket.tracked);
+            }
+            if bucket.processed < bucket.tracked {
+                if processed_after && self.released(reading, bucket, now) {
+                    continue;
+                }
+                unprocessed_from = Some(bucket.bucket_ms);
+            } else {
+                reading.stalled_since.remove(&bucket.bucket_ms);
+            }
+            processed_after |= bucket.processed > 0;
+        }
+        let base = sluice_watermark::BaseProgress { unprocessed_from };
+        let Some(estimate) = reading.estimator.estimate(&tracking, &base) else {
+            return Ok(());
+        };
+        let record = self
+            .store
+            .advance_watermark(
+                &self.flow,
+                &WatermarkRecord {
+                    watermark_ms: estimate.watermark_ms,
+                    horizon_ms: horizon,
+                    updated_at_ms: now,
+                },
+            )
+            .await?;
+        self.watermark.advance(record.watermark_ms);
+        // Buckets before the first unprocessed one (and before the horizon) are done.
+        let done_before = unprocessed_from.unwrap_or(horizon).min(horizon);
+        if buckets.first().is_some_and(|b| b.bucket_ms < done_before) {
+            self.store.prune_buckets(&self.flow, done_before).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether an unprocessed bucket behind processed ones has waited out [`STALL_RELEASE`].
+    fn released(&self, reading: &mut Reading, bucket: &BucketCounts, now: i64) -> bool {
+        let since = *reading.stalled_since.entry(bucket.bucket_ms).or_insert(now);
+        let waited = now.saturating_sub(since);
+        let release = i64::try_from(STALL_RELEASE.as_millis()).unwrap_or(i64::MAX);
+        if waited >= release {
+            tracing::warn!(flow = %self.flow.name, bucket_ms = bucket.bucket_ms,
+                tracked = bucket.tracked, processed = bucket.processed,
+                "a watermark bucket stayed unprocessed behind processed ones; released");
+            return true;
+        }
+        false
+    }
+}
