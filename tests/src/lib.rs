@@ -71,6 +71,16 @@ impl PubSub {
         (topic, subs)
     }
 
+    /// Waits until `subscription` exists (a worker creates `<subscription>-tracking` for
+    /// `tracking_subscription: auto` as its flow starts); panics after `within`.
+    pub async fn wait_until_exists(&self, subscription: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.admin.subscription_exists(subscription).await.unwrap() {
+            assert!(Instant::now() < deadline, "{subscription} never appeared");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Publishes and waits; returns the message ids.
     pub async fn publish(&self, topic: &str, messages: Vec<Message>) -> Vec<String> {
         let publisher = self.admin.publisher(topic).await.unwrap();
@@ -190,6 +200,8 @@ pub struct PipelineOptions {
     pub metrics_listen: Option<String>,
     /// `control:` inline map, if any (`{ listen: ..., token_file: ... }`).
     pub control: Option<String>,
+    /// `watermark:` inline map, if any (`{ tracking_subscription: auto, band: 10s }`).
+    pub watermark: Option<&'static str>,
 }
 
 impl PipelineOptions {
@@ -205,6 +217,7 @@ impl PipelineOptions {
             store: None,
             metrics_listen: None,
             control: None,
+            watermark: None,
         }
     }
 
@@ -265,7 +278,7 @@ flows:
         batch: {batch}
         drain_idle: {drain_idle}
         streams: {streams}
-",
+{watermark}",
             mode = options.mode,
             store = options
                 .store
@@ -287,6 +300,10 @@ flows:
             batch = options.batch,
             drain_idle = options.drain_idle,
             streams = options.streams,
+            watermark = options
+                .watermark
+                .map(|w| format!("        watermark: {w}\n"))
+                .unwrap_or_default(),
         );
         let path = self.path().join(file);
         std::fs::write(&path, yaml).unwrap();

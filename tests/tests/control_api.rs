@@ -83,6 +83,24 @@ async fn status_and_drain_through_the_control_api() {
     assert_eq!(json["source"], "control_api");
     assert_eq!(json["flows"][0]["state"], "RUNNING");
     assert_eq!(json["flows"][0]["rows"], 500);
+    assert_eq!(json["flows"][0]["late"], 0);
+    let started = json["flows"][0]["last_run_started_ms"].as_i64().unwrap();
+    assert!(started > 1_700_000_000_000, "{json}");
+    // This flow has no `watermark:`: none is shown.
+    assert!(json["flows"][0]["watermark_ms"].is_null(), "{json}");
+    let text = std::process::Command::new(sluice_bin())
+        .args(["status", "-c", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|l| l.starts_with("pipeline test on worker"))
+            && text.contains("WATERMARK AGE")
+            && text.contains("LAST RUN"),
+        "{text}"
+    );
 
     // Drain through the API: the run ends as after SIGTERM.
     let drained = client.drain(DrainRequest {}).await.unwrap().into_inner();

@@ -168,6 +168,7 @@ async fn prometheus_sees_what_the_store_holds_and_every_shipped_query_runs() {
         "db",
         &PipelineOptions {
             metrics_listen: Some(listen.clone()),
+            watermark: Some("{ tracking_subscription: auto, band: 10s }"),
             ..PipelineOptions::continuous(&subs[0])
         },
     );
@@ -185,6 +186,10 @@ async fn prometheus_sees_what_the_store_holds_and_every_shipped_query_runs() {
     assert_eq!(get(&format!("http://{listen}/nope"), None).0, 404);
 
     let prometheus = Prometheus::scraping(&listen);
+    // The tracking subscription sees what is published after it exists.
+    pubsub
+        .wait_until_exists(&format!("{}-tracking", subs[0]), Duration::from_secs(60))
+        .await;
     pubsub
         .publish(&topic, events_with_duplicates("m", DISTINCT, DUPLICATES))
         .await;
@@ -226,6 +231,26 @@ async fn prometheus_sees_what_the_store_holds_and_every_shipped_query_runs() {
         Some(1.0)
     );
     assert_eq!(prometheus.scalar("count(sluice_build_info)"), Some(1.0));
+    // The watermark: published as a timestamp and an age; nothing committed below it.
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            prometheus
+                .scalar("max(sluice_data_watermark_age_seconds)")
+                .is_some_and(|age| age > 0.0 && age < 120.0)
+        })
+        .await,
+        "watermark age {:?}",
+        prometheus.scalar("max(sluice_data_watermark_age_seconds)")
+    );
+    assert!(
+        prometheus
+            .scalar("max(sluice_watermark_timestamp_seconds)")
+            .is_some_and(|t| t > 1.7e9)
+    );
+    assert_eq!(
+        prometheus.scalar("sum(sluice_messages_late_total)"),
+        Some(0.0)
+    );
     // Everything is acked: no system lag; the memory tier holds the committed keys.
     assert!(
         eventually(Duration::from_secs(30), || {
@@ -266,6 +291,9 @@ async fn prometheus_sees_what_the_store_holds_and_every_shipped_query_runs() {
         "sluice_flow_state",
         "sluice_ready",
         "sluice_oldest_unacked_message_age_seconds",
+        "sluice_watermark_timestamp_seconds",
+        "sluice_data_watermark_age_seconds",
+        "sluice_messages_late_total",
     ];
     for expr in dashboard_expressions() {
         let result = prometheus.query(&expr);

@@ -21,7 +21,7 @@
 use google_cloud_pubsub::model::Message;
 use sluice_bench::free_port;
 use sluice_connector::pubsub::publish_all;
-use sluice_tests::{Db, PROJECT, PubSub, Workdir, Worker, emulator, eventually};
+use sluice_tests::{Db, PROJECT, PubSub, Workdir, Worker, emulator, eventually, sluice_bin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -163,16 +163,9 @@ flows:
     std::fs::write(&file, &pipeline).unwrap();
     let worker = Worker::start(&file, "first");
     // The tracking subscription sees what is published after it exists.
-    let tracking = format!("{}-tracking", subs[0]);
-    let mut exists = false;
-    for _ in 0..300 {
-        if pubsub.admin.subscription_exists(&tracking).await.unwrap() {
-            exists = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(exists, "no {tracking}; logs:\n{}", worker.logs());
+    pubsub
+        .wait_until_exists(&format!("{}-tracking", subs[0]), Duration::from_secs(60))
+        .await;
     let live_history = History::start(&db_path, "ingest");
     let backlog_history = History::start(&db_path, "backlog");
 
@@ -219,6 +212,28 @@ flows:
     );
     let gauge = metric(metrics_port, "sluice_watermark_timestamp_seconds", "ingest").unwrap();
     assert!(gauge * 1000.0 >= (last_publish - 30_000) as f64, "{gauge}");
+
+    // `sluice status` (from the store: this worker has no control API) shows it too.
+    let out = std::process::Command::new(sluice_bin())
+        .args(["status", "-c", file.to_str().unwrap(), "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown = status["flows"][0]["watermark_ms"].as_i64().unwrap();
+    assert!(shown > 0 && shown <= watermark(&db, "ingest"), "{status}");
+    assert!(
+        status["flows"][0]["watermark_age_seconds"]
+            .as_f64()
+            .unwrap()
+            < 60.0
+    );
+    let text = std::process::Command::new(sluice_bin())
+        .args(["status", "-c", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("WATERMARK AGE"), "{text}");
 
     // 2. Backlog: stop, publish an hour of event times, restart.
     worker.terminate();

@@ -35,6 +35,8 @@ struct BoardEntry {
     once: bool,
     state: &'static str,
     counters: Option<Counters>,
+    /// When the flow last went RUNNING, ms since epoch.
+    started_ms: i64,
 }
 
 impl FlowBoard {
@@ -49,6 +51,7 @@ impl FlowBoard {
                     once,
                     state: "QUEUED",
                     counters: None,
+                    started_ms: 0,
                 }
             })
             .collect();
@@ -77,6 +80,9 @@ impl FlowBoard {
             && let Some(entry) = flows.iter_mut().find(|e| e.name == flow)
         {
             entry.state = state;
+            if state == "RUNNING" {
+                entry.started_ms = sluice_connector::now_ms();
+            }
             if let Some(counters) = counters {
                 entry.counters = Some(counters.clone());
             }
@@ -95,6 +101,11 @@ impl FlowBoard {
                     .as_ref()
                     .map(Counters::snapshot)
                     .unwrap_or_default();
+                let watermark = entry
+                    .counters
+                    .as_ref()
+                    .and_then(Counters::watermark)
+                    .and_then(sluice_connector::FlowWatermark::current);
                 FlowStatus {
                     name: entry.name.clone(),
                     state: entry.state.to_owned(),
@@ -111,6 +122,12 @@ impl FlowBoard {
                         .as_ref()
                         .map(|c| c.oldest_unacked_age().as_secs_f64())
                         .unwrap_or_default(),
+                    watermark_ms: watermark.unwrap_or_default(),
+                    watermark_age_seconds: watermark
+                        .map(|w| (sluice_connector::now_ms() - w).max(0) as f64 / 1000.0)
+                        .unwrap_or_default(),
+                    late: snapshot.late,
+                    last_run_started_ms: entry.started_ms,
                 }
             })
             .collect()

@@ -1,7 +1,8 @@
-//! `sluice status -c FILE`: what the store says about a pipeline: each flow's committed counts
-//! and completion, the workers alive and who holds each lease. Read from the store, so it works
+//! `sluice status -c FILE`: what the store says about a pipeline: each flow's committed counts,
+//! watermark and completion, the workers alive and who holds each lease. Read from the store, so it works
 //! whether or not a worker runs. When the file sets `control.listen` and a worker answers there,
-//! its live view is shown instead (flow states, counters since it started, system lag).
+//! its live view is shown instead (flow states, counters since it started, late rows, system
+//! lag, watermark age, when each flow's run started).
 
 use crate::cli::OutputFormat;
 use crate::flows;
@@ -22,6 +23,8 @@ struct FlowLine {
     dead_letters: u64,
     commits: u64,
     completed_at_ms: Option<i64>,
+    watermark_ms: Option<i64>,
+    watermark_age_seconds: Option<f64>,
 }
 
 /// `sluice status`.
@@ -99,7 +102,10 @@ async fn ask_worker(pipeline: &sluice_pipeline::Pipeline) -> Option<Report> {
         "DUPLICATES",
         "DEAD LETTERS",
         "ACKED",
+        "LATE",
         "LAG",
+        "WATERMARK AGE",
+        "LAST RUN",
     ];
     let rows: Vec<Vec<String>> = status
         .flows
@@ -113,7 +119,18 @@ async fn ask_worker(pipeline: &sluice_pipeline::Pipeline) -> Option<Report> {
                 (f.duplicates_memory + f.duplicates_store).to_string(),
                 f.dead_letters.to_string(),
                 f.acked.to_string(),
+                f.late.to_string(),
                 format!("{:.1}s", f.oldest_unacked_age_seconds),
+                if f.watermark_ms > 0 {
+                    format!("{:.1}s", f.watermark_age_seconds)
+                } else {
+                    "-".to_owned()
+                },
+                if f.last_run_started_ms > 0 {
+                    format!("started {}", rfc3339(f.last_run_started_ms))
+                } else {
+                    "-".to_owned()
+                },
             ]
         })
         .collect();
@@ -137,6 +154,10 @@ async fn ask_worker(pipeline: &sluice_pipeline::Pipeline) -> Option<Report> {
             "duplicates_store": f.duplicates_store, "dead_letters": f.dead_letters,
             "acked": f.acked, "nacked": f.nacked,
             "oldest_unacked_age_seconds": f.oldest_unacked_age_seconds,
+            "late": f.late,
+            "watermark_ms": (f.watermark_ms > 0).then_some(f.watermark_ms),
+            "watermark_age_seconds": (f.watermark_ms > 0).then_some(f.watermark_age_seconds),
+            "last_run_started_ms": (f.last_run_started_ms > 0).then_some(f.last_run_started_ms),
         })).collect::<Vec<_>>(),
     });
     Some(Report { text, json })
@@ -183,8 +204,15 @@ async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_s
         .await?
         .into_iter()
         .collect();
+    let watermarks: std::collections::HashMap<String, sluice_store::WatermarkRecord> = store
+        .watermarks(&pipeline.name)
+        .await?
+        .into_iter()
+        .collect();
+    let now = sluice_connector::now_ms();
     let mut lines = Vec::new();
     for (flow, handle) in pipeline.flows.iter().zip(&handles) {
+        let watermark_ms = watermarks.get(&flow.name).map(|w| w.watermark_ms);
         let progress = store.flow_progress(handle).await?;
         let completed_at_ms = completions.get(&flow.name).copied();
         lines.push(FlowLine {
@@ -200,6 +228,8 @@ async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_s
             dead_letters: progress.dead_lettered,
             commits: progress.batches,
             completed_at_ms,
+            watermark_ms,
+            watermark_age_seconds: watermark_ms.map(|w| (now - w).max(0) as f64 / 1000.0),
         });
     }
     let workers = store.workers(&pipeline.name, ALIVE_WITHIN).await?;
@@ -239,6 +269,8 @@ fn text(
         "DUPLICATES",
         "DEAD LETTERS",
         "COMMITS",
+        "WATERMARK",
+        "WATERMARK AGE",
         "COMPLETED AT",
     ];
     let rows: Vec<Vec<String>> = lines
@@ -251,6 +283,12 @@ fn text(
                 l.duplicates.to_string(),
                 l.dead_letters.to_string(),
                 l.commits.to_string(),
+                l.watermark_ms
+                    .map(rfc3339)
+                    .unwrap_or_else(|| "-".to_owned()),
+                l.watermark_age_seconds
+                    .map(|age| format!("{age:.1}s"))
+                    .unwrap_or_else(|| "-".to_owned()),
                 l.completed_at_ms
                     .map(rfc3339)
                     .unwrap_or_else(|| "-".to_owned()),
