@@ -69,5 +69,7 @@ pub use stage::{Stage, StageError, TableStage};
 pub use table::TableSource;
 pub use telemetry::{Counters, Snapshot};
 pub use time::now_ms;
-pub use tracking::{TrackerSettings, WatermarkTracker};
+pub use tracking::{
+    LEASE_TTL as TRACKER_LEASE_TTL, TICK as TRACKER_TICK, TrackerSettings, WatermarkTracker,
+};
 pub use watermark::{FlowWatermark, bucket_of};

@@ -7,6 +7,7 @@
 use crate::cli::OutputFormat;
 use crate::flows;
 use crate::membership::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
+use sluice_connector::{TRACKER_LEASE_TTL, TRACKER_TICK};
 use sluice_store::Layout;
 use std::path::Path;
 use std::process::ExitCode;
@@ -309,13 +310,19 @@ fn text(
         }
     }
     for lease in leases {
+        // The tracking reader renews its lease at every tracker tick, the others at every beat.
+        let (renewed, lasts) = if lease.role.starts_with("watermark/") {
+            (TRACKER_TICK, TRACKER_LEASE_TTL)
+        } else {
+            (BEAT_INTERVAL, LEASE_TTL)
+        };
         out.push_str(&format!(
             "lease {}: {} until {} (renewed every {}s, lasts {}s)\n",
             lease.role,
             lease.holder,
             rfc3339(lease.expires_at_ms),
-            BEAT_INTERVAL.as_secs(),
-            LEASE_TTL.as_secs()
+            renewed.as_secs_f64(),
+            lasts.as_secs()
         ));
     }
     out
