@@ -354,23 +354,39 @@ async fn reread(
     layout: &Layout,
     shutdown: &Shutdown,
 ) -> Result<(Vec<sluice_store::FlowHandle>, HashSet<String>), RunError> {
+    retrying(shutdown, || read_flows(store, layout)).await
+}
+
+/// Prepares the layout; returns the flow handles and the once flows recorded complete.
+async fn read_flows(
+    store: &dyn Store,
+    layout: &Layout,
+) -> Result<(Vec<sluice_store::FlowHandle>, HashSet<String>), StoreError> {
+    let handles = store.prepare(layout).await?;
+    let completed = store
+        .completions(&layout.pipeline)
+        .await?
+        .into_iter()
+        .map(|(flow, _)| flow)
+        .collect();
+    Ok((handles, completed))
+}
+
+/// Runs `attempt` until it works, retrying with backoff (logged once per backoff step) while
+/// the store is unavailable, until the run is stopped.
+async fn retrying<T, F, Fut>(shutdown: &Shutdown, mut attempt: F) -> Result<T, RunError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
     let mut backoff = Backoff::default();
     loop {
-        let attempt = async {
-            let handles = store.prepare(layout).await?;
-            let completed = store
-                .completions(&layout.pipeline)
-                .await?
-                .into_iter()
-                .map(|(flow, _)| flow)
-                .collect();
-            Ok::<_, StoreError>((handles, completed))
-        };
-        match attempt.await {
-            Ok(ready) => return Ok(ready),
+        match attempt().await {
+            Ok(done) => return Ok(done),
             Err(error) if error.is_transient() && !shutdown.drain.is_cancelled() => {
                 let delay = backoff.next_delay();
-                tracing::warn!(step = backoff.step(), %error, "store unavailable; retrying");
+                tracing::warn!(step = backoff.step(), retry_in_ms = delay.as_millis() as u64,
+                    %error, "store unavailable; retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.drain.cancelled() => {}
@@ -436,31 +452,10 @@ pub async fn open_and_prepare(
     layout: &Layout,
     shutdown: &Shutdown,
 ) -> Result<Prepared, RunError> {
-    let mut backoff = Backoff::default();
-    loop {
-        let attempt = async {
-            let store = sluice_store::open(url)?;
-            let handles = store.prepare(layout).await?;
-            let completed = store
-                .completions(&layout.pipeline)
-                .await?
-                .into_iter()
-                .map(|(flow, _)| flow)
-                .collect();
-            Ok::<_, StoreError>((store, handles, completed))
-        };
-        match attempt.await {
-            Ok(ready) => return Ok(ready),
-            Err(error) if error.is_transient() && !shutdown.drain.is_cancelled() => {
-                let delay = backoff.next_delay();
-                tracing::warn!(step = backoff.step(), retry_in_ms = delay.as_millis() as u64,
-                    %error, "store unavailable; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.drain.cancelled() => {}
-                }
-            }
-            Err(error) => return Err(RunError::Store(error)),
-        }
-    }
+    retrying(shutdown, || async {
+        let store = sluice_store::open(url)?;
+        let (handles, completed) = read_flows(&*store, layout).await?;
+        Ok((store, handles, completed))
+    })
+    .await
 }
