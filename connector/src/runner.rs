@@ -95,6 +95,16 @@ pub enum FlowError {
 impl FlowRun {
     /// Runs the flow until it ends (see [`RunUntil`]) and returns what was committed.
     pub async fn run(self, drain: CancellationToken) -> Result<FlowEnd, FlowError> {
+        self.run_notifying(drain, None).await
+    }
+
+    /// As [`FlowRun::run`]; `started` is told once the source runs (for Pub/Sub: once the
+    /// subscription answered), which is when a worker counts the flow as up.
+    pub async fn run_notifying(
+        self,
+        drain: CancellationToken,
+        started: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> Result<FlowEnd, FlowError> {
         let stop_source = drain.child_token();
         let counters = self.counters.clone();
         let (mut batches, handle) = BatchSource::start(
@@ -106,6 +116,9 @@ impl FlowRun {
             stop_source.clone(),
         )
         .await?;
+        if let Some(started) = started {
+            let _ = started.send(());
+        }
         // The system-lag gauge moves while nothing else happens (a stuck commit), so it is
         // sampled on a clock rather than per batch.
         let lag_sampler = {

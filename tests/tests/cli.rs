@@ -137,11 +137,13 @@ fn unreachable_emulator_is_retried_with_backoff_not_a_panic() {
     let dir = Workdir::new();
     // A port nothing listens on.
     let port = sluice_bench::emulator::free_port().unwrap();
+    let metrics_port = sluice_bench::emulator::free_port().unwrap();
     let file = write(
         &dir,
         "p.yaml",
         &format!(
             "pipeline: p\nstore: sqlite://{}/s.db\npubsub: {{ project: x, endpoint: \"http://127.0.0.1:{port}\" }}\n\
+         metrics: {{ listen: \"127.0.0.1:{metrics_port}\" }}\n\
          targets: [ {{ name: events, kind: table }} ]\n\
          flows:\n  - name: live\n    target: events\n    source: {{ pubsub: {{ subscription: s, streams: 1 }} }}\n",
             dir.path().display()
@@ -149,6 +151,17 @@ fn unreachable_emulator_is_retried_with_backoff_not_a_panic() {
     );
     let worker = Worker::start(&file, "w");
     std::thread::sleep(Duration::from_secs(8));
+    // Alive, but not ready: its flow cannot start while Pub/Sub does not answer.
+    let probe = |path: &str| {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg(format!("http://127.0.0.1:{metrics_port}{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(probe("/healthz"), "200", "{}", worker.logs());
+    assert_eq!(probe("/readyz"), "503", "{}", worker.logs());
     worker.terminate();
     let logs = worker.logs();
     let status = worker.wait(Duration::from_secs(30));

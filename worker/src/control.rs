@@ -72,6 +72,15 @@ impl FlowBoard {
         }
     }
 
+    /// Whether a flow is starting: its source not running yet (Pub/Sub not answering), or
+    /// between the retries of a failed start.
+    pub fn any_starting(&self) -> bool {
+        self.flows
+            .lock()
+            .map(|flows| flows.iter().any(|e| e.state == "STARTING"))
+            .unwrap_or(false)
+    }
+
     /// Records a flow's new state (and its counters once it runs), also as
     /// `sluice_flow_state`.
     pub fn set(&self, flow: &str, state: &'static str, counters: Option<&Counters>) {

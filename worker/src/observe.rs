@@ -3,8 +3,10 @@
 //! - `GET /metrics`: every metric of SPEC §8 the worker emits, in Prometheus' text format
 //!   (`metrics-exporter-prometheus`), histograms with the buckets below;
 //! - `GET /healthz`: 200 while the process serves (liveness);
-//! - `GET /readyz`: 200 once the store is prepared and the flows are started, 503 before that
-//!   and while draining (readiness), mirrored as the gauge `sluice_ready{pipeline}`.
+//! - `GET /readyz`: 200 once the store is prepared and no flow is starting (every flow that
+//!   has been released has its source running: Pub/Sub answered), 503 before that, while a
+//!   flow cannot start (retrying), and while draining; mirrored as the gauge
+//!   `sluice_ready{pipeline}`.
 //!
 //! Without `metrics.listen` nothing is installed: the metrics facade then costs one atomic
 //! load per call.
@@ -156,7 +158,8 @@ fn respond<B>(
         "/readyz" => (
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
-            "not ready: store not prepared, flows not started, or draining\n".to_owned(),
+            "not ready: store not prepared, a flow starting (Pub/Sub not answering), or draining\n"
+                .to_owned(),
         ),
         _ => (
             StatusCode::NOT_FOUND,

@@ -319,9 +319,22 @@ async fn run_update(
         });
         names.insert(task.id(), name);
     }
-    if !ctx.shutdown.drain.is_cancelled() {
-        readiness.set(true);
-    }
+    // Ready while the update runs and no flow is still starting (its store and Pub/Sub
+    // answered); not ready while one cannot start, or once a drain began.
+    let watch_readiness = {
+        let (readiness, board, drain) = (
+            readiness.clone(),
+            ctx.board.clone(),
+            ctx.shutdown.drain.clone(),
+        );
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(READINESS_INTERVAL);
+            loop {
+                ticks.tick().await;
+                readiness.set(!drain.is_cancelled() && !board.any_starting());
+            }
+        })
+    };
     let mut outcomes = Vec::new();
     while let Some(joined) = tasks.join_next().await {
         match joined {
@@ -344,8 +357,12 @@ async fn run_update(
         .map(|(i, f)| (f.name.clone(), i))
         .collect();
     outcomes.sort_by_key(|o| order.get(&o.name).copied());
+    watch_readiness.abort();
     outcomes
 }
+
+/// How often readiness follows the flows' states.
+const READINESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The flow handles and completions again, after a clear (retrying while the store is
 /// unavailable, like the first read).

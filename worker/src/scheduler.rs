@@ -208,14 +208,30 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
             }
         }
     };
-    tracing::info!(flow = %flow.name, "flow started");
-    ctx.board.set(&flow.name, "RUNNING", Some(&counters));
+    // STARTING until the source runs (Pub/Sub answered), then RUNNING.
+    ctx.board.set(&flow.name, "STARTING", Some(&counters));
+    let (started, source_up) = tokio::sync::oneshot::channel();
+    let announce = {
+        let (board, name) = (ctx.board.clone(), flow.name.clone());
+        tokio::spawn(async move {
+            if source_up.await.is_ok() {
+                tracing::info!(flow = %name, "flow started");
+                board.set(&name, "RUNNING", None);
+            }
+        })
+    };
     let _bar = built
         .progress
         .clone()
         .filter(|_| built.draw_progress)
         .and_then(|progress| crate::progress::draw(&flow.name, progress));
-    let end = built.run.run(ctx.shutdown.drain.clone()).await;
+    let end = built
+        .run
+        .run_notifying(ctx.shutdown.drain.clone(), Some(started))
+        .await;
+    // It has run (and set RUNNING) if the source started; it must not set it after the end.
+    announce.abort();
+    let _ = announce.await;
     if let Some(tracker) = tracker {
         tracker.finish().await;
     }
