@@ -157,6 +157,16 @@ impl Store for FaultyStore {
     ) -> Result<Vec<(String, sluice_store::WatermarkRecord)>, StoreError> {
         self.inner.watermarks(pipeline).await
     }
+    async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError> {
+        self.inner.prepare_window_table(windows_table).await
+    }
+    async fn emit_windows(
+        &self,
+        flow: &FlowHandle,
+        emission: &sluice_store::WindowEmission,
+    ) -> Result<sluice_store::WindowsEmitted, StoreError> {
+        self.inner.emit_windows(flow, emission).await
+    }
 }
 
 /// Counts how often each key reaches the stage.

@@ -42,7 +42,9 @@ mod sqlite_commit;
 mod sqlite_flows;
 mod sqlite_pool;
 mod sqlite_progress;
+mod sqlite_windows;
 mod url;
+mod windows;
 
 pub use error::StoreError;
 pub use model::{
@@ -55,9 +57,10 @@ pub use postgres::{
     ScratchDatabase,
 };
 pub use progress::{BucketCounts, PROGRESS_BUCKET_MS, WatermarkRecord};
-pub use schema::{is_identifier, table_name};
+pub use schema::{is_identifier, table_name, window_table_name};
 pub use sqlite::SqliteStore;
 pub use url::{StoreUrl, open};
+pub use windows::{WindowEmission, WindowsEmitted};
 
 use async_trait::async_trait;
 
@@ -93,7 +96,8 @@ pub trait Store: Send + Sync + 'static {
     async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError>;
 
     /// Forgets what `flow` has done, in one transaction: its ledger keys, counters, completion,
-    /// sink commit marks, watermark buckets and watermark, and those of its rows in `table` (the full name of its target
+    /// sink commit marks, watermark buckets, watermark and window emission mark (the next
+    /// emission starts again at the flow's oldest row; count rows written stay, never rewritten), and those of its rows in `table` (the full name of its target
     /// table, if it has one) and of its dead letters that `rows` says. Records its source gives
     /// again are then written once again; rows it cannot give again stay. Handles of the flow
     /// taken before are stale afterwards (PostgreSQL gives the flow a new id, leaving its old
@@ -198,6 +202,21 @@ pub trait Store: Send + Sync + 'static {
         flow: &FlowHandle,
         offer: &WatermarkRecord,
     ) -> Result<WatermarkRecord, StoreError>;
+
+    /// Creates a `window` target's counts table if missing: `(window_start, window_end,
+    /// group_key, count, emitted_at)`, primary key `(window_start, group_key)`. Idempotent.
+    async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError>;
+
+    /// Emits `flow`'s windows that end at or before `emission.before_ms` and were not emitted
+    /// yet, in one transaction (see [`WindowEmission`] and the `windows` module docs): counts
+    /// per window and group of `flow`'s rows in the base table, written with conflicts ignored,
+    /// and the flow's emission mark moved to the end of the last window emitted. The first
+    /// emission starts at the window of the flow's oldest row.
+    async fn emit_windows(
+        &self,
+        flow: &FlowHandle,
+        emission: &WindowEmission,
+    ) -> Result<WindowsEmitted, StoreError>;
 
     /// The watermark records of `pipeline`'s flows that have one, in flow-name order.
     async fn watermarks(

@@ -25,6 +25,12 @@ pub fn table_name(pipeline: &str, target: &str) -> Result<String, StoreError> {
     Ok(format!("{pipeline}__{target}"))
 }
 
+/// The counts table of a `window` target: `<pipeline>__<target>__windows`.
+pub fn window_table_name(pipeline: &str, target: &str) -> Result<String, StoreError> {
+    table_name(pipeline, target)?;
+    table_name(pipeline, &format!("{target}__windows"))
+}
+
 /// Checks that `table` is a target table name (`<pipeline>__<target>`, both identifiers), the
 /// only form spliced into queries that take a table name from the caller.
 pub(crate) fn check_table(table: &str) -> Result<(), StoreError> {
@@ -96,6 +102,10 @@ CREATE TABLE IF NOT EXISTS sluice_watermarks (
     watermark_ms  INTEGER NOT NULL,
     horizon_ms    INTEGER NOT NULL,
     updated_at_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sluice_window_marks (
+    flow_id        INTEGER PRIMARY KEY,
+    emitted_before INTEGER NOT NULL
 );
 ";
 

@@ -10,7 +10,7 @@ use crate::schema::{
 use crate::{
     BucketCounts, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant,
     LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError, StoredRow,
-    WatermarkRecord, WorkerBeat, WorkerRecord,
+    WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -314,6 +314,22 @@ impl Store for SqliteStore {
     ) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
         let pipeline = pipeline.to_owned();
         self.call(move |conn| crate::sqlite_progress::watermarks(conn, &pipeline))
+            .await
+    }
+
+    async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError> {
+        let windows_table = windows_table.to_owned();
+        self.call(move |conn| crate::sqlite_windows::prepare_window_table(conn, &windows_table))
+            .await
+    }
+
+    async fn emit_windows(
+        &self,
+        flow: &FlowHandle,
+        emission: &WindowEmission,
+    ) -> Result<WindowsEmitted, StoreError> {
+        let (flow, emission) = (flow.clone(), emission.clone());
+        self.call(move |conn| crate::sqlite_windows::emit_windows(conn, &flow, &emission, now_ms()))
             .await
     }
 }

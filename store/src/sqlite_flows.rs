@@ -8,8 +8,10 @@ use rusqlite::{Connection, TransactionBehavior, params};
 /// Keys looked up per statement (well under SQLite's limit of bound parameters).
 const PRESENCE_CHUNK: usize = 500;
 
-/// Deletes the flow's ledger keys, counters, completion, commit marks, watermark buckets and
-/// watermark record, and the rows and dead letters `rows` says, in one transaction.
+/// Deletes the flow's ledger keys, counters, completion, commit marks, watermark buckets,
+/// watermark record and window emission mark (its next emission starts again at its oldest
+/// row; the count rows already written stay, and are not written twice), and the rows and dead
+/// letters `rows` says, in one transaction.
 pub(crate) fn reset_flow(
     conn: &mut Connection,
     flow: &FlowHandle,
@@ -27,6 +29,7 @@ pub(crate) fn reset_flow(
         "sluice_commit_marks",
         "sluice_watermark_buckets",
         "sluice_watermarks",
+        "sluice_window_marks",
     ] {
         tx.execute(
             &format!("DELETE FROM {state} WHERE flow_id = ?1"),

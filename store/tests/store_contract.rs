@@ -7,7 +7,7 @@ use sluice_dedup::DedupKey;
 use sluice_store::{
     BucketCounts, CommitBatch, Effect, Entry, FlowHandle, Layout, LeaseGrant, LeaseRequest,
     MessageFields, PostgresStore, ResetRows, ScratchDatabase, SqliteStore, Store, WatermarkRecord,
-    WorkerBeat, table_name,
+    WindowEmission, WindowsEmitted, WorkerBeat, table_name, window_table_name,
 };
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -96,6 +96,61 @@ impl Place {
         }
     }
 
+    /// The rows of a window counts table, `(window_start, window_end, group_key, count)` in
+    /// window and group order, and the smallest `emitted_at`, read straight from the database.
+    async fn window_counts(&self, table: &str) -> (Vec<(i64, i64, String, i64)>, Option<i64>) {
+        let sql = format!(
+            "SELECT window_start, window_end, group_key, count, emitted_at FROM \"{table}\"
+             ORDER BY window_start, group_key"
+        );
+        let rows: Vec<((i64, i64, String, i64), i64)> = match self {
+            Place::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("nested/state.db")).unwrap();
+                let mut statement = conn.prepare(&sql).unwrap();
+                statement
+                    .query_map([], |r| {
+                        Ok(((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?), r.get(4)?))
+                    })
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            }
+            Place::Postgres(db) => {
+                let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(connection);
+                client
+                    .query(&sql, &[])
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| ((r.get(0), r.get(1), r.get(2), r.get(3)), r.get(4)))
+                    .collect()
+            }
+        };
+        let emitted_at = rows.iter().map(|(_, at)| *at).min();
+        (rows.into_iter().map(|(row, _)| row).collect(), emitted_at)
+    }
+
+    /// How many flows have a window emission mark, read straight from the database.
+    async fn window_marks(&self) -> i64 {
+        let sql = "SELECT count(*) FROM sluice_window_marks";
+        match self {
+            Place::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("nested/state.db")).unwrap();
+                conn.query_row(sql, [], |r| r.get(0)).unwrap()
+            }
+            Place::Postgres(db) => {
+                let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(connection);
+                client.query_one(sql, &[]).await.unwrap().get(0)
+            }
+        }
+    }
+
     /// Reasons in the dead-letter table, read straight from the database.
     async fn dead_letter_reasons(&self) -> Vec<String> {
         match self {
@@ -161,6 +216,10 @@ on_both_backends!(
     bucket_counts_add_up_across_reporters,
     watermarks_never_move_back,
     reset_forgets_buckets_and_watermark,
+    windows_are_counted_once_per_window_and_group,
+    windows_count_their_own_flows_rows,
+    window_groups_may_have_dots_in_their_name,
+    reset_forgets_the_window_mark,
 );
 
 async fn ledger_decides_duplicates_within_and_across_batches(postgres: bool) {
@@ -818,4 +877,345 @@ async fn reset_forgets_buckets_and_watermark(postgres: bool) {
         store.bucket_counts(live, i64::MIN).await.unwrap(),
         [bucket(0, 1, 0, Some(9))]
     );
+}
+
+/// Window size of the window tests, ms.
+const WINDOW_MS: i64 = 10_000;
+
+/// A row with an event time and attributes (a JSON object).
+fn event(key: &str, event_time_ms: i64, attributes_json: &str) -> Entry {
+    let mut entry = entry(key, Effect::Row { event_time_ms });
+    entry.message.attributes_json = attributes_json.to_owned();
+    entry
+}
+
+/// An emission of `p__events`' windows, grouped by `group_attribute`, into `windows`.
+fn emission(windows: &str, group_attribute: &str, before_ms: i64) -> WindowEmission {
+    WindowEmission {
+        base_table: "p__events".into(),
+        windows_table: windows.into(),
+        size_ms: WINDOW_MS,
+        group_attribute: group_attribute.into(),
+        before_ms,
+    }
+}
+
+/// A count row as the counts table holds it.
+fn count(window_start: i64, group: &str, count: i64) -> (i64, i64, String, i64) {
+    (
+        window_start,
+        window_start + WINDOW_MS,
+        group.to_owned(),
+        count,
+    )
+}
+
+fn emitted(rows: u64, emitted_before_ms: i64) -> WindowsEmitted {
+    WindowsEmitted {
+        rows,
+        emitted_before_ms,
+    }
+}
+
+/// Windows that end by `before_ms` are counted per group (a row without the attribute under
+/// `""`), once: emitting again writes nothing, a row committed later into an emitted window
+/// (late) does not change its count, and the next emission writes only the windows due since.
+async fn windows_are_counted_once_per_window_and_group(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    let live = &flows[0];
+    let windows = window_table_name("p", "events").unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    assert!(
+        store
+            .prepare_window_table("x\"; DROP TABLE p__events; --")
+            .await
+            .is_err()
+    );
+    store
+        .commit(batch(
+            live,
+            vec![
+                event("a1", 1_000, r#"{"g":"a"}"#),
+                event("a2", 2_000, r#"{"g":"a","k":"v"}"#),
+                event("b1", 3_000, r#"{"g":"b"}"#),
+                event("n1", 9_999, r#"{"k":"v"}"#),
+                event("b2", 10_000, r#"{"g":"b"}"#),
+                event("b3", 15_000, r#"{"g":"b"}"#),
+                event("n2", 19_999, "{}"),
+                event("a3", 20_000, r#"{"g":"a"}"#),
+                event("a4", 29_999, r#"{"g":"a"}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    let by_g = |before_ms| emission(&windows, "g", before_ms);
+    let before_emission = now_ms();
+
+    assert_eq!(
+        store.emit_windows(live, &by_g(25_000)).await.unwrap(),
+        emitted(5, 20_000)
+    );
+    let first = vec![
+        count(0, "", 1),
+        count(0, "a", 2),
+        count(0, "b", 1),
+        count(10_000, "", 1),
+        count(10_000, "b", 2),
+    ];
+    let (rows, emitted_at) = place.window_counts(&windows).await;
+    assert_eq!(rows, first, "window 20s is not due before 30s");
+    let emitted_at = emitted_at.unwrap();
+    assert!(
+        (before_emission - 60_000..=now_ms() + 60_000).contains(&emitted_at),
+        "emitted_at is a wall-clock time in ms: {emitted_at}"
+    );
+
+    // Again, or with an earlier time: nothing is due, from this handle or another.
+    assert_eq!(
+        store.emit_windows(live, &by_g(25_000)).await.unwrap(),
+        emitted(0, 20_000)
+    );
+    assert_eq!(
+        place
+            .open()
+            .emit_windows(live, &by_g(12_000))
+            .await
+            .unwrap(),
+        emitted(0, 20_000)
+    );
+
+    // Late: window 10s was emitted; its count stays.
+    store
+        .commit(batch(live, vec![event("late", 12_000, r#"{"g":"a"}"#)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.emit_windows(live, &by_g(30_000)).await.unwrap(),
+        emitted(1, 30_000)
+    );
+    let mut all = first;
+    all.push(count(20_000, "a", 2));
+    assert_eq!(place.window_counts(&windows).await.0, all);
+    assert_eq!(
+        store.emit_windows(live, &by_g(39_999)).await.unwrap(),
+        emitted(0, 30_000),
+        "window 30s ends at 40s"
+    );
+    // A window with no rows writes nothing but is passed.
+    assert_eq!(
+        store.emit_windows(live, &by_g(40_000)).await.unwrap(),
+        emitted(0, 40_000)
+    );
+    assert_eq!(place.window_counts(&windows).await.0, all);
+}
+
+/// A flow's windows count its own rows of the base table only, and start at its own oldest
+/// row; a flow with no rows yet emits nothing and has no mark.
+async fn windows_count_their_own_flows_rows(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    let (live, other) = (&flows[0], &flows[1]);
+    let windows = window_table_name("p", "events").unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    let by_g = |before_ms| emission(&windows, "g", before_ms);
+
+    assert_eq!(
+        store.emit_windows(live, &by_g(50_000)).await.unwrap(),
+        emitted(0, 0)
+    );
+    store
+        .commit(batch(
+            other,
+            vec![
+                event("o1", 1_000, r#"{"g":"a"}"#),
+                event("o2", 11_000, r#"{"g":"a"}"#),
+                event("o3", 12_000, r#"{"g":"b"}"#),
+                event("o4", 21_000, r#"{"g":"a"}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.emit_windows(live, &by_g(50_000)).await.unwrap(),
+        emitted(0, 0),
+        "the other flow's rows are not the live flow's"
+    );
+    store
+        .commit(batch(
+            live,
+            vec![
+                event("l1", 13_000, r#"{"g":"a"}"#),
+                event("l2", 25_000, r#"{"g":"a"}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    // Below the window of the flow's oldest row: nothing is due yet.
+    assert_eq!(
+        store.emit_windows(live, &by_g(19_999)).await.unwrap(),
+        emitted(0, 10_000)
+    );
+    assert!(place.window_counts(&windows).await.0.is_empty());
+    assert_eq!(
+        store.emit_windows(live, &by_g(30_000)).await.unwrap(),
+        emitted(2, 30_000)
+    );
+    assert_eq!(
+        place.window_counts(&windows).await.0,
+        [count(10_000, "a", 1), count(20_000, "a", 1)]
+    );
+}
+
+/// A group attribute whose name has a dot is one attribute (not a path into an object), so is
+/// one with quotes and backslashes; windows before the epoch start at their floor.
+async fn window_groups_may_have_dots_in_their_name(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    let (live, other) = (&flows[0], &flows[1]);
+    let windows = window_table_name("p", "events").unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    store
+        .commit(batch(
+            live,
+            vec![
+                event("r1", -1, r#"{"geo.region":"us"}"#),
+                event("r2", 0, r#"{"geo.region":"eu"}"#),
+                event("r3", 5_000, r#"{"geo":{"region":"no"}}"#),
+                event("r4", 9_000, r#"{"geo.region":"eu","g":"a"}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .emit_windows(live, &emission(&windows, "geo.region", 10_000))
+            .await
+            .unwrap(),
+        emitted(3, 10_000)
+    );
+    assert_eq!(
+        place.window_counts(&windows).await.0,
+        [count(-10_000, "us", 1), count(0, "", 1), count(0, "eu", 2)]
+    );
+
+    // The other flow (its own mark and counts table), by an attribute named `say "hi" \o/`.
+    let odd_windows = window_table_name("p", "odd").unwrap();
+    store.prepare_window_table(&odd_windows).await.unwrap();
+    store
+        .commit(batch(
+            other,
+            vec![
+                event("q1", 1_000, r#"{"say \"hi\" \\o/":"x"}"#),
+                event("q2", 2_000, r#"{"say \"hi\" \\o/":"x","say":"y"}"#),
+                event("q3", 3_000, r#"{"say":{"hi":"z"}}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .emit_windows(other, &emission(&odd_windows, r#"say "hi" \o/"#, 10_000))
+            .await
+            .unwrap(),
+        emitted(2, 10_000)
+    );
+    assert_eq!(
+        place.window_counts(&odd_windows).await.0,
+        [count(0, "", 1), count(0, "x", 2)]
+    );
+}
+
+/// `reset_flow` forgets the flow's window mark: its next emission starts again at its oldest
+/// row, and the count rows already written are not written twice. The other flow's mark stays.
+async fn reset_forgets_the_window_mark(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    let (stale, other) = (&flows[0], &flows[1]);
+    let windows = window_table_name("p", "events").unwrap();
+    // The other flow counts into a table of its own (a counts table holds one flow's windows).
+    let other_windows = window_table_name("p", "others").unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    store.prepare_window_table(&other_windows).await.unwrap();
+    let rows = |flow: &str| {
+        vec![
+            event(&format!("{flow}1"), 1_000, r#"{"g":"a"}"#),
+            event(&format!("{flow}2"), 11_000, r#"{"g":"a"}"#),
+        ]
+    };
+    store.commit(batch(stale, rows("s"))).await.unwrap();
+    store.commit(batch(other, rows("o"))).await.unwrap();
+    assert_eq!(
+        store
+            .emit_windows(stale, &emission(&windows, "g", 20_000))
+            .await
+            .unwrap(),
+        emitted(2, 20_000)
+    );
+    assert_eq!(
+        store
+            .emit_windows(other, &emission(&other_windows, "g", 20_000))
+            .await
+            .unwrap(),
+        emitted(2, 20_000)
+    );
+    let counted = vec![count(0, "a", 1), count(10_000, "a", 1)];
+
+    store
+        .reset_flow(stale, Some("p__events"), ResetRows::Keep)
+        .await
+        .unwrap();
+    assert_eq!(place.window_marks().await, 1, "the other flow's mark only");
+    let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
+    let live = &flows[0];
+    if postgres {
+        // The reset gave the flow a new id: a handle taken before cannot emit.
+        assert!(
+            store
+                .emit_windows(stale, &emission(&windows, "g", 20_000))
+                .await
+                .is_err()
+        );
+    }
+    // A row into window 0 after its emission: counted nowhere, even when the windows are
+    // emitted again from the oldest row, as window 0's count row is already there.
+    store
+        .commit(batch(live, vec![event("late", 2_000, r#"{"g":"a"}"#)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .emit_windows(live, &emission(&windows, "g", 10_000))
+            .await
+            .unwrap(),
+        emitted(0, 10_000)
+    );
+    assert_eq!(
+        store
+            .emit_windows(live, &emission(&windows, "g", 20_000))
+            .await
+            .unwrap(),
+        emitted(0, 20_000)
+    );
+    assert_eq!(place.window_counts(&windows).await.0, counted);
+    assert_eq!(
+        store
+            .emit_windows(other, &emission(&other_windows, "g", 10_000))
+            .await
+            .unwrap(),
+        emitted(0, 20_000),
+        "the other flow's mark stays"
+    );
+
+    // Rows forgotten too: no rows, no start, no mark.
+    store
+        .reset_flow(live, Some("p__events"), ResetRows::All)
+        .await
+        .unwrap();
+    let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
+    assert_eq!(
+        store
+            .emit_windows(&flows[0], &emission(&windows, "g", 20_000))
+            .await
+            .unwrap(),
+        emitted(0, 0)
+    );
+    assert_eq!(place.window_counts(&windows).await.0, counted);
 }

@@ -133,6 +133,16 @@ impl Store for DownStore {
     ) -> Result<Vec<(String, sluice_store::WatermarkRecord)>, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
+    async fn prepare_window_table(&self, _: &str) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn emit_windows(
+        &self,
+        _: &FlowHandle,
+        _: &sluice_store::WindowEmission,
+    ) -> Result<sluice_store::WindowsEmitted, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

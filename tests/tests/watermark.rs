@@ -308,3 +308,138 @@ flows:
         assert_eq!(late, Some(0.0), "late rows of {flow}");
     }
 }
+
+/// A `window` target: 5 s tumbling counts by `region`, emitted when the watermark passes a
+/// window's end plus 2 s of allowed lateness. The emitted counts equal the counts computed from
+/// what was published (a message without `region` counts under ""); a message published
+/// afterwards into an emitted window is kept in the base table, counted late, and leaves the
+/// window's count as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_counts_equal_what_was_published() {
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("win", 1).await;
+    let dir = Workdir::new();
+    let db_path = dir.db("db");
+    let db = Db(db_path.clone());
+    let metrics_port = free_port().unwrap();
+    let file = dir.path().join("p.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "pipeline: test
+mode: continuous
+store: \"sqlite://{db}\"
+pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
+metrics: {{ listen: \"127.0.0.1:{metrics_port}\" }}
+targets:
+  - name: per5s
+    kind: window
+    window: {{ size: 5s, group_by: \"attribute:region\", allowed_lateness: 2s }}
+flows:
+  - name: counts
+    target: per5s
+    source:
+      pubsub:
+        subscription: {subscription}
+        dedup: {{ by: attribute, attribute: event_id }}
+        event_time: {{ attribute: ts }}
+        watermark: {{ tracking_subscription: auto, band: 10s }}
+",
+            db = db_path.display(),
+            endpoint = emulator().endpoint(),
+            subscription = subs[0],
+        ),
+    )
+    .unwrap();
+    let worker = Worker::start(&file, "w");
+    pubsub
+        .wait_until_exists(&format!("{}-tracking", subs[0]), Duration::from_secs(60))
+        .await;
+
+    // 2 000 messages over 10 s, event times up to 8 s back, four regions and some without.
+    let publisher = pubsub.admin.publisher(&topic).await.unwrap();
+    let mut expected: std::collections::BTreeMap<(i64, String), i64> = Default::default();
+    let started = Instant::now();
+    for tick in 0..20u32 {
+        let chunk: Vec<Message> = (0..100)
+            .map(|i| {
+                let n = tick as usize * 100 + i;
+                let ts = now_ms() - rand::random_range(0..8_000);
+                let region = (!n.is_multiple_of(25)).then(|| format!("r{}", n % 4));
+                *expected
+                    .entry((
+                        ts - ts.rem_euclid(5_000),
+                        region.clone().unwrap_or_default(),
+                    ))
+                    .or_default() += 1;
+                let mut attributes = vec![
+                    ("event_id".to_owned(), format!("w{n}")),
+                    ("ts".to_owned(), ts.to_string()),
+                ];
+                if let Some(region) = region {
+                    attributes.push(("region".to_owned(), region));
+                }
+                Message::new()
+                    .set_data(bytes::Bytes::from_static(b"{}"))
+                    .set_attributes(attributes)
+            })
+            .collect();
+        publish_all(&publisher, chunk).await.unwrap();
+        tokio::time::sleep_until((started + Duration::from_millis(500) * (tick + 1)).into()).await;
+    }
+    let windows_sum = || db.query("SELECT COALESCE(SUM(count), 0) FROM test__per5s__windows");
+    assert!(
+        eventually(Duration::from_secs(120), || windows_sum() == 2_000).await,
+        "emitted {} of 2000 (base table {}); logs:\n{}",
+        windows_sum(),
+        db.query("SELECT COUNT(*) FROM test__per5s"),
+        worker.logs()
+    );
+    let emitted = || {
+        let conn = rusqlite::Connection::open(&db_path).unwrap();
+        let mut statement = conn
+            .prepare(
+                "SELECT window_start, window_end, group_key, count FROM test__per5s__windows \
+                 ORDER BY window_start, group_key",
+            )
+            .unwrap();
+        statement
+            .query_map([], |row| {
+                let (start, end): (i64, i64) = (row.get(0)?, row.get(1)?);
+                assert_eq!(end - start, 5_000);
+                Ok(((start, row.get::<_, String>(2)?), row.get::<_, i64>(3)?))
+            })
+            .unwrap()
+            .collect::<Result<std::collections::BTreeMap<_, _>, _>>()
+            .unwrap()
+    };
+    assert_eq!(emitted(), expected);
+    assert_eq!(db.query("SELECT COUNT(*) FROM test__per5s"), 2_000);
+
+    // A message for the first window, long closed: kept, counted late, the count unchanged.
+    let (&(first_window, _), _) = expected.iter().next().unwrap();
+    publish_all(
+        &publisher,
+        vec![timed_event("late0", first_window + 1).set_attributes([
+            ("event_id", "late0".to_owned()),
+            ("ts", (first_window + 1).to_string()),
+            ("region", "r0".to_owned()),
+        ])],
+    )
+    .await
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            metric(metrics_port, "sluice_messages_late_total", "counts") == Some(1.0)
+        })
+        .await,
+        "late {:?}; logs:\n{}",
+        metric(metrics_port, "sluice_messages_late_total", "counts"),
+        worker.logs()
+    );
+    assert_eq!(db.query("SELECT COUNT(*) FROM test__per5s"), 2_001);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(emitted(), expected, "an emitted window changed");
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(60)).success());
+}

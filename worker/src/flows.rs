@@ -62,13 +62,41 @@ pub fn unsupported(pipeline: &Pipeline) -> Vec<String> {
             .map(|t| &t.kind);
         match kind {
             Some(TargetKind::Table | TargetKind::ForeachBatch { .. }) => {}
+            Some(TargetKind::Window { group_by, .. }) => {
+                if crate::windows::group_attribute(group_by).is_none() {
+                    problems.push(format!(
+                        "flows[{i}].target: window target {:?} groups by {group_by:?}; only \
+                         `attribute:NAME` exists",
+                        flow.target
+                    ));
+                }
+                if let Err(error) = sluice_store::window_table_name(&pipeline.name, &flow.target) {
+                    problems.push(format!(
+                        "flows[{i}].target: window target {:?} needs a counts table \
+                         `<pipeline>__<target>__windows`: {error}",
+                        flow.target
+                    ));
+                }
+                let writers = pipeline
+                    .flows
+                    .iter()
+                    .filter(|f| f.target == flow.target)
+                    .count();
+                if writers > 1 {
+                    problems.push(format!(
+                        "flows[{i}].target: window target {:?} has {writers} flows; a window \
+                         target takes one flow, whose watermark closes its windows",
+                        flow.target
+                    ));
+                }
+            }
             Some(TargetKind::Sink { format, .. }) if format == "jsonl" => {}
             Some(TargetKind::Sink { format, .. }) => problems.push(format!(
                 "flows[{i}].target: flow {:?} writes a sink of format {format:?}; only `jsonl` sinks exist",
                 flow.name
             )),
             other => problems.push(format!(
-                "flows[{i}].target: flow {:?} writes a {} target; `view` and `window` targets do not run in this version",
+                "flows[{i}].target: flow {:?} writes a {} target; `view` targets do not run in this version",
                 flow.name,
                 other.map(TargetKind::keyword).unwrap_or("missing")
             )),
@@ -82,7 +110,10 @@ pub fn unsupported(pipeline: &Pipeline) -> Vec<String> {
 fn has_table(kind: &TargetKind) -> bool {
     matches!(
         kind,
-        TargetKind::Table | TargetKind::ForeachBatch { .. } | TargetKind::Sink { .. }
+        TargetKind::Table
+            | TargetKind::ForeachBatch { .. }
+            | TargetKind::Sink { .. }
+            | TargetKind::Window { .. }
     )
 }
 
@@ -130,6 +161,8 @@ pub struct BuiltFlow {
     pub sink: Option<Arc<JsonlSink>>,
     /// A Pub/Sub flow's watermark tracker, to start beside the run.
     pub watermark: Option<crate::watermarks::WatermarkPlan>,
+    /// A window target's emitter, to start beside the run.
+    pub windows: Option<crate::windows::WindowPlan>,
 }
 
 /// How one flow reads: its source and the settings that go with it.
@@ -253,6 +286,9 @@ pub fn build(
     };
     let counters = Counters::new(&pipeline.name, &flow.name);
     let watermark = crate::watermarks::plan(pipeline, flow, &counters);
+    let windows = watermark
+        .as_ref()
+        .and_then(|w| crate::windows::plan(pipeline, flow, w.watermark()));
     let window = plan.dedup.window;
     let target = pipeline.targets.iter().find(|t| t.name == flow.target);
     let stage: Arc<dyn Stage> =
@@ -293,5 +329,6 @@ pub fn build(
         draw_progress: plan.draw_progress,
         sink,
         watermark,
+        windows,
     })
 }

@@ -18,6 +18,7 @@ mod stage_client;
 mod status;
 mod update;
 mod watermarks;
+mod windows;
 
 use clap::Parser;
 

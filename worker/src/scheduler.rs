@@ -208,6 +208,18 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
             }
         }
     };
+    let emitter = match built.windows {
+        None => None,
+        Some(plan) => match crate::windows::start(plan, ctx.store.clone(), handle.clone()).await {
+            Ok(emitter) => Some(emitter),
+            Err(error) => {
+                if let Some(tracker) = tracker {
+                    tracker.finish().await;
+                }
+                return outcome(FlowState::Failed(error), None);
+            }
+        },
+    };
     // STARTING until the source runs (Pub/Sub answered), then RUNNING.
     ctx.board.set(&flow.name, "STARTING", Some(&counters));
     let (started, source_up) = tokio::sync::oneshot::channel();
@@ -234,6 +246,9 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
     let _ = announce.await;
     if let Some(tracker) = tracker {
         tracker.finish().await;
+    }
+    if let Some(emitter) = emitter {
+        emitter.finish().await;
     }
     let failure = built.progress.as_ref().and_then(|p| p.failure());
     let skipped = built

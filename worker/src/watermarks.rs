@@ -24,6 +24,13 @@ pub struct WatermarkPlan {
     watermark: FlowWatermark,
 }
 
+impl WatermarkPlan {
+    /// The flow's watermark (shared with its counters and batches).
+    pub fn watermark(&self) -> &FlowWatermark {
+        &self.watermark
+    }
+}
+
 /// The plan of `flow`'s watermark, if its source asks for one; attaches the watermark to the
 /// flow's `counters` (processed counts, late rows, gauges).
 pub fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<WatermarkPlan> {

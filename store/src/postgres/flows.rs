@@ -6,9 +6,11 @@ use crate::{FlowHandle, ResetRows, RowCursor, StoreError, StoredRow};
 use deadpool_postgres::Client;
 
 /// Forgets the flow in one transaction: its counters, completion, commit marks, watermark
-/// buckets and watermark record and the rows and dead letters `rows` says are deleted, and the
-/// flow gets a new id, so its ledger keys (in every generation) belong to no flow any more and
-/// leave with their partitions; no row of the partitioned ledger is deleted.
+/// buckets, watermark record and window emission mark (its next emission starts again at its
+/// oldest row; count rows already written stay, and are not written twice) and the rows and
+/// dead letters `rows` says are deleted, and the flow gets a new id, so its ledger keys (in
+/// every generation) belong to no flow any more and leave with their partitions; no row of the
+/// partitioned ledger is deleted.
 pub(super) async fn reset_flow(
     client: &mut Client,
     flow: &FlowHandle,
@@ -21,12 +23,20 @@ pub(super) async fn reset_flow(
     }
     let name: &str = &flow.name;
     let tx = client.transaction().await?;
+    // The flow's row first, as an emission of its windows locks it first too (see
+    // windows.rs): the two queue instead of deadlocking on its mark.
+    tx.execute(
+        "SELECT 1 FROM sluice_flows WHERE flow_id = $1 FOR UPDATE",
+        &[&flow.id],
+    )
+    .await?;
     for state in [
         "sluice_completions",
         "sluice_flow_counters",
         "sluice_commit_marks",
         "sluice_watermark_buckets",
         "sluice_watermarks",
+        "sluice_window_marks",
     ] {
         tx.execute(
             &format!("DELETE FROM {state} WHERE flow_id = $1"),

@@ -19,6 +19,7 @@ mod ledger;
 mod progress;
 mod schema;
 mod scratch;
+mod windows;
 
 pub use connect::PostgresOptions;
 pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
@@ -27,7 +28,7 @@ use crate::schema::{check_table, table_name};
 use crate::{
     BucketCounts, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant,
     LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError, StoredRow,
-    WatermarkRecord, WorkerBeat, WorkerRecord,
+    WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -606,5 +607,19 @@ impl Store for PostgresStore {
     ) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
         let (client, _) = self.ready().await?;
         progress::watermarks(&client, pipeline).await
+    }
+
+    async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError> {
+        let (mut client, _) = self.ready().await?;
+        windows::prepare_window_table(&mut client, windows_table).await
+    }
+
+    async fn emit_windows(
+        &self,
+        flow: &FlowHandle,
+        emission: &WindowEmission,
+    ) -> Result<WindowsEmitted, StoreError> {
+        let (mut client, _) = self.ready().await?;
+        windows::emit_windows(&mut client, flow, emission).await
     }
 }

@@ -110,6 +110,17 @@ CREATE TABLE sluice_watermarks (
 );
 ",
     ),
+    (
+        5,
+        "
+-- Event-time windows (see windows.rs): per flow, every window starting before emitted_before
+-- has been emitted into its target's counts table.
+CREATE TABLE sluice_window_marks (
+    flow_id        BIGINT PRIMARY KEY,
+    emitted_before BIGINT NOT NULL
+);
+",
+    ),
 ];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms

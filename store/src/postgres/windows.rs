@@ -1,0 +1,132 @@
+//! PostgreSQL: a `window` target's counts table and the emission of a flow's windows (see
+//! [`crate::windows`]).
+//!
+//! An emission is one transaction that first locks the flow's row in `sluice_flows`: replicas
+//! emitting the same flow queue there, each starting from the mark the one before moved, and a
+//! reset (which changes that row) never interleaves with an emission. Event times are taken in
+//! ms since the epoch as `read_rows` gives them, so a row lands in the window its event time
+//! says; `emitted_at` is the database server's clock.
+
+use crate::schema::check_table;
+use crate::sqlite_windows::{Plan, check_emission, plan};
+use crate::{FlowHandle, StoreError, WindowEmission, WindowsEmitted};
+use deadpool_postgres::Client;
+
+/// Creates the counts table `windows_table` if missing, under the DDL lock (replicas preparing
+/// at once would otherwise race on the catalog).
+pub(super) async fn prepare_window_table(
+    client: &mut Client,
+    windows_table: &str,
+) -> Result<(), StoreError> {
+    check_table(windows_table)?;
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[&super::schema::DDL_LOCK],
+    )
+    .await?;
+    // Groups compare bytewise, as on SQLite.
+    tx.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS \"{windows_table}\" (
+            window_start BIGINT NOT NULL,
+            window_end   BIGINT NOT NULL,
+            group_key    TEXT COLLATE \"C\" NOT NULL,
+            count        BIGINT NOT NULL,
+            emitted_at   BIGINT NOT NULL,
+            PRIMARY KEY (window_start, group_key)
+        )"
+    ))
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Emits the flow's due windows in one transaction.
+pub(super) async fn emit_windows(
+    client: &mut Client,
+    flow: &FlowHandle,
+    emission: &WindowEmission,
+) -> Result<WindowsEmitted, StoreError> {
+    check_emission(emission)?;
+    let (base, windows) = (&emission.base_table, &emission.windows_table);
+    let name: &str = &flow.name;
+    let tx = client.transaction().await?;
+    let flow_row = tx
+        .query_opt(
+            "SELECT 1 FROM sluice_flows WHERE flow_id = $1 FOR UPDATE",
+            &[&flow.id],
+        )
+        .await?;
+    if flow_row.is_none() {
+        // A reset gave the flow a new id: a mark written for this one would belong to no flow.
+        return Err(StoreError::Config(format!(
+            "flow {}/{name} has no id {} any more (it was reset): prepare it again",
+            flow.pipeline, flow.id
+        )));
+    }
+    let mark: Option<i64> = tx
+        .query_opt(
+            "SELECT emitted_before FROM sluice_window_marks WHERE flow_id = $1",
+            &[&flow.id],
+        )
+        .await?
+        .map(|row| row.try_get(0))
+        .transpose()?;
+    let oldest: Option<i64> = match mark {
+        Some(_) => None,
+        None => tx
+            .query_one(
+                &format!(
+                    "SELECT (extract(epoch FROM min(event_time)) * 1000)::int8
+                     FROM \"{base}\" WHERE flow = $1"
+                ),
+                &[&name],
+            )
+            .await?
+            .try_get(0)?,
+    };
+    let (start, end) = match plan(emission, mark, oldest)? {
+        Plan::Emit { start, end } => (start, end),
+        // Nothing written: dropping the transaction rolls it back.
+        Plan::Nothing(emitted) => return Ok(emitted),
+    };
+    // The window start is the event time floored to a multiple of the size, without an
+    // intermediate sum that could overflow.
+    let rows = tx
+        .execute(
+            &format!(
+                "INSERT INTO \"{windows}\" (window_start, window_end, group_key, count, emitted_at)
+                 SELECT e.window_start, e.window_start + $2, e.group_key, count(*),
+                        (extract(epoch FROM now()) * 1000)::int8
+                 FROM (SELECT t.ms - t.ms % $2 - CASE WHEN t.ms % $2 < 0 THEN $2 ELSE 0 END
+                                  AS window_start,
+                              t.group_key
+                       FROM (SELECT (extract(epoch FROM event_time) * 1000)::int8 AS ms,
+                                    COALESCE(attributes ->> $3::text, '') AS group_key
+                             FROM \"{base}\" WHERE flow = $1) AS t
+                       WHERE t.ms >= $4 AND t.ms < $5) AS e
+                 GROUP BY e.window_start, e.group_key
+                 ON CONFLICT (window_start, group_key) DO NOTHING"
+            ),
+            &[
+                &name,
+                &emission.size_ms,
+                &emission.group_attribute,
+                &start,
+                &end,
+            ],
+        )
+        .await?;
+    tx.execute(
+        "INSERT INTO sluice_window_marks AS m (flow_id, emitted_before) VALUES ($1, $2)
+         ON CONFLICT (flow_id) DO UPDATE SET
+             emitted_before = GREATEST(m.emitted_before, excluded.emitted_before)",
+        &[&flow.id, &end],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(WindowsEmitted {
+        rows,
+        emitted_before_ms: end,
+    })
+}
