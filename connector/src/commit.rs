@@ -163,7 +163,7 @@ impl CommitThenAck {
                 None => self.stage.stage(batch.deliveries()).await,
             };
             let mut dead: Vec<Option<String>> = Vec::new();
-            let mut late: Vec<bool> = Vec::new();
+            let mut row_event_times: Vec<Option<i64>> = Vec::new();
             let outcome = match effects {
                 Ok(effects) if effects.len() != batch.len() => Err(Failure::Stage(format!(
                     "stage returned {} effects for {} messages",
@@ -178,11 +178,13 @@ impl CommitThenAck {
                             Effect::Row { .. } => None,
                         })
                         .collect();
-                    // Checked against the watermark as the batch goes to commit.
-                    if let Some(watermark) = batch.watermark_ms() {
-                        late = effects
+                    if batch.counters().watermark().is_some() {
+                        row_event_times = effects
                             .iter()
-                            .map(|e| matches!(e, Effect::Row { event_time_ms } if *event_time_ms < watermark))
+                            .map(|e| match e {
+                                Effect::Row { event_time_ms } => Some(*event_time_ms),
+                                Effect::DeadLetter { .. } => None,
+                            })
                             .collect();
                     }
                     let started = Instant::now();
@@ -213,11 +215,16 @@ impl CommitThenAck {
                 Ok(outcome) => {
                     let (rows, dead_letters, duplicates) = count_written(&dead, &outcome.written);
                     batch.counters().committed(rows, duplicates);
-                    let late_rows = late
-                        .iter()
-                        .zip(&outcome.written)
-                        .filter(|(late, written)| **late && **written)
-                        .count();
+                    // Late: below the watermark as it is once the commit has landed.
+                    let late_rows = batch.watermark_ms().map_or(0, |watermark| {
+                        row_event_times
+                            .iter()
+                            .zip(&outcome.written)
+                            .filter(|(event, written)| {
+                                **written && event.is_some_and(|e| e < watermark)
+                            })
+                            .count()
+                    });
                     if late_rows > 0 {
                         tracing::debug!(late_rows, "rows committed below the watermark");
                         batch.counters().late(late_rows as u64);

@@ -21,15 +21,29 @@
 //!
 //! # What this relies on, and its limits
 //!
-//! * The estimator's guarantee (crate `sluice_watermark`) holds when the horizon is right (the
-//!   live-delivery assumption of [`sluice_watermark::DeliveryHorizon`]) and processed counts
-//!   never run ahead of the truth. A redelivery of a message whose commit landed but whose
-//!   ack was lost (a crash between the two) is counted again as a duplicate; until that bucket
-//!   is otherwise done, it can then look processed one message early.
-//! * Counts a worker had not stored when it crashed are missing, and a bucket can then never
-//!   look processed. A bucket that stays unprocessed for [`STALL_RELEASE`] while later buckets
-//!   are being processed is released, with a warning in the log, so the watermark holds at
-//!   most that long after a crash.
+//! The estimator's guarantee (crate `sluice_watermark`) holds when the horizon is right and
+//! processed counts never run ahead of the truth. Known ways in which they can be wrong, to be
+//! closed by counting per message id inside the commit transaction and by fencing the reader's
+//! writes with its lease:
+//!
+//! * **Counts are per delivery, not per message.** A redelivery of a message already settled
+//!   (a lost ack, a lease that lapsed, a commit whose answer was lost and whose counts were
+//!   given back and added again) is counted again; its bucket can look processed early, and
+//!   the watermark can pass a message of that bucket still in flight. A redelivery to the
+//!   tracking reader counts a message twice there, which only holds the watermark.
+//! * **Lost counts** (a worker killed before it stored them) leave a bucket unprocessed. A
+//!   bucket that stays so for [`STALL_RELEASE`] while later buckets are processed is released
+//!   (logged); a backlog drained out of order for longer than that can be released too early.
+//! * **The horizon** rests on live delivery within 2 s ([`sluice_watermark::DeliveryHorizon`]):
+//!   a tracking stream that the client reopens after an error, and stays silent meanwhile, is
+//!   taken for caught up; so is the emulator's stall after a stream closed.
+//! * **Lease handover is not fenced**: a reader that lost its lease during a store outage may
+//!   still hold uncounted deliveries while the new one already estimates.
+//! * **A subscription older than its tracking subscription**: its backlog from before was never
+//!   tracked, so it looks processed; create the tracking subscription (or let `auto` create it)
+//!   before the backlog you want watermarked.
+//! * The reader drains its intake once per [`TICK`]; well above 2 000 msg/s deliveries queue,
+//!   look late, and the watermark holds until the load falls.
 
 use crate::budget::Budget;
 use crate::event_time::parse_event_time;
@@ -54,14 +68,20 @@ pub const LEASE_TTL: Duration = Duration::from_secs(15);
 /// An unprocessed bucket is released after this long behind processed ones (see the module
 /// docs).
 pub const STALL_RELEASE: Duration = Duration::from_secs(600);
+/// How long the reader waits for Pub/Sub to answer before it hands the lease over, and how
+/// long it leaves the lease to others after that.
+pub const READ_RETRY: Duration = Duration::from_secs(10);
 /// Messages the tracking reader holds unacked, at most (they are acked each tick).
 const TRACKING_BUDGET: usize = 20_000;
 
 /// What one flow's tracker needs.
 #[derive(Debug, Clone)]
 pub struct TrackerSettings {
-    /// The tracking subscription (short name or full path), already existing.
+    /// The tracking subscription (short name or full path).
     pub tracking_subscription: String,
+    /// `tracking_subscription: auto`: the base subscription, on whose topic (with whose
+    /// filter) the tracking subscription is created when missing, before it is first read.
+    pub create_from: Option<String>,
     /// `event_time.attribute`; `None`: the publish time.
     pub event_time_attribute: Option<String>,
     /// `on_bad_timestamp: publish_time`.
@@ -93,6 +113,9 @@ struct Reading {
     estimator: SluiceEstimator,
     /// Buckets first seen unprocessed behind processed ones, and when.
     stalled_since: HashMap<i64, i64>,
+    /// The horizon as of the last drain of the intake (computed at the same instant, so no
+    /// message that arrived after the drain can lie before it uncounted).
+    live_horizon: Option<i64>,
 }
 
 impl WatermarkTracker {
@@ -123,6 +146,8 @@ impl WatermarkTracker {
             ttl: LEASE_TTL,
         };
         let mut reading: Option<Reading> = None;
+        // After the reader could not start: leave the lease to others until then.
+        let mut read_again_at = i64::MIN;
         let mut ticks = tokio::time::interval(TICK);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut store_down = false;
@@ -131,7 +156,9 @@ impl WatermarkTracker {
                 _ = ticks.tick() => {}
                 _ = stop.cancelled() => break,
             }
-            let result = self.tick(&lease, &mut reading).await;
+            let result = self
+                .tick(&lease, &mut reading, &mut read_again_at, &stop)
+                .await;
             match result {
                 Ok(()) if store_down => {
                     tracing::info!(flow = %self.flow.name, "watermark tracking resumed");
@@ -140,7 +167,7 @@ impl WatermarkTracker {
                 Ok(()) => {}
                 Err(error) if !store_down => {
                     tracing::warn!(flow = %self.flow.name, %error,
-                        "watermark tracking cannot reach the store; the watermark holds");
+                        "watermark tracking failed; the watermark holds, retrying every tick");
                     store_down = true;
                 }
                 Err(_) => {}
@@ -164,16 +191,22 @@ impl WatermarkTracker {
         &self,
         lease: &LeaseRequest,
         reading: &mut Option<Reading>,
+        read_again_at: &mut i64,
+        stop: &CancellationToken,
     ) -> Result<(), StoreError> {
         self.report_processed().await?;
-        let holding = match self.store.acquire_lease(lease).await? {
-            LeaseGrant::Held { taken, .. } => {
-                if taken {
-                    tracing::info!(flow = %self.flow.name, "reading the tracking subscription");
+        let holding = if now_ms() < *read_again_at {
+            false
+        } else {
+            match self.store.acquire_lease(lease).await? {
+                LeaseGrant::Held { taken, .. } => {
+                    if taken {
+                        tracing::info!(flow = %self.flow.name, "reading the tracking subscription");
+                    }
+                    true
                 }
-                true
+                LeaseGrant::HeldBy(_) => false,
             }
-            LeaseGrant::HeldBy(_) => false,
         };
         if !holding {
             if let Some(reading) = reading.take() {
@@ -183,12 +216,17 @@ impl WatermarkTracker {
             return self.follow().await;
         }
         if reading.is_none() {
-            match self.start_reading().await {
+            match self.start_reading(stop).await {
                 Ok(started) => *reading = Some(started),
                 Err(error) => {
-                    tracing::warn!(flow = %self.flow.name, %error,
-                        "cannot read the tracking subscription; retrying");
-                    return Ok(());
+                    // Another worker may reach it: hand the lease over for a while.
+                    tracing::warn!(flow = %self.flow.name, %error, retry_in_s = READ_RETRY.as_secs(),
+                        "cannot read the tracking subscription; the watermark holds");
+                    *read_again_at = now_ms() + i64::try_from(READ_RETRY.as_millis()).unwrap_or(0);
+                    self.store
+                        .release_lease(&lease.pipeline, &lease.role, &lease.holder)
+                        .await?;
+                    return self.follow().await;
                 }
             }
         }
@@ -222,15 +260,41 @@ impl WatermarkTracker {
         Ok(())
     }
 
-    async fn start_reading(&self) -> Result<Reading, crate::pubsub::SourceError> {
+    /// Creates the tracking subscription if asked and missing, and opens its stream; gives up
+    /// (to be retried) when Pub/Sub does not answer within [`READ_RETRY`] or `stop` comes.
+    async fn start_reading(
+        &self,
+        stop: &CancellationToken,
+    ) -> Result<Reading, crate::pubsub::SourceError> {
+        let no_answer =
+            || crate::pubsub::SourceError::Rpc(format!("no answer within {READ_RETRY:?}"));
+        if let Some(base) = &self.settings.create_from {
+            let tracking = &self.settings.tracking_subscription;
+            let created = tokio::time::timeout(READ_RETRY, async {
+                crate::pubsub::Admin::connect(&self.pubsub)
+                    .await?
+                    .ensure_tracking_subscription(base, tracking)
+                    .await
+            })
+            .await
+            .map_err(|_| no_answer())??;
+            if created {
+                tracing::info!(flow = %self.flow.name, subscription = %tracking,
+                    "created the tracking subscription");
+            }
+        }
         let source =
             PubSubSource::new(self.pubsub.clone(), &self.settings.tracking_subscription, 1)?;
         let (intake_tx, intake) = mpsc::channel(INTAKE_CAPACITY);
-        let stop = CancellationToken::new();
+        // The stream lives until the reader stops (or the tracker does).
+        let stop = stop.child_token();
         let budget = Budget::new(TRACKING_BUDGET, u64::MAX / 2);
-        let handle = Box::new(source)
-            .start(intake_tx, budget, stop.clone())
-            .await?;
+        let handle = tokio::time::timeout(
+            READ_RETRY,
+            Box::new(source).start(intake_tx, budget, stop.clone()),
+        )
+        .await
+        .map_err(|_| no_answer())??;
         let mut horizon = DeliveryHorizon::new(DEFAULT_QUIET_MS, self.settings.band_ms);
         horizon.stream_opened();
         Ok(Reading {
@@ -242,6 +306,7 @@ impl WatermarkTracker {
             pending: BTreeMap::new(),
             estimator: SluiceEstimator::new(self.settings.band_ms),
             stalled_since: HashMap::new(),
+            live_horizon: None,
         })
     }
 
@@ -283,6 +348,7 @@ impl WatermarkTracker {
                 .delivered(message.publish_time_ms, now, in_band);
             reading.held.push(received);
         }
+        reading.live_horizon = reading.horizon.horizon(now);
     }
 
     /// The event time the flow's stage will give the message; `None` for a message it will
@@ -328,7 +394,7 @@ impl WatermarkTracker {
             .map(|(_, record)| record);
         // No horizon (nothing delivered since the stream opened, or a backlog still being
         // drained): the watermark holds.
-        let Some(live) = reading.horizon.horizon(now) else {
+        let Some(live) = reading.live_horizon else {
             return Ok(());
         };
         let horizon = stored.map_or(live, |r| r.horizon_ms.max(live));

@@ -4,9 +4,10 @@
 //! # The setting
 //!
 //! A flow reads a *base* subscription. A second, *tracking* subscription on the same topic is
-//! read by one reader that acks at once and records, per publish-time bucket, the smallest
-//! event time and the count of what it saw ([`TrackingHistogram`]). The workers of the flow
-//! report how far processing has got ([`BaseProgress`]). The estimator ([`SluiceEstimator`]) is
+//! read by one reader that acks as soon as it has recorded, per publish-time bucket, the
+//! smallest event time and the count of what it saw ([`TrackingHistogram`]). How far processing
+//! has got ([`BaseProgress`]) comes from the workers: in sluice's worker, from their per-bucket
+//! processed counts compared with the tracked counts (the first bucket not fully processed). The estimator ([`SluiceEstimator`]) is
 //! a pure function of these, the band and the clock, plus the last watermark it gave (it never
 //! goes back). This is Dataflow's design for Pub/Sub watermarks (see
 //! `../shared/reference/`); the baseline to beat is the open-source Beam reader, the minimum

@@ -1,5 +1,8 @@
 //! `sluice run`: open the store, prepare the pipeline's tables, run its flows (a flow starts once
-//! every flow it `depends_on` has completed), drain on a signal, report.
+//! every flow it `depends_on` has completed), drain on a signal, report. The flows run as an
+//! *update*; the control API's `StartUpdate` and `ResetFlow` replace the running update with a
+//! new one in the same process ([`crate::update`]), and the outcomes printed are the last
+//! update's.
 //!
 //! A once flow that drains records its completion in the store; every replica sharing the store,
 //! and every later run, finds it there and leaves the flow IDLE (not re-read), so its dependents

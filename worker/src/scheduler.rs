@@ -197,17 +197,9 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
     {
         return outcome(FlowState::Failed(error), None);
     }
-    let tracker = match built.watermark {
-        None => None,
-        Some(plan) => {
-            match crate::watermarks::start(plan, ctx.store.clone(), handle.clone(), &ctx.worker)
-                .await
-            {
-                Ok(tracker) => Some(tracker),
-                Err(error) => return outcome(FlowState::Failed(error), None),
-            }
-        }
-    };
+    let tracker = built
+        .watermark
+        .map(|plan| crate::watermarks::start(plan, ctx.store.clone(), handle.clone(), &ctx.worker));
     let emitter = match built.windows {
         None => None,
         Some(plan) => match crate::windows::start(plan, ctx.store.clone(), handle.clone()).await {
@@ -248,7 +240,16 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         tracker.finish().await;
     }
     if let Some(emitter) = emitter {
-        emitter.finish().await;
+        let input_ended = flow.once
+            && matches!(
+                &end,
+                Ok(FlowEnd {
+                    ended: Ended::Drained,
+                    ..
+                })
+            )
+            && built.progress.as_ref().and_then(|p| p.failure()).is_none();
+        emitter.finish(input_ended).await;
     }
     let failure = built.progress.as_ref().and_then(|p| p.failure());
     let skipped = built

@@ -1,11 +1,11 @@
 //! Starting a Pub/Sub flow's watermark tracker beside the flow (`watermark:` in its source):
-//! the tracking subscription is resolved (`auto`: `<subscription>-tracking`, created on the
-//! base subscription's topic with its filter when missing) and a
-//! [`sluice_connector::WatermarkTracker`] runs until the flow's run ends, then stores its last
-//! counts. How the watermark is estimated, and what it guarantees: `sluice_connector`'s
+//! the tracking subscription is resolved (`auto`: `<subscription>-tracking`, which the tracking
+//! reader creates on the base subscription's topic with its filter when missing, before it
+//! first reads) and a [`sluice_connector::WatermarkTracker`] runs until the flow's run ends,
+//! then stores its last counts. Pub/Sub being unreachable never fails the flow: the reader
+//! retries and the watermark holds meanwhile. How the watermark is estimated, and what it guarantees: `sluice_connector`'s
 //! `tracking` module and the `sluice_watermark` crate.
 
-use sluice_connector::pubsub::Admin;
 use sluice_connector::{Counters, FlowWatermark, PubSubConfig, TrackerSettings, WatermarkTracker};
 use sluice_pipeline::{Flow, OnBadTimestamp, Pipeline, Source, TrackingSubscription};
 use sluice_store::{FlowHandle, Store};
@@ -17,9 +17,6 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone)]
 pub struct WatermarkPlan {
     config: PubSubConfig,
-    base_subscription: String,
-    tracking_subscription: String,
-    create_if_missing: bool,
     settings: TrackerSettings,
     watermark: FlowWatermark,
 }
@@ -49,11 +46,9 @@ pub fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<Wat
             project: pipeline.pubsub.project.clone(),
             endpoint: pipeline.pubsub.endpoint.clone(),
         },
-        base_subscription: source.subscription.clone(),
-        tracking_subscription: tracking_subscription.clone(),
-        create_if_missing,
         settings: TrackerSettings {
             tracking_subscription,
+            create_from: create_if_missing.then(|| source.subscription.clone()),
             event_time_attribute: source.event_time.as_ref().map(|e| e.attribute.clone()),
             bad_timestamp_uses_publish_time: source
                 .event_time
@@ -76,35 +71,19 @@ impl RunningTracker {
     /// Stops it after the flow's run ended (its last processed counts are stored first).
     pub async fn finish(self) {
         self.stop.cancel();
-        let _ = self.task.await;
+        if let Err(error) = self.task.await {
+            tracing::error!(%error, "the watermark tracker failed");
+        }
     }
 }
 
-/// Resolves the tracking subscription and starts the tracker of `flow`.
-pub async fn start(
+/// Starts the tracker of `flow`.
+pub fn start(
     plan: WatermarkPlan,
     store: Arc<dyn Store>,
     flow: FlowHandle,
     worker: &str,
-) -> Result<RunningTracker, String> {
-    if plan.create_if_missing {
-        let admin = Admin::connect(&plan.config)
-            .await
-            .map_err(|e| format!("cannot reach Pub/Sub for the tracking subscription: {e}"))?;
-        let created = admin
-            .ensure_tracking_subscription(&plan.base_subscription, &plan.tracking_subscription)
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot create the tracking subscription {}: {e}",
-                    plan.tracking_subscription
-                )
-            })?;
-        if created {
-            tracing::info!(flow = %flow.name, subscription = %plan.tracking_subscription,
-                "created the tracking subscription");
-        }
-    }
+) -> RunningTracker {
     let settings = TrackerSettings {
         worker: worker.to_owned(),
         ..plan.settings
@@ -112,5 +91,5 @@ pub async fn start(
     let tracker = WatermarkTracker::new(store, flow, plan.config, settings, plan.watermark);
     let stop = CancellationToken::new();
     let task = tokio::spawn(tracker.run(stop.clone()));
-    Ok(RunningTracker { stop, task })
+    RunningTracker { stop, task }
 }

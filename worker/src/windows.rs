@@ -17,6 +17,7 @@ use sluice_connector::FlowWatermark;
 use sluice_pipeline::{Flow, Pipeline, TargetKind};
 use sluice_store::{FlowHandle, Store, WindowEmission, table_name, window_table_name};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -69,14 +70,21 @@ pub fn plan(pipeline: &Pipeline, flow: &Flow, watermark: &FlowWatermark) -> Opti
 /// A running emitter.
 pub struct RunningEmitter {
     stop: CancellationToken,
+    /// Set before `stop` when the flow's input has ended (a once flow drained).
+    input_ended: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
 
 impl RunningEmitter {
-    /// Stops it after the flow's run ended, with a last emission.
-    pub async fn finish(self) {
+    /// Stops it after the flow's run ended, with a last emission. `input_ended`: the flow read
+    /// all its input (a once flow that drained), so every window is complete and is emitted,
+    /// as at the end of a bounded input; otherwise the watermark decides as before.
+    pub async fn finish(self, input_ended: bool) {
+        self.input_ended.store(input_ended, Ordering::Release);
         self.stop.cancel();
-        let _ = self.task.await;
+        if let Err(error) = self.task.await {
+            tracing::error!(%error, "the window emitter failed");
+        }
     }
 }
 
@@ -91,8 +99,19 @@ pub async fn start(
         .await
         .map_err(|e| format!("cannot create {}: {e}", plan.emission.windows_table))?;
     let stop = CancellationToken::new();
-    let task = tokio::spawn(emit_until(plan, store, flow, stop.clone()));
-    Ok(RunningEmitter { stop, task })
+    let input_ended = Arc::new(AtomicBool::new(false));
+    let task = tokio::spawn(emit_until(
+        plan,
+        store,
+        flow,
+        stop.clone(),
+        input_ended.clone(),
+    ));
+    Ok(RunningEmitter {
+        stop,
+        input_ended,
+        task,
+    })
 }
 
 async fn emit_until(
@@ -100,6 +119,7 @@ async fn emit_until(
     store: Arc<dyn Store>,
     flow: FlowHandle,
     stop: CancellationToken,
+    input_ended: Arc<AtomicBool>,
 ) {
     let mut ticks = tokio::time::interval(EMIT_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -110,29 +130,38 @@ async fn emit_until(
             _ = ticks.tick() => false,
             _ = stop.cancelled() => true,
         };
-        if let Some(watermark) = plan.watermark.current() {
-            let before_ms = watermark.saturating_sub(plan.lateness_ms);
-            if before_ms >= emitted_before.saturating_add(plan.emission.size_ms) {
-                let emission = WindowEmission {
-                    before_ms,
-                    ..plan.emission.clone()
-                };
-                match store.emit_windows(&flow, &emission).await {
-                    Ok(emitted) => {
-                        if emitted.rows > 0 {
-                            tracing::info!(flow = %flow.name, rows = emitted.rows,
-                                before_ms = emitted.emitted_before_ms, "windows emitted");
-                        }
-                        emitted_before = emitted.emitted_before_ms;
-                        failing = false;
+        let due = if stopping && input_ended.load(Ordering::Acquire) {
+            Some(i64::MAX)
+        } else {
+            plan.watermark
+                .current()
+                .map(|w| w.saturating_sub(plan.lateness_ms))
+        };
+        if let Some(before_ms) = due
+            && before_ms >= emitted_before.saturating_add(plan.emission.size_ms)
+        {
+            let emission = WindowEmission {
+                before_ms,
+                ..plan.emission.clone()
+            };
+            match store.emit_windows(&flow, &emission).await {
+                Ok(emitted) => {
+                    if emitted.rows > 0 {
+                        tracing::info!(flow = %flow.name, rows = emitted.rows,
+                            before_ms = emitted.emitted_before_ms, "windows emitted");
                     }
-                    Err(error) if !failing => {
-                        tracing::warn!(flow = %flow.name, %error,
-                            "cannot emit windows; retrying every second");
-                        failing = true;
+                    if failing {
+                        tracing::info!(flow = %flow.name, "emitting windows again");
                     }
-                    Err(_) => {}
+                    emitted_before = emitted.emitted_before_ms;
+                    failing = false;
                 }
+                Err(error) if !failing => {
+                    tracing::warn!(flow = %flow.name, %error,
+                        "cannot emit windows; retrying every second");
+                    failing = true;
+                }
+                Err(_) => {}
             }
         }
         if stopping {
