@@ -90,6 +90,24 @@ pub(crate) fn prepare_window_table(
             PRIMARY KEY (window_start, group_key)
         ) WITHOUT ROWID;"
     ))?;
+    // Emissions read the flow's rows by event time, inside the single writer's transaction:
+    // an index keeps that a range scan instead of a scan of the whole base table.
+    // (Only when the base table exists: it does whenever a flow runs, since the layout is
+    // prepared first.)
+    let base = windows_table.strip_suffix("__windows").filter(|base| {
+        conn.query_row(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [base],
+            |_| Ok(()),
+        )
+        .is_ok()
+    });
+    if let Some(base) = base {
+        check_table(base)?;
+        conn.execute_batch(&format!(
+            "CREATE INDEX IF NOT EXISTS \"{base}__by_event_time\" ON \"{base}\" (flow, event_time);"
+        ))?;
+    }
     Ok(())
 }
 

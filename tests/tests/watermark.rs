@@ -415,6 +415,11 @@ flows:
     };
     assert_eq!(emitted(), expected);
     assert_eq!(db.query("SELECT COUNT(*) FROM test__per5s"), 2_000);
+    // Emissions read the base table through its (flow, event_time) index.
+    assert_eq!(
+        db.query("SELECT COUNT(*) FROM sqlite_master WHERE name = 'test__per5s__by_event_time'"),
+        1
+    );
 
     // A message for the first window, long closed: kept, counted late, the count unchanged.
     let (&(first_window, _), _) = expected.iter().next().unwrap();
