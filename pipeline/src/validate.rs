@@ -133,7 +133,9 @@ fn flow_graph(p: &Pipeline, c: &mut Collector<'_>, flows: &HashMap<&str, usize>)
                 ErrorCode::WindowNeedsWatermark,
                 &format!("flows[{i}].target"),
                 format!(
-                    "`{}` writes to `{}`, a window target, whose windows close when the flow's                      event-time watermark passes them: its source must be Pub/Sub with                      `watermark:`",
+                    "`{}` writes to `{}`, a window target, whose windows close when the flow's \
+                     event-time watermark passes them: its source must be Pub/Sub with \
+                     `watermark:`",
                     flow.name, flow.target
                 ),
             );

@@ -97,8 +97,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Forgets what `flow` has done, in one transaction: its ledger keys, counters, completion,
     /// sink commit marks, watermark buckets, watermark and window emission mark (the next
-    /// emission starts again at the flow's oldest row; count rows written stay, never rewritten), and those of its rows in `table` (the full name of its target
-    /// table, if it has one) and of its dead letters that `rows` says. Records its source gives
+    /// emission starts again at the flow's oldest row; count rows written stay, never
+    /// rewritten), and those of its rows in `table` (the full name of its target table, if it
+    /// has one) and of its dead letters that `rows` says. Records its source gives
     /// again are then written once again; rows it cannot give again stay. Handles of the flow
     /// taken before are stale afterwards (PostgreSQL gives the flow a new id, leaving its old
     /// ledger keys to expire with their partitions): prepare again. Callers make sure no

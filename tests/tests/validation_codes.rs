@@ -189,7 +189,9 @@ const CASES: &[Case] = &[
         code: "WINDOW_NEEDS_WATERMARK",
         at: Some((11, 13)),
         path: "flows[0].target",
-        says: "`counts` writes to `per_minute`, a window target",
+        says: "`counts` writes to `per_minute`, a window target, whose windows close when the \
+               flow's event-time watermark passes them: its source must be Pub/Sub with \
+               `watermark:`",
         along_with: &[],
     },
 ];

@@ -3,8 +3,8 @@
 //! reader creates on the base subscription's topic with its filter when missing, before it
 //! first reads) and a [`sluice_connector::WatermarkTracker`] runs until the flow's run ends,
 //! then stores its last counts. Pub/Sub being unreachable never fails the flow: the reader
-//! retries and the watermark holds meanwhile. How the watermark is estimated, and what it guarantees: `sluice_connector`'s
-//! `tracking` module and the `sluice_watermark` crate.
+//! retries and the watermark holds meanwhile. How the watermark is estimated, and what it
+//! guarantees: `sluice_connector`'s `tracking` module and the `sluice_watermark` crate.
 
 use sluice_connector::{Counters, FlowWatermark, PubSubConfig, TrackerSettings, WatermarkTracker};
 use sluice_pipeline::{Flow, OnBadTimestamp, Pipeline, Source, TrackingSubscription};
