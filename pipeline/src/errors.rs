@@ -41,9 +41,6 @@ pub enum ErrorCode {
     ForeachBatchCannotBeOnce,
     /// Continuous mode: a `depends_on` predecessor writes to a `foreach_batch` target.
     ForeachBatchPredecessor,
-    /// A flow writes to a `window` target without an event-time watermark to close windows
-    /// by (a Pub/Sub source with `watermark:`).
-    WindowNeedsWatermark,
     /// A `schedule:` that is malformed or not allowed (continuous mode).
     InvalidSchedule,
     /// A name that is not `[a-z_][a-z0-9_]*` of at most 48 bytes.
@@ -72,7 +69,6 @@ impl ErrorCode {
             Self::DependsOnPredecessorWritesToView => "DEPENDS_ON_PREDECESSOR_WRITES_TO_VIEW",
             Self::ForeachBatchCannotBeOnce => "FOREACH_BATCH_CANNOT_BE_ONCE",
             Self::ForeachBatchPredecessor => "FOREACH_BATCH_PREDECESSOR",
-            Self::WindowNeedsWatermark => "WINDOW_NEEDS_WATERMARK",
             Self::InvalidSchedule => "INVALID_SCHEDULE",
             Self::InvalidIdentifier => "INVALID_IDENTIFIER",
             Self::Unreadable => "UNREADABLE",

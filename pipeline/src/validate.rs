@@ -12,9 +12,7 @@
 //!   (`DEPENDS_ON_PREDECESSOR_MUST_BE_ONCE`) and none that writes to a `foreach_batch` target
 //!   (`FOREACH_BATCH_PREDECESSOR`); triggered mode allows both;
 //! - no `depends_on` predecessor that writes to a `view` (`DEPENDS_ON_PREDECESSOR_WRITES_TO_VIEW`);
-//! - no `once` flow writing to a `foreach_batch` target (`FOREACH_BATCH_CANNOT_BE_ONCE`);
-//! - no flow writing to a `window` target without a watermark to close its windows by: its
-//!   source must be Pub/Sub with `watermark:` (`WINDOW_NEEDS_WATERMARK`).
+//! - no `once` flow writing to a `foreach_batch` target (`FOREACH_BATCH_CANNOT_BE_ONCE`).
 //!
 //! Predecessor errors are located at the `depends_on` entry that names the predecessor. A
 //! reference already reported as unknown (`UNKNOWN_FLOW`, `UNKNOWN_TARGET`) takes part in no
@@ -127,19 +125,6 @@ fn flow_graph(p: &Pipeline, c: &mut Collector<'_>, flows: &HashMap<&str, usize>)
 
     for (i, flow) in p.flows.iter().enumerate() {
         let kind = graph.nodes()[i].target_kind.as_ref();
-        let watermarked = matches!(&flow.source, Source::PubSub(s) if s.watermark.is_some());
-        if matches!(kind, Some(TargetKind::Window { .. })) && !watermarked {
-            c.push(
-                ErrorCode::WindowNeedsWatermark,
-                &format!("flows[{i}].target"),
-                format!(
-                    "`{}` writes to `{}`, a window target, whose windows close when the flow's \
-                     event-time watermark passes them: its source must be Pub/Sub with \
-                     `watermark:`",
-                    flow.name, flow.target
-                ),
-            );
-        }
         if flow.once && matches!(kind, Some(TargetKind::ForeachBatch { .. })) {
             c.push(
                 ErrorCode::ForeachBatchCannotBeOnce,

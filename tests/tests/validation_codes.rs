@@ -18,7 +18,7 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The codes of `sluice_pipeline::ErrorCode` that a pipeline file can trigger; each needs a
 /// row in [`CASES`].
-const ALL_CODES: [&str; 19] = [
+const ALL_CODES: [&str; 18] = [
     "UNKNOWN_KEY",
     "INVALID_DURATION",
     "INVALID_SIZE",
@@ -37,7 +37,6 @@ const ALL_CODES: [&str; 19] = [
     "DEPENDS_ON_PREDECESSOR_WRITES_TO_VIEW",
     "FOREACH_BATCH_CANNOT_BE_ONCE",
     "FOREACH_BATCH_PREDECESSOR",
-    "WINDOW_NEEDS_WATERMARK",
 ];
 
 /// What `sluice validate` must say about the fixture `invalid/<code in lower case>.yaml`.
@@ -185,25 +184,15 @@ const CASES: &[Case] = &[
         // continuous mode it is always a live predecessor too.
         along_with: &["DEPENDS_ON_PREDECESSOR_MUST_BE_ONCE"],
     },
-    Case {
-        code: "WINDOW_NEEDS_WATERMARK",
-        at: Some((11, 13)),
-        path: "flows[0].target",
-        says: "`counts` writes to `per_minute`, a window target, whose windows close when the \
-               flow's event-time watermark passes them: its source must be Pub/Sub with \
-               `watermark:`",
-        along_with: &[],
-    },
 ];
 
 /// The codes whose fixtures are only wrong as a graph: the file itself is well-formed.
-const GRAPH_CODES: [&str; 6] = [
+const GRAPH_CODES: [&str; 5] = [
     "DEPENDS_ON_CYCLE",
     "DEPENDS_ON_PREDECESSOR_MUST_BE_ONCE",
     "DEPENDS_ON_PREDECESSOR_WRITES_TO_VIEW",
     "FOREACH_BATCH_CANNOT_BE_ONCE",
     "FOREACH_BATCH_PREDECESSOR",
-    "WINDOW_NEEDS_WATERMARK",
 ];
 
 /// The fixture with five problems that are all reported together.

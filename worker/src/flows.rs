@@ -63,6 +63,17 @@ pub fn unsupported(pipeline: &Pipeline) -> Vec<String> {
         match kind {
             Some(TargetKind::Table | TargetKind::ForeachBatch { .. }) => {}
             Some(TargetKind::Window { group_by, .. }) => {
+                let watermarked =
+                    matches!(&flow.source, Source::PubSub(s) if s.watermark.is_some());
+                if !watermarked {
+                    problems.push(format!(
+                        "flows[{i}].target: flow {:?} writes window target {:?}, whose windows \
+                         close when the flow's event-time watermark passes them; only a Pub/Sub \
+                         source with `watermark:` has one in this version (windows over a \
+                         `table` source would need the watermark of that table's writers)",
+                        flow.name, flow.target
+                    ));
+                }
                 if crate::windows::group_attribute(group_by).is_none() {
                     problems.push(format!(
                         "flows[{i}].target: window target {:?} groups by {group_by:?}; only \
