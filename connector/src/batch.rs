@@ -60,7 +60,7 @@ impl FlowDedup {
             Admission::New(delivery) => Some(delivery),
             Admission::Parked => None,
             Admission::Committed(duplicate) => {
-                self.counters.processed(duplicate.message.publish_time_ms);
+                self.counters.processed([duplicate.message.publish_time_ms]);
                 let received_at = duplicate.ack();
                 self.counters.duplicate_in_memory(1);
                 self.counters.acked(1);
@@ -323,8 +323,13 @@ impl Batch {
             .window
             .settle(deliveries.iter().map(|d| d.hash), Settlement::Committed);
         let (acked, parked_duplicates) = (deliveries.len() as u64, parked.len() as u64);
+        counters.processed(
+            deliveries
+                .iter()
+                .chain(&parked)
+                .map(|d| d.message.publish_time_ms),
+        );
         for delivery in deliveries.into_iter().chain(parked) {
-            counters.processed(delivery.message.publish_time_ms);
             counters.ack_latency(delivery.ack().elapsed().as_secs_f64());
         }
         counters.duplicate_in_memory(parked_duplicates);

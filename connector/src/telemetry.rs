@@ -217,11 +217,11 @@ impl Counters {
         }
     }
 
-    /// One message published at `publish_ms` was settled (acked after its commit, or as a
-    /// duplicate).
-    pub(crate) fn processed(&self, publish_ms: i64) {
+    /// Messages published at these times were settled (acked after their commit, or as
+    /// duplicates). Nothing is counted, or iterated, for a flow without a watermark.
+    pub(crate) fn processed(&self, publish_ms: impl IntoIterator<Item = i64>) {
         if let Some(watermark) = self.watermark() {
-            watermark.processed(publish_ms);
+            watermark.processed_all(publish_ms);
         }
     }
 

@@ -68,12 +68,19 @@ impl FlowWatermark {
 
     /// This worker settled one message published at `publish_ms`.
     pub fn processed(&self, publish_ms: i64) {
+        self.processed_all([publish_ms]);
+    }
+
+    /// This worker settled messages published at these times (one lock for a whole batch).
+    pub fn processed_all(&self, publish_ms: impl IntoIterator<Item = i64>) {
         let mut processed = self
             .inner
             .processed
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        *processed.entry(bucket_of(publish_ms)).or_default() += 1;
+        for publish_ms in publish_ms {
+            *processed.entry(bucket_of(publish_ms)).or_default() += 1;
+        }
     }
 
     /// Takes the counts not reported yet (to be added to the store).

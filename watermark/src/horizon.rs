@@ -52,11 +52,6 @@ impl DeliveryHorizon {
         }
     }
 
-    /// The delivery-delay allowance.
-    pub fn quiet_ms(&self) -> Millis {
-        self.quiet_ms
-    }
-
     /// The stream was (re)opened: it must deliver again before it proves anything.
     pub fn stream_opened(&mut self) {
         self.proven = false;
