@@ -421,17 +421,21 @@ impl WatermarkTracker {
         let Some(estimate) = reading.estimator.estimate(&tracking, &base) else {
             return Ok(());
         };
-        let record = self
+        let offer = WatermarkRecord {
+            watermark_ms: estimate.watermark_ms,
+            horizon_ms: horizon,
+            updated_at_ms: now,
+        };
+        // Fenced: taken only while this worker still holds the reader's lease.
+        let Some(record) = self
             .store
-            .advance_watermark(
-                &self.flow,
-                &WatermarkRecord {
-                    watermark_ms: estimate.watermark_ms,
-                    horizon_ms: horizon,
-                    updated_at_ms: now,
-                },
-            )
-            .await?;
+            .advance_watermark(&self.flow, &offer, Some(&self.settings.worker))
+            .await?
+        else {
+            tracing::warn!(flow = %self.flow.name,
+                "the tracking-reader lease expired before the watermark was stored; not stored");
+            return Ok(());
+        };
         self.watermark.advance(record.watermark_ms);
         // Buckets before the first unprocessed one (and before the horizon) are done.
         let done_before = unprocessed_from.unwrap_or(horizon).min(horizon);

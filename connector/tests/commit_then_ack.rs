@@ -148,8 +148,9 @@ impl Store for FaultyStore {
         &self,
         flow: &FlowHandle,
         offer: &sluice_store::WatermarkRecord,
-    ) -> Result<sluice_store::WatermarkRecord, StoreError> {
-        self.inner.advance_watermark(flow, offer).await
+        fenced_by: Option<&str>,
+    ) -> Result<Option<sluice_store::WatermarkRecord>, StoreError> {
+        self.inner.advance_watermark(flow, offer, fenced_by).await
     }
     async fn watermarks(
         &self,

@@ -60,7 +60,7 @@ pub use progress::{BucketCounts, PROGRESS_BUCKET_MS, WatermarkRecord};
 pub use schema::{is_identifier, table_name, window_table_name};
 pub use sqlite::SqliteStore;
 pub use url::{StoreUrl, open};
-pub use windows::{WindowEmission, WindowsEmitted};
+pub use windows::{WindowEmission, WindowRows, WindowsEmitted};
 
 use async_trait::async_trait;
 
@@ -198,11 +198,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Moves `flow`'s watermark record forward: each field becomes the larger of the stored
     /// and the offered value (a first call stores the offer). Returns the record now stored.
+    ///
+    /// Fenced by `fenced_by` (a worker id): the offer is taken only if that worker holds the
+    /// lease `watermark/<flow>` of the flow's pipeline, unexpired on the store's clock, checked
+    /// in the same statement; otherwise nothing is written and `None` is returned. A tracking
+    /// reader that lost its lease (paused past its expiry, say) can therefore never move the
+    /// watermark on the strength of a stream another reader now shares. `None`: unfenced.
     async fn advance_watermark(
         &self,
         flow: &FlowHandle,
         offer: &WatermarkRecord,
-    ) -> Result<WatermarkRecord, StoreError>;
+        fenced_by: Option<&str>,
+    ) -> Result<Option<WatermarkRecord>, StoreError>;
 
     /// Creates a `window` target's counts table if missing: `(window_start, window_end,
     /// group_key, count, emitted_at)`, primary key `(window_start, group_key)`. Idempotent.
@@ -210,9 +217,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Emits `flow`'s windows that end at or before `emission.before_ms` and were not emitted
     /// yet, in one transaction (see [`WindowEmission`] and the `windows` module docs): counts
-    /// per window and group of `flow`'s rows in the base table, written with conflicts ignored,
-    /// and the flow's emission mark moved to the end of the last window emitted. The first
-    /// emission starts at the window of the flow's oldest row.
+    /// per window and group of the base table's rows (`flow`'s, or all of them, as
+    /// `emission.rows` says), written with conflicts ignored, and the flow's emission mark
+    /// moved to the end of the last window emitted. The first emission starts at the window of
+    /// the oldest row counted.
     async fn emit_windows(
         &self,
         flow: &FlowHandle,

@@ -302,10 +302,19 @@ impl Store for SqliteStore {
         &self,
         flow: &FlowHandle,
         offer: &WatermarkRecord,
-    ) -> Result<WatermarkRecord, StoreError> {
-        let (flow, offer) = (flow.clone(), *offer);
-        self.call(move |conn| crate::sqlite_progress::advance_watermark(conn, &flow, &offer))
-            .await
+        fenced_by: Option<&str>,
+    ) -> Result<Option<WatermarkRecord>, StoreError> {
+        let (flow, offer, fence) = (flow.clone(), *offer, fenced_by.map(str::to_owned));
+        self.call(move |conn| {
+            crate::sqlite_progress::advance_watermark(
+                conn,
+                &flow,
+                &offer,
+                fence.as_deref(),
+                now_ms(),
+            )
+        })
+        .await
     }
 
     async fn watermarks(

@@ -5,7 +5,7 @@
 //! several processes sharing the file can report into the same rows without reading first.
 
 use crate::{BucketCounts, FlowHandle, StoreError, WatermarkRecord};
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 /// A count as SQLite stores it; a count beyond `i64::MAX` is refused, not wrapped.
 fn stored_count(count: u64) -> Result<i64, StoreError> {
@@ -88,34 +88,48 @@ pub(crate) fn prune_buckets(
 }
 
 /// Stores the larger of the stored and the offered value of each field, in one statement, and
-/// returns the record now stored.
+/// returns the record now stored; with `fenced_by`, only while that worker holds the flow's
+/// `watermark/<flow>` lease at `now_ms` (else `None`, nothing written).
 pub(crate) fn advance_watermark(
     conn: &mut Connection,
     flow: &FlowHandle,
     offer: &WatermarkRecord,
-) -> Result<WatermarkRecord, StoreError> {
-    let stored = conn.query_row(
-        "INSERT INTO sluice_watermarks (flow_id, watermark_ms, horizon_ms, updated_at_ms)
-         VALUES (?1, ?2, ?3, ?4)
+    fenced_by: Option<&str>,
+    now_ms: i64,
+) -> Result<Option<WatermarkRecord>, StoreError> {
+    let role = format!("watermark/{}", flow.name);
+    // `WHERE` after a `SELECT` that feeds an upsert: SQLite needs it, and it is the fence.
+    let stored = conn
+        .query_row(
+            "INSERT INTO sluice_watermarks (flow_id, watermark_ms, horizon_ms, updated_at_ms)
+         SELECT ?1, ?2, ?3, ?4
+         WHERE ?5 IS NULL OR EXISTS (
+             SELECT 1 FROM sluice_leases
+             WHERE pipeline = ?6 AND role = ?7 AND holder = ?5 AND expires_at > ?8)
          ON CONFLICT (flow_id) DO UPDATE SET
              watermark_ms = MAX(watermark_ms, excluded.watermark_ms),
              horizon_ms = MAX(horizon_ms, excluded.horizon_ms),
              updated_at_ms = MAX(updated_at_ms, excluded.updated_at_ms)
          RETURNING watermark_ms, horizon_ms, updated_at_ms",
-        params![
-            flow.id,
-            offer.watermark_ms,
-            offer.horizon_ms,
-            offer.updated_at_ms
-        ],
-        |row| {
-            Ok(WatermarkRecord {
-                watermark_ms: row.get(0)?,
-                horizon_ms: row.get(1)?,
-                updated_at_ms: row.get(2)?,
-            })
-        },
-    )?;
+            params![
+                flow.id,
+                offer.watermark_ms,
+                offer.horizon_ms,
+                offer.updated_at_ms,
+                fenced_by,
+                &*flow.pipeline,
+                role,
+                now_ms,
+            ],
+            |row| {
+                Ok(WatermarkRecord {
+                    watermark_ms: row.get(0)?,
+                    horizon_ms: row.get(1)?,
+                    updated_at_ms: row.get(2)?,
+                })
+            },
+        )
+        .optional()?;
     Ok(stored)
 }
 

@@ -2,13 +2,14 @@
 //! [`crate::windows`]).
 //!
 //! An emission is one `BEGIN IMMEDIATE` transaction: it reads the flow's mark
-//! (`sluice_window_marks`), counts the flow's rows of the windows between the mark and
+//! (`sluice_window_marks`), counts the flow's rows (or all rows, [`WindowRows::All`]) of the
+//! windows between the mark and
 //! `before_ms`, writes the counts (conflicts on `(window_start, group_key)` ignored) and moves
 //! the mark. Another process sharing the file waits for the write lock, then starts from the
 //! moved mark. The window arithmetic ([`plan`]) is the PostgreSQL backend's too.
 
 use crate::schema::check_table;
-use crate::{FlowHandle, StoreError, WindowEmission, WindowsEmitted};
+use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowsEmitted};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 /// What one emission does, decided from the flow's mark (or its oldest row) and `before_ms`.
@@ -128,11 +129,23 @@ pub(crate) fn emit_windows(
             |row| row.get(0),
         )
         .optional()?;
+    // Which rows count: `?1` is the flow's name, or NULL for every row. A window over another
+    // target's table reads it by event time alone, so it gets an index of its own (created
+    // once, inside this writer's transaction).
+    let (flow_filter, of_flow) = match emission.rows {
+        WindowRows::OfTheFlow => ("flow = ?1", Some(&*flow.name)),
+        WindowRows::All => {
+            tx.execute_batch(&format!(
+                "CREATE INDEX IF NOT EXISTS \"{base}__by_event_time_only\" ON \"{base}\" (event_time);"
+            ))?;
+            ("?1 IS NULL", None)
+        }
+    };
     let oldest: Option<i64> = match mark {
         Some(_) => None,
         None => tx.query_row(
-            &format!("SELECT MIN(event_time) FROM \"{base}\" WHERE flow = ?1"),
-            params![&*flow.name],
+            &format!("SELECT MIN(event_time) FROM \"{base}\" WHERE {flow_filter}"),
+            params![of_flow],
             |row| row.get(0),
         )?,
     };
@@ -155,13 +168,13 @@ pub(crate) fn emit_windows(
                           CAST(COALESCE((SELECT a.value FROM json_each(attributes) AS a
                                          WHERE a.key = ?3), '') AS TEXT) AS group_key
                    FROM \"{base}\"
-                   WHERE flow = ?1 AND event_time >= ?4 AND event_time < ?5)
+                   WHERE {flow_filter} AND event_time >= ?4 AND event_time < ?5)
              WHERE true
              GROUP BY window_start, group_key
              ON CONFLICT (window_start, group_key) DO NOTHING"
         ),
         params![
-            &*flow.name,
+            of_flow,
             emission.size_ms,
             emission.group_attribute,
             start,
@@ -193,6 +206,7 @@ mod tests {
             size_ms,
             group_attribute: "g".into(),
             before_ms,
+            rows: WindowRows::OfTheFlow,
         }
     }
 

@@ -1,5 +1,6 @@
 //! Event-time tumbling windows in the store: a `window` target's messages are rows of its base
-//! table (`<pipeline>__<target>`, the shape of any target table), and its counts are rows of
+//! table (`<pipeline>__<target>`, the shape of any target table; or, for a window over a
+//! `table` source, that table's rows, [`WindowRows::All`]), and its counts are rows of
 //! `<pipeline>__<target>__windows`: one per window and group, written once the flow's
 //! watermark has passed the window's end plus the allowed lateness.
 //!
@@ -23,6 +24,19 @@ pub struct WindowEmission {
     pub group_attribute: String,
     /// Windows ending at or before this (event time, ms since epoch) are emitted.
     pub before_ms: i64,
+    /// Whose rows are counted: only the emitting flow's (a window target's own base table),
+    /// or every flow's (a window over a `table` source, whose base table is that table).
+    pub rows: WindowRows,
+}
+
+/// Whose rows of the base table a window counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WindowRows {
+    /// The emitting flow's rows: the flow writes the window target's own base table.
+    #[default]
+    OfTheFlow,
+    /// Every row, whichever flow wrote it: the window reads another target's table.
+    All,
 }
 
 /// What one emission wrote.

@@ -7,7 +7,7 @@ use sluice_dedup::DedupKey;
 use sluice_store::{
     BucketCounts, CommitBatch, Effect, Entry, FlowHandle, Layout, LeaseGrant, LeaseRequest,
     MessageFields, PostgresStore, ResetRows, ScratchDatabase, SqliteStore, Store, WatermarkRecord,
-    WindowEmission, WindowsEmitted, WorkerBeat, table_name, window_table_name,
+    WindowEmission, WindowRows, WindowsEmitted, WorkerBeat, table_name, window_table_name,
 };
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -215,9 +215,11 @@ on_both_backends!(
     rows_are_read_in_pages,
     bucket_counts_add_up_across_reporters,
     watermarks_never_move_back,
+    a_fenced_watermark_needs_the_readers_lease,
     reset_forgets_buckets_and_watermark,
     windows_are_counted_once_per_window_and_group,
     windows_count_their_own_flows_rows,
+    windows_over_a_table_count_every_flows_rows,
     window_groups_may_have_dots_in_their_name,
     reset_forgets_the_window_mark,
 );
@@ -739,6 +741,91 @@ async fn bucket_counts_add_up_across_reporters(postgres: bool) {
     );
 }
 
+/// A fenced offer is taken only from the holder of the flow's `watermark/<flow>` lease, while
+/// it holds it: never from another worker, nor after the holder released it, nor from a
+/// holder of another flow's lease; an unfenced offer is always taken.
+async fn a_fenced_watermark_needs_the_readers_lease(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let (live, other) = (&flows[0], &flows[1]);
+    let lease = |role: &str, holder: &str| LeaseRequest {
+        pipeline: "p".into(),
+        role: role.into(),
+        holder: holder.into(),
+        ttl: Duration::from_secs(30),
+    };
+    assert_eq!(
+        store
+            .advance_watermark(live, &mark(100, 100, 1), Some("w1"))
+            .await
+            .unwrap(),
+        None,
+        "nobody holds the lease"
+    );
+    assert!(matches!(
+        store
+            .acquire_lease(&lease("watermark/live", "w1"))
+            .await
+            .unwrap(),
+        LeaseGrant::Held { .. }
+    ));
+    assert!(matches!(
+        store
+            .acquire_lease(&lease("watermark/other", "w2"))
+            .await
+            .unwrap(),
+        LeaseGrant::Held { .. }
+    ));
+    assert_eq!(
+        store
+            .advance_watermark(live, &mark(100, 100, 1), Some("w2"))
+            .await
+            .unwrap(),
+        None,
+        "w2 holds another flow's lease"
+    );
+    assert_eq!(
+        store
+            .advance_watermark(live, &mark(100, 100, 1), Some("w1"))
+            .await
+            .unwrap(),
+        Some(mark(100, 100, 1))
+    );
+    store
+        .release_lease("p", "watermark/live", "w1")
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .advance_watermark(live, &mark(200, 200, 2), Some("w1"))
+            .await
+            .unwrap(),
+        None,
+        "released"
+    );
+    assert_eq!(
+        store
+            .advance_watermark(other, &mark(300, 300, 3), Some("w2"))
+            .await
+            .unwrap(),
+        Some(mark(300, 300, 3))
+    );
+    assert_eq!(
+        store
+            .advance_watermark(live, &mark(200, 200, 2), None)
+            .await
+            .unwrap(),
+        Some(mark(200, 200, 2))
+    );
+    let stored = store.watermarks("p").await.unwrap();
+    assert_eq!(
+        stored,
+        [
+            ("live".to_owned(), mark(200, 200, 2)),
+            ("other".to_owned(), mark(300, 300, 3))
+        ]
+    );
+}
+
 /// A watermark record only moves forward, field by field; what `advance_watermark` returns is
 /// what any handle then reads; `watermarks` lists the pipeline's flows that have a record, by
 /// name, and no other pipeline's.
@@ -761,42 +848,47 @@ async fn watermarks_never_move_back(postgres: bool) {
 
     assert_eq!(
         store
-            .advance_watermark(live, &mark(100, 200, 10))
+            .advance_watermark(live, &mark(100, 200, 10), None)
             .await
             .unwrap(),
-        mark(100, 200, 10)
+        Some(mark(100, 200, 10))
     );
     // An older view cannot move the watermark back, but its larger horizon counts.
     let stored = store
-        .advance_watermark(live, &mark(50, 300, 5))
+        .advance_watermark(live, &mark(50, 300, 5), None)
         .await
+        .unwrap()
         .unwrap();
     assert_eq!(stored, mark(100, 300, 10));
     let again = place.open();
     assert_eq!(
         again
-            .advance_watermark(live, &mark(100, 300, 10))
+            .advance_watermark(live, &mark(100, 300, 10), None)
             .await
             .unwrap(),
-        stored
+        Some(stored)
     );
     assert_eq!(
         again.watermarks("p").await.unwrap(),
         [("live".to_owned(), stored)]
     );
 
-    store.advance_watermark(beta, &mark(7, 8, 9)).await.unwrap();
     store
-        .advance_watermark(alpha, &mark(1, 2, 3))
+        .advance_watermark(beta, &mark(7, 8, 9), None)
         .await
         .unwrap();
     store
-        .advance_watermark(&elsewhere[0], &mark(5, 5, 5))
+        .advance_watermark(alpha, &mark(1, 2, 3), None)
+        .await
+        .unwrap();
+    store
+        .advance_watermark(&elsewhere[0], &mark(5, 5, 5), None)
         .await
         .unwrap();
     let moved = store
-        .advance_watermark(live, &mark(150, 250, 20))
+        .advance_watermark(live, &mark(150, 250, 20), None)
         .await
+        .unwrap()
         .unwrap();
     assert_eq!(moved, mark(150, 300, 20));
     assert_eq!(
@@ -826,7 +918,7 @@ async fn reset_forgets_buckets_and_watermark(postgres: bool) {
             .await
             .unwrap();
         store
-            .advance_watermark(flow, &mark(500, 600, 700))
+            .advance_watermark(flow, &mark(500, 600, 700), None)
             .await
             .unwrap();
     }
@@ -864,10 +956,10 @@ async fn reset_forgets_buckets_and_watermark(postgres: bool) {
     // A fresh start: the reset flow's first record is what it offers.
     assert_eq!(
         store
-            .advance_watermark(live, &mark(10, 20, 30))
+            .advance_watermark(live, &mark(10, 20, 30), None)
             .await
             .unwrap(),
-        mark(10, 20, 30)
+        Some(mark(10, 20, 30))
     );
     store
         .add_bucket_counts(live, &[bucket(0, 1, 0, Some(9))])
@@ -897,6 +989,7 @@ fn emission(windows: &str, group_attribute: &str, before_ms: i64) -> WindowEmiss
         size_ms: WINDOW_MS,
         group_attribute: group_attribute.into(),
         before_ms,
+        rows: WindowRows::OfTheFlow,
     }
 }
 
@@ -1064,6 +1157,81 @@ async fn windows_count_their_own_flows_rows(postgres: bool) {
         place.window_counts(&windows).await.0,
         [count(10_000, "a", 1), count(20_000, "a", 1)]
     );
+}
+
+/// A window over a `table` source counts every flow's rows of that table, from the oldest row
+/// of any flow, under the mark of the flow that emits (which writes no rows itself).
+async fn windows_over_a_table_count_every_flows_rows(postgres: bool) {
+    let (place, store, _) = open(postgres).await;
+    let flows = store
+        .prepare(&layout(&["live", "other", "counts"]))
+        .await
+        .unwrap();
+    let (live, other, counts) = (&flows[0], &flows[1], &flows[2]);
+    let windows = window_table_name("p", "per_ten_s").unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    let over_table = |before_ms| WindowEmission {
+        rows: WindowRows::All,
+        ..emission(&windows, "g", before_ms)
+    };
+    assert_eq!(
+        store
+            .emit_windows(counts, &over_table(50_000))
+            .await
+            .unwrap(),
+        emitted(0, 0),
+        "an empty table has no windows"
+    );
+    store
+        .commit(batch(
+            other,
+            vec![
+                event("o1", 11_000, r#"{"g":"a"}"#),
+                event("o2", 21_000, r#"{"g":"b"}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    store
+        .commit(batch(
+            live,
+            vec![
+                event("l1", 1_000, r#"{"g":"a"}"#),
+                event("l2", 12_000, r#"{"g":"a"}"#),
+                event("l3", 25_000, r#"{"g":"b"}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .emit_windows(counts, &over_table(30_000))
+            .await
+            .unwrap(),
+        emitted(3, 30_000),
+        "from the live flow's oldest row, both flows' rows"
+    );
+    assert_eq!(
+        place.window_counts(&windows).await.0,
+        [
+            count(0, "a", 1),
+            count(10_000, "a", 2),
+            count(20_000, "b", 2)
+        ]
+    );
+    // The next emission starts at the emitting flow's mark.
+    store
+        .commit(batch(other, vec![event("o3", 31_000, r#"{"g":"a"}"#)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .emit_windows(counts, &over_table(40_000))
+            .await
+            .unwrap(),
+        emitted(1, 40_000)
+    );
+    assert_eq!(place.window_counts(&windows).await.0.len(), 4);
 }
 
 /// A group attribute whose name has a dot is one attribute (not a path into an object), so is

@@ -236,12 +236,12 @@ fn a_listen_setting_that_is_not_an_address_exits_2_naming_it() {
     }
 }
 
-/// A window target fed by a `table` source (SPEC §4's example) is a valid file, but its
-/// windows would need the watermark of the table's writers, which this version does not
-/// estimate: `validate` accepts it, `run` refuses it with exit 2 and says why, before touching
-/// anything.
+/// A window target fed by a `table` source (SPEC §4's example) closes its windows with the
+/// watermarks of the table's live writers: with a live writer that has no `watermark:`, the
+/// file is valid (`validate` accepts it) but `run` refuses it with exit 2, names the writer and
+/// says why, before touching anything.
 #[test]
-fn a_window_over_a_table_validates_but_does_not_run() {
+fn a_window_over_a_table_needs_its_live_writers_watermarks() {
     let dir = Workdir::new();
     let file = write(
         &dir,
@@ -267,9 +267,9 @@ fn a_window_over_a_table_validates_but_does_not_run() {
     let (code, stderr) = run_with(&file);
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains("flows[1].target")
-            && stderr.contains("window target \"per_minute\"")
-            && stderr.contains("`watermark:`"),
+        stderr.contains("flows[1].source")
+            && stderr.contains("reads table \"events\"")
+            && stderr.contains("live writer \"live\" has no `watermark:`"),
         "{stderr}"
     );
     assert!(!dir.path().join("s.db").exists(), "nothing was created");

@@ -124,7 +124,8 @@ impl Store for DownStore {
         &self,
         _: &FlowHandle,
         _: &sluice_store::WatermarkRecord,
-    ) -> Result<sluice_store::WatermarkRecord, StoreError> {
+        _: Option<&str>,
+    ) -> Result<Option<sluice_store::WatermarkRecord>, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
     async fn watermarks(

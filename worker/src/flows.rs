@@ -30,7 +30,18 @@ pub fn unsupported(pipeline: &Pipeline) -> Vec<String> {
     let mut problems = Vec::new();
     for (i, flow) in pipeline.flows.iter().enumerate() {
         let bounded = flow.once || pipeline.mode == Mode::Triggered;
-        if let Source::Table { target } = &flow.source {
+        let kind = pipeline
+            .targets
+            .iter()
+            .find(|t| t.name == flow.target)
+            .map(|t| &t.kind);
+        let window = matches!(kind, Some(TargetKind::Window { .. }));
+        if let Source::Table { target } = &flow.source
+            && window
+        {
+            // A window over a table copies nothing: the table's watermark closes its windows.
+            problems.extend(window_over_table_problems(pipeline, i, flow, target));
+        } else if let Source::Table { target } = &flow.source {
             if !bounded {
                 problems.push(format!(
                     "flows[{i}].source: flow {:?} reads a table in a continuous pipeline without `once: true`; \
@@ -55,22 +66,20 @@ pub fn unsupported(pipeline: &Pipeline) -> Vec<String> {
                 ));
             }
         }
-        let kind = pipeline
-            .targets
-            .iter()
-            .find(|t| t.name == flow.target)
-            .map(|t| &t.kind);
         match kind {
             Some(TargetKind::Table | TargetKind::ForeachBatch { .. }) => {}
             Some(TargetKind::Window { group_by, .. }) => {
-                let watermarked =
-                    matches!(&flow.source, Source::PubSub(s) if s.watermark.is_some());
+                let watermarked = match &flow.source {
+                    Source::PubSub(s) => s.watermark.is_some(),
+                    Source::Table { .. } => true,
+                    Source::File { .. } => false,
+                };
                 if !watermarked {
                     problems.push(format!(
                         "flows[{i}].target: flow {:?} writes window target {:?}, whose windows \
-                         close when the flow's event-time watermark passes them; only a Pub/Sub \
-                         source with `watermark:` has one in this version (windows over a \
-                         `table` source would need the watermark of that table's writers)",
+                         close when the flow's event-time watermark passes them; a window is \
+                         fed by a Pub/Sub source with `watermark:`, or by a `table` source \
+                         (closed by its writers' watermarks)",
                         flow.name, flow.target
                     ));
                 }
@@ -112,6 +121,53 @@ pub fn unsupported(pipeline: &Pipeline) -> Vec<String> {
                 other.map(TargetKind::keyword).unwrap_or("missing")
             )),
         }
+    }
+    problems
+}
+
+/// Why a window over `table` cannot run: a live writer of the table without a watermark (the
+/// table would have none), or a `once` window flow that live writers would never let end.
+fn window_over_table_problems(
+    pipeline: &Pipeline,
+    i: usize,
+    flow: &Flow,
+    table: &str,
+) -> Vec<String> {
+    let live = crate::windows::live_writers(pipeline, table);
+    let mut problems: Vec<String> = live
+        .iter()
+        .filter(|w| !matches!(&w.source, Source::PubSub(s) if s.watermark.is_some()))
+        .map(|w| {
+            format!(
+                "flows[{i}].source: window flow {:?} reads table {table:?}, whose windows close \
+                 when the watermark of every live writer has passed them; live writer {:?} has \
+                 no `watermark:`",
+                flow.name, w.name
+            )
+        })
+        .collect();
+    let unbounded_file_writers: Vec<&str> = pipeline
+        .flows
+        .iter()
+        .filter(|w| w.target == table && !w.once && pipeline.mode == Mode::Continuous)
+        .filter(|w| !matches!(w.source, Source::PubSub(_)))
+        .map(|w| w.name.as_str())
+        .collect();
+    if !unbounded_file_writers.is_empty() {
+        problems.push(format!(
+            "flows[{i}].source: window flow {:?} reads table {table:?}, which flows without \
+             `once: true` write from files or tables in a continuous pipeline ({}); their rows \
+             have no watermark (make them `once: true`, so the window waits for them)",
+            flow.name,
+            unbounded_file_writers.join(", ")
+        ));
+    }
+    if flow.once && pipeline.mode == Mode::Continuous && !live.is_empty() {
+        problems.push(format!(
+            "flows[{i}].once: window flow {:?} reads table {table:?}, which live flows write; \
+             it would never end (drop `once: true`)",
+            flow.name
+        ));
     }
     problems
 }

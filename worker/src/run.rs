@@ -177,6 +177,7 @@ pub async fn execute(
     .await?;
     let (store, mut handles, mut completed) =
         open_and_prepare(&pipeline.store, &layout, shutdown).await?;
+    crate::watermarks::create_tracking_subscriptions(pipeline, shutdown.drain.clone());
     let worker = beat.worker.clone();
     let membership = Membership::start(store.clone(), beat);
     {

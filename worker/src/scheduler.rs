@@ -181,6 +181,9 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         counters: counters.map(Counters::snapshot).unwrap_or_default(),
         skipped: 0,
     };
+    if let Some(plan) = crate::windows::table_plan(&ctx.pipeline, flow) {
+        return window_over_table(ctx, flow, handle, plan).await;
+    }
     let built = match flows::build(
         &ctx.pipeline,
         flow,
@@ -275,6 +278,48 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
             }
             outcome(state, Some(&counters))
         }
+    }
+}
+
+/// One attempt at a window over a `table` source (`windows::follow_table`): RUNNING once its
+/// counts table exists; COMPLETED after its one emission, or STOPPED by a signal.
+async fn window_over_table(
+    ctx: &RunContext,
+    flow: &Flow,
+    handle: FlowHandle,
+    plan: crate::windows::TableWindowPlan,
+) -> FlowOutcome {
+    let counters = Counters::new(&ctx.pipeline.name, &flow.name);
+    ctx.board.set(&flow.name, "STARTING", Some(&counters));
+    let (board, name) = (ctx.board.clone(), flow.name.clone());
+    let ended = crate::windows::follow_table(
+        plan,
+        ctx.store.clone(),
+        handle.clone(),
+        &counters,
+        ctx.shutdown.drain.clone(),
+        move || {
+            tracing::info!(flow = %name, "flow started");
+            board.set(&name, "RUNNING", None);
+        },
+    )
+    .await;
+    let state = match ended {
+        Ok(true) => {
+            tracing::info!(flow = %flow.name, "windows emitted; flow finished");
+            if flow.once {
+                record_completion(&*ctx.store, &handle, &ctx.shutdown).await;
+            }
+            FlowState::Completed
+        }
+        Ok(false) => FlowState::Stopped,
+        Err(error) => FlowState::Failed(error),
+    };
+    FlowOutcome {
+        name: flow.name.clone(),
+        state,
+        counters: counters.snapshot(),
+        skipped: 0,
     }
 }
 

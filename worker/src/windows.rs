@@ -1,21 +1,36 @@
 //! `window` targets: event-time tumbling window counts per group, emitted beside the flow that
 //! feeds them.
 //!
-//! The flow writes its messages to the target's base table (`<pipeline>__<target>`, like any
-//! table target). Every worker running the flow emits, each [`EMIT_INTERVAL`], the windows whose
-//! end plus `allowed_lateness` the flow's watermark has passed, into
-//! `<pipeline>__<target>__windows` ([`sluice_store::Store::emit_windows`]: computed from the
-//! committed rows, one transaction, each count row written once whichever replica emits).
+//! Two feeds:
+//!
+//! * **A Pub/Sub flow with `watermark:`** writes its messages to the target's base table
+//!   (`<pipeline>__<target>`, like any table target). Every worker running the flow emits, each
+//!   [`EMIT_INTERVAL`], the windows whose end plus `allowed_lateness` the flow's watermark has
+//!   passed, into `<pipeline>__<target>__windows` ([`sluice_store::Store::emit_windows`]:
+//!   computed from the committed rows, one transaction, each count row written once whichever
+//!   replica emits).
+//! * **A `table` source** ([`TableWindowPlan`], SPEC §4's example): the flow copies nothing; it
+//!   counts the rows of the table it reads, whichever flow wrote them, under the **table's
+//!   watermark**: the minimum of its writers' watermarks. A bounded writer (a backfill, a
+//!   triggered file flow) has none while it runs: the flow graph starts the window flow only
+//!   after every bounded writer completed (a data edge), and from then on that writer adds no
+//!   row. Every live writer must be a Pub/Sub flow with `watermark:` (`flows::unsupported`
+//!   refuses anything else), whose stored watermark bounds what it will still commit. While any
+//!   live writer has no watermark yet, the table has none and nothing is emitted. This is why a
+//!   backfill beside a live flow holds the live flow's windows back, and `depends_on` does not
+//!   (README, "Backfills and the watermark").
 //!
 //! Why the counts are complete: the watermark never passes an uncommitted message whose event
 //! time is within the band (SPEC §2.4), so when it has passed a window's end every such message
 //! of the window is in the base table. A message that comes later anyway is *late*: it is kept
-//! in the base table and counted in `sluice_messages_late_total`, and the window's count stays
-//! as emitted.
+//! in the base table and counted in `sluice_messages_late_total` (by the flow that wrote it),
+//! and the window's count stays as emitted.
 
-use sluice_connector::FlowWatermark;
-use sluice_pipeline::{Flow, Pipeline, TargetKind};
-use sluice_store::{FlowHandle, Store, WindowEmission, table_name, window_table_name};
+use sluice_connector::{Backoff, Counters, FlowWatermark};
+use sluice_pipeline::{Flow, Mode, Pipeline, Source, TargetKind};
+use sluice_store::{
+    FlowHandle, Store, WatermarkRecord, WindowEmission, WindowRows, table_name, window_table_name,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -61,10 +76,182 @@ pub fn plan(pipeline: &Pipeline, flow: &Flow, watermark: &FlowWatermark) -> Opti
             size_ms: millis(size).max(1),
             group_attribute: group_attribute(group_by)?.to_owned(),
             before_ms: i64::MIN,
+            rows: WindowRows::OfTheFlow,
         },
         lateness_ms: millis(allowed_lateness),
         watermark: watermark.clone(),
     })
+}
+
+/// The window target `flow` writes: size, group attribute and lateness, in ms.
+fn window_of<'a>(pipeline: &'a Pipeline, flow: &Flow) -> Option<(i64, &'a str, i64)> {
+    let target = pipeline.targets.iter().find(|t| t.name == flow.target)?;
+    let TargetKind::Window {
+        size,
+        group_by,
+        allowed_lateness,
+    } = &target.kind
+    else {
+        return None;
+    };
+    let millis = |d: &Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    Some((
+        millis(size).max(1),
+        group_attribute(group_by)?,
+        millis(allowed_lateness),
+    ))
+}
+
+/// The writers of `table` whose input does not end: Pub/Sub flows that are not `once`. Every
+/// other writer is bounded, and the flow graph orders a reader of the table after it.
+pub fn live_writers<'a>(pipeline: &'a Pipeline, table: &str) -> Vec<&'a Flow> {
+    pipeline
+        .flows
+        .iter()
+        .filter(|w| w.target == table && !w.once && matches!(w.source, Source::PubSub(_)))
+        .collect()
+}
+
+/// A window over a `table` source: what the flow counts, and whose watermarks close it.
+#[derive(Debug, Clone)]
+pub struct TableWindowPlan {
+    emission: WindowEmission,
+    lateness_ms: i64,
+    /// The table's live writers, whose stored watermarks bound the table's.
+    live_writers: Vec<String>,
+    /// Emit until stopped (live writers in a continuous pipeline), or emit what is due once and
+    /// complete (a triggered run, or a table whose writers are all bounded, so done).
+    follow: bool,
+}
+
+/// The plan of `flow` if it is a window over a `table` source (whose checks
+/// `flows::unsupported` made).
+pub fn table_plan(pipeline: &Pipeline, flow: &Flow) -> Option<TableWindowPlan> {
+    let Source::Table { target: read } = &flow.source else {
+        return None;
+    };
+    let (size_ms, group, lateness_ms) = window_of(pipeline, flow)?;
+    let live_writers: Vec<String> = live_writers(pipeline, read)
+        .into_iter()
+        .map(|w| w.name.clone())
+        .collect();
+    Some(TableWindowPlan {
+        emission: WindowEmission {
+            base_table: table_name(&pipeline.name, read).ok()?,
+            windows_table: window_table_name(&pipeline.name, &flow.target).ok()?,
+            size_ms,
+            group_attribute: group.to_owned(),
+            before_ms: i64::MIN,
+            rows: WindowRows::All,
+        },
+        lateness_ms,
+        follow: pipeline.mode == Mode::Continuous && !live_writers.is_empty(),
+        live_writers,
+    })
+}
+
+/// The watermark of a table whose live writers are `live_writers`, from the stored watermark
+/// records of the pipeline's flows: the smallest of theirs, `None` while one has none yet, and
+/// `i64::MAX` (everything is in) when it has no live writer.
+pub fn table_watermark(
+    live_writers: &[String],
+    records: &[(String, WatermarkRecord)],
+) -> Option<i64> {
+    live_writers.iter().try_fold(i64::MAX, |lowest, writer| {
+        let record = records.iter().find(|(flow, _)| flow == writer)?;
+        Some(lowest.min(record.1.watermark_ms))
+    })
+}
+
+/// Runs a window over a `table` source until `drain` (when it follows live writers) or for one
+/// emission: emits the windows the table's watermark has passed, keeps that watermark as the
+/// flow's (stored, so `sluice status` shows it, and on `counters`' gauges), and calls
+/// `started` once its counts table exists. A store outage is retried; it never fails the flow.
+/// Returns whether it ran to its end (`true`) or was stopped.
+pub async fn follow_table(
+    plan: TableWindowPlan,
+    store: Arc<dyn Store>,
+    flow: FlowHandle,
+    counters: &Counters,
+    drain: CancellationToken,
+    started: impl FnOnce(),
+) -> Result<bool, String> {
+    store
+        .prepare_window_table(&plan.emission.windows_table)
+        .await
+        .map_err(|e| format!("cannot create {}: {e}", plan.emission.windows_table))?;
+    let watermark = FlowWatermark::new();
+    counters.attach_watermark(watermark.clone());
+    started();
+    let mut backoff = Backoff::default();
+    let mut emitted_before = i64::MIN;
+    loop {
+        match emit_over_table(&plan, &*store, &flow, &watermark, &mut emitted_before).await {
+            Ok(()) if !plan.follow => return Ok(true),
+            Ok(()) => {
+                backoff = Backoff::default();
+                counters.publish_watermark();
+                tokio::select! {
+                    _ = tokio::time::sleep(EMIT_INTERVAL) => {}
+                    _ = drain.cancelled() => return Ok(false),
+                }
+            }
+            Err(error) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(flow = %flow.name, %error, step = backoff.step(),
+                    "cannot emit the windows of a table; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = drain.cancelled() => return Ok(false),
+                }
+            }
+        }
+    }
+}
+
+/// One tick of [`follow_table`]: the table's watermark, stored as the flow's, then the due
+/// windows.
+async fn emit_over_table(
+    plan: &TableWindowPlan,
+    store: &dyn Store,
+    flow: &FlowHandle,
+    watermark: &FlowWatermark,
+    emitted_before: &mut i64,
+) -> Result<(), sluice_store::StoreError> {
+    let records = store.watermarks(&flow.pipeline).await?;
+    let Some(table_ms) = table_watermark(&plan.live_writers, &records) else {
+        return Ok(());
+    };
+    if table_ms != i64::MAX {
+        watermark.advance(table_ms);
+        let now_ms = sluice_connector::now_ms();
+        store
+            .advance_watermark(
+                flow,
+                &WatermarkRecord {
+                    watermark_ms: table_ms,
+                    horizon_ms: table_ms,
+                    updated_at_ms: now_ms,
+                },
+                None,
+            )
+            .await?;
+    }
+    let before_ms = table_ms.saturating_sub(plan.lateness_ms);
+    if before_ms < emitted_before.saturating_add(plan.emission.size_ms) {
+        return Ok(());
+    }
+    let emission = WindowEmission {
+        before_ms,
+        ..plan.emission.clone()
+    };
+    let emitted = store.emit_windows(flow, &emission).await?;
+    if emitted.rows > 0 {
+        tracing::info!(flow = %flow.name, rows = emitted.rows,
+            before_ms = emitted.emitted_before_ms, "windows emitted");
+    }
+    *emitted_before = emitted.emitted_before_ms;
+    Ok(())
 }
 
 /// A running emitter.
@@ -173,6 +360,31 @@ async fn emit_until(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(watermark_ms: i64) -> WatermarkRecord {
+        WatermarkRecord {
+            watermark_ms,
+            horizon_ms: watermark_ms,
+            updated_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_tables_watermark_is_its_slowest_live_writers() {
+        let writers = ["a".to_owned(), "b".to_owned()];
+        let records = [
+            ("a".to_owned(), record(5_000)),
+            ("b".to_owned(), record(3_000)),
+            ("c".to_owned(), record(1_000)),
+        ];
+        assert_eq!(table_watermark(&writers, &records), Some(3_000));
+        assert_eq!(
+            table_watermark(&writers, &records[..1]),
+            None,
+            "b has no watermark yet"
+        );
+        assert_eq!(table_watermark(&[], &records), Some(i64::MAX));
+    }
 
     #[test]
     fn groups_by_an_attribute_only() {

@@ -596,9 +596,10 @@ impl Store for PostgresStore {
         &self,
         flow: &FlowHandle,
         offer: &WatermarkRecord,
-    ) -> Result<WatermarkRecord, StoreError> {
+        fenced_by: Option<&str>,
+    ) -> Result<Option<WatermarkRecord>, StoreError> {
         let (client, _) = self.ready().await?;
-        progress::advance_watermark(&client, flow, offer).await
+        progress::advance_watermark(&client, flow, offer, fenced_by).await
     }
 
     async fn watermarks(

@@ -123,16 +123,23 @@ pub(super) async fn prune_buckets(
 }
 
 /// Stores the larger of the stored and the offered value of each field, in one statement, and
-/// returns the record now stored.
+/// returns the record now stored; with `fenced_by`, only while that worker holds the flow's
+/// `watermark/<flow>` lease on the server's clock (else `None`, nothing written).
 pub(super) async fn advance_watermark(
     client: &Client,
     flow: &FlowHandle,
     offer: &WatermarkRecord,
-) -> Result<WatermarkRecord, StoreError> {
+    fenced_by: Option<&str>,
+) -> Result<Option<WatermarkRecord>, StoreError> {
+    let role = format!("watermark/{}", flow.name);
+    let pipeline: &str = &flow.pipeline;
     let row = client
-        .query_one(
+        .query_opt(
             "INSERT INTO sluice_watermarks AS w (flow_id, watermark_ms, horizon_ms, updated_at_ms)
-             VALUES ($1, $2, $3, $4)
+             SELECT $1, $2, $3, $4
+             WHERE $5::text IS NULL OR EXISTS (
+                 SELECT 1 FROM sluice_leases
+                 WHERE pipeline = $6 AND role = $7 AND holder = $5 AND expires_at > now())
              ON CONFLICT (flow_id) DO UPDATE SET
                  watermark_ms = GREATEST(w.watermark_ms, excluded.watermark_ms),
                  horizon_ms = GREATEST(w.horizon_ms, excluded.horizon_ms),
@@ -143,14 +150,20 @@ pub(super) async fn advance_watermark(
                 &offer.watermark_ms,
                 &offer.horizon_ms,
                 &offer.updated_at_ms,
+                &fenced_by,
+                &pipeline,
+                &role,
             ],
         )
         .await?;
-    Ok(WatermarkRecord {
-        watermark_ms: row.try_get(0)?,
-        horizon_ms: row.try_get(1)?,
-        updated_at_ms: row.try_get(2)?,
+    row.map(|row| {
+        Ok(WatermarkRecord {
+            watermark_ms: row.try_get(0)?,
+            horizon_ms: row.try_get(1)?,
+            updated_at_ms: row.try_get(2)?,
+        })
     })
+    .transpose()
 }
 
 /// The watermark records of the pipeline's flows that have one, in flow-name order (bytewise,

@@ -9,7 +9,7 @@
 
 use crate::schema::check_table;
 use crate::sqlite_windows::{Plan, check_emission, plan};
-use crate::{FlowHandle, StoreError, WindowEmission, WindowsEmitted};
+use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowsEmitted};
 use deadpool_postgres::Client;
 
 /// Creates the counts table `windows_table` if missing, under the DDL lock (replicas preparing
@@ -72,15 +72,21 @@ pub(super) async fn emit_windows(
         .await?
         .map(|row| row.try_get(0))
         .transpose()?;
+    // Which rows count: `$1` is the flow's name, or NULL for every row (a window over
+    // another target's table).
+    let of_flow: Option<&str> = match emission.rows {
+        WindowRows::OfTheFlow => Some(name),
+        WindowRows::All => None,
+    };
     let oldest: Option<i64> = match mark {
         Some(_) => None,
         None => tx
             .query_one(
                 &format!(
                     "SELECT (extract(epoch FROM min(event_time)) * 1000)::int8
-                     FROM \"{base}\" WHERE flow = $1"
+                     FROM \"{base}\" WHERE $1::text IS NULL OR flow = $1"
                 ),
-                &[&name],
+                &[&of_flow],
             )
             .await?
             .try_get(0)?,
@@ -103,13 +109,13 @@ pub(super) async fn emit_windows(
                               t.group_key
                        FROM (SELECT (extract(epoch FROM event_time) * 1000)::int8 AS ms,
                                     COALESCE(attributes ->> $3::text, '') AS group_key
-                             FROM \"{base}\" WHERE flow = $1) AS t
+                             FROM \"{base}\" WHERE $1::text IS NULL OR flow = $1) AS t
                        WHERE t.ms >= $4 AND t.ms < $5) AS e
                  GROUP BY e.window_start, e.group_key
                  ON CONFLICT (window_start, group_key) DO NOTHING"
             ),
             &[
-                &name,
+                &of_flow,
                 &emission.size_ms,
                 &emission.group_attribute,
                 &start,
