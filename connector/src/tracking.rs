@@ -22,9 +22,8 @@
 //! # What this relies on, and its limits
 //!
 //! The estimator's guarantee (crate `sluice_watermark`) holds when the horizon is right and
-//! processed counts never run ahead of the truth. Known ways in which they can be wrong, to be
-//! closed by counting per message id inside the commit transaction and by fencing the reader's
-//! writes with its lease:
+//! processed counts never run ahead of the truth. Known ways in which they can be wrong (the
+//! first two to be closed by counting per message id inside the commit transaction):
 //!
 //! * **Counts are per delivery, not per message.** A redelivery of a message already settled
 //!   (a lost ack, a lease that lapsed, a commit whose answer was lost and whose counts were
@@ -37,8 +36,12 @@
 //! * **The horizon** rests on live delivery within 2 s ([`sluice_watermark::DeliveryHorizon`]):
 //!   a tracking stream that the client reopens after an error, and stays silent meanwhile, is
 //!   taken for caught up; so is the emulator's stall after a stream closed.
-//! * **Lease handover is not fenced**: a reader that lost its lease during a store outage may
-//!   still hold uncounted deliveries while the new one already estimates.
+//! * **Lease handover.** The reader's watermark writes are fenced by its lease
+//!   (`Store::advance_watermark` checks it in the same statement), so a reader paused past its
+//!   lease's expiry writes nothing when it wakes. A new reader's view is complete only once the
+//!   old reader's unacked deliveries have come back to it: at once when the old reader stops
+//!   reading on losing the lease, after their ack deadline (10 s, shorter than the 15 s lease)
+//!   when it died; a process stalled whole holds them until it resumes or dies.
 //! * **A subscription older than its tracking subscription**: its backlog from before was never
 //!   tracked, so it looks processed; create the tracking subscription (or let `auto` create it)
 //!   before the backlog you want watermarked.
@@ -385,6 +388,11 @@ impl WatermarkTracker {
     /// Estimates from the stored counts and moves the stored watermark forward.
     async fn estimate(&self, reading: &mut Reading) -> Result<(), StoreError> {
         let now = now_ms();
+        // No horizon (nothing delivered since the stream opened, or a backlog still being
+        // drained): the watermark holds.
+        let Some(live) = reading.live_horizon else {
+            return Ok(());
+        };
         let stored = self
             .store
             .watermarks(&self.flow.pipeline)
@@ -392,11 +400,6 @@ impl WatermarkTracker {
             .into_iter()
             .find(|(name, _)| *name == *self.flow.name)
             .map(|(_, record)| record);
-        // No horizon (nothing delivered since the stream opened, or a backlog still being
-        // drained): the watermark holds.
-        let Some(live) = reading.live_horizon else {
-            return Ok(());
-        };
         let horizon = stored.map_or(live, |r| r.horizon_ms.max(live));
         let buckets = self.store.bucket_counts(&self.flow, i64::MIN).await?;
         let mut tracking = TrackingHistogram::new(sluice_store::PROGRESS_BUCKET_MS);
