@@ -399,3 +399,78 @@ pub fn build(
         windows,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn problems(yaml: &str) -> Vec<String> {
+        let pipeline = sluice_pipeline::parse(yaml, Path::new("p.yaml")).unwrap();
+        unsupported(&pipeline)
+    }
+
+    /// A pipeline whose `events` table is written by `writers` (YAML flow entries) and counted
+    /// by the window flow `counts` (`counts_extra`: more keys of it).
+    fn window_over_events(writers: &str, counts_extra: &str) -> String {
+        format!(
+            "pipeline: p\nstore: sqlite://s.db\n\
+             targets:\n  - {{ name: events, kind: table }}\n  - name: per_minute\n    kind: window\n    window: {{ size: 1m, group_by: \"attribute:region\" }}\n\
+             flows:\n{writers}  - name: counts\n    target: per_minute\n    source: {{ table: events }}\n{counts_extra}"
+        )
+    }
+
+    const LIVE_WITH_WATERMARK: &str = "  - name: live\n    target: events\n    source: { pubsub: { subscription: s, watermark: { tracking_subscription: auto } } }\n";
+    const LIVE_WITHOUT_WATERMARK: &str =
+        "  - name: live\n    target: events\n    source: { pubsub: { subscription: s } }\n";
+    const BACKFILL: &str = "  - name: backfill\n    target: events\n    once: true\n    source: { file: { path: h.jsonl } }\n";
+
+    #[test]
+    fn spec_examples_window_over_a_table_runs() {
+        let example =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipeline/tests/data/orders.yaml");
+        let pipeline = sluice_pipeline::load(&example).unwrap();
+        assert_eq!(unsupported(&pipeline), Vec::<String>::new());
+        let counts = pipeline
+            .flows
+            .iter()
+            .find(|f| f.name == "per_minute_counts")
+            .unwrap();
+        assert!(crate::windows::table_plan(&pipeline, counts).is_some());
+    }
+
+    #[test]
+    fn a_window_over_a_table_needs_every_live_writers_watermark() {
+        let both = format!("{BACKFILL}{LIVE_WITH_WATERMARK}");
+        assert_eq!(
+            problems(&window_over_events(&both, "")),
+            Vec::<String>::new()
+        );
+        let found = problems(&window_over_events(LIVE_WITHOUT_WATERMARK, ""));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("flows[1].source") && found[0].contains("live writer \"live\""),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_window_over_a_table_refuses_unbounded_file_writers_and_endless_once_flows() {
+        let file_live =
+            "  - name: files\n    target: events\n    source: { file: { path: h.jsonl } }\n";
+        let found = problems(&window_over_events(file_live, ""));
+        assert!(
+            found.len() == 1 && found[0].contains("(files)"),
+            "{found:?}"
+        );
+        let found = problems(&window_over_events(LIVE_WITH_WATERMARK, "    once: true\n"));
+        assert!(
+            found.len() == 1 && found[0].contains("flows[1].once"),
+            "{found:?}"
+        );
+        // In a triggered pipeline every flow is bounded, and waited for.
+        let triggered =
+            window_over_events(file_live, "").replace("store:", "mode: triggered\nstore:");
+        assert_eq!(problems(&triggered), Vec::<String>::new());
+    }
+}
