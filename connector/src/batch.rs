@@ -60,7 +60,10 @@ impl FlowDedup {
             Admission::New(delivery) => Some(delivery),
             Admission::Parked => None,
             Admission::Committed(duplicate) => {
-                self.counters.processed([duplicate.message.publish_time_ms]);
+                self.counters.settled([(
+                    duplicate.message.publish_time_ms,
+                    duplicate.message.message_id.as_str(),
+                )]);
                 let received_at = duplicate.ack();
                 self.counters.duplicate_in_memory(1);
                 self.counters.acked(1);
@@ -323,11 +326,11 @@ impl Batch {
             .window
             .settle(deliveries.iter().map(|d| d.hash), Settlement::Committed);
         let (acked, parked_duplicates) = (deliveries.len() as u64, parked.len() as u64);
-        counters.processed(
+        counters.settled(
             deliveries
                 .iter()
                 .chain(&parked)
-                .map(|d| d.message.publish_time_ms),
+                .map(|d| (d.message.publish_time_ms, d.message.message_id.as_str())),
         );
         for delivery in deliveries.into_iter().chain(parked) {
             counters.ack_latency(delivery.ack().elapsed().as_secs_f64());

@@ -217,11 +217,11 @@ impl Counters {
         }
     }
 
-    /// Messages published at these times were settled (acked after their commit, or as
-    /// duplicates). Nothing is counted, or iterated, for a flow without a watermark.
-    pub(crate) fn processed(&self, publish_ms: impl IntoIterator<Item = i64>) {
+    /// These messages (publish time, message id) were settled: acked after their commit, or
+    /// as duplicates. Nothing is kept, or iterated, for a flow without a watermark.
+    pub(crate) fn settled<'a>(&self, messages: impl IntoIterator<Item = (i64, &'a str)>) {
         if let Some(watermark) = self.watermark() {
-            watermark.processed_all(publish_ms);
+            watermark.settled(messages);
         }
     }
 

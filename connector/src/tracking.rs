@@ -22,17 +22,17 @@
 //! # What this relies on, and its limits
 //!
 //! The estimator's guarantee (crate `sluice_watermark`) holds when the horizon is right and
-//! processed counts never run ahead of the truth. Known ways in which they can be wrong (the
-//! first two to be closed by counting per message id inside the commit transaction):
+//! processed counts never run ahead of the truth. Both sides report by message id
+//! (`Store::add_bucket_messages`), so a redelivery (a lost ack, a lease that lapsed, a commit
+//! whose answer was lost and whose reports were given back and made again) counts once, and a
+//! bucket is processed exactly when every message tracked in it was settled. Known ways in
+//! which they can still be wrong:
 //!
-//! * **Counts are per delivery, not per message.** A redelivery of a message already settled
-//!   (a lost ack, a lease that lapsed, a commit whose answer was lost and whose counts were
-//!   given back and added again) is counted again; its bucket can look processed early, and
-//!   the watermark can pass a message of that bucket still in flight. A redelivery to the
-//!   tracking reader counts a message twice there, which only holds the watermark.
-//! * **Lost counts** (a worker killed before it stored them) leave a bucket unprocessed. A
-//!   bucket that stays so for [`STALL_RELEASE`] while later buckets are processed is released
-//!   (logged); a backlog drained out of order for longer than that can be released too early.
+//! * **Lost reports** (a worker killed after its commit, before it stored which messages it
+//!   settled; they are stored every [`TICK`], not in the commit's transaction) leave a bucket
+//!   unprocessed. A bucket that stays so for [`STALL_RELEASE`] while later buckets are
+//!   processed is released (logged); a backlog drained out of order for longer than that can be
+//!   released too early. Recording settled ids in the commit's transaction would close this.
 //! * **The horizon** rests on live delivery within 2 s ([`sluice_watermark::DeliveryHorizon`]):
 //!   a tracking stream that the client reopens after an error, and stays silent meanwhile, is
 //!   taken for caught up; so is the emulator's stall after a stream closed.
@@ -55,10 +55,11 @@ use crate::source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
 use crate::time::now_ms;
 use crate::watermark::{FlowWatermark, bucket_of};
 use sluice_store::{
-    BucketCounts, FlowHandle, LeaseGrant, LeaseRequest, Store, StoreError, WatermarkRecord,
+    BucketCounts, BucketMessage, FlowHandle, LeaseGrant, LeaseRequest, MessageReport, Store,
+    StoreError, WatermarkRecord,
 };
 use sluice_watermark::{DEFAULT_QUIET_MS, DeliveryHorizon, SluiceEstimator, TrackingHistogram};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -110,9 +111,9 @@ struct Reading {
     stop: CancellationToken,
     intake: mpsc::Receiver<Received>,
     horizon: DeliveryHorizon,
-    /// Delivered, counted in `pending`, not yet stored: acked once the counts are stored.
+    /// Delivered, reported in `pending`, not yet stored: acked once the reports are stored.
     held: Vec<Received>,
-    pending: BTreeMap<i64, BucketCounts>,
+    pending: Vec<BucketMessage>,
     estimator: SluiceEstimator,
     /// Buckets first seen unprocessed behind processed ones, and when.
     stalled_since: HashMap<i64, i64>,
@@ -243,13 +244,13 @@ impl WatermarkTracker {
 
     /// Adds this worker's processed counts to the store (given back on failure).
     async fn report_processed(&self) -> Result<(), StoreError> {
-        let counts = self.watermark.take_processed();
-        if counts.is_empty() {
+        let settled = self.watermark.take_settled();
+        if settled.is_empty() {
             return Ok(());
         }
-        let added = self.store.add_bucket_counts(&self.flow, &counts).await;
+        let added = self.store.add_bucket_messages(&self.flow, &settled).await;
         if added.is_err() {
-            self.watermark.restore_processed(&counts);
+            self.watermark.restore_settled(settled);
         }
         added
     }
@@ -306,7 +307,7 @@ impl WatermarkTracker {
             intake,
             horizon,
             held: Vec::new(),
-            pending: BTreeMap::new(),
+            pending: Vec::new(),
             estimator: SluiceEstimator::new(self.settings.band_ms),
             stalled_since: HashMap::new(),
             live_horizon: None,
@@ -335,15 +336,11 @@ impl WatermarkTracker {
             let message = &received.message;
             let bucket = bucket_of(message.publish_time_ms);
             let event = self.event_time(message);
-            let counts = reading.pending.entry(bucket).or_insert(BucketCounts {
+            reading.pending.push(BucketMessage {
                 bucket_ms: bucket,
-                ..BucketCounts::default()
+                message_id: message.message_id.clone(),
+                report: MessageReport::Tracked { event_ms: event },
             });
-            counts.tracked += 1;
-            counts.min_event_ms = match (counts.min_event_ms, event) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
             let in_band =
                 event.is_none_or(|e| e >= message.publish_time_ms - self.settings.band_ms);
             reading
@@ -376,8 +373,9 @@ impl WatermarkTracker {
         if reading.pending.is_empty() {
             return Ok(());
         }
-        let counts: Vec<BucketCounts> = reading.pending.values().copied().collect();
-        self.store.add_bucket_counts(&self.flow, &counts).await?;
+        self.store
+            .add_bucket_messages(&self.flow, &reading.pending)
+            .await?;
         reading.pending.clear();
         for received in reading.held.drain(..) {
             received.handle.ack();

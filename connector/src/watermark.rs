@@ -1,9 +1,10 @@
 //! A flow's event-time watermark as its workers see it, and what they report toward it.
 //!
-//! * [`FlowWatermark::processed`] counts, per publish-time bucket, the messages this worker
-//!   settled (committed, dead-lettered, found a duplicate). [`crate::WatermarkTracker`] adds
-//!   them to the store's buckets, where the tracking reader compares them with what the
-//!   tracking subscription delivered: a bucket is processed when its counts meet.
+//! * [`FlowWatermark::settled`] keeps, per publish-time bucket, the ids of the messages this
+//!   worker settled (committed, dead-lettered, found a duplicate). [`crate::WatermarkTracker`]
+//!   records them in the store's buckets, where the tracking reader compares them with what the
+//!   tracking subscription delivered: a bucket is processed when every message tracked in it
+//!   was settled. By id, so a redelivery settled again counts once.
 //! * [`FlowWatermark::current`] is the flow's watermark, as the tracking reader last stored it
 //!   (the same value on every replica, a little later on some). Batches carry it
 //!   ([`crate::Batch::watermark_ms`]), commits count rows below it as late
@@ -12,8 +13,7 @@
 //! Guarantee: the watermark held here only moves forward ([`FlowWatermark::advance`] keeps the
 //! larger value), so a replica that reads an older record never shows a watermark going back.
 
-use sluice_store::{BucketCounts, PROGRESS_BUCKET_MS};
-use std::collections::BTreeMap;
+use sluice_store::{BucketMessage, MessageReport, PROGRESS_BUCKET_MS};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -29,7 +29,7 @@ pub struct FlowWatermark {
 #[derive(Debug)]
 struct Inner {
     watermark_ms: AtomicI64,
-    processed: Mutex<BTreeMap<i64, u64>>,
+    settled: Mutex<Vec<BucketMessage>>,
 }
 
 impl Default for FlowWatermark {
@@ -37,7 +37,7 @@ impl Default for FlowWatermark {
         Self {
             inner: Arc::new(Inner {
                 watermark_ms: AtomicI64::new(NONE),
-                processed: Mutex::new(BTreeMap::new()),
+                settled: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -66,52 +66,39 @@ impl FlowWatermark {
             .fetch_max(watermark_ms, Ordering::AcqRel);
     }
 
-    /// This worker settled one message published at `publish_ms`.
-    pub fn processed(&self, publish_ms: i64) {
-        self.processed_all([publish_ms]);
-    }
-
-    /// This worker settled messages published at these times (one lock for a whole batch).
-    pub fn processed_all(&self, publish_ms: impl IntoIterator<Item = i64>) {
-        let mut processed = self
+    /// This worker settled these messages, each given by its publish time and message id (one
+    /// lock for a whole batch).
+    pub fn settled<'a>(&self, messages: impl IntoIterator<Item = (i64, &'a str)>) {
+        let mut settled = self
             .inner
-            .processed
+            .settled
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        for publish_ms in publish_ms {
-            *processed.entry(bucket_of(publish_ms)).or_default() += 1;
-        }
+        settled.extend(messages.into_iter().map(|(publish_ms, id)| BucketMessage {
+            bucket_ms: bucket_of(publish_ms),
+            message_id: id.to_owned(),
+            report: MessageReport::Settled,
+        }));
     }
 
-    /// Takes the counts not reported yet (to be added to the store).
-    pub fn take_processed(&self) -> Vec<BucketCounts> {
-        let taken = std::mem::take(
+    /// Takes the settled messages not reported yet (to be recorded in the store).
+    pub fn take_settled(&self) -> Vec<BucketMessage> {
+        std::mem::take(
             &mut *self
                 .inner
-                .processed
+                .settled
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
-        );
-        taken
-            .into_iter()
-            .map(|(bucket_ms, processed)| BucketCounts {
-                bucket_ms,
-                processed,
-                ..BucketCounts::default()
-            })
-            .collect()
+        )
     }
 
-    /// Gives back counts whose report failed, to be reported with the next ones.
-    pub fn restore_processed(&self, counts: &[BucketCounts]) {
-        let mut processed = self
-            .inner
-            .processed
+    /// Gives back reports that could not be recorded, to go with the next ones.
+    pub fn restore_settled(&self, reports: Vec<BucketMessage>) {
+        self.inner
+            .settled
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        for count in counts {
-            *processed.entry(count.bucket_ms).or_default() += count.processed;
-        }
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(reports);
     }
 }
 
@@ -121,26 +108,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn moves_forward_only_and_counts_by_bucket() {
+    fn moves_forward_only_and_keeps_settled_messages_by_bucket() {
         let w = FlowWatermark::new();
         assert_eq!(w.current(), None);
         w.advance(5_000);
         w.advance(4_000);
         assert_eq!(w.current(), Some(5_000));
-        w.processed(1_500);
-        w.processed(1_999);
-        w.processed(2_000);
-        let taken = w.take_processed();
+        w.settled([(1_500, "a"), (1_999, "b"), (2_000, "c")]);
+        let taken = w.take_settled();
         assert_eq!(
             taken
                 .iter()
-                .map(|c| (c.bucket_ms, c.processed))
+                .map(|m| (m.bucket_ms, m.message_id.as_str(), m.report))
                 .collect::<Vec<_>>(),
-            [(1_000, 2), (2_000, 1)]
+            [
+                (1_000, "a", MessageReport::Settled),
+                (1_000, "b", MessageReport::Settled),
+                (2_000, "c", MessageReport::Settled)
+            ]
         );
-        assert!(w.take_processed().is_empty());
-        w.restore_processed(&taken);
-        w.processed(1_000);
-        assert_eq!(w.take_processed()[0].processed, 3);
+        assert!(w.take_settled().is_empty());
+        w.restore_settled(taken);
+        w.settled([(1_000, "d")]);
+        assert_eq!(w.take_settled().len(), 4);
     }
 }

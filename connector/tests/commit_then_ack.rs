@@ -127,12 +127,12 @@ impl Store for FaultyStore {
     async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         self.inner.leases(pipeline).await
     }
-    async fn add_bucket_counts(
+    async fn add_bucket_messages(
         &self,
         flow: &FlowHandle,
-        counts: &[sluice_store::BucketCounts],
+        messages: &[sluice_store::BucketMessage],
     ) -> Result<(), StoreError> {
-        self.inner.add_bucket_counts(flow, counts).await
+        self.inner.add_bucket_messages(flow, messages).await
     }
     async fn bucket_counts(
         &self,

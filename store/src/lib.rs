@@ -56,7 +56,9 @@ pub use postgres::{
     DEFAULT_SCRATCH_SERVER, Footprint, PostgresOptions, PostgresStore, SCRATCH_SERVER_VAR,
     ScratchDatabase,
 };
-pub use progress::{BucketCounts, PROGRESS_BUCKET_MS, WatermarkRecord};
+pub use progress::{
+    BucketCounts, BucketMessage, MessageReport, PROGRESS_BUCKET_MS, WatermarkRecord,
+};
 pub use schema::{is_identifier, table_name, window_table_name};
 pub use sqlite::SqliteStore;
 pub use url::{StoreUrl, open};
@@ -177,23 +179,26 @@ pub trait Store: Send + Sync + 'static {
     /// The leases of `pipeline`, expired ones included.
     async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError>;
 
-    /// Adds `counts` to `flow`'s watermark buckets in one transaction: `tracked` and
-    /// `processed` are added to the stored totals (a missing bucket starts at zero) and
-    /// `min_event_ms` merges by minimum. See [`BucketCounts`].
-    async fn add_bucket_counts(
+    /// Records `messages` toward `flow`'s watermark, in one transaction, once per message id
+    /// and bucket: a message reported tracked (or settled) again, as a redelivery is, changes
+    /// nothing. Reports of one message from the tracking reader and from the workers combine.
+    async fn add_bucket_messages(
         &self,
         flow: &FlowHandle,
-        counts: &[BucketCounts],
+        messages: &[BucketMessage],
     ) -> Result<(), StoreError>;
 
-    /// `flow`'s buckets starting at or after `from_ms`, in bucket order, with their totals.
+    /// `flow`'s buckets starting at or after `from_ms` that hold a tracked message, in bucket
+    /// order: how many distinct messages were tracked, how many of those were settled, and
+    /// their smallest event time (see [`BucketCounts`]).
     async fn bucket_counts(
         &self,
         flow: &FlowHandle,
         from_ms: i64,
     ) -> Result<Vec<BucketCounts>, StoreError>;
 
-    /// Deletes `flow`'s buckets starting before `before_ms`; returns how many went.
+    /// Forgets `flow`'s buckets starting before `before_ms`; returns how many message reports
+    /// went.
     async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError>;
 
     /// Moves `flow`'s watermark record forward: each field becomes the larger of the stored

@@ -89,13 +89,15 @@ CREATE TABLE IF NOT EXISTS sluice_leases (
     expires_at  INTEGER NOT NULL,
     PRIMARY KEY (pipeline, role)
 );
-CREATE TABLE IF NOT EXISTS sluice_watermark_buckets (
-    flow_id      INTEGER NOT NULL,
-    bucket_ms    INTEGER NOT NULL,
-    tracked      INTEGER NOT NULL,
-    processed    INTEGER NOT NULL,
-    min_event_ms INTEGER,
-    PRIMARY KEY (flow_id, bucket_ms)
+DROP TABLE IF EXISTS sluice_watermark_buckets;
+CREATE TABLE IF NOT EXISTS sluice_watermark_messages (
+    flow_id    INTEGER NOT NULL,
+    bucket_ms  INTEGER NOT NULL,
+    message_id TEXT NOT NULL,
+    tracked    INTEGER NOT NULL,
+    settled    INTEGER NOT NULL,
+    event_ms   INTEGER,
+    PRIMARY KEY (flow_id, bucket_ms, message_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sluice_watermarks (
     flow_id       INTEGER PRIMARY KEY,

@@ -8,9 +8,9 @@ use crate::schema::{
     SQLITE_STATE_DDL, check_table, sqlite_dead_letter_ddl, sqlite_target_ddl, table_name,
 };
 use crate::{
-    BucketCounts, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant,
-    LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError, StoredRow,
-    WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout,
+    LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError,
+    StoredRow, WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -269,16 +269,16 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn add_bucket_counts(
+    async fn add_bucket_messages(
         &self,
         flow: &FlowHandle,
-        counts: &[BucketCounts],
+        messages: &[BucketMessage],
     ) -> Result<(), StoreError> {
-        if counts.is_empty() {
+        if messages.is_empty() {
             return Ok(());
         }
-        let (flow, counts) = (flow.clone(), counts.to_vec());
-        self.call(move |conn| crate::sqlite_progress::add_bucket_counts(conn, &flow, &counts))
+        let (flow, messages) = (flow.clone(), messages.to_vec());
+        self.call(move |conn| crate::sqlite_progress::add_bucket_messages(conn, &flow, &messages))
             .await
     }
 

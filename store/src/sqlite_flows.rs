@@ -27,7 +27,7 @@ pub(crate) fn reset_flow(
         "sluice_ledger",
         "sluice_completions",
         "sluice_commit_marks",
-        "sluice_watermark_buckets",
+        "sluice_watermark_messages",
         "sluice_watermarks",
         "sluice_window_marks",
     ] {

@@ -1,51 +1,42 @@
 //! SQLite: what the store keeps for event-time watermarks (see [`crate::progress`]) — per-flow
-//! publish-time buckets that reporters add to, and each flow's forward-only watermark record.
+//! publish-time buckets of message reports, and each flow's forward-only watermark record.
 //!
-//! Merges happen in the statements themselves (`tracked + excluded.tracked`, `MAX(...)`), so
-//! several processes sharing the file can report into the same rows without reading first.
+//! Merges happen in the statements themselves (`MAX(tracked, excluded.tracked)`), so several
+//! processes sharing the file can report into the same rows without reading first.
 
-use crate::{BucketCounts, FlowHandle, StoreError, WatermarkRecord};
+use crate::{BucketCounts, BucketMessage, FlowHandle, MessageReport, StoreError, WatermarkRecord};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-/// A count as SQLite stores it; a count beyond `i64::MAX` is refused, not wrapped.
-fn stored_count(count: u64) -> Result<i64, StoreError> {
-    i64::try_from(count)
-        .map_err(|_| StoreError::Rejected(format!("bucket count {count} is out of range")))
-}
-
-/// A stored count as reported (a stored count is never negative).
-fn reported_count(count: i64) -> u64 {
-    u64::try_from(count).unwrap_or_default()
-}
-
-/// Adds every entry of `counts` to its bucket, in one transaction. Entries for the same bucket
-/// are applied one after the other, which merges them.
-pub(crate) fn add_bucket_counts(
+/// Records each message's report, in one transaction: a row per flow, bucket and message id,
+/// whose `tracked` and `settled` flags only ever go from 0 to 1.
+pub(crate) fn add_bucket_messages(
     conn: &mut Connection,
     flow: &FlowHandle,
-    counts: &[BucketCounts],
+    messages: &[BucketMessage],
 ) -> Result<(), StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     {
-        // SQLite's two-argument MIN is NULL if either side is: COALESCE keeps the side that
-        // has a time when only one has.
         let mut statement = tx.prepare_cached(
-            "INSERT INTO sluice_watermark_buckets
-                 (flow_id, bucket_ms, tracked, processed, min_event_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5)
-             ON CONFLICT (flow_id, bucket_ms) DO UPDATE SET
-                 tracked = tracked + excluded.tracked,
-                 processed = processed + excluded.processed,
-                 min_event_ms = COALESCE(MIN(min_event_ms, excluded.min_event_ms),
-                                         min_event_ms, excluded.min_event_ms)",
+            "INSERT INTO sluice_watermark_messages
+                 (flow_id, bucket_ms, message_id, tracked, settled, event_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (flow_id, bucket_ms, message_id) DO UPDATE SET
+                 tracked = MAX(tracked, excluded.tracked),
+                 settled = MAX(settled, excluded.settled),
+                 event_ms = COALESCE(event_ms, excluded.event_ms)",
         )?;
-        for count in counts {
+        for message in messages {
+            let (tracked, settled, event_ms) = match message.report {
+                MessageReport::Tracked { event_ms } => (1, 0, event_ms),
+                MessageReport::Settled => (0, 1, None),
+            };
             statement.execute(params![
                 flow.id,
-                count.bucket_ms,
-                stored_count(count.tracked)?,
-                stored_count(count.processed)?,
-                count.min_event_ms,
+                message.bucket_ms,
+                message.message_id,
+                tracked,
+                settled,
+                event_ms,
             ])?;
         }
     }
@@ -53,35 +44,38 @@ pub(crate) fn add_bucket_counts(
     Ok(())
 }
 
-/// The flow's buckets at or after `from_ms`, in bucket order.
+/// The flow's buckets at or after `from_ms` that hold a tracked message, in bucket order.
 pub(crate) fn bucket_counts(
     conn: &mut Connection,
     flow: &FlowHandle,
     from_ms: i64,
 ) -> Result<Vec<BucketCounts>, StoreError> {
     let mut statement = conn.prepare_cached(
-        "SELECT bucket_ms, tracked, processed, min_event_ms FROM sluice_watermark_buckets
-         WHERE flow_id = ?1 AND bucket_ms >= ?2 ORDER BY bucket_ms",
+        "SELECT bucket_ms, SUM(tracked), SUM(tracked * settled),
+                MIN(CASE WHEN tracked = 1 THEN event_ms END)
+         FROM sluice_watermark_messages
+         WHERE flow_id = ?1 AND bucket_ms >= ?2
+         GROUP BY bucket_ms HAVING SUM(tracked) > 0 ORDER BY bucket_ms",
     )?;
     let rows = statement.query_map(params![flow.id, from_ms], |row| {
         Ok(BucketCounts {
             bucket_ms: row.get(0)?,
-            tracked: reported_count(row.get(1)?),
-            processed: reported_count(row.get(2)?),
+            tracked: u64::try_from(row.get::<_, i64>(1)?).unwrap_or_default(),
+            processed: u64::try_from(row.get::<_, i64>(2)?).unwrap_or_default(),
             min_event_ms: row.get(3)?,
         })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-/// Deletes the flow's buckets before `before_ms`; returns how many went.
+/// Forgets the flow's buckets before `before_ms`; returns how many message reports went.
 pub(crate) fn prune_buckets(
     conn: &mut Connection,
     flow: &FlowHandle,
     before_ms: i64,
 ) -> Result<u64, StoreError> {
     let deleted = conn.execute(
-        "DELETE FROM sluice_watermark_buckets WHERE flow_id = ?1 AND bucket_ms < ?2",
+        "DELETE FROM sluice_watermark_messages WHERE flow_id = ?1 AND bucket_ms < ?2",
         params![flow.id, before_ms],
     )?;
     Ok(u64::try_from(deleted).unwrap_or(u64::MAX))

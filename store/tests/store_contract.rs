@@ -5,9 +5,10 @@
 use bytes::Bytes;
 use sluice_dedup::DedupKey;
 use sluice_store::{
-    BucketCounts, CommitBatch, Effect, Entry, FlowHandle, Layout, LeaseGrant, LeaseRequest,
-    MessageFields, PostgresStore, ResetRows, ScratchDatabase, SqliteStore, Store, WatermarkRecord,
-    WindowEmission, WindowRows, WindowsEmitted, WorkerBeat, table_name, window_table_name,
+    BucketCounts, BucketMessage, CommitBatch, Effect, Entry, FlowHandle, Layout, LeaseGrant,
+    LeaseRequest, MessageFields, MessageReport, PostgresStore, ResetRows, ScratchDatabase,
+    SqliteStore, Store, WatermarkRecord, WindowEmission, WindowRows, WindowsEmitted, WorkerBeat,
+    table_name, window_table_name,
 };
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -213,7 +214,7 @@ on_both_backends!(
     completions_are_seen_by_every_handle,
     reset_forgets_one_flow_only,
     rows_are_read_in_pages,
-    bucket_counts_add_up_across_reporters,
+    bucket_counts_count_each_message_once,
     watermarks_never_move_back,
     a_fenced_watermark_needs_the_readers_lease,
     reset_forgets_buckets_and_watermark,
@@ -644,6 +645,24 @@ fn bucket(bucket_ms: i64, tracked: u64, processed: u64, min_event_ms: Option<i64
     }
 }
 
+/// The tracking reader's report of message `id`, published in bucket `bucket_ms`.
+fn tracked(bucket_ms: i64, id: &str, event_ms: Option<i64>) -> BucketMessage {
+    BucketMessage {
+        bucket_ms,
+        message_id: id.into(),
+        report: MessageReport::Tracked { event_ms },
+    }
+}
+
+/// A worker's report that it settled message `id`, published in bucket `bucket_ms`.
+fn settled(bucket_ms: i64, id: &str) -> BucketMessage {
+    BucketMessage {
+        bucket_ms,
+        message_id: id.into(),
+        report: MessageReport::Settled,
+    }
+}
+
 fn mark(watermark_ms: i64, horizon_ms: i64, updated_at_ms: i64) -> WatermarkRecord {
     WatermarkRecord {
         watermark_ms,
@@ -652,11 +671,12 @@ fn mark(watermark_ms: i64, horizon_ms: i64, updated_at_ms: i64) -> WatermarkReco
     }
 }
 
-/// Two reporters (separate handles, as the tracking reader and a worker would have) add into
-/// the same buckets: counts sum, the smallest event time wins and a report without one keeps
-/// it; reading from a bucket on gives that bucket and the later ones in order; pruning deletes
-/// the older ones of that flow only.
-async fn bucket_counts_add_up_across_reporters(postgres: bool) {
+/// Reports from the tracking reader and from workers (other handles) combine per message id:
+/// a bucket counts its distinct tracked messages and those of them settled, whatever the
+/// order of the reports; a redelivery reported again, tracked or settled, counts once; a
+/// settled message not tracked (yet) counts nowhere; the smallest event time is over tracked
+/// messages. Pruning forgets buckets before a time, for one flow only.
+async fn bucket_counts_count_each_message_once(postgres: bool) {
     let (place, tracker, flows) = open(postgres).await;
     let worker = place.open();
     let (live, other) = (&flows[0], &flows[1]);
@@ -667,54 +687,60 @@ async fn bucket_counts_add_up_across_reporters(postgres: bool) {
             .unwrap()
             .is_empty()
     );
-    tracker.add_bucket_counts(live, &[]).await.unwrap();
+    tracker.add_bucket_messages(live, &[]).await.unwrap();
 
-    // Out of bucket order on purpose.
-    tracker
-        .add_bucket_counts(
-            live,
-            &[
-                bucket(2_000, 1, 0, Some(2_100)),
-                bucket(0, 3, 0, Some(50)),
-                bucket(1_000, 2, 0, Some(1_500)),
-            ],
-        )
-        .await
-        .unwrap();
+    // Settled before it is tracked, out of bucket order, one report twice in a call.
     worker
-        .add_bucket_counts(
+        .add_bucket_messages(
             live,
             &[
-                bucket(1_000, 0, 2, None),
-                bucket(0, 0, 2, None),
-                bucket(3_000, 0, 4, None),
-                // The same bucket twice in one call.
-                bucket(1_000, 0, 1, None),
+                settled(1_000, "b1"),
+                settled(0, "a1"),
+                settled(3_000, "d1"),
+                settled(1_000, "b1"),
             ],
         )
         .await
         .unwrap();
     tracker
-        .add_bucket_counts(
+        .add_bucket_messages(
             live,
             &[
-                // A later but smaller event time lowers the minimum; a larger one does not.
-                bucket(1_000, 1, 0, Some(1_200)),
-                bucket(0, 1, 0, Some(70)),
+                tracked(2_000, "c1", Some(2_100)),
+                tracked(0, "a1", Some(50)),
+                tracked(0, "a2", Some(60)),
+                tracked(1_000, "b1", Some(1_500)),
+                tracked(1_000, "b2", None),
+            ],
+        )
+        .await
+        .unwrap();
+    // A redelivery of a1 is settled again by another worker: it still counts once; b2 is
+    // settled; the tracking reader is redelivered a2 and b1.
+    place
+        .open()
+        .add_bucket_messages(live, &[settled(0, "a1"), settled(1_000, "b2")])
+        .await
+        .unwrap();
+    tracker
+        .add_bucket_messages(
+            live,
+            &[
+                tracked(0, "a2", Some(60)),
+                tracked(1_000, "b1", Some(1_500)),
             ],
         )
         .await
         .unwrap();
     tracker
-        .add_bucket_counts(other, &[bucket(0, 9, 9, Some(1))])
+        .add_bucket_messages(other, &[tracked(0, "a1", Some(1)), settled(0, "a1")])
         .await
         .unwrap();
 
     let all = vec![
-        bucket(0, 4, 2, Some(50)),
-        bucket(1_000, 3, 3, Some(1_200)),
+        bucket(0, 2, 1, Some(50)),
+        bucket(1_000, 2, 2, Some(1_500)),
         bucket(2_000, 1, 0, Some(2_100)),
-        bucket(3_000, 0, 4, None),
     ];
     assert_eq!(worker.bucket_counts(live, i64::MIN).await.unwrap(), all);
     assert_eq!(tracker.bucket_counts(live, 0).await.unwrap(), all);
@@ -726,18 +752,31 @@ async fn bucket_counts_add_up_across_reporters(postgres: bool) {
         tracker.bucket_counts(live, 1_001).await.unwrap(),
         all[2..].to_vec()
     );
-    assert!(tracker.bucket_counts(live, 3_001).await.unwrap().is_empty());
+    assert!(tracker.bucket_counts(live, 2_001).await.unwrap().is_empty());
+    // d1 is tracked at last: bucket 3 000 holds one message, settled.
+    tracker
+        .add_bucket_messages(live, &[tracked(3_000, "d1", Some(3_300))])
+        .await
+        .unwrap();
+    assert_eq!(
+        tracker.bucket_counts(live, 3_000).await.unwrap(),
+        [bucket(3_000, 1, 1, Some(3_300))]
+    );
 
-    assert_eq!(worker.prune_buckets(live, 2_000).await.unwrap(), 2);
+    // Buckets 0 and 1 000: a1, a2, b1, b2 (each reported by both sides, one row each).
+    assert_eq!(worker.prune_buckets(live, 2_000).await.unwrap(), 4);
     assert_eq!(worker.prune_buckets(live, 2_000).await.unwrap(), 0);
     assert_eq!(
         tracker.bucket_counts(live, i64::MIN).await.unwrap(),
-        all[2..].to_vec()
+        [
+            bucket(2_000, 1, 0, Some(2_100)),
+            bucket(3_000, 1, 1, Some(3_300))
+        ]
     );
     // The other flow's bucket 0 is its own, and stays.
     assert_eq!(
         tracker.bucket_counts(other, i64::MIN).await.unwrap(),
-        [bucket(0, 9, 9, Some(1))]
+        [bucket(0, 1, 1, Some(1))]
     );
 }
 
@@ -914,7 +953,16 @@ async fn reset_forgets_buckets_and_watermark(postgres: bool) {
     let (stale, other) = (&flows[0], &flows[1]);
     for flow in [stale, other] {
         store
-            .add_bucket_counts(flow, &[bucket(0, 2, 1, Some(5)), bucket(1_000, 1, 1, None)])
+            .add_bucket_messages(
+                flow,
+                &[
+                    tracked(0, "a", Some(5)),
+                    tracked(0, "b", Some(6)),
+                    settled(0, "a"),
+                    tracked(1_000, "c", None),
+                    settled(1_000, "c"),
+                ],
+            )
             .await
             .unwrap();
         store
@@ -962,7 +1010,7 @@ async fn reset_forgets_buckets_and_watermark(postgres: bool) {
         Some(mark(10, 20, 30))
     );
     store
-        .add_bucket_counts(live, &[bucket(0, 1, 0, Some(9))])
+        .add_bucket_messages(live, &[tracked(0, "a", Some(9))])
         .await
         .unwrap();
     assert_eq!(

@@ -103,10 +103,10 @@ impl Store for DownStore {
     async fn leases(&self, _: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
-    async fn add_bucket_counts(
+    async fn add_bucket_messages(
         &self,
         _: &FlowHandle,
-        _: &[sluice_store::BucketCounts],
+        _: &[sluice_store::BucketMessage],
     ) -> Result<(), StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }

@@ -34,7 +34,7 @@ pub(super) async fn reset_flow(
         "sluice_completions",
         "sluice_flow_counters",
         "sluice_commit_marks",
-        "sluice_watermark_buckets",
+        "sluice_watermark_messages",
         "sluice_watermarks",
         "sluice_window_marks",
     ] {

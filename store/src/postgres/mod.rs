@@ -26,9 +26,9 @@ pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 
 use crate::schema::{check_table, table_name};
 use crate::{
-    BucketCounts, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant,
-    LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError, StoredRow,
-    WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout,
+    LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError,
+    StoredRow, WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -566,16 +566,16 @@ impl Store for PostgresStore {
             .collect()
     }
 
-    async fn add_bucket_counts(
+    async fn add_bucket_messages(
         &self,
         flow: &FlowHandle,
-        counts: &[BucketCounts],
+        messages: &[BucketMessage],
     ) -> Result<(), StoreError> {
-        if counts.is_empty() {
+        if messages.is_empty() {
             return Ok(());
         }
         let (client, _) = self.ready().await?;
-        progress::add_bucket_counts(&client, flow, counts).await
+        progress::add_bucket_messages(&client, flow, messages).await
     }
 
     async fn bucket_counts(

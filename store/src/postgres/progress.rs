@@ -1,89 +1,73 @@
 //! PostgreSQL: what the store keeps for event-time watermarks (see [`crate::progress`]) —
-//! per-flow publish-time buckets that every replica adds to, and each flow's forward-only
-//! watermark record.
+//! per-flow publish-time buckets of message reports that every replica adds to, and each
+//! flow's forward-only watermark record.
 //!
 //! Every call is one statement, so one round trip and one transaction. Merges happen in the
-//! statement (`b.tracked + excluded.tracked`, `LEAST`, `GREATEST`), so replicas report into
-//! the same rows without reading them first. A flow's reset gives it a new id (see
+//! statement (`m.tracked OR excluded.tracked`, `GREATEST`), so replicas report into the same
+//! rows without reading them first. A flow's reset gives it a new id (see
 //! `flows.rs`): its records are then reachable neither by id nor by name.
 
-use crate::{BucketCounts, FlowHandle, StoreError, WatermarkRecord};
+use crate::{BucketCounts, BucketMessage, FlowHandle, MessageReport, StoreError, WatermarkRecord};
 use deadpool_postgres::Client;
 use std::collections::BTreeMap;
 
-/// A count as PostgreSQL stores it (`BIGINT`); a count beyond `i64::MAX` is refused.
-fn stored_count(count: u64) -> Result<i64, StoreError> {
-    i64::try_from(count)
-        .map_err(|_| StoreError::Rejected(format!("bucket count {count} is out of range")))
-}
-
-/// A stored count as reported (a stored count is never negative).
-fn reported_count(count: i64) -> u64 {
-    u64::try_from(count).unwrap_or_default()
-}
-
-/// `counts` with the entries of one bucket merged into one, in bucket order. One `INSERT ...
-/// ON CONFLICT` may not touch a row twice; and replicas that lock the rows of the same buckets
-/// in the same order cannot deadlock on them.
-fn merged(counts: &[BucketCounts]) -> Vec<BucketCounts> {
-    let mut buckets: BTreeMap<i64, BucketCounts> = BTreeMap::new();
-    for count in counts {
-        let merged = buckets.entry(count.bucket_ms).or_insert(BucketCounts {
-            bucket_ms: count.bucket_ms,
-            ..BucketCounts::default()
-        });
-        merged.tracked = merged.tracked.saturating_add(count.tracked);
-        merged.processed = merged.processed.saturating_add(count.processed);
-        merged.min_event_ms = match (merged.min_event_ms, count.min_event_ms) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+/// `messages` with the reports of one message merged into one, in (bucket, message id) order.
+/// One `INSERT ... ON CONFLICT` may not touch a row twice; and replicas that lock the same rows
+/// in the same order cannot deadlock on them. Each value: (tracked, settled, event time).
+fn merged(messages: &[BucketMessage]) -> BTreeMap<(i64, &str), (bool, bool, Option<i64>)> {
+    let mut merged: BTreeMap<(i64, &str), (bool, bool, Option<i64>)> = BTreeMap::new();
+    for message in messages {
+        let entry = merged
+            .entry((message.bucket_ms, message.message_id.as_str()))
+            .or_default();
+        match message.report {
+            MessageReport::Tracked { event_ms } => {
+                entry.0 = true;
+                entry.2 = entry.2.or(event_ms);
+            }
+            MessageReport::Settled => entry.1 = true,
+        }
     }
-    buckets.into_values().collect()
+    merged
 }
 
-/// Adds every entry of `counts` to its bucket in one statement.
-pub(super) async fn add_bucket_counts(
+/// Records each message's report in one statement: a row per flow, bucket and message id,
+/// whose flags only ever go from false to true.
+pub(super) async fn add_bucket_messages(
     client: &Client,
     flow: &FlowHandle,
-    counts: &[BucketCounts],
+    messages: &[BucketMessage],
 ) -> Result<(), StoreError> {
-    let counts = merged(counts);
-    let buckets: Vec<i64> = counts.iter().map(|c| c.bucket_ms).collect();
-    let tracked = counts
-        .iter()
-        .map(|c| stored_count(c.tracked))
-        .collect::<Result<Vec<_>, _>>()?;
-    let processed = counts
-        .iter()
-        .map(|c| stored_count(c.processed))
-        .collect::<Result<Vec<_>, _>>()?;
-    let min_event: Vec<Option<i64>> = counts.iter().map(|c| c.min_event_ms).collect();
-    // LEAST ignores NULLs: a report without an event time keeps the stored one.
+    let merged = merged(messages);
+    let buckets: Vec<i64> = merged.keys().map(|(bucket, _)| *bucket).collect();
+    let ids: Vec<&str> = merged.keys().map(|(_, id)| *id).collect();
+    let tracked: Vec<bool> = merged.values().map(|v| v.0).collect();
+    let settled: Vec<bool> = merged.values().map(|v| v.1).collect();
+    let event_ms: Vec<Option<i64>> = merged.values().map(|v| v.2).collect();
     let statement = client
         .prepare_cached(
-            "INSERT INTO sluice_watermark_buckets AS b
-                 (flow_id, bucket_ms, tracked, processed, min_event_ms)
-             SELECT $1, c.bucket_ms, c.tracked, c.processed, c.min_event_ms
-             FROM unnest($2::int8[], $3::int8[], $4::int8[], $5::int8[])
-                 AS c (bucket_ms, tracked, processed, min_event_ms)
-             ORDER BY c.bucket_ms
-             ON CONFLICT (flow_id, bucket_ms) DO UPDATE SET
-                 tracked = b.tracked + excluded.tracked,
-                 processed = b.processed + excluded.processed,
-                 min_event_ms = LEAST(b.min_event_ms, excluded.min_event_ms)",
+            "INSERT INTO sluice_watermark_messages AS m
+                 (flow_id, bucket_ms, message_id, tracked, settled, event_ms)
+             SELECT $1, r.bucket_ms, r.message_id, r.tracked, r.settled, r.event_ms
+             FROM unnest($2::int8[], $3::text[], $4::bool[], $5::bool[], $6::int8[])
+                 AS r (bucket_ms, message_id, tracked, settled, event_ms)
+             ORDER BY r.bucket_ms, r.message_id
+             ON CONFLICT (flow_id, bucket_ms, message_id) DO UPDATE SET
+                 tracked = m.tracked OR excluded.tracked,
+                 settled = m.settled OR excluded.settled,
+                 event_ms = COALESCE(m.event_ms, excluded.event_ms)",
         )
         .await?;
     client
         .execute(
             &statement,
-            &[&flow.id, &buckets, &tracked, &processed, &min_event],
+            &[&flow.id, &buckets, &ids, &tracked, &settled, &event_ms],
         )
         .await?;
     Ok(())
 }
 
-/// The flow's buckets at or after `from_ms`, in bucket order.
+/// The flow's buckets at or after `from_ms` that hold a tracked message, in bucket order.
 pub(super) async fn bucket_counts(
     client: &Client,
     flow: &FlowHandle,
@@ -91,8 +75,12 @@ pub(super) async fn bucket_counts(
 ) -> Result<Vec<BucketCounts>, StoreError> {
     let rows = client
         .query(
-            "SELECT bucket_ms, tracked, processed, min_event_ms FROM sluice_watermark_buckets
-             WHERE flow_id = $1 AND bucket_ms >= $2 ORDER BY bucket_ms",
+            "SELECT bucket_ms, count(*) FILTER (WHERE tracked),
+                    count(*) FILTER (WHERE tracked AND settled),
+                    min(event_ms) FILTER (WHERE tracked)
+             FROM sluice_watermark_messages
+             WHERE flow_id = $1 AND bucket_ms >= $2
+             GROUP BY bucket_ms HAVING bool_or(tracked) ORDER BY bucket_ms",
             &[&flow.id, &from_ms],
         )
         .await?;
@@ -100,15 +88,15 @@ pub(super) async fn bucket_counts(
         .map(|row| {
             Ok(BucketCounts {
                 bucket_ms: row.try_get(0)?,
-                tracked: reported_count(row.try_get(1)?),
-                processed: reported_count(row.try_get(2)?),
+                tracked: u64::try_from(row.try_get::<_, i64>(1)?).unwrap_or_default(),
+                processed: u64::try_from(row.try_get::<_, i64>(2)?).unwrap_or_default(),
                 min_event_ms: row.try_get(3)?,
             })
         })
         .collect()
 }
 
-/// Deletes the flow's buckets before `before_ms`; returns how many went.
+/// Forgets the flow's buckets before `before_ms`; returns how many message reports went.
 pub(super) async fn prune_buckets(
     client: &Client,
     flow: &FlowHandle,
@@ -116,7 +104,7 @@ pub(super) async fn prune_buckets(
 ) -> Result<u64, StoreError> {
     Ok(client
         .execute(
-            "DELETE FROM sluice_watermark_buckets WHERE flow_id = $1 AND bucket_ms < $2",
+            "DELETE FROM sluice_watermark_messages WHERE flow_id = $1 AND bucket_ms < $2",
             &[&flow.id, &before_ms],
         )
         .await?)
@@ -199,25 +187,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn entries_of_one_bucket_merge_in_bucket_order() {
-        let count = |bucket_ms, tracked, processed, min_event_ms| BucketCounts {
+    fn reports_of_one_message_merge_in_bucket_and_id_order() {
+        let report = |bucket_ms, id: &str, report| BucketMessage {
             bucket_ms,
-            tracked,
-            processed,
-            min_event_ms,
+            message_id: id.into(),
+            report,
         };
-        let merged = merged(&[
-            count(2_000, 1, 0, Some(2_500)),
-            count(1_000, 2, 1, None),
-            count(2_000, 3, 4, Some(2_100)),
-            count(1_000, 0, 1, Some(1_700)),
-            count(2_000, 0, 1, None),
-        ]);
+        let tracked = |event_ms| MessageReport::Tracked { event_ms };
+        let reports = [
+            report(2_000, "b", MessageReport::Settled),
+            report(1_000, "z", tracked(Some(1_700))),
+            report(2_000, "a", tracked(None)),
+            report(2_000, "b", tracked(Some(2_100))),
+            report(2_000, "b", MessageReport::Settled),
+            report(1_000, "z", tracked(Some(1_900))),
+        ];
+        let merged = merged(&reports);
+        let merged: Vec<_> = merged.into_iter().collect();
         assert_eq!(
             merged,
             [
-                count(1_000, 2, 2, Some(1_700)),
-                count(2_000, 4, 5, Some(2_100)),
+                ((1_000, "z"), (true, false, Some(1_700))),
+                ((2_000, "a"), (true, false, None)),
+                ((2_000, "b"), (true, true, Some(2_100))),
             ]
         );
     }

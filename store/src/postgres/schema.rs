@@ -121,6 +121,24 @@ CREATE TABLE sluice_window_marks (
 );
 ",
     ),
+    (
+        6,
+        "
+-- Watermark progress per message id (see progress.rs), so that a redelivery reported again
+-- counts once: a row per flow, bucket and message, flagged tracked and/or settled. It replaces
+-- the per-bucket counts, whose rows are only progress and can be dropped.
+CREATE TABLE sluice_watermark_messages (
+    flow_id    BIGINT NOT NULL,
+    bucket_ms  BIGINT NOT NULL,
+    message_id TEXT COLLATE \"C\" NOT NULL,
+    tracked    BOOLEAN NOT NULL,
+    settled    BOOLEAN NOT NULL,
+    event_ms   BIGINT,
+    PRIMARY KEY (flow_id, bucket_ms, message_id)
+);
+DROP TABLE sluice_watermark_buckets;
+",
+    ),
 ];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms
