@@ -90,6 +90,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             now_ms: now,
             expires_at_ms: now + window.as_millis() as i64,
             hook: None,
+            watermark_progress: false,
         };
         match store.commit(commit).await {
             // Committed: now, and only now, ack (duplicates included).

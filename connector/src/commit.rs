@@ -364,6 +364,7 @@ impl CommitThenAck {
             hook: sink_commit
                 .clone()
                 .map(|s| s as Arc<dyn sluice_store::CommitHook>),
+            watermark_progress: batch.counters().watermark().is_some(),
         };
         (commit, sink_commit)
     }

@@ -28,11 +28,12 @@
 //! bucket is processed exactly when every message tracked in it was settled. Known ways in
 //! which they can still be wrong:
 //!
-//! * **Lost reports** (a worker killed after its commit, before it stored which messages it
-//!   settled; they are stored every [`TICK`], not in the commit's transaction) leave a bucket
-//!   unprocessed. A bucket that stays so for [`STALL_RELEASE`] while later buckets are
-//!   processed is released (logged); a backlog drained out of order for longer than that can be
-//!   released too early. Recording settled ids in the commit's transaction would close this.
+//! * **Lost reports.** A commit records its messages settled in its own transaction
+//!   (`CommitBatch::watermark_progress`); duplicates found in memory, and on PostgreSQL a
+//!   batch's repeats of a key, are reported every [`TICK`] instead, and a worker killed before
+//!   that leaves their bucket unprocessed. A bucket that stays so for [`STALL_RELEASE`] while
+//!   later buckets are processed is released (logged); a backlog drained out of order for
+//!   longer than that can be released too early.
 //! * **The horizon** rests on live delivery within 2 s ([`sluice_watermark::DeliveryHorizon`]):
 //!   a tracking stream that the client reopens after an error, and stays silent meanwhile, is
 //!   taken for caught up; so is the emulator's stall after a stream closed.

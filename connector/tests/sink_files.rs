@@ -63,6 +63,7 @@ async fn committed_batches_become_files_and_crash_leftovers_are_resolved() {
         now_ms: 5_000,
         expires_at_ms: 600_000_000_000_000,
         hook: Some(hook),
+        watermark_progress: false,
     };
 
     // A normal batch: committed, then published.

@@ -87,6 +87,10 @@ pub struct CommitBatch {
     /// Work to do inside the transaction once the ledger has decided (a sink's file); `None`
     /// for most batches.
     pub hook: Option<Arc<dyn CommitHook>>,
+    /// Whether the flow has a watermark: then the same transaction records every entry's
+    /// message as settled in its publish-time bucket ([`crate::MessageReport::Settled`]), so a
+    /// crash right after the commit cannot lose that report.
+    pub watermark_progress: bool,
 }
 
 /// Work done inside a commit's transaction, after the ledger has said which entries are new

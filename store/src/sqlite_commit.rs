@@ -1,10 +1,10 @@
 //! One batch, one SQLite transaction: ledger keys first (multi-row upsert with `RETURNING`, so
 //! the ledger itself says which keys are new), then target rows for the new keys only, then dead
-//! letters and flow counters. Multi-row statements amortise SQLite's per-statement cost, which
+//! letters and flow counters, and, for a flow with a watermark, its messages settled. Multi-row statements amortise SQLite's per-statement cost, which
 //! dominates at these row sizes.
 
 use crate::schema::table_name;
-use crate::{CommitBatch, CommitOutcome, Effect, StoreError};
+use crate::{CommitBatch, CommitOutcome, Effect, PROGRESS_BUCKET_MS, StoreError};
 use rusqlite::types::ToSql;
 use rusqlite::{Connection, TransactionBehavior, params};
 use std::collections::HashMap;
@@ -152,7 +152,41 @@ pub(crate) fn commit(
         batch.now_ms,
         batch.flow.id
     ])?;
-    // 5. Work outside the database that this transaction publishes (a sink's file).
+    // 5. Progress toward the flow's watermark: every entry's message is settled.
+    if batch.watermark_progress {
+        for chunk in entries.chunks(ROWS_PER_STATEMENT) {
+            let sql = format!(
+                "INSERT INTO sluice_watermark_messages
+                     (flow_id, bucket_ms, message_id, tracked, settled, event_ms)
+                 VALUES {}
+                 ON CONFLICT (flow_id, bucket_ms, message_id) DO UPDATE SET settled = 1",
+                placeholders(chunk.len(), 6)
+            );
+            let buckets: Vec<i64> = chunk
+                .iter()
+                .map(|e| {
+                    e.message
+                        .publish_time_ms
+                        .div_euclid(PROGRESS_BUCKET_MS)
+                        .saturating_mul(PROGRESS_BUCKET_MS)
+                })
+                .collect();
+            let (no, yes, none) = (0i64, 1i64, None::<i64>);
+            let mut values: Vec<&dyn ToSql> = Vec::with_capacity(chunk.len() * 6);
+            for (entry, bucket) in chunk.iter().zip(&buckets) {
+                values.extend([
+                    &batch.flow.id as &dyn ToSql,
+                    bucket,
+                    &entry.message.message_id,
+                    &no,
+                    &yes,
+                    &none,
+                ]);
+            }
+            tx.prepare_cached(&sql)?.execute(values.as_slice())?;
+        }
+    }
+    // 6. Work outside the database that this transaction publishes (a sink's file).
     if let Some(hook) = &batch.hook {
         hook.before_commit(&written)
             .map_err(|e| StoreError::Unavailable(format!("commit hook {}: {e}", hook.id())))?;

@@ -36,6 +36,7 @@ fn batch(flow: &FlowHandle, keys: &[&str], window_ms: i64) -> CommitBatch {
         now_ms: now,
         expires_at_ms: now + window_ms,
         hook: None,
+        watermark_progress: false,
     }
 }
 

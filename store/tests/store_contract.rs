@@ -58,6 +58,7 @@ fn batch_with_window(flow: &FlowHandle, entries: Vec<Entry>, window_ms: i64) -> 
         now_ms: now,
         expires_at_ms: now + window_ms,
         hook: None,
+        watermark_progress: false,
     }
 }
 
@@ -215,6 +216,7 @@ on_both_backends!(
     reset_forgets_one_flow_only,
     rows_are_read_in_pages,
     bucket_counts_count_each_message_once,
+    a_commit_records_its_messages_settled,
     watermarks_never_move_back,
     a_fenced_watermark_needs_the_readers_lease,
     reset_forgets_buckets_and_watermark,
@@ -777,6 +779,56 @@ async fn bucket_counts_count_each_message_once(postgres: bool) {
     assert_eq!(
         tracker.bucket_counts(other, i64::MIN).await.unwrap(),
         [bucket(0, 1, 1, Some(1))]
+    );
+}
+
+/// A commit of a flow with a watermark records, in its own transaction, every entry's message
+/// as settled in its publish-time bucket: rows, dead letters and duplicates of earlier commits
+/// alike (a redelivery committed again counts once); a flow without one records nothing.
+async fn a_commit_records_its_messages_settled(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let (live, other) = (&flows[0], &flows[1]);
+    let watermarked = |flow: &FlowHandle, entries| CommitBatch {
+        watermark_progress: true,
+        ..batch(flow, entries)
+    };
+    let mut late = row("c");
+    late.message.publish_time_ms = 2_500;
+    store
+        .add_bucket_messages(
+            live,
+            &[
+                tracked(1_000, "m-a", Some(5)),
+                tracked(1_000, "m-b", None),
+                tracked(1_000, "m-x", Some(5)),
+                tracked(2_000, "m-c", Some(5)),
+            ],
+        )
+        .await
+        .unwrap();
+    store
+        .commit(watermarked(live, vec![row("a"), dead("b"), late]))
+        .await
+        .unwrap();
+    // A redelivery of a, committed again: a duplicate, settled again, still counted once.
+    store
+        .commit(watermarked(live, vec![row("a")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.bucket_counts(live, i64::MIN).await.unwrap(),
+        [bucket(1_000, 3, 2, Some(5)), bucket(2_000, 1, 1, Some(5))],
+        "m-x is still in flight"
+    );
+    // Without a watermark, nothing is recorded.
+    store
+        .add_bucket_messages(other, &[tracked(1_000, "m-a", Some(5))])
+        .await
+        .unwrap();
+    store.commit(batch(other, vec![row("a")])).await.unwrap();
+    assert_eq!(
+        store.bucket_counts(other, i64::MIN).await.unwrap(),
+        [bucket(1_000, 1, 0, Some(5))]
     );
 }
 

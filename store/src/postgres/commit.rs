@@ -3,6 +3,10 @@
 //! autocommit mode. So a commit is one round trip (the statement is prepared once per
 //! connection) and one transaction; see `ledger.rs` for why the claims decide duplicates.
 //!
+//! For a flow with a watermark the same statement records each message (of the first entry of
+//! each key; in-batch duplicates are reported by the worker) as settled in its publish-time
+//! bucket (publish times are positive, so `/` floors).
+//!
 //! The claims go in two steps: `first` claims every key in the current generation; `later`
 //! claims, in the following generations of the window, only the keys `first` won. So a
 //! duplicate leaves no row behind that could stretch its key's window.
@@ -82,6 +86,16 @@ pub(crate) fn statement(table: &str, dead_letter: &str) -> String {
                 dead_lettered = c.dead_lettered + excluded.dead_lettered,
                 batches = c.batches + 1,
                 last_commit_at = excluded.last_commit_at
+        ),
+        progress AS (
+            INSERT INTO sluice_watermark_messages AS m (flow_id, bucket_ms, message_id, tracked,
+                                                       settled, event_ms)
+            SELECT DISTINCT $1::int8, (i.publish_ms / $17) * $17, i.message_id, false, true,
+                   NULL::int8
+            FROM input i
+            WHERE $16
+            ORDER BY 2, 3
+            ON CONFLICT (flow_id, bucket_ms, message_id) DO UPDATE SET settled = true
         )
         SELECT key FROM fresh"
     )
@@ -105,6 +119,8 @@ pub(crate) struct Arguments<'a> {
     generation_ms: i64,
     shard: i32,
     total: i64,
+    progress: bool,
+    bucket_ms: i64,
 }
 
 impl<'a> Arguments<'a> {
@@ -125,6 +141,8 @@ impl<'a> Arguments<'a> {
             generation_ms,
             shard,
             total: i64::try_from(batch.entries.len()).unwrap_or(i64::MAX),
+            progress: batch.watermark_progress,
+            bucket_ms: crate::PROGRESS_BUCKET_MS,
         };
         for (index, entry) in batch.entries.iter().enumerate() {
             if seen.insert(entry.key.as_str(), ()).is_some() {
@@ -164,12 +182,12 @@ impl<'a> Arguments<'a> {
         self.window_ms
     }
 
-    /// Parameters `$1..$15` of [`statement`].
+    /// Parameters `$1..$17` of [`statement`].
     pub(crate) fn params<'b>(
         &'b self,
         flow_id: &'b i64,
         flow: &'b &'b str,
-    ) -> [&'b (dyn tokio_postgres::types::ToSql + Sync); 15] {
+    ) -> [&'b (dyn tokio_postgres::types::ToSql + Sync); 17] {
         [
             flow_id,
             &self.keys,
@@ -186,6 +204,8 @@ impl<'a> Arguments<'a> {
             flow,
             &self.shard,
             &self.total,
+            &self.progress,
+            &self.bucket_ms,
         ]
     }
 }
