@@ -576,6 +576,27 @@ pub fn stop_all(workers: Vec<Worker>) -> Vec<String> {
         .collect()
 }
 
+/// The wall clock in ms since the epoch, as the store and the worker take it.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// The value of a metric of one flow of pipeline `test` from a worker's `/metrics` on `port`
+/// (`None`: not exported, or the worker does not answer).
+pub fn flow_metric(port: u16, name: &str, flow: &str) -> Option<f64> {
+    let out = std::process::Command::new("curl")
+        .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
+        .output()
+        .unwrap();
+    let series = format!("{name}{{pipeline=\"test\",flow=\"{flow}\"}} ");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
+}
+
 /// Polls `condition` every 200 ms until it holds or `within` passed; returns whether it held.
 pub async fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;

@@ -23,7 +23,9 @@
 use google_cloud_pubsub::model::Message;
 use sluice_bench::free_port;
 use sluice_connector::pubsub::publish_all;
-use sluice_tests::{Db, PROJECT, PubSub, Workdir, Worker, emulator, eventually};
+use sluice_tests::{
+    Db, PROJECT, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms,
+};
 use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -33,13 +35,6 @@ const LIVE_PER_SECOND: usize = 500;
 const LIVE_SECONDS: u32 = 60;
 const WINDOW_MS: i64 = 10_000;
 const DAY_MS: i64 = 86_400_000;
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 /// A day of history, ending an hour ago, four regions.
 fn write_history(path: &std::path::Path) {
@@ -169,7 +164,7 @@ flows:
         worker.logs()
     );
     let all_emitted = now_ms();
-    let late = metric(metrics_port, "sluice_messages_late_total", "events_live");
+    let late = flow_metric(metrics_port, "sluice_messages_late_total", "events_live");
     let logs = worker.logs();
     worker.terminate();
     assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");
@@ -275,18 +270,6 @@ flows:
         ),
         all_emitted_seconds: seconds(all_emitted - started),
     }
-}
-
-/// The value of a metric of one flow from the worker's `/metrics`.
-fn metric(port: u16, name: &str, flow: &str) -> Option<f64> {
-    let out = std::process::Command::new("curl")
-        .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
-        .output()
-        .unwrap();
-    let series = format!("{name}{{pipeline=\"test\",flow=\"{flow}\"}} ");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
 }
 
 /// The figures as the README's table.

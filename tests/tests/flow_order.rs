@@ -11,7 +11,7 @@
 
 use sluice_tests::{
     Db, PROJECT, PgDb, PubSub, Workdir, Worker, emulator, event, events_with_duplicates,
-    eventually, sluice_bin, unique,
+    eventually, now_ms, sluice_bin, unique,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -66,13 +66,6 @@ fn sluice(args: &[&str], dir: &Path) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
 }
 
 /// Stops a continuous worker with SIGTERM and returns its stdout (the flow outcome lines).

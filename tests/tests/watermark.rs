@@ -21,17 +21,12 @@
 use google_cloud_pubsub::model::Message;
 use sluice_bench::free_port;
 use sluice_connector::pubsub::publish_all;
-use sluice_tests::{Db, PROJECT, PubSub, Workdir, Worker, emulator, eventually, sluice_bin};
+use sluice_tests::{
+    Db, PROJECT, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms, sluice_bin,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 fn timed_event(id: &str, event_ms: i64) -> Message {
     Message::new()
@@ -107,18 +102,6 @@ fn assert_never_ahead(db: &Db, flow: &str, samples: &[(i64, i64)]) -> usize {
         );
     }
     samples.len()
-}
-
-/// The value of a metric of one flow from the worker's `/metrics`.
-fn metric(port: u16, name: &str, flow: &str) -> Option<f64> {
-    let out = std::process::Command::new("curl")
-        .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
-        .output()
-        .unwrap();
-    let series = format!("{name}{{pipeline=\"test\",flow=\"{flow}\"}} ");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,10 +190,10 @@ flows:
         now_ms()
     );
     assert_eq!(
-        metric(metrics_port, "sluice_messages_late_total", "ingest"),
+        flow_metric(metrics_port, "sluice_messages_late_total", "ingest"),
         Some(0.0)
     );
-    let gauge = metric(metrics_port, "sluice_watermark_timestamp_seconds", "ingest").unwrap();
+    let gauge = flow_metric(metrics_port, "sluice_watermark_timestamp_seconds", "ingest").unwrap();
     assert!(gauge * 1000.0 >= (last_publish - 30_000) as f64, "{gauge}");
 
     // `sluice status` (from the store: this worker has no control API) shows it too.
@@ -293,7 +276,7 @@ flows:
         .map(|flow| {
             (
                 flow,
-                metric(metrics_port, "sluice_messages_late_total", flow),
+                flow_metric(metrics_port, "sluice_messages_late_total", flow),
             )
         })
         .collect();
@@ -435,11 +418,11 @@ flows:
     .unwrap();
     assert!(
         eventually(Duration::from_secs(60), || {
-            metric(metrics_port, "sluice_messages_late_total", "counts") == Some(1.0)
+            flow_metric(metrics_port, "sluice_messages_late_total", "counts") == Some(1.0)
         })
         .await,
         "late {:?}; logs:\n{}",
-        metric(metrics_port, "sluice_messages_late_total", "counts"),
+        flow_metric(metrics_port, "sluice_messages_late_total", "counts"),
         worker.logs()
     );
     assert_eq!(db.query("SELECT COUNT(*) FROM test__per5s"), 2_001);

@@ -59,26 +59,17 @@ pub struct WindowPlan {
 /// The plan of `flow`'s windows, if its target is a `window` (whose checks `flows::unsupported`
 /// made).
 pub fn plan(pipeline: &Pipeline, flow: &Flow, watermark: &FlowWatermark) -> Option<WindowPlan> {
-    let target = pipeline.targets.iter().find(|t| t.name == flow.target)?;
-    let TargetKind::Window {
-        size,
-        group_by,
-        allowed_lateness,
-    } = &target.kind
-    else {
-        return None;
-    };
-    let millis = |d: &Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    let (size_ms, group, lateness_ms) = window_of(pipeline, flow)?;
     Some(WindowPlan {
         emission: WindowEmission {
-            base_table: table_name(&pipeline.name, &target.name).ok()?,
-            windows_table: window_table_name(&pipeline.name, &target.name).ok()?,
-            size_ms: millis(size).max(1),
-            group_attribute: group_attribute(group_by)?.to_owned(),
+            base_table: table_name(&pipeline.name, &flow.target).ok()?,
+            windows_table: window_table_name(&pipeline.name, &flow.target).ok()?,
+            size_ms,
+            group_attribute: group.to_owned(),
             before_ms: i64::MIN,
             rows: WindowRows::OfTheFlow,
         },
-        lateness_ms: millis(allowed_lateness),
+        lateness_ms,
         watermark: watermark.clone(),
     })
 }
