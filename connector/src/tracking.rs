@@ -29,9 +29,9 @@
 //! which they can still be wrong:
 //!
 //! * **Lost reports.** A commit records its messages settled in its own transaction
-//!   (`CommitBatch::watermark_progress`); duplicates found in memory, and on PostgreSQL a
-//!   batch's repeats of a key, are reported every [`TICK`] instead, and a worker killed before
-//!   that leaves their bucket unprocessed. A bucket that stays so for [`STALL_RELEASE`] while
+//!   (`CommitBatch::watermark_progress`); duplicates found in memory (and redeliveries parked
+//!   behind a key in flight) are reported every [`TICK`] instead, after their ack, and a
+//!   worker killed in between leaves their bucket unprocessed. A bucket that stays so for [`STALL_RELEASE`] while
 //!   later buckets are processed is released (logged); a backlog drained out of order for
 //!   longer than that can be released too early.
 //! * **The horizon** rests on live delivery within 2 s ([`sluice_watermark::DeliveryHorizon`]):

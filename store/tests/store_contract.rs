@@ -783,8 +783,9 @@ async fn bucket_counts_count_each_message_once(postgres: bool) {
 }
 
 /// A commit of a flow with a watermark records, in its own transaction, every entry's message
-/// as settled in its publish-time bucket: rows, dead letters and duplicates of earlier commits
-/// alike (a redelivery committed again counts once); a flow without one records nothing.
+/// as settled in its publish-time bucket: rows, dead letters, a second message with a key
+/// already in the batch, and duplicates of earlier commits alike (a redelivery committed again
+/// counts once); a flow without one records nothing.
 async fn a_commit_records_its_messages_settled(postgres: bool) {
     let (_place, store, flows) = open(postgres).await;
     let (live, other) = (&flows[0], &flows[1]);
@@ -794,6 +795,8 @@ async fn a_commit_records_its_messages_settled(postgres: bool) {
     };
     let mut late = row("c");
     late.message.publish_time_ms = 2_500;
+    let mut repeat = row("a");
+    repeat.message.message_id = "m-x".into();
     store
         .add_bucket_messages(
             live,
@@ -801,13 +804,14 @@ async fn a_commit_records_its_messages_settled(postgres: bool) {
                 tracked(1_000, "m-a", Some(5)),
                 tracked(1_000, "m-b", None),
                 tracked(1_000, "m-x", Some(5)),
+                tracked(1_000, "m-y", Some(5)),
                 tracked(2_000, "m-c", Some(5)),
             ],
         )
         .await
         .unwrap();
     store
-        .commit(watermarked(live, vec![row("a"), dead("b"), late]))
+        .commit(watermarked(live, vec![row("a"), dead("b"), repeat, late]))
         .await
         .unwrap();
     // A redelivery of a, committed again: a duplicate, settled again, still counted once.
@@ -817,8 +821,8 @@ async fn a_commit_records_its_messages_settled(postgres: bool) {
         .unwrap();
     assert_eq!(
         store.bucket_counts(live, i64::MIN).await.unwrap(),
-        [bucket(1_000, 3, 2, Some(5)), bucket(2_000, 1, 1, Some(5))],
-        "m-x is still in flight"
+        [bucket(1_000, 4, 3, Some(5)), bucket(2_000, 1, 1, Some(5))],
+        "m-y is still in flight"
     );
     // Without a watermark, nothing is recorded.
     store

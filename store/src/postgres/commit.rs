@@ -3,9 +3,8 @@
 //! autocommit mode. So a commit is one round trip (the statement is prepared once per
 //! connection) and one transaction; see `ledger.rs` for why the claims decide duplicates.
 //!
-//! For a flow with a watermark the same statement records each message (of the first entry of
-//! each key; in-batch duplicates are reported by the worker) as settled in its publish-time
-//! bucket (publish times are positive, so `/` floors).
+//! For a flow with a watermark the same statement records every entry's message as settled in
+//! its publish-time bucket (each once: one `INSERT ... ON CONFLICT` may not touch a row twice).
 //!
 //! The claims go in two steps: `first` claims every key in the current generation; `later`
 //! claims, in the following generations of the window, only the keys `first` won. So a
@@ -90,11 +89,9 @@ pub(crate) fn statement(table: &str, dead_letter: &str) -> String {
         progress AS (
             INSERT INTO sluice_watermark_messages AS m (flow_id, bucket_ms, message_id, tracked,
                                                        settled, event_ms)
-            SELECT DISTINCT $1::int8, (i.publish_ms / $17) * $17, i.message_id, false, true,
-                   NULL::int8
-            FROM input i
-            WHERE $16
-            ORDER BY 2, 3
+            SELECT $1, p.bucket_ms, p.message_id, false, true, NULL::int8
+            FROM unnest($16::int8[], $17::text[]) AS p(bucket_ms, message_id)
+            ORDER BY p.bucket_ms, p.message_id
             ON CONFLICT (flow_id, bucket_ms, message_id) DO UPDATE SET settled = true
         )
         SELECT key FROM fresh"
@@ -119,8 +116,9 @@ pub(crate) struct Arguments<'a> {
     generation_ms: i64,
     shard: i32,
     total: i64,
-    progress: bool,
-    bucket_ms: i64,
+    /// Settled messages toward the flow's watermark, distinct, sorted: buckets and ids.
+    progress_buckets: Vec<i64>,
+    progress_ids: Vec<&'a str>,
 }
 
 impl<'a> Arguments<'a> {
@@ -141,9 +139,24 @@ impl<'a> Arguments<'a> {
             generation_ms,
             shard,
             total: i64::try_from(batch.entries.len()).unwrap_or(i64::MAX),
-            progress: batch.watermark_progress,
-            bucket_ms: crate::PROGRESS_BUCKET_MS,
+            progress_buckets: Vec::new(),
+            progress_ids: Vec::new(),
         };
+        if batch.watermark_progress {
+            let settled: std::collections::BTreeSet<(i64, &str)> = batch
+                .entries
+                .iter()
+                .map(|e| {
+                    let bucket = e
+                        .message
+                        .publish_time_ms
+                        .div_euclid(crate::PROGRESS_BUCKET_MS)
+                        .saturating_mul(crate::PROGRESS_BUCKET_MS);
+                    (bucket, e.message.message_id.as_str())
+                })
+                .collect();
+            (args.progress_buckets, args.progress_ids) = settled.into_iter().unzip();
+        }
         for (index, entry) in batch.entries.iter().enumerate() {
             if seen.insert(entry.key.as_str(), ()).is_some() {
                 continue;
@@ -204,8 +217,8 @@ impl<'a> Arguments<'a> {
             flow,
             &self.shard,
             &self.total,
-            &self.progress,
-            &self.bucket_ms,
+            &self.progress_buckets,
+            &self.progress_ids,
         ]
     }
 }
