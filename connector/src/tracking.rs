@@ -3,19 +3,19 @@
 //! Every worker running the flow runs a [`WatermarkTracker`] beside it. Each of them, every
 //! [`TICK`]:
 //!
-//! 1. adds the processed counts of its own settled messages ([`FlowWatermark`]) to the store's
-//!    per-publish-bucket counts;
+//! 1. records the ids of the messages it settled ([`FlowWatermark`]) in the store's
+//!    publish-time buckets (a commit has recorded its own already, in its transaction; this is
+//!    what records the duplicates found in memory);
 //! 2. competes for the flow's `watermark/<flow>` lease, so one worker of a pool is the
 //!    *tracking reader*;
 //! 3. takes the flow's watermark from the store into its [`FlowWatermark`] (batches, late
 //!    counts, gauges).
 //!
-//! The tracking reader also reads the tracking subscription: it adds each delivered message to
-//! its publish-time bucket's `tracked` count and smallest event time, stores the counts, and
-//! **acks only once they are stored** (so a crash can make it count a message twice, which only
-//! holds the watermark back, never once too few). Then it estimates: a bucket is *processed*
-//! when the workers' processed count has reached its tracked count; `unprocessed_from` is the
-//! first bucket that is not; the horizon comes from the tracking stream's deliveries
+//! The tracking reader also reads the tracking subscription: it records each delivered message
+//! as tracked in its publish-time bucket, with its event time, and **acks only once that is
+//! stored** (so a crash can make it report a message twice, recorded once, never zero times).
+//! Then it estimates: a bucket is *processed* when every message tracked in it was settled;
+//! `unprocessed_from` is the first bucket that is not; the horizon comes from the tracking stream's deliveries
 //! ([`sluice_watermark::DeliveryHorizon`]); and [`sluice_watermark::SluiceEstimator`] gives
 //! the watermark, which the store only lets move forward.
 //!
@@ -31,9 +31,9 @@
 //! * **Lost reports.** A commit records its messages settled in its own transaction
 //!   (`CommitBatch::watermark_progress`); duplicates found in memory (and redeliveries parked
 //!   behind a key in flight) are reported every [`TICK`] instead, after their ack, and a
-//!   worker killed in between leaves their bucket unprocessed. A bucket that stays so for [`STALL_RELEASE`] while
-//!   later buckets are processed is released (logged); a backlog drained out of order for
-//!   longer than that can be released too early.
+//!   worker killed in between leaves their bucket unprocessed. A bucket that stays so for
+//!   [`STALL_RELEASE`] while later buckets are processed is released (logged); a backlog
+//!   drained out of order for longer than that can be released too early.
 //! * **The horizon** rests on live delivery within 2 s ([`sluice_watermark::DeliveryHorizon`]):
 //!   a tracking stream that the client reopens after an error, and stays silent meanwhile, is
 //!   taken for caught up; so is the emulator's stall after a stream closed.
@@ -141,7 +141,7 @@ impl WatermarkTracker {
         }
     }
 
-    /// Runs until `stop`; then reports the last processed counts, hands the lease back and
+    /// Runs until `stop`; then reports the last settled messages, hands the lease back and
     /// closes the tracking stream.
     pub async fn run(self, stop: CancellationToken) {
         let lease = LeaseRequest {
@@ -180,7 +180,7 @@ impl WatermarkTracker {
         }
         if let Err(error) = self.report_processed().await {
             tracing::warn!(flow = %self.flow.name, %error,
-                "could not store the last processed counts; the watermark may hold");
+                "could not store the last settled messages; the watermark may hold");
         }
         if let Some(mut reading) = reading.take() {
             let _ = self.store_tracked(&mut reading).await;
@@ -243,7 +243,7 @@ impl WatermarkTracker {
         self.estimate(reading).await
     }
 
-    /// Adds this worker's processed counts to the store (given back on failure).
+    /// Records the messages this worker settled in the store (given back on failure).
     async fn report_processed(&self) -> Result<(), StoreError> {
         let settled = self.watermark.take_settled();
         if settled.is_empty() {
@@ -369,7 +369,7 @@ impl WatermarkTracker {
         }
     }
 
-    /// Stores the tracked counts, then acks what they count.
+    /// Stores the tracked reports, then acks what they report.
     async fn store_tracked(&self, reading: &mut Reading) -> Result<(), StoreError> {
         if reading.pending.is_empty() {
             return Ok(());

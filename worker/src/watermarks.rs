@@ -7,9 +7,11 @@
 //!
 //! `auto` tracking subscriptions are also created when the worker starts, before any flow
 //! runs ([`create_tracking_subscriptions`]): a live flow that waits for a backfill
-//! (`depends_on`) starts its reader late, and a message published in between must already be on
-//! the tracking subscription, or the watermark could pass it. How the watermark is estimated, and what it
-//! guarantees: `sluice_connector`'s `tracking` module and the `sluice_watermark` crate.
+//! (`depends_on`) starts its reader late, and a message published in between must already be
+//! on the tracking subscription, or the watermark could pass it.
+//!
+//! How the watermark is estimated, and what it guarantees: `sluice_connector`'s `tracking`
+//! module and the `sluice_watermark` crate.
 
 use sluice_connector::{
     Backoff, Counters, FlowWatermark, PubSubConfig, TrackerSettings, WatermarkTracker,

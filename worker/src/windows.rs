@@ -213,8 +213,8 @@ async fn emit_over_table(
     let Some(table_ms) = table_watermark(&plan.live_writers, &records) else {
         return Ok(());
     };
-    if table_ms != i64::MAX {
-        watermark.advance(table_ms);
+    // Stored when it moved (first in the store, so a failed write is made again next tick).
+    if table_ms != i64::MAX && watermark.current().is_none_or(|shown| shown < table_ms) {
         let now_ms = sluice_connector::now_ms();
         store
             .advance_watermark(
@@ -227,6 +227,7 @@ async fn emit_over_table(
                 None,
             )
             .await?;
+        watermark.advance(table_ms);
     }
     let before_ms = table_ms.saturating_sub(plan.lateness_ms);
     if before_ms < emitted_before.saturating_add(plan.emission.size_ms) {
