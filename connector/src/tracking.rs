@@ -15,9 +15,10 @@
 //! as tracked in its publish-time bucket, with its event time, and **acks only once that is
 //! stored** (so a crash can make it report a message twice, recorded once, never zero times).
 //! Then it estimates: a bucket is *processed* when every message tracked in it was settled;
-//! `unprocessed_from` is the first bucket that is not; the horizon comes from the tracking stream's deliveries
-//! ([`sluice_watermark::DeliveryHorizon`]); and [`sluice_watermark::SluiceEstimator`] gives
-//! the watermark, which the store only lets move forward.
+//! `unprocessed_from` is the first bucket that is not; the horizon comes from the tracking
+//! stream's deliveries ([`sluice_watermark::DeliveryHorizon`]); and
+//! [`sluice_watermark::SluiceEstimator`] gives the watermark, which the store only lets move
+//! forward.
 //!
 //! # What this relies on, and its limits
 //!

@@ -5,10 +5,11 @@
 //! Reports are kept once per message id and bucket, with a flag for each side, so any number
 //! of workers (and one tracking reader) report into the same bucket without coordination, and
 //! a redelivery, reported again, changes nothing: a bucket counts as processed exactly when
-//! every message the tracking subscription saw in it was settled. A
-//! watermark record only moves forward: [`crate::Store::advance_watermark`] keeps the larger of
-//! the stored and the offered value for each field, so two holders of the watermark role for a
-//! moment, or a restarted one with an older view, can never move it back.
+//! every message the tracking subscription saw in it was settled.
+//!
+//! A watermark record only moves forward: [`crate::Store::advance_watermark`] keeps the larger
+//! of the stored and the offered value for each field, so two holders of the watermark role
+//! for a moment, or a restarted one with an older view, can never move it back.
 
 /// Width of a publish-time bucket, ms: workers and the tracking reader count in the same
 /// buckets.

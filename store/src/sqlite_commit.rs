@@ -1,7 +1,7 @@
 //! One batch, one SQLite transaction: ledger keys first (multi-row upsert with `RETURNING`, so
 //! the ledger itself says which keys are new), then target rows for the new keys only, then dead
-//! letters and flow counters, and, for a flow with a watermark, its messages settled. Multi-row statements amortise SQLite's per-statement cost, which
-//! dominates at these row sizes.
+//! letters and flow counters, and, for a flow with a watermark, its messages settled. Multi-row
+//! statements amortise SQLite's per-statement cost, which dominates at these row sizes.
 
 use crate::schema::table_name;
 use crate::{CommitBatch, CommitOutcome, Effect, PROGRESS_BUCKET_MS, StoreError};
