@@ -317,7 +317,18 @@ impl Batch {
     /// Call only after the batch's effects committed: acks every delivery and every
     /// redelivery parked behind one, and remembers the keys. Returns how many messages were
     /// acked (parked redeliveries included).
-    pub fn settle_committed(mut self) -> u64 {
+    pub fn settle_committed(self) -> u64 {
+        self.settle(false)
+    }
+
+    /// [`Batch::settle_committed`] after a commit that recorded its messages settled toward
+    /// the flow's watermark itself (`CommitBatch::watermark_progress`): only the parked
+    /// redeliveries, which were not in it, are reported here.
+    pub(crate) fn settle_recorded(self) -> u64 {
+        self.settle(true)
+    }
+
+    fn settle(mut self, commit_recorded_progress: bool) -> u64 {
         self.untrack();
         let counters = self.dedup.counters.clone();
         let deliveries = std::mem::take(&mut self.deliveries);
@@ -326,8 +337,13 @@ impl Batch {
             .window
             .settle(deliveries.iter().map(|d| d.hash), Settlement::Committed);
         let (acked, parked_duplicates) = (deliveries.len() as u64, parked.len() as u64);
+        let unrecorded = if commit_recorded_progress {
+            &[][..]
+        } else {
+            &deliveries[..]
+        };
         counters.settled(
-            deliveries
+            unrecorded
                 .iter()
                 .chain(&parked)
                 .map(|d| (d.message.publish_time_ms, d.message.message_id.as_str())),

@@ -238,7 +238,7 @@ impl CommitThenAck {
                             batch.counters().dead_lettered(reason, 1);
                         }
                     }
-                    let acked = batch.settle_committed();
+                    let acked = batch.settle_recorded();
                     *report += CommitReport {
                         rows,
                         dead_letters,

@@ -3,9 +3,9 @@
 //! Every worker running the flow runs a [`WatermarkTracker`] beside it. Each of them, every
 //! [`TICK`]:
 //!
-//! 1. records the ids of the messages it settled ([`FlowWatermark`]) in the store's
-//!    publish-time buckets (a commit has recorded its own already, in its transaction; this is
-//!    what records the duplicates found in memory);
+//! 1. records the ids of the messages it settled outside a commit ([`FlowWatermark`]:
+//!    duplicates found in memory, redeliveries parked behind a key in flight) in the store's
+//!    publish-time buckets (a commit records its own, in its transaction);
 //! 2. competes for the flow's `watermark/<flow>` lease, so one worker of a pool is the
 //!    *tracking reader*;
 //! 3. takes the flow's watermark from the store into its [`FlowWatermark`] (batches, late

@@ -128,6 +128,7 @@ flows:
     pubsub
         .wait_until_exists(&format!("{}-tracking", subs[0]), Duration::from_secs(60))
         .await;
+    // Times count from here: the tracking subscription exists.
     let started = now_ms();
     let publisher = pubsub.admin.publisher(&topic).await.unwrap();
     let mut published: HashMap<String, i64> = HashMap::new();
@@ -330,6 +331,9 @@ async fn a_backfill_beside_live_holds_the_watermark_and_depends_on_does_not() {
         "the backfill ended before the live flow committed; nothing was measured: {beside:?}"
     );
     assert!(beside.live_waiting_max >= beside.live_committed_during_backfill);
-    // Ordered: nothing live was committed before the backfill was done.
+    // Ordered: nothing live was committed before the backfill was done, and the live flow's
+    // tracking subscription, which its own reader would create only when the flow starts
+    // (after the backfill), existed before: the worker creates it at start.
     assert_eq!(ordered.live_committed_during_backfill, 0, "{ordered:?}");
+    assert!(ordered.backfill_seconds > 0.0, "{ordered:?}");
 }
