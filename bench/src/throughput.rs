@@ -4,7 +4,9 @@
 //!    and, with `--store postgres`, into PostgreSQL (a scratch database on `--postgres`),
 //!    each reported with its ratio to (1);
 //! 3. sluice's own capacity without the emulator: an in-process source behind the same seam,
-//!    against a baseline of the same source drained by a consumer that acks at once.
+//!    against a baseline of the same source drained by a consumer that acks at once; each store
+//!    is drained twice, as a flow without a watermark and as one whose commits also record every
+//!    message settled toward its watermark.
 //!
 //! Each emulator measurement drains a backlog published beforehand to a fresh subscription
 //! (fresh names avoid the emulator's stall after a stream closes), after a warm-up drain (the
@@ -17,8 +19,9 @@ use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
 use sluice_connector::pubsub::{Admin, SourceError, publish_all};
 use sluice_connector::{
-    BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, InProcessSource,
-    KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil, TableStage,
+    BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, FlowWatermark,
+    InProcessSource, KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil,
+    TableStage,
 };
 use sluice_store::{Layout, PostgresStore, ScratchDatabase, SqliteStore, Store, table_name};
 use std::sync::Arc;
@@ -186,9 +189,15 @@ async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
                 Some(backend) => {
                     let source =
                         PubSubSource::new(config.clone(), &subscriptions[slot], args.streams)?;
-                    sluice_drain(Box::new(source), args.messages, backend, &args.postgres)
-                        .await?
-                        .wall
+                    sluice_drain(
+                        Box::new(source),
+                        args.messages,
+                        backend,
+                        &args.postgres,
+                        Progress::None,
+                    )
+                    .await?
+                    .wall
                 }
             };
             rates[slot] = rate(args.messages, took);
@@ -224,11 +233,17 @@ async fn capacity(args: &ThroughputArgs) -> Result<(), BenchError> {
         ack_only_drain(InProcessSource::generated(n, args.size, key_of)).await,
     )];
     for backend in args.backends() {
-        let source = Box::new(InProcessSource::generated(n, args.size, key_of));
-        rows.push((
-            format!("sluice: dedup + batch + {} commit + ack", backend.name()),
-            sluice_drain(source, n, backend, &args.postgres).await?,
-        ));
+        for progress in [Progress::None, Progress::Watermark] {
+            let source = Box::new(InProcessSource::generated(n, args.size, key_of));
+            rows.push((
+                format!(
+                    "sluice: dedup + batch + {} commit{} + ack",
+                    backend.name(),
+                    progress.label()
+                ),
+                sluice_drain(source, n, backend, &args.postgres, progress).await?,
+            ));
+        }
     }
     println!();
     println!(
@@ -345,12 +360,32 @@ fn google_cloud_auth_anonymous() -> google_cloud_auth::credentials::Credentials 
     google_cloud_auth::credentials::anonymous::Builder::new().build()
 }
 
+/// What a commit records besides the rows and the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    /// Nothing: a flow without a watermark.
+    None,
+    /// Each message id settled toward the flow's watermark (`sluice_watermark_messages`), as a
+    /// flow with `event_time` and a tracking subscription commits.
+    Watermark,
+}
+
+impl Progress {
+    fn label(self) -> &'static str {
+        match self {
+            Self::None => "",
+            Self::Watermark => " with watermark progress",
+        }
+    }
+}
+
 /// sluice end to end into a fresh store of `backend`, until `n` messages are acked.
 async fn sluice_drain(
     source: Box<dyn MessageSource>,
     n: usize,
     backend: Backend,
     postgres_server: &str,
+    progress: Progress,
 ) -> Result<Measured, BenchError> {
     let store_error = |e: sluice_store::StoreError| BenchError::Store(e.to_string());
     let dir = tempfile::tempdir().map_err(|e| BenchError::Store(e.to_string()))?;
@@ -380,6 +415,9 @@ async fn sluice_drain(
         .map_err(|e| BenchError::Store(e.to_string()))?
         .remove(0);
     let counters = Counters::new("bench", "ingest");
+    if progress == Progress::Watermark {
+        counters.attach_watermark(FlowWatermark::new());
+    }
     let run = FlowRun {
         source,
         budget: Budget::new(10_000, 100 << 20),

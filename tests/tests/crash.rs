@@ -118,28 +118,34 @@ async fn sigkill_five_times_loses_nothing_and_duplicates_nothing() {
     );
     assert_eq!(db.distinct_keys(), DISTINCT as i64);
     assert_eq!(db.dead_letters(), 0);
-    let left = sluice_tests::unacked_messages(&pubsub, &subs[0], 0).await;
+    // Control, read beside the real check (each read lasts minutes): on a small control topic, a
+    // plain client takes 500 of 1 000 messages and closes its stream without acking them. The
+    // same check must find all 1 000, those 500 included.
+    let control = async {
+        let (control_topic, control_subs) = pubsub.topic_with("crash-control", 1).await;
+        pubsub
+            .publish(
+                &control_topic,
+                (0..1_000).map(|i| event(&format!("x{i}"))).collect(),
+            )
+            .await;
+        let touched = pubsub
+            .plain_client(&control_subs[0], 500, Duration::from_secs(30), false)
+            .await
+            .unwrap();
+        let found = sluice_tests::unacked_messages(&pubsub, &control_subs[0], 1_000).await;
+        (touched, found)
+    };
+    let (left, (touched, control)) = tokio::join!(
+        sluice_tests::unacked_messages(&pubsub, &subs[0], 0),
+        control
+    );
     assert!(
         left.is_empty(),
         "{} messages left unacked on the subscription",
         left.len()
     );
-
-    // Control: on a small control topic, a plain client takes 500 of 1 000 messages and closes
-    // its stream without acking them. The same check must find all 1 000, those 500 included.
-    let (control_topic, control_subs) = pubsub.topic_with("crash-control", 1).await;
-    pubsub
-        .publish(
-            &control_topic,
-            (0..1_000).map(|i| event(&format!("x{i}"))).collect(),
-        )
-        .await;
-    let touched = pubsub
-        .plain_client(&control_subs[0], 500, Duration::from_secs(30), false)
-        .await
-        .unwrap();
     assert_eq!(touched.len(), 500);
-    let control = sluice_tests::unacked_messages(&pubsub, &control_subs[0], 1_000).await;
     let missed = touched.difference(&control).count();
     assert_eq!(
         missed, 0,
