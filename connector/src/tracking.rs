@@ -44,9 +44,13 @@
 //!   old reader's unacked deliveries have come back to it: at once when the old reader stops
 //!   reading on losing the lease, after their ack deadline (10 s, shorter than the 15 s lease)
 //!   when it died; a process stalled whole holds them until it resumes or dies.
-//! * **A subscription older than its tracking subscription**: its backlog from before was never
-//!   tracked, so it looks processed; create the tracking subscription (or let `auto` create it)
-//!   before the backlog you want watermarked.
+//! * **A subscription older than its tracking subscription**: `auto` starts the tracking
+//!   subscription at a snapshot of the base subscription
+//!   ([`Admin::ensure_tracking_subscription`](crate::pubsub::Admin::ensure_tracking_subscription)),
+//!   so on Pub/Sub what already waits in the base subscription is tracked too. A named tracking
+//!   subscription, an `auto` one whose snapshot Pub/Sub refused (logged), and any on the
+//!   emulator (it does not copy a backlog to another subscription through a snapshot) track only
+//!   what is published after they exist: an older backlog looks processed.
 //! * The reader drains its intake once per [`TICK`]; well above 2 000 msg/s deliveries queue,
 //!   look late, and the watermark holds until the load falls.
 
@@ -276,7 +280,7 @@ impl WatermarkTracker {
             || crate::pubsub::SourceError::Rpc(format!("no answer within {READ_RETRY:?}"));
         if let Some(base) = &self.settings.create_from {
             let tracking = &self.settings.tracking_subscription;
-            let created = tokio::time::timeout(READ_RETRY, async {
+            let start = tokio::time::timeout(READ_RETRY, async {
                 crate::pubsub::Admin::connect(&self.pubsub)
                     .await?
                     .ensure_tracking_subscription(base, tracking)
@@ -284,10 +288,7 @@ impl WatermarkTracker {
             })
             .await
             .map_err(|_| no_answer())??;
-            if created {
-                tracing::info!(flow = %self.flow.name, subscription = %tracking,
-                    "created the tracking subscription");
-            }
+            crate::pubsub::log_tracking_start(&self.flow.name, tracking, &start);
         }
         let source =
             PubSubSource::new(self.pubsub.clone(), &self.settings.tracking_subscription, 1)?;

@@ -137,11 +137,8 @@ pub fn create_tracking_subscriptions(pipeline: &Pipeline, drain: CancellationTok
                 })
                 .await;
                 match attempt {
-                    Ok(Ok(created)) => {
-                        if created {
-                            tracing::info!(flow = %name, subscription = %tracking,
-                                "created the tracking subscription");
-                        }
+                    Ok(Ok(start)) => {
+                        sluice_connector::pubsub::log_tracking_start(&name, &tracking, &start);
                         return;
                     }
                     Ok(Err(error)) => tracing::warn!(flow = %name, %error,

@@ -26,6 +26,59 @@ fn rpc(error: impl std::fmt::Display) -> SourceError {
     SourceError::Rpc(error.to_string())
 }
 
+fn is_not_found(error: &google_cloud_gax::error::Error) -> bool {
+    error.status().is_some_and(|s| s.code == Code::NotFound)
+        || error.http_status_code() == Some(404)
+}
+
+/// Pub/Sub answered and said no (as opposed to not answering): retrying will not help.
+fn is_refusal(error: &google_cloud_gax::error::Error) -> bool {
+    error.status().is_some_and(|s| {
+        matches!(
+            s.code,
+            Code::FailedPrecondition
+                | Code::PermissionDenied
+                | Code::InvalidArgument
+                | Code::Unimplemented
+                | Code::ResourceExhausted
+        )
+    })
+}
+
+/// Logs what [`Admin::ensure_tracking_subscription`] did for `flow`: nothing for a tracking
+/// subscription that was there already.
+pub fn log_tracking_start(flow: &str, tracking: &str, start: &TrackingStart) {
+    match start {
+        TrackingStart::Existing => {}
+        TrackingStart::FromBacklog => tracing::info!(
+            flow,
+            subscription = tracking,
+            "the tracking subscription starts at the base subscription's backlog"
+        ),
+        TrackingStart::FromNow(reason) => tracing::warn!(
+            flow,
+            subscription = tracking,
+            reason,
+            "created the tracking subscription without the base subscription's backlog (its \
+             snapshot was refused): messages waiting there now are not tracked, and the \
+             watermark may pass them"
+        ),
+    }
+}
+
+/// How [`Admin::ensure_tracking_subscription`] left a tracking subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrackingStart {
+    /// It existed and was started already (by an earlier run or another replica).
+    Existing,
+    /// It starts at the base subscription's backlog: what the base subscription had not acked
+    /// when it was created is tracked, and everything published since.
+    FromBacklog,
+    /// It was created, but the base subscription's snapshot was refused (the reason): what
+    /// waits in the base subscription is not tracked, only what is published from now on.
+    FromNow(String),
+}
+
 macro_rules! configure {
     ($builder:expr, $config:expr) => {{
         let mut builder = $builder;
@@ -162,16 +215,34 @@ impl Admin {
         Ok(Some(retention))
     }
 
-    /// Makes sure `tracking` exists: if missing, creates it on the topic of `base`, with the
-    /// same filter, so it sees the same messages (`tracking_subscription: auto`). Returns
-    /// whether it was created.
+    /// Makes sure `tracking` exists (`tracking_subscription: auto`): if missing, creates it on
+    /// the topic of `base`, with the same filter, so it sees the same messages, and starts it at
+    /// `base`'s backlog, so messages already waiting in `base` are tracked too:
+    ///
+    /// 1. a snapshot of `base` is taken (`<tracking>-start`): it keeps what `base` has not acked
+    ///    and everything published after it;
+    /// 2. the tracking subscription is created;
+    /// 3. it is seeked to the snapshot, which is then deleted.
+    ///
+    /// Replicas may run this at once, and one may stop anywhere: whoever finds the tracking
+    /// subscription together with its start snapshot (made before the subscription, deleted
+    /// only after a seek) seeks it before going on, so no reader reads it before it was moved
+    /// to `base`'s backlog. A seek repeated by another replica only delivers tracked messages
+    /// again, which progress records once. If the snapshot cannot be taken (Pub/Sub refuses
+    /// it, e.g. when `base`'s oldest message expires within the hour), the subscription is
+    /// created anyway and tracks from now on ([`TrackingStart::FromNow`]).
     pub async fn ensure_tracking_subscription(
         &self,
         base: &str,
         tracking: &str,
-    ) -> Result<bool, SourceError> {
+    ) -> Result<TrackingStart, SourceError> {
+        let snapshot = self.start_snapshot_path(tracking)?;
         if self.subscription_exists(tracking).await? {
-            return Ok(false);
+            return Ok(if self.seek_to_start(tracking, &snapshot).await? {
+                TrackingStart::FromBacklog
+            } else {
+                TrackingStart::Existing
+            });
         }
         let found = self
             .subscriptions
@@ -180,6 +251,19 @@ impl Admin {
             .send()
             .await
             .map_err(rpc)?;
+        let snapshotted = self
+            .subscriptions
+            .create_snapshot()
+            .set_name(&snapshot)
+            .set_subscription(self.config.subscription_path(base)?)
+            .send()
+            .await;
+        let refused = match snapshotted {
+            Ok(_) => None,
+            Err(e) if e.status().is_some_and(|s| s.code == Code::AlreadyExists) => None,
+            Err(e) if is_refusal(&e) => Some(e.to_string()),
+            Err(e) => return Err(rpc(e)),
+        };
         let created = self
             .subscriptions
             .create_subscription()
@@ -190,9 +274,64 @@ impl Admin {
             .send()
             .await;
         match created {
-            Ok(_) => Ok(true),
+            Ok(_) => {}
             // Another replica created it meanwhile.
-            Err(e) if e.status().is_some_and(|s| s.code == Code::AlreadyExists) => Ok(false),
+            Err(e) if e.status().is_some_and(|s| s.code == Code::AlreadyExists) => {}
+            Err(e) => return Err(rpc(e)),
+        }
+        if let Some(reason) = refused {
+            return Ok(TrackingStart::FromNow(reason));
+        }
+        self.seek_to_start(tracking, &snapshot).await?;
+        Ok(TrackingStart::FromBacklog)
+    }
+
+    /// `projects/P/snapshots/<tracking>-start`: the snapshot a new tracking subscription starts
+    /// from.
+    fn start_snapshot_path(&self, tracking: &str) -> Result<String, SourceError> {
+        let path = self.config.subscription_path(tracking)?;
+        Ok(format!(
+            "{}-start",
+            path.replacen("/subscriptions/", "/snapshots/", 1)
+        ))
+    }
+
+    /// Seeks `tracking` to its start snapshot and deletes the snapshot, if the snapshot is
+    /// still there; returns whether it was.
+    async fn seek_to_start(&self, tracking: &str, snapshot: &str) -> Result<bool, SourceError> {
+        let found = self
+            .subscriptions
+            .get_snapshot()
+            .set_snapshot(snapshot)
+            .send()
+            .await;
+        match found {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => return Ok(false),
+            Err(e) => return Err(rpc(e)),
+        }
+        let seeked = self
+            .subscriptions
+            .seek()
+            .set_subscription(self.config.subscription_path(tracking)?)
+            .set_snapshot(snapshot)
+            .send()
+            .await;
+        match seeked {
+            Ok(_) => {}
+            // Another replica seeked and deleted it meanwhile.
+            Err(e) if is_not_found(&e) => return Ok(false),
+            Err(e) => return Err(rpc(e)),
+        }
+        let deleted = self
+            .subscriptions
+            .delete_snapshot()
+            .set_snapshot(snapshot)
+            .send()
+            .await;
+        match deleted {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(true),
             Err(e) => Err(rpc(e)),
         }
     }
@@ -207,12 +346,7 @@ impl Admin {
             .await;
         match result {
             Ok(_) => Ok(true),
-            Err(e)
-                if e.status().is_some_and(|s| s.code == Code::NotFound)
-                    || e.http_status_code() == Some(404) =>
-            {
-                Ok(false)
-            }
+            Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(rpc(e)),
         }
     }

@@ -9,7 +9,7 @@
 mod admin;
 mod source;
 
-pub use admin::{Admin, publish_all};
+pub use admin::{Admin, TrackingStart, log_tracking_start, publish_all};
 pub use source::PubSubSource;
 
 use google_cloud_auth::credentials::Credentials;

@@ -1,0 +1,183 @@
+//! How an `auto` tracking subscription is started (`Admin::ensure_tracking_subscription`), on
+//! the real emulator: a snapshot of the base subscription is taken first, the tracking
+//! subscription is created and seeked to it, and the snapshot is deleted; a start that stopped
+//! between those steps is finished by whoever comes next.
+//!
+//! What the seek is for, tracking the messages already waiting in the base subscription, is
+//! Pub/Sub's documented behaviour (a snapshot keeps the source subscription's unacked messages
+//! and everything published after it; another subscription of the topic can be seeked to it).
+//! The emulator does not do that part: a subscription seeked to another's snapshot receives only
+//! what was published after the subscription was created (measured here with 19 000 waiting
+//! messages, none delivered). So these tests check the steps and that nothing published after
+//! the start is lost, not the backlog copy itself.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use google_cloud_pubsub::client::SubscriptionAdmin;
+use sluice_connector::pubsub::TrackingStart;
+use sluice_tests::{PROJECT, PubSub, event};
+use std::time::Duration;
+
+/// The emulator's subscription admin client, for the steps `Admin` does not expose.
+async fn raw_admin(pubsub: &PubSub) -> SubscriptionAdmin {
+    SubscriptionAdmin::builder()
+        .with_endpoint(pubsub.config.endpoint().unwrap())
+        .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
+        .build()
+        .await
+        .unwrap()
+}
+
+fn snapshot_path(tracking: &str) -> String {
+    format!("projects/{PROJECT}/snapshots/{tracking}-start")
+}
+
+async fn snapshot_exists(admin: &SubscriptionAdmin, tracking: &str) -> bool {
+    admin
+        .get_snapshot()
+        .set_snapshot(snapshot_path(tracking))
+        .send()
+        .await
+        .is_ok()
+}
+
+/// A missing tracking subscription is created from the base subscription's snapshot, which is
+/// gone afterwards; a second call finds it started; what is published after the start reaches
+/// it, and the base subscription keeps its own messages.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_tracking_subscription_starts_from_a_snapshot_of_the_base() {
+    let pubsub = PubSub::connect().await;
+    let raw = raw_admin(&pubsub).await;
+    let (topic, subs) = pubsub.topic_with("start", 1).await;
+    pubsub
+        .publish(&topic, (0..100).map(|i| event(&format!("w{i}"))).collect())
+        .await;
+    let tracking = format!("{}-tracking", subs[0]);
+
+    let start = pubsub
+        .admin
+        .ensure_tracking_subscription(&subs[0], &tracking)
+        .await
+        .unwrap();
+    assert_eq!(start, TrackingStart::FromBacklog);
+    assert!(pubsub.admin.subscription_exists(&tracking).await.unwrap());
+    assert!(
+        !snapshot_exists(&raw, &tracking).await,
+        "the start snapshot is deleted after the seek"
+    );
+    let again = pubsub
+        .admin
+        .ensure_tracking_subscription(&subs[0], &tracking)
+        .await
+        .unwrap();
+    assert_eq!(again, TrackingStart::Existing);
+
+    let after: Vec<String> = pubsub
+        .publish(&topic, (0..200).map(|i| event(&format!("n{i}"))).collect())
+        .await;
+    let tracked = pubsub
+        .plain_receiver(&tracking, after.len(), Duration::from_secs(120))
+        .await
+        .unwrap();
+    for id in &after {
+        assert!(
+            tracked.contains(id),
+            "{id} published after the start is tracked"
+        );
+    }
+    let base = pubsub
+        .plain_receiver(&subs[0], 300, Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(
+        base.len(),
+        300,
+        "the base subscription keeps all its messages"
+    );
+}
+
+/// A replica that stopped after creating the snapshot and the subscription, before the seek:
+/// the next call finds both, seeks, and deletes the snapshot. Messages published between the
+/// subscription's creation and the seek are kept by the snapshot, so the seek loses none.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_start_left_half_done_is_finished_by_the_next_call() {
+    let pubsub = PubSub::connect().await;
+    let raw = raw_admin(&pubsub).await;
+    let (topic, subs) = pubsub.topic_with("half", 1).await;
+    let tracking = format!("{}-tracking", subs[0]);
+    raw.create_snapshot()
+        .set_name(snapshot_path(&tracking))
+        .set_subscription(format!("projects/{PROJECT}/subscriptions/{}", subs[0]))
+        .send()
+        .await
+        .unwrap();
+    pubsub
+        .admin
+        .create_subscription(&tracking, &topic, 10)
+        .await
+        .unwrap();
+    assert!(snapshot_exists(&raw, &tracking).await);
+    let between = pubsub
+        .publish(&topic, (0..100).map(|i| event(&format!("b{i}"))).collect())
+        .await;
+
+    let start = pubsub
+        .admin
+        .ensure_tracking_subscription(&subs[0], &tracking)
+        .await
+        .unwrap();
+    assert_eq!(start, TrackingStart::FromBacklog, "the seek was finished");
+    assert!(!snapshot_exists(&raw, &tracking).await);
+    let again = pubsub
+        .admin
+        .ensure_tracking_subscription(&subs[0], &tracking)
+        .await
+        .unwrap();
+    assert_eq!(again, TrackingStart::Existing);
+
+    let after = pubsub
+        .publish(&topic, (0..100).map(|i| event(&format!("h{i}"))).collect())
+        .await;
+    let tracked = pubsub
+        .plain_receiver(&tracking, 200, Duration::from_secs(120))
+        .await
+        .unwrap();
+    for id in between.iter().chain(&after) {
+        assert!(tracked.contains(id), "{id} is tracked");
+    }
+}
+
+/// Replicas starting at once: every call succeeds, at least one of them started the
+/// subscription, and no snapshot is left behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_starting_at_once_leave_one_started_subscription() {
+    let pubsub = PubSub::connect().await;
+    let raw = raw_admin(&pubsub).await;
+    let (topic, subs) = pubsub.topic_with("race", 1).await;
+    let tracking = format!("{}-tracking", subs[0]);
+    let starts = futures::future::join_all((0..4).map(|_| {
+        pubsub
+            .admin
+            .ensure_tracking_subscription(&subs[0], &tracking)
+    }))
+    .await;
+    let starts: Vec<TrackingStart> = starts.into_iter().map(Result::unwrap).collect();
+    assert!(
+        starts.contains(&TrackingStart::FromBacklog),
+        "one of them started it: {starts:?}"
+    );
+    assert!(
+        starts
+            .iter()
+            .all(|s| matches!(s, TrackingStart::FromBacklog | TrackingStart::Existing)),
+        "{starts:?}"
+    );
+    assert!(!snapshot_exists(&raw, &tracking).await);
+    let after = pubsub
+        .publish(&topic, (0..100).map(|i| event(&format!("r{i}"))).collect())
+        .await;
+    let tracked = pubsub
+        .plain_receiver(&tracking, after.len(), Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(tracked.len(), after.len());
+}
