@@ -66,6 +66,16 @@ pub fn log_tracking_start(flow: &str, tracking: &str, start: &TrackingStart) {
     }
 }
 
+/// What [`Admin::seek_to_start`] found.
+enum SeekToStart {
+    /// No start snapshot: the subscription was started already (or never had one).
+    NoSnapshot,
+    /// Seeked to the start snapshot.
+    Seeked,
+    /// Pub/Sub refused to read or seek to the snapshot (the reason).
+    Refused(String),
+}
+
 /// How [`Admin::ensure_tracking_subscription`] left a tracking subscription.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TrackingStart {
@@ -229,8 +239,9 @@ impl Admin {
     /// only after a seek) seeks it before going on, so no reader reads it before it was moved
     /// to `base`'s backlog. A seek repeated by another replica only delivers tracked messages
     /// again, which progress records once. If the snapshot cannot be taken (Pub/Sub refuses
-    /// it, e.g. when `base`'s oldest message expires within the hour), the subscription is
-    /// created anyway and tracks from now on ([`TrackingStart::FromNow`]).
+    /// it, e.g. when `base`'s oldest message expires within the hour, or the caller may not
+    /// create snapshots) or the seek is refused, the subscription is created anyway and tracks
+    /// from now on ([`TrackingStart::FromNow`]).
     pub async fn ensure_tracking_subscription(
         &self,
         base: &str,
@@ -238,10 +249,10 @@ impl Admin {
     ) -> Result<TrackingStart, SourceError> {
         let snapshot = self.start_snapshot_path(tracking)?;
         if self.subscription_exists(tracking).await? {
-            return Ok(if self.seek_to_start(tracking, &snapshot).await? {
-                TrackingStart::FromBacklog
-            } else {
-                TrackingStart::Existing
+            return Ok(match self.seek_to_start(tracking, &snapshot).await? {
+                SeekToStart::NoSnapshot => TrackingStart::Existing,
+                SeekToStart::Seeked => TrackingStart::FromBacklog,
+                SeekToStart::Refused(reason) => TrackingStart::FromNow(reason),
             });
         }
         let found = self
@@ -282,8 +293,11 @@ impl Admin {
         if let Some(reason) = refused {
             return Ok(TrackingStart::FromNow(reason));
         }
-        self.seek_to_start(tracking, &snapshot).await?;
-        Ok(TrackingStart::FromBacklog)
+        Ok(match self.seek_to_start(tracking, &snapshot).await? {
+            // Another replica seeked it meanwhile, or this one did.
+            SeekToStart::NoSnapshot | SeekToStart::Seeked => TrackingStart::FromBacklog,
+            SeekToStart::Refused(reason) => TrackingStart::FromNow(reason),
+        })
     }
 
     /// `projects/P/snapshots/<tracking>-start`: the snapshot a new tracking subscription starts
@@ -297,8 +311,13 @@ impl Admin {
     }
 
     /// Seeks `tracking` to its start snapshot and deletes the snapshot, if the snapshot is
-    /// still there; returns whether it was.
-    async fn seek_to_start(&self, tracking: &str, snapshot: &str) -> Result<bool, SourceError> {
+    /// still there. A snapshot that cannot be deleted (refused) is left to expire; the next
+    /// start seeks to it again, which only delivers tracked messages again.
+    async fn seek_to_start(
+        &self,
+        tracking: &str,
+        snapshot: &str,
+    ) -> Result<SeekToStart, SourceError> {
         let found = self
             .subscriptions
             .get_snapshot()
@@ -307,7 +326,8 @@ impl Admin {
             .await;
         match found {
             Ok(_) => {}
-            Err(e) if is_not_found(&e) => return Ok(false),
+            Err(e) if is_not_found(&e) => return Ok(SeekToStart::NoSnapshot),
+            Err(e) if is_refusal(&e) => return Ok(SeekToStart::Refused(e.to_string())),
             Err(e) => return Err(rpc(e)),
         }
         let seeked = self
@@ -320,7 +340,8 @@ impl Admin {
         match seeked {
             Ok(_) => {}
             // Another replica seeked and deleted it meanwhile.
-            Err(e) if is_not_found(&e) => return Ok(false),
+            Err(e) if is_not_found(&e) => return Ok(SeekToStart::NoSnapshot),
+            Err(e) if is_refusal(&e) => return Ok(SeekToStart::Refused(e.to_string())),
             Err(e) => return Err(rpc(e)),
         }
         let deleted = self
@@ -330,8 +351,8 @@ impl Admin {
             .send()
             .await;
         match deleted {
-            Ok(_) => Ok(true),
-            Err(e) if is_not_found(&e) => Ok(true),
+            Ok(_) => Ok(SeekToStart::Seeked),
+            Err(e) if is_not_found(&e) || is_refusal(&e) => Ok(SeekToStart::Seeked),
             Err(e) => Err(rpc(e)),
         }
     }
