@@ -59,9 +59,9 @@ pub fn log_tracking_start(flow: &str, tracking: &str, start: &TrackingStart) {
             flow,
             subscription = tracking,
             reason,
-            "created the tracking subscription without the base subscription's backlog (its \
-             snapshot was refused): messages waiting there now are not tracked, and the \
-             watermark may pass them"
+            "the tracking subscription does not start at the base subscription's backlog \
+             (Pub/Sub refused its snapshot): messages waiting there now are not tracked, and \
+             the watermark may pass them"
         ),
     }
 }
