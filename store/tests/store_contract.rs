@@ -135,6 +135,43 @@ impl Place {
         (rows.into_iter().map(|(row, _)| row).collect(), emitted_at)
     }
 
+    /// The names of `table`'s indexes, sorted, read from the database's catalog.
+    async fn indexes(&self, table: &str) -> Vec<String> {
+        let mut names: Vec<String> = match self {
+            Place::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("nested/state.db")).unwrap();
+                let mut statement = conn
+                    .prepare(
+                        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1",
+                    )
+                    .unwrap();
+                statement
+                    .query_map([table], |r| r.get(0))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            }
+            Place::Postgres(db) => {
+                let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(connection);
+                client
+                    .query(
+                        "SELECT indexname::text FROM pg_indexes WHERE tablename = $1",
+                        &[&table],
+                    )
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect()
+            }
+        };
+        names.sort();
+        names
+    }
+
     /// How many flows have a window emission mark, read straight from the database.
     async fn window_marks(&self) -> i64 {
         let sql = "SELECT count(*) FROM sluice_window_marks";
@@ -1124,6 +1161,13 @@ async fn windows_are_counted_once_per_window_and_group(postgres: bool) {
     store.prepare_window_table(&windows).await.unwrap();
     store.prepare_window_table(&windows).await.unwrap();
     assert!(
+        place
+            .indexes("p__events")
+            .await
+            .contains(&"p__events__by_event_time".to_owned()),
+        "emissions read the base table through its (flow, event_time) index"
+    );
+    assert!(
         store
             .prepare_window_table("x\"; DROP TABLE p__events; --")
             .await
@@ -1274,6 +1318,12 @@ async fn windows_over_a_table_count_every_flows_rows(postgres: bool) {
     let (live, other, counts) = (&flows[0], &flows[1], &flows[2]);
     let windows = window_table_name("p", "per_ten_s").unwrap();
     store.prepare_window_table(&windows).await.unwrap();
+    let base = table_name("p", "events").unwrap();
+    let before = place.indexes(&base).await;
+    assert!(
+        !before.iter().any(|i| i.ends_with("__by_event_time_only")),
+        "{before:?}"
+    );
     let over_table = |before_ms| WindowEmission {
         rows: WindowRows::All,
         ..emission(&windows, "g", before_ms)
@@ -1314,6 +1364,13 @@ async fn windows_over_a_table_count_every_flows_rows(postgres: bool) {
             .unwrap(),
         emitted(3, 30_000),
         "from the live flow's oldest row, both flows' rows"
+    );
+    assert!(
+        place
+            .indexes(&base)
+            .await
+            .contains(&format!("{base}__by_event_time_only")),
+        "a table counted whole is read through its event-time index"
     );
     assert_eq!(
         place.window_counts(&windows).await.0,

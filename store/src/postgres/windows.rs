@@ -37,6 +37,56 @@ pub(super) async fn prepare_window_table(
         )"
     ))
     .await?;
+    // Emissions read the flow's rows by event time: an index keeps that a range scan instead
+    // of a scan of the whole base table every second. (The base table exists whenever a flow
+    // runs: the layout is prepared first.)
+    if let Some(base) = windows_table.strip_suffix("__windows") {
+        check_table(base)?;
+        create_index_if_table(&tx, base, "by_event_time", "flow, event_time").await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Creates the index `<table>__<suffix>` on `columns` if `table` exists and the index does
+/// not; the caller holds the DDL lock.
+async fn create_index_if_table(
+    tx: &deadpool_postgres::Transaction<'_>,
+    table: &str,
+    suffix: &str,
+    columns: &str,
+) -> Result<(), StoreError> {
+    let exists: bool = tx
+        .query_one("SELECT to_regclass(quote_ident($1)) IS NOT NULL", &[&table])
+        .await?
+        .try_get(0)?;
+    if exists {
+        tx.batch_execute(&format!(
+            "CREATE INDEX IF NOT EXISTS \"{table}__{suffix}\" ON \"{table}\" ({columns})"
+        ))
+        .await?;
+    }
+    Ok(())
+}
+
+/// Gives a table that windows count whole (`WindowRows::All`) its `(event_time)` index, once:
+/// checked without a lock, created under the DDL lock in a transaction of its own.
+async fn ensure_event_time_index(client: &mut Client, base: &str) -> Result<(), StoreError> {
+    let index = format!("{base}__by_event_time_only");
+    let present: bool = client
+        .query_one("SELECT to_regclass(quote_ident($1)) IS NOT NULL", &[&index])
+        .await?
+        .try_get(0)?;
+    if present {
+        return Ok(());
+    }
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[&super::schema::DDL_LOCK],
+    )
+    .await?;
+    create_index_if_table(&tx, base, "by_event_time_only", "event_time").await?;
     tx.commit().await?;
     Ok(())
 }
@@ -50,6 +100,9 @@ pub(super) async fn emit_windows(
     check_emission(emission)?;
     let (base, windows) = (&emission.base_table, &emission.windows_table);
     let name: &str = &flow.name;
+    if emission.rows == WindowRows::All {
+        ensure_event_time_index(client, base).await?;
+    }
     let tx = client.transaction().await?;
     let flow_row = tx
         .query_opt(
@@ -97,7 +150,8 @@ pub(super) async fn emit_windows(
         Plan::Nothing(emitted) => return Ok(emitted),
     };
     // The window start is the event time floored to a multiple of the size, without an
-    // intermediate sum that could overflow.
+    // intermediate sum that could overflow. The range is given on `event_time` itself, as
+    // commits write it (`to_timestamp(ms / 1000.0)`), so the index serves it.
     let rows = tx
         .execute(
             &format!(
@@ -109,7 +163,10 @@ pub(super) async fn emit_windows(
                               t.group_key
                        FROM (SELECT (extract(epoch FROM event_time) * 1000)::int8 AS ms,
                                     COALESCE(attributes ->> $3::text, '') AS group_key
-                             FROM \"{base}\" WHERE $1::text IS NULL OR flow = $1) AS t
+                             FROM \"{base}\"
+                             WHERE ($1::text IS NULL OR flow = $1)
+                               AND event_time >= to_timestamp($4::int8 / 1000.0::float8)
+                               AND event_time < to_timestamp($5::int8 / 1000.0::float8)) AS t
                        WHERE t.ms >= $4 AND t.ms < $5) AS e
                  GROUP BY e.window_start, e.group_key
                  ON CONFLICT (window_start, group_key) DO NOTHING"
