@@ -107,7 +107,7 @@ impl Place {
         );
         let rows: Vec<((i64, i64, String, i64), i64)> = match self {
             Place::Sqlite(dir) => {
-                let conn = rusqlite::Connection::open(dir.path().join("nested/state.db")).unwrap();
+                let conn = sqlite_connection(dir);
                 let mut statement = conn.prepare(&sql).unwrap();
                 statement
                     .query_map([], |r| {
@@ -118,10 +118,7 @@ impl Place {
                     .collect()
             }
             Place::Postgres(db) => {
-                let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
-                tokio::spawn(connection);
+                let client = postgres_client(db).await;
                 client
                     .query(&sql, &[])
                     .await
@@ -137,39 +134,49 @@ impl Place {
 
     /// The names of `table`'s indexes, sorted, read from the database's catalog.
     async fn indexes(&self, table: &str) -> Vec<String> {
-        let mut names: Vec<String> = match self {
+        let mut names = self
+            .texts(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1",
+                "SELECT indexname::text FROM pg_indexes WHERE tablename = $1",
+                &[table],
+            )
+            .await;
+        names.sort();
+        names
+    }
+
+    /// The text column of a query with text parameters, read straight from the database.
+    async fn texts(
+        &self,
+        sqlite_sql: &str,
+        postgres_sql: &str,
+        parameters: &[&str],
+    ) -> Vec<String> {
+        match self {
             Place::Sqlite(dir) => {
-                let conn = rusqlite::Connection::open(dir.path().join("nested/state.db")).unwrap();
-                let mut statement = conn
-                    .prepare(
-                        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1",
-                    )
-                    .unwrap();
+                let conn = sqlite_connection(dir);
+                let mut statement = conn.prepare(sqlite_sql).unwrap();
                 statement
-                    .query_map([table], |r| r.get(0))
+                    .query_map(rusqlite::params_from_iter(parameters), |r| r.get(0))
                     .unwrap()
                     .map(Result::unwrap)
                     .collect()
             }
-            Place::Postgres(db) => {
-                let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
-                tokio::spawn(connection);
-                client
-                    .query(
-                        "SELECT indexname::text FROM pg_indexes WHERE tablename = $1",
-                        &[&table],
-                    )
-                    .await
-                    .unwrap()
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect()
-            }
-        };
-        names.sort();
-        names
+            Place::Postgres(db) => postgres_client(db)
+                .await
+                .query(
+                    postgres_sql,
+                    &parameters
+                        .iter()
+                        .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
+                        .collect::<Vec<_>>(),
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect(),
+        }
     }
 
     /// How many flows have a window emission mark, read straight from the database.
@@ -177,14 +184,11 @@ impl Place {
         let sql = "SELECT count(*) FROM sluice_window_marks";
         match self {
             Place::Sqlite(dir) => {
-                let conn = rusqlite::Connection::open(dir.path().join("nested/state.db")).unwrap();
+                let conn = sqlite_connection(dir);
                 conn.query_row(sql, [], |r| r.get(0)).unwrap()
             }
             Place::Postgres(db) => {
-                let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
-                tokio::spawn(connection);
+                let client = postgres_client(db).await;
                 client.query_one(sql, &[]).await.unwrap().get(0)
             }
         }
@@ -192,31 +196,21 @@ impl Place {
 
     /// Reasons in the dead-letter table, read straight from the database.
     async fn dead_letter_reasons(&self) -> Vec<String> {
-        match self {
-            Place::Sqlite(dir) => {
-                let conn = rusqlite::Connection::open(dir.path().join("nested/state.db")).unwrap();
-                let mut statement = conn.prepare("SELECT reason FROM p__dead_letter").unwrap();
-                statement
-                    .query_map([], |r| r.get(0))
-                    .unwrap()
-                    .map(Result::unwrap)
-                    .collect()
-            }
-            Place::Postgres(db) => {
-                let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
-                    .await
-                    .unwrap();
-                tokio::spawn(connection);
-                client
-                    .query("SELECT reason FROM p__dead_letter", &[])
-                    .await
-                    .unwrap()
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect()
-            }
-        }
+        let sql = "SELECT reason FROM p__dead_letter";
+        self.texts(sql, sql, &[]).await
     }
+}
+
+fn sqlite_connection(dir: &tempfile::TempDir) -> rusqlite::Connection {
+    rusqlite::Connection::open(dir.path().join("nested/state.db")).unwrap()
+}
+
+async fn postgres_client(db: &ScratchDatabase) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(db.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
 }
 
 async fn open(postgres: bool) -> (Place, Arc<dyn Store>, Vec<FlowHandle>) {

@@ -15,6 +15,7 @@
 use google_cloud_pubsub::client::SubscriptionAdmin;
 use sluice_connector::pubsub::TrackingStart;
 use sluice_tests::{PROJECT, PubSub, event};
+use std::collections::HashSet;
 use std::time::Duration;
 
 /// The emulator's subscription admin client, for the steps `Admin` does not expose.
@@ -23,6 +24,23 @@ async fn raw_admin(pubsub: &PubSub) -> SubscriptionAdmin {
         .with_endpoint(pubsub.config.endpoint().unwrap())
         .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
         .build()
+        .await
+        .unwrap()
+}
+
+/// `Admin::ensure_tracking_subscription`, as a worker calls it.
+async fn start(pubsub: &PubSub, base: &str, tracking: &str) -> TrackingStart {
+    pubsub
+        .admin
+        .ensure_tracking_subscription(base, tracking)
+        .await
+        .unwrap()
+}
+
+/// The messages a plain client receives (and acks) on `subscription`, waiting for `expected`.
+async fn received(pubsub: &PubSub, subscription: &str, expected: usize) -> HashSet<String> {
+    pubsub
+        .plain_receiver(subscription, expected, Duration::from_secs(120))
         .await
         .unwrap()
 }
@@ -53,41 +71,27 @@ async fn a_new_tracking_subscription_starts_from_a_snapshot_of_the_base() {
         .await;
     let tracking = format!("{}-tracking", subs[0]);
 
-    let start = pubsub
-        .admin
-        .ensure_tracking_subscription(&subs[0], &tracking)
-        .await
-        .unwrap();
-    assert_eq!(start, TrackingStart::FromBacklog);
+    let first = start(&pubsub, &subs[0], &tracking).await;
+    assert_eq!(first, TrackingStart::FromBacklog);
     assert!(pubsub.admin.subscription_exists(&tracking).await.unwrap());
     assert!(
         !snapshot_exists(&raw, &tracking).await,
         "the start snapshot is deleted after the seek"
     );
-    let again = pubsub
-        .admin
-        .ensure_tracking_subscription(&subs[0], &tracking)
-        .await
-        .unwrap();
+    let again = start(&pubsub, &subs[0], &tracking).await;
     assert_eq!(again, TrackingStart::Existing);
 
     let after: Vec<String> = pubsub
         .publish(&topic, (0..200).map(|i| event(&format!("n{i}"))).collect())
         .await;
-    let tracked = pubsub
-        .plain_receiver(&tracking, after.len(), Duration::from_secs(120))
-        .await
-        .unwrap();
+    let tracked = received(&pubsub, &tracking, after.len()).await;
     for id in &after {
         assert!(
             tracked.contains(id),
             "{id} published after the start is tracked"
         );
     }
-    let base = pubsub
-        .plain_receiver(&subs[0], 300, Duration::from_secs(120))
-        .await
-        .unwrap();
+    let base = received(&pubsub, &subs[0], 300).await;
     assert_eq!(
         base.len(),
         300,
@@ -120,27 +124,16 @@ async fn a_start_left_half_done_is_finished_by_the_next_call() {
         .publish(&topic, (0..100).map(|i| event(&format!("b{i}"))).collect())
         .await;
 
-    let start = pubsub
-        .admin
-        .ensure_tracking_subscription(&subs[0], &tracking)
-        .await
-        .unwrap();
-    assert_eq!(start, TrackingStart::FromBacklog, "the seek was finished");
+    let first = start(&pubsub, &subs[0], &tracking).await;
+    assert_eq!(first, TrackingStart::FromBacklog, "the seek was finished");
     assert!(!snapshot_exists(&raw, &tracking).await);
-    let again = pubsub
-        .admin
-        .ensure_tracking_subscription(&subs[0], &tracking)
-        .await
-        .unwrap();
+    let again = start(&pubsub, &subs[0], &tracking).await;
     assert_eq!(again, TrackingStart::Existing);
 
     let after = pubsub
         .publish(&topic, (0..100).map(|i| event(&format!("h{i}"))).collect())
         .await;
-    let tracked = pubsub
-        .plain_receiver(&tracking, 200, Duration::from_secs(120))
-        .await
-        .unwrap();
+    let tracked = received(&pubsub, &tracking, 200).await;
     for id in between.iter().chain(&after) {
         assert!(tracked.contains(id), "{id} is tracked");
     }
@@ -175,9 +168,6 @@ async fn replicas_starting_at_once_leave_one_started_subscription() {
     let after = pubsub
         .publish(&topic, (0..100).map(|i| event(&format!("r{i}"))).collect())
         .await;
-    let tracked = pubsub
-        .plain_receiver(&tracking, after.len(), Duration::from_secs(120))
-        .await
-        .unwrap();
+    let tracked = received(&pubsub, &tracking, after.len()).await;
     assert_eq!(tracked.len(), after.len());
 }
