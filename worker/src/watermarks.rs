@@ -1,7 +1,7 @@
 //! Starting a Pub/Sub flow's watermark tracker beside the flow (`watermark:` in its source):
 //! the tracking subscription is resolved (`auto`: `<subscription>-tracking`, which the tracking
-//! reader creates on the base subscription's topic with its filter when missing, before it
-//! first reads) and a [`sluice_connector::WatermarkTracker`] runs until the flow's run ends,
+//! reader creates on the base subscription's topic with its filter when missing, started at a
+//! snapshot of the base subscription, before it first reads) and a [`sluice_connector::WatermarkTracker`] runs until the flow's run ends,
 //! then stores its last counts. Pub/Sub being unreachable never fails the flow: the reader
 //! retries and the watermark holds meanwhile.
 //!
