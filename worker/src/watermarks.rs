@@ -1,8 +1,9 @@
 //! Starting a Pub/Sub flow's watermark tracker beside the flow (`watermark:` in its source):
 //! the tracking subscription is resolved (`auto`: `<subscription>-tracking`, which the tracking
 //! reader creates on the base subscription's topic with its filter when missing, started at a
-//! snapshot of the base subscription, before it first reads) and a [`sluice_connector::WatermarkTracker`] runs until the flow's run ends,
-//! then stores its last counts. Pub/Sub being unreachable never fails the flow: the reader
+//! snapshot of the base subscription, before it first reads) and a
+//! [`sluice_connector::WatermarkTracker`] runs until the flow's run ends, then stores its last
+//! counts. Pub/Sub being unreachable never fails the flow: the reader
 //! retries and the watermark holds meanwhile.
 //!
 //! `auto` tracking subscriptions are also created when the worker starts, before any flow
