@@ -43,6 +43,8 @@ pub enum ErrorCode {
     ForeachBatchPredecessor,
     /// A `schedule:` that is malformed or not allowed (continuous mode).
     InvalidSchedule,
+    /// Two flows read one Pub/Sub subscription (their dedup ledgers are separate).
+    SubscriptionShared,
     /// A name that is not `[a-z_][a-z0-9_]*` of at most 48 bytes.
     InvalidIdentifier,
     /// The file could not be read.
@@ -70,6 +72,7 @@ impl ErrorCode {
             Self::ForeachBatchCannotBeOnce => "FOREACH_BATCH_CANNOT_BE_ONCE",
             Self::ForeachBatchPredecessor => "FOREACH_BATCH_PREDECESSOR",
             Self::InvalidSchedule => "INVALID_SCHEDULE",
+            Self::SubscriptionShared => "SUBSCRIPTION_SHARED",
             Self::InvalidIdentifier => "INVALID_IDENTIFIER",
             Self::Unreadable => "UNREADABLE",
             Self::Syntax => "SYNTAX",

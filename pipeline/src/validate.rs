@@ -14,6 +14,9 @@
 //! - no `depends_on` predecessor that writes to a `view` (`DEPENDS_ON_PREDECESSOR_WRITES_TO_VIEW`);
 //! - no `once` flow writing to a `foreach_batch` target (`FOREACH_BATCH_CANNOT_BE_ONCE`).
 //!
+//! And no two flows reading one Pub/Sub subscription (`SUBSCRIPTION_SHARED`): each flow has its
+//! own dedup ledger, so a redelivery that crossed from one flow to the other would land twice.
+//!
 //! Predecessor errors are located at the `depends_on` entry that names the predecessor. A
 //! reference already reported as unknown (`UNKNOWN_FLOW`, `UNKNOWN_TARGET`) takes part in no
 //! graph check, a predecessor named twice by one flow is checked once, and a flow depending on
@@ -90,7 +93,75 @@ pub(crate) fn validate(p: &Pipeline, c: &mut Collector<'_>) {
         }
     }
 
+    shared_subscriptions(p, c);
     flow_graph(p, c, &flows);
+}
+
+/// `SUBSCRIPTION_SHARED`: two flows reading one subscription would each get some of its
+/// messages, and a redelivery that reaches the other flow lands twice (each flow has its own
+/// dedup ledger). Reported at the later flow's `subscription`.
+fn shared_subscriptions(p: &Pipeline, c: &mut Collector<'_>) {
+    let mut readers: Vec<(SubscriptionId<'_>, &str)> = Vec::new();
+    for (i, flow) in p.flows.iter().enumerate() {
+        let Source::PubSub(source) = &flow.source else {
+            continue;
+        };
+        let id = SubscriptionId::of(&source.subscription, p.pubsub.project.as_deref());
+        if let Some((_, first)) = readers.iter().find(|(other, _)| other.same_as(&id)) {
+            c.push(
+                ErrorCode::SubscriptionShared,
+                &format!("flows[{i}].source.pubsub.subscription"),
+                format!(
+                    "flows `{first}` and `{}` both read subscription `{}`: a redelivery could \
+                     land in both, since each flow has its own dedup ledger; give each flow its \
+                     own subscription",
+                    flow.name,
+                    id.shown()
+                ),
+            );
+        } else {
+            readers.push((id, &flow.name));
+        }
+    }
+}
+
+/// A subscription as a flow names it: a full path, or a short name in the pipeline's project
+/// (unknown when the project comes from the environment).
+struct SubscriptionId<'a> {
+    project: Option<&'a str>,
+    name: &'a str,
+}
+
+impl<'a> SubscriptionId<'a> {
+    fn of(subscription: &'a str, project: Option<&'a str>) -> Self {
+        let mut parts = subscription.split('/');
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some("projects"), Some(given), Some("subscriptions"), Some(name)) => Self {
+                project: Some(given),
+                name,
+            },
+            _ => Self {
+                project,
+                name: subscription,
+            },
+        }
+    }
+
+    /// Whether both name the same subscription (an unknown project matches any).
+    fn same_as(&self, other: &Self) -> bool {
+        self.name == other.name
+            && match (self.project, other.project) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+
+    fn shown(&self) -> String {
+        match self.project {
+            Some(project) => format!("projects/{project}/subscriptions/{}", self.name),
+            None => self.name.to_owned(),
+        }
+    }
 }
 
 /// The flow-graph checks of the module docs; `flows` maps each flow name to its first index.

@@ -406,3 +406,17 @@ fn all_errors_are_reported_in_file_order() {
         "{shown}"
     );
 }
+
+#[test]
+fn two_flows_reading_one_subscription() {
+    let text = format!(
+        "{BASE}  - name: again\n    target: events\n    source: {{ pubsub: {{ subscription: events-sub }} }}\n"
+    );
+    let e = one(
+        &text,
+        ErrorCode::SubscriptionShared,
+        "flows[2].source.pubsub.subscription",
+        27,
+    );
+    assert!(e.message.contains("`live` and `again`"), "{e}");
+}

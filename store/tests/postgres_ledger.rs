@@ -207,3 +207,25 @@ async fn tls_is_verified() {
         .to_string();
     assert!(error.contains("TLS"), "{error}");
 }
+
+/// An acked commit must survive a server crash, so sluice's sessions commit synchronously even
+/// where the database's (or the server's) default says otherwise.
+#[tokio::test]
+async fn sessions_commit_synchronously_whatever_the_database_default() {
+    let db = ScratchDatabase::create().await.unwrap();
+    admin(&db)
+        .await
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET synchronous_commit = off",
+            db.name()
+        ))
+        .await
+        .unwrap();
+    let store = PostgresStore::open(db.url()).unwrap();
+    let flow = prepared(&store).await;
+    store.commit(batch(&flow, &["a"], 60_000)).await.unwrap();
+    assert_eq!(
+        store.session_setting("synchronous_commit").await.unwrap(),
+        "on"
+    );
+}

@@ -18,7 +18,7 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The codes of `sluice_pipeline::ErrorCode` that a pipeline file can trigger; each needs a
 /// row in [`CASES`].
-const ALL_CODES: [&str; 18] = [
+const ALL_CODES: [&str; 19] = [
     "UNKNOWN_KEY",
     "INVALID_DURATION",
     "INVALID_SIZE",
@@ -37,6 +37,7 @@ const ALL_CODES: [&str; 18] = [
     "DEPENDS_ON_PREDECESSOR_WRITES_TO_VIEW",
     "FOREACH_BATCH_CANNOT_BE_ONCE",
     "FOREACH_BATCH_PREDECESSOR",
+    "SUBSCRIPTION_SHARED",
 ];
 
 /// What `sluice validate` must say about the fixture `invalid/<code in lower case>.yaml`.
@@ -183,6 +184,14 @@ const CASES: &[Case] = &[
         // A foreach_batch writer cannot be `once` (FOREACH_BATCH_CANNOT_BE_ONCE), so in
         // continuous mode it is always a live predecessor too.
         along_with: &["DEPENDS_ON_PREDECESSOR_MUST_BE_ONCE"],
+    },
+    Case {
+        code: "SUBSCRIPTION_SHARED",
+        at: Some((17, 23)),
+        path: "flows[1].source.pubsub.subscription",
+        says: "flows `events_live` and `audit_live` both read subscription \
+               `projects/demo/subscriptions/events-sub`",
+        along_with: &[],
     },
 ];
 

@@ -113,6 +113,18 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// Every sluice session commits synchronously: a commit that returned (and whose messages are
+/// then acked) is on the server's disk, even where the database or server default is `off`.
+const DURABILITY_OPTION: &str = "-c synchronous_commit=on";
+
+/// Session settings when the URL gives no `options` of its own: the durability setting, plus
+/// quiet notices (upkeep's `DROP TABLE IF EXISTS`), custom plans (the commit statement takes its
+/// batch as arrays: a generic plan would guess ten rows per array and may join a thousand-row
+/// batch in nested loops) and no JIT (the statement's estimated cost crosses `jit_above_cost`,
+/// and compiling it took 60 of a commit's 90 ms under auto_explain).
+const SESSION_OPTIONS: &str = "-c synchronous_commit=on -c client_min_messages=warning \
+     -c plan_cache_mode=force_custom_plan -c jit=off";
+
 /// Builds the pool; no connection is opened until first use.
 pub(crate) fn pool(libpq_url: &str, options: &PostgresOptions) -> Result<Pool, StoreError> {
     let mut config = tokio_postgres::Config::from_str(libpq_url)
@@ -124,14 +136,11 @@ pub(crate) fn pool(libpq_url: &str, options: &PostgresOptions) -> Result<Pool, S
         config.connect_timeout(CONNECT_TIMEOUT);
     }
     if config.get_options().is_none() {
-        // Upkeep's `DROP TABLE IF EXISTS` notices are not worth a log line each. The commit
-        // statement takes its batch as arrays: a generic plan would guess ten rows per array
-        // and may join a thousand-row batch in nested loops; custom plans see the real sizes.
-        // Its estimated cost (a `generate_series` per key) crosses `jit_above_cost`, and JIT
-        // compilation cost 60 of a commit's 90 ms under auto_explain: off for these sessions.
-        config.options(
-            "-c client_min_messages=warning -c plan_cache_mode=force_custom_plan -c jit=off",
-        );
+        config.options(SESSION_OPTIONS);
+    } else if let Some(given) = config.get_options() {
+        // The URL's own options come first; sluice's durability setting is appended, so it wins.
+        let options = format!("{given} {DURABILITY_OPTION}");
+        config.options(&options);
     }
     if config.get_application_name().is_none() {
         config.application_name("sluice");

@@ -6,11 +6,23 @@ use tokio_postgres::error::SqlState;
 
 /// Whether `error` says a ledger row had no partition to go to (its generation was not created
 /// yet, or was dropped while a statement with a stale clock ran): the caller creates the
-/// generations and retries.
+/// generations and retries. Known by its SQLSTATE (23514) and the table the server names (the
+/// partitioned `sluice_ledger`, with no constraint), never by the message, which the server
+/// writes in its `lc_messages` language.
 pub(crate) fn is_missing_generation(error: &tokio_postgres::Error) -> bool {
     error.as_db_error().is_some_and(|db| {
-        *db.code() == SqlState::CHECK_VIOLATION && db.message().starts_with("no partition of")
+        names_missing_generation(db.code(), db.message(), db.table(), db.constraint())
     })
+}
+
+/// [`is_missing_generation`] on the fields of a server error (the message is not looked at).
+fn names_missing_generation(
+    code: &SqlState,
+    _message: &str,
+    table: Option<&str>,
+    constraint: Option<&str>,
+) -> bool {
+    *code == SqlState::CHECK_VIOLATION && table == Some("sluice_ledger") && constraint.is_none()
 }
 
 /// Only a refusal of the data itself (integrity or data exceptions, SQLSTATE classes 22 and 23)
@@ -43,5 +55,49 @@ impl From<deadpool_postgres::PoolError> for StoreError {
             deadpool_postgres::PoolError::Backend(error) => classify(error),
             other => StoreError::Unavailable(format!("no database connection: {other}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_generation_is_known_by_its_sqlstate_and_table_in_any_language() {
+        // PostgreSQL's own wording, and its German translation (`lc_messages = de_DE`): the
+        // SQLSTATE and the table the server names decide, not the text.
+        for message in [
+            "no partition of relation \"sluice_ledger\" found for row",
+            "keine Partition von Relation »sluice_ledger« für Zeile gefunden",
+        ] {
+            assert!(
+                names_missing_generation(
+                    &SqlState::CHECK_VIOLATION,
+                    message,
+                    Some("sluice_ledger"),
+                    None
+                ),
+                "{message}"
+            );
+        }
+        // A real check constraint of a table, and another table's routing error, are not.
+        assert!(!names_missing_generation(
+            &SqlState::CHECK_VIOLATION,
+            "new row for relation \"t\" violates check constraint \"c\"",
+            Some("t"),
+            Some("c")
+        ));
+        assert!(!names_missing_generation(
+            &SqlState::CHECK_VIOLATION,
+            "no partition of relation \"other\" found for row",
+            Some("other"),
+            None
+        ));
+        assert!(!names_missing_generation(
+            &SqlState::UNIQUE_VIOLATION,
+            "no partition of relation \"sluice_ledger\" found for row",
+            Some("sluice_ledger"),
+            None
+        ));
     }
 }

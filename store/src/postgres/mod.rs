@@ -82,6 +82,23 @@ impl PostgresStore {
         ledger::attached(&client).await
     }
 
+    /// A server setting as sluice's own sessions see it (`SHOW name`), for checks and
+    /// diagnostics. `name` must be an identifier (letters, digits, `_` and `.`).
+    pub async fn session_setting(&self, name: &str) -> Result<String, StoreError> {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        {
+            return Err(StoreError::Config(format!(
+                "{name:?} is not a setting name"
+            )));
+        }
+        let client = self.client().await?;
+        let row = client.query_one(&format!("SHOW {name}"), &[]).await?;
+        Ok(row.try_get(0)?)
+    }
+
     /// What the ledger occupies now, and the server's WAL position, for capacity figures.
     pub async fn footprint(&self) -> Result<Footprint, StoreError> {
         let (client, _) = self.ready().await?;
