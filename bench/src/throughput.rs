@@ -440,6 +440,8 @@ async fn sluice_drain(
             RetrySettings {
                 max_attempts: 5,
                 dedup_window: Duration::from_secs(600),
+                // As the worker's Pub/Sub flows: the deadline travels with every commit.
+                commit_bound: Some(sluice_connector::commit_bound(Duration::from_secs(600))),
             },
             CancellationToken::new(),
         ),

@@ -91,6 +91,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             expires_at_ms: now + window.as_millis() as i64,
             hook: None,
             watermark_progress: false,
+            commit_by_ms: None,
         };
         match store.commit(commit).await {
             // Committed: now, and only now, ack (duplicates included).

@@ -294,6 +294,49 @@ impl Batch {
         }
     }
 
+    /// Gives back (nacks) the deliveries received longer than `bound` ago, with what is parked
+    /// behind their keys, and keeps the rest; returns how many messages were given back.
+    pub(crate) fn nack_older_than(&mut self, bound: Duration) -> u64 {
+        if self
+            .deliveries
+            .iter()
+            .all(|d| d.received_at.elapsed() <= bound)
+        {
+            return 0;
+        }
+        let (stale, fresh): (Vec<Delivery>, Vec<Delivery>) = std::mem::take(&mut self.deliveries)
+            .into_iter()
+            .partition(|d| d.received_at.elapsed() > bound);
+        self.deliveries = fresh;
+        self.untrack();
+        if let Some(oldest) = self.deliveries.iter().map(|d| d.received_at).min() {
+            self.track(oldest);
+        }
+        self.give_back_stale(stale)
+    }
+
+    /// Gives back every delivery of a batch the store found past its commit deadline; returns
+    /// how many messages were given back.
+    pub(crate) fn nack_stale_batch(mut self) -> u64 {
+        self.untrack();
+        let deliveries = std::mem::take(&mut self.deliveries);
+        self.give_back_stale(deliveries)
+    }
+
+    fn give_back_stale(&self, stale: Vec<Delivery>) -> u64 {
+        let parked = self
+            .dedup
+            .window
+            .settle(stale.iter().map(|d| d.hash), Settlement::Abandoned);
+        let nacked = (stale.len() + parked.len()) as u64;
+        for delivery in stale.into_iter().chain(parked) {
+            delivery.nack();
+        }
+        self.dedup.counters.nacked(nacked);
+        self.dedup.counters.stale(nacked);
+        nacked
+    }
+
     /// Splits into one batch per delivery (to isolate a message that makes a batch fail).
     pub(crate) fn into_singles(mut self) -> Vec<Batch> {
         let id = self.id;

@@ -10,6 +10,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub struct Budget {
     messages: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
+    max_messages: usize,
     max_bytes: usize,
 }
 
@@ -26,9 +27,11 @@ impl Budget {
         let max_bytes = usize::try_from(max_bytes)
             .unwrap_or(usize::MAX)
             .clamp(1, Semaphore::MAX_PERMITS);
+        let max_messages = max_messages.clamp(1, Semaphore::MAX_PERMITS);
         Self {
-            messages: Arc::new(Semaphore::new(max_messages.max(1))),
+            messages: Arc::new(Semaphore::new(max_messages)),
             bytes: Arc::new(Semaphore::new(max_bytes)),
+            max_messages,
             max_bytes,
         }
     }
@@ -47,6 +50,11 @@ impl Budget {
             _message: message,
             _bytes: bytes,
         }
+    }
+
+    /// The bound: messages, bytes.
+    pub fn limits(&self) -> (usize, usize) {
+        (self.max_messages, self.max_bytes)
     }
 
     /// Messages that may still be received before the bound is reached.

@@ -11,7 +11,11 @@
 //! * a stage failure or a commit the store refuses ([`StoreError::Rejected`]): a batch of several
 //!   is split into single messages to find the culprit, without charging anyone; a single
 //!   message uses one attempt per failure, and once it has used `max_attempts` it is committed as
-//!   a dead letter (reason `max_attempts`, with its last error) and then acked.
+//!   a dead letter (reason `max_attempts`, with its last error) and then acked;
+//! * a delivery held longer than the flow's commit bound ([`RetrySettings::commit_bound`], the
+//!   dedup window minus a margin, see `commit_bound.rs`): given back (nacked), never committed,
+//!   whether the committer finds it so before staging or the store finds the batch past its
+//!   deadline inside the transaction ([`StoreError::Stale`]: then the whole batch is nacked).
 
 use crate::backoff::Backoff;
 use crate::batch::Batch;
@@ -35,6 +39,10 @@ pub struct RetrySettings {
     pub max_attempts: u32,
     /// Ledger keys written now expire after this (the dedup window).
     pub dedup_window: Duration,
+    /// A delivery received longer ago than this is given back (nacked) instead of committed:
+    /// [`crate::commit_bound`] of the dedup window for sources that redeliver (Pub/Sub);
+    /// `None` for sources where a nack would drop the record (files, tables).
+    pub commit_bound: Option<Duration>,
 }
 
 /// What became of one batch.
@@ -150,6 +158,18 @@ impl CommitThenAck {
         uncertain: &mut Vec<Arc<SinkCommit>>,
     ) -> Option<Vec<Batch>> {
         loop {
+            if let Some(bound) = self.retry.commit_bound {
+                let stale = batch.nack_older_than(bound);
+                if stale > 0 {
+                    tracing::warn!(flow = %self.flow.name, batch = batch.id, stale,
+                        bound_ms = bound.as_millis() as u64,
+                        "deliveries held past the commit bound; giving them back uncommitted");
+                    report.abandoned += stale;
+                }
+                if batch.is_empty() {
+                    return None;
+                }
+            }
             let exhausted = match batch.deliveries() {
                 [single] if single.attempts >= self.retry.max_attempts => Some(single),
                 _ => None,
@@ -250,6 +270,13 @@ impl CommitThenAck {
                 }
                 Err(failure) => failure,
             };
+            if matches!(failure, Failure::Store(StoreError::Stale)) {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id,
+                    "the store found the batch past its commit deadline; giving it back");
+                batch.counters().commit_failed("stale");
+                report.abandoned += batch.nack_stale_batch();
+                return None;
+            }
             batch.counters().commit_failed(match &failure {
                 Failure::Store(StoreError::Rejected(_)) => "rejected",
                 Failure::Store(StoreError::Config(_)) => "config",
@@ -355,12 +382,19 @@ impl CommitThenAck {
             .sink
             .as_ref()
             .map(|sink| Arc::new(sink.commit(&entries, now)));
+        // The oldest delivery's receipt on the wall clock, plus the bound.
+        let commit_by_ms = self.retry.commit_bound.and_then(|bound| {
+            let oldest = batch.deliveries().iter().map(|d| d.received_at).min()?;
+            let left = bound.checked_sub(oldest.elapsed()).unwrap_or_default();
+            Some(now.saturating_add(i64::try_from(left.as_millis()).unwrap_or(i64::MAX)))
+        });
         let commit = CommitBatch {
             flow: self.flow.clone(),
             table: self.table.clone(),
             entries,
             now_ms: now,
             expires_at_ms: now.saturating_add(window),
+            commit_by_ms,
             hook: sink_commit
                 .clone()
                 .map(|s| s as Arc<dyn sluice_store::CommitHook>),

@@ -21,6 +21,11 @@
 //!   original commits, nacked when it is abandoned. It never reaches a stage.
 //! * **Exactly once across workers** comes from the store's ledger: the memory tier only reports
 //!   keys the store has already decided, so it never drops a message the store has not seen.
+//! * **Never past the dedup window.** A Pub/Sub delivery held longer than the commit bound
+//!   (the dedup window minus a margin, [`commit_bound`]) is given back uncommitted, checked by
+//!   the committer and again by the store inside the transaction; a stream that lived through a
+//!   pause of the process gives back what it reads after it. So a worker paused past the window
+//!   cannot commit a message whose other copy the ledger has forgotten.
 //! * **Bounded memory.** At most `max_outstanding_messages` messages and `max_outstanding_bytes`
 //!   bytes are held between receipt and ack; sources stop pulling at the bound ([`Budget`]).
 //!
@@ -35,6 +40,7 @@ mod batch;
 mod bounded;
 mod budget;
 mod commit;
+mod commit_bound;
 mod delivery;
 mod event_time;
 mod file;
@@ -56,6 +62,7 @@ pub use batch::{Batch, BatchSettings, BatchSource, DedupSettings, Idle, KeySourc
 pub use bounded::{SkipCommitted, SourceProgress};
 pub use budget::Budget;
 pub use commit::{CommitReport, CommitThenAck, RetrySettings};
+pub use commit_bound::{MAX_COMMIT_MARGIN, commit_bound, commit_margin, pause_threshold};
 pub use delivery::{AckHandle, Delivery, SourceMessage, SourceProblem};
 pub use event_time::{EventTimeError, parse_event_time};
 pub use file::FileSource;

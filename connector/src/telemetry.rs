@@ -25,6 +25,8 @@ struct Inner {
     dead_lettered: AtomicU64,
     acked: Tally,
     nacked: AtomicU64,
+    /// Nacked because they were held past the commit bound (part of `nacked`).
+    stale: Tally,
     commit_errors: AtomicU64,
     inflight: Gauge,
     /// Receive instants of the oldest message of each batch not yet settled (a multiset):
@@ -83,6 +85,8 @@ pub struct Snapshot {
     pub acked: u64,
     /// Nacks sent (abandoned, uncommitted).
     pub nacked: u64,
+    /// Of those, deliveries held past the commit bound (`sluice_messages_stale_total`).
+    pub stale: u64,
     /// Failed commit attempts.
     pub commit_errors: u64,
     /// Rows committed with an event time below the flow's watermark at their commit.
@@ -110,6 +114,7 @@ impl Counters {
                 dead_lettered: AtomicU64::new(0),
                 acked: Tally::new(metrics::counter!("sluice_messages_acked_total", &labels)),
                 nacked: AtomicU64::new(0),
+                stale: Tally::new(metrics::counter!("sluice_messages_stale_total", &labels)),
                 commit_errors: AtomicU64::new(0),
                 inflight: metrics::gauge!("sluice_inflight_messages", &labels),
                 unacked_since: Mutex::new(BTreeMap::new()),
@@ -156,6 +161,11 @@ impl Counters {
     pub(crate) fn nacked(&self, n: u64) {
         self.inner.nacked.fetch_add(n, Ordering::Relaxed);
         self.inner.inflight.decrement(n as f64);
+    }
+    /// Deliveries given back because they were held past the commit bound (also counted as
+    /// nacked).
+    pub(crate) fn stale(&self, n: u64) {
+        self.inner.stale.add(n);
     }
     /// A batch whose oldest message was received at `since` is in flight.
     pub(crate) fn track_unacked(&self, since: Instant) {
@@ -261,6 +271,7 @@ impl Counters {
             dead_lettered: i.dead_lettered.load(Ordering::Relaxed),
             acked: i.acked.get(),
             nacked: i.nacked.load(Ordering::Relaxed),
+            stale: i.stale.get(),
             commit_errors: i.commit_errors.load(Ordering::Relaxed),
             late: i.late.get(),
         }

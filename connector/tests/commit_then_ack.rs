@@ -250,6 +250,7 @@ fn run_of(
             RetrySettings {
                 max_attempts: 3,
                 dedup_window: Duration::from_secs(600),
+                commit_bound: None,
             },
             give_up,
         ),
@@ -337,6 +338,48 @@ async fn nothing_is_acked_while_the_store_is_down_and_all_lands_when_it_returns(
         Duration::ZERO,
         "nothing left in flight"
     );
+}
+
+/// Deliveries that waited through an outage longer than the commit bound are given back
+/// (nacked), never committed, even though the store is back: a redelivery elsewhere may have
+/// committed them already, and the ledger's window may not cover that any more.
+#[tokio::test]
+async fn deliveries_held_past_the_commit_bound_are_nacked_not_committed() {
+    let setup = setup().await;
+    setup.store.unavailable.store(true, Ordering::SeqCst);
+    let source = InProcessSource::generated(300, 10, |i| format!("k{i}"));
+    let tally = source.tally();
+    let drain = CancellationToken::new();
+    let mut run = run_of(
+        &setup,
+        source,
+        Arc::new(TableStage::default()),
+        CancellationToken::new(),
+        RunUntil::Drained,
+    );
+    run.committer = CommitThenAck::new(
+        setup.store.clone(),
+        setup.flow.clone(),
+        Arc::from(table_name("p", "t").unwrap()),
+        Arc::new(TableStage::default()),
+        RetrySettings {
+            max_attempts: 3,
+            dedup_window: Duration::from_secs(600),
+            commit_bound: Some(Duration::from_millis(800)),
+        },
+        CancellationToken::new(),
+    );
+    let counters = run.counters.clone();
+    let task = tokio::spawn(run.run(drain.clone()));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    setup.store.unavailable.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    drain.cancel();
+    task.await.unwrap().unwrap();
+    assert_eq!(setup.store.count_rows("p__t", None).await.unwrap(), 0);
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 0);
+    assert_eq!(tally.nacked.load(Ordering::SeqCst), 300);
+    assert_eq!(counters.snapshot().stale, 300);
 }
 
 #[tokio::test]

@@ -64,6 +64,7 @@ async fn committed_batches_become_files_and_crash_leftovers_are_resolved() {
         expires_at_ms: 600_000_000_000_000,
         hook: Some(hook),
         watermark_progress: false,
+        commit_by_ms: None,
     };
 
     // A normal batch: committed, then published.

@@ -21,6 +21,12 @@ pub enum StoreError {
     /// `Unavailable` until the caller gives up.
     #[error("store closed")]
     Closed,
+    /// The batch reached the store after its [`crate::CommitBatch::commit_by_ms`] (the worker
+    /// was paused, or the batch waited too long): nothing was written. Its messages are given
+    /// back (nacked), never committed: the ledger may no longer remember a copy that another
+    /// replica committed meanwhile.
+    #[error("too late to commit: the batch is past its commit deadline")]
+    Stale,
 }
 
 impl StoreError {

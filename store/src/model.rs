@@ -84,6 +84,13 @@ pub struct CommitBatch {
     pub now_ms: i64,
     /// Ledger keys written by this batch expire at this time (now + dedup window), ms.
     pub expires_at_ms: i64,
+    /// The latest time at which this batch may still commit, ms since the epoch on the
+    /// caller's clock (its oldest delivery's receipt plus the commit bound); `None`: no limit.
+    /// The store checks it inside the transaction, on its own clock (SQLite: the host's;
+    /// PostgreSQL: the server's, converted with a measured offset that can only make the
+    /// deadline earlier), and refuses a late batch with [`crate::StoreError::Stale`], so a
+    /// pause between the caller's own check and the commit cannot slip through.
+    pub commit_by_ms: Option<i64>,
     /// Work to do inside the transaction once the ledger has decided (a sink's file); `None`
     /// for most batches.
     pub hook: Option<Arc<dyn CommitHook>>,

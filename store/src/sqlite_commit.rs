@@ -1,7 +1,8 @@
 //! One batch, one SQLite transaction: ledger keys first (multi-row upsert with `RETURNING`, so
 //! the ledger itself says which keys are new), then target rows for the new keys only, then dead
 //! letters and flow counters, and, for a flow with a watermark, its messages settled. Multi-row
-//! statements amortise SQLite's per-statement cost, which dominates at these row sizes.
+//! statements amortise SQLite's per-statement cost, which dominates at these row sizes. A batch
+//! past its `commit_by_ms` is refused (`StoreError::Stale`) once the write lock is held.
 
 use crate::schema::table_name;
 use crate::{CommitBatch, CommitOutcome, Effect, PROGRESS_BUCKET_MS, StoreError};
@@ -26,6 +27,14 @@ pub(crate) fn commit(
 ) -> Result<CommitOutcome, StoreError> {
     let dead_letter = table_name(&batch.flow.pipeline, "dead_letter")?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Checked with the write lock held, on the host's clock (the caller's too): a batch that
+    // arrives late is refused before anything is decided.
+    if batch
+        .commit_by_ms
+        .is_some_and(|by| crate::sqlite::now_ms() > by)
+    {
+        return Err(StoreError::Stale);
+    }
     let entries = &batch.entries;
     let mut written = vec![false; entries.len()];
 

@@ -37,6 +37,7 @@ fn batch(flow: &FlowHandle, keys: &[&str], window_ms: i64) -> CommitBatch {
         expires_at_ms: now + window_ms,
         hook: None,
         watermark_progress: false,
+        commit_by_ms: None,
     }
 }
 

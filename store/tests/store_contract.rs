@@ -7,8 +7,8 @@ use sluice_dedup::DedupKey;
 use sluice_store::{
     BucketCounts, BucketMessage, CommitBatch, Effect, Entry, FlowHandle, Layout, LeaseGrant,
     LeaseRequest, MessageFields, MessageReport, PostgresStore, ResetRows, ScratchDatabase,
-    SqliteStore, Store, WatermarkRecord, WindowEmission, WindowRows, WindowsEmitted, WorkerBeat,
-    table_name, window_table_name,
+    SqliteStore, Store, StoreError, WatermarkRecord, WindowEmission, WindowRows, WindowsEmitted,
+    WorkerBeat, table_name, window_table_name,
 };
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -59,6 +59,7 @@ fn batch_with_window(flow: &FlowHandle, entries: Vec<Entry>, window_ms: i64) -> 
         expires_at_ms: now + window_ms,
         hook: None,
         watermark_progress: false,
+        commit_by_ms: None,
     }
 }
 
@@ -256,7 +257,33 @@ on_both_backends!(
     windows_over_a_table_count_every_flows_rows,
     window_groups_may_have_dots_in_their_name,
     reset_forgets_the_window_mark,
+    a_batch_past_its_commit_deadline_writes_nothing,
 );
+
+/// A batch that reaches the store after its `commit_by_ms` is refused as `Stale` inside the
+/// transaction and leaves nothing behind (no key, no row, no counter); one within it commits.
+async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let late = CommitBatch {
+        commit_by_ms: Some(now_ms() - 1_000),
+        ..batch(&flows[0], vec![row("a"), dead("b")])
+    };
+    let refused = store.commit(late).await;
+    assert!(matches!(refused, Err(StoreError::Stale)), "{refused:?}");
+    assert_eq!(store.count_rows("p__events", None).await.unwrap(), 0);
+    assert_eq!(store.flow_progress(&flows[0]).await.unwrap().batches, 0);
+    let in_time = CommitBatch {
+        commit_by_ms: Some(now_ms() + 60_000),
+        ..batch(&flows[0], vec![row("a"), dead("b")])
+    };
+    let out = store.commit(in_time).await.unwrap();
+    assert_eq!(
+        out.written,
+        vec![true, true],
+        "the refused batch claimed no key"
+    );
+    assert_eq!(store.count_rows("p__events", None).await.unwrap(), 1);
+}
 
 async fn ledger_decides_duplicates_within_and_across_batches(postgres: bool) {
     let (_place, store, flows) = open(postgres).await;
@@ -822,6 +849,7 @@ async fn a_commit_records_its_messages_settled(postgres: bool) {
     let (live, other) = (&flows[0], &flows[1]);
     let watermarked = |flow: &FlowHandle, entries| CommitBatch {
         watermark_progress: true,
+        commit_by_ms: None,
         ..batch(flow, entries)
     };
     let mut late = row("c");

@@ -183,6 +183,7 @@ async fn failing_commits_ack_nothing_and_messages_stay_deliverable() {
             RetrySettings {
                 max_attempts: 2,
                 dedup_window: Duration::from_secs(600),
+                commit_bound: None,
             },
             give_up.clone(),
         ),

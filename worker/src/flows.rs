@@ -5,7 +5,7 @@
 use sluice_connector::{
     BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FileSource, FlowRun, JsonlSink,
     KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil, SkipCommitted,
-    SourceProgress, Stage, TableSource, TableStage,
+    SourceProgress, Stage, TableSource, TableStage, commit_bound, pause_threshold,
 };
 use sluice_pipeline::{
     DedupBy, Flow, Mode, OnBadTimestamp, OnMissingKey, Pipeline, Source, TargetKind,
@@ -240,6 +240,8 @@ struct Plan {
     budget: Budget,
     stage: TableStage,
     max_attempts: u32,
+    /// What a delivery may wait for its commit; `None` where a nack would drop the record.
+    commit_bound: Option<Duration>,
     until: RunUntil,
     progress: Option<Arc<SourceProgress>>,
     draw_progress: bool,
@@ -254,8 +256,12 @@ fn pubsub_plan(
         project: pipeline.pubsub.project.clone(),
         endpoint: pipeline.pubsub.endpoint.clone(),
     };
+    // The client stops extending a lease past the dedup window: by then the delivery is given
+    // back uncommitted anyway (`sluice_connector::commit_bound`).
     let source = PubSubSource::new(config, &settings.subscription, settings.streams)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .with_max_lease(settings.dedup.window)
+        .with_pause_threshold(pause_threshold(settings.dedup.window));
     let key = match &settings.dedup.by {
         DedupBy::MessageId => KeySource::MessageId,
         DedupBy::Attribute(name) => KeySource::Attribute {
@@ -291,6 +297,7 @@ fn pubsub_plan(
         ),
         stage,
         max_attempts: settings.max_attempts,
+        commit_bound: Some(commit_bound(settings.dedup.window)),
         until,
         progress: None,
         draw_progress: false,
@@ -313,6 +320,9 @@ fn bounded_plan(
         budget: Budget::new(FILE_MAX_OUTSTANDING_MESSAGES, FILE_MAX_OUTSTANDING_BYTES),
         stage: TableStage::default(),
         max_attempts: FILE_MAX_ATTEMPTS,
+        // A bounded record is found again by re-reading, not redelivered: a nack would lose
+        // it for this run.
+        commit_bound: None,
         until: RunUntil::Exhausted,
         progress: Some(progress),
         draw_progress,
@@ -374,6 +384,7 @@ pub fn build(
         RetrySettings {
             max_attempts: plan.max_attempts,
             dedup_window: window,
+            commit_bound: plan.commit_bound,
         },
         give_up,
     );

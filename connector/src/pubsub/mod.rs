@@ -7,6 +7,7 @@
 //! Application Default Credentials are used.
 
 mod admin;
+mod pause;
 mod source;
 
 pub use admin::{Admin, TrackingStart, log_tracking_start, publish_all};

@@ -6,7 +6,13 @@
 //! the handlers it handed out stay valid (shutdown behaviour `WaitForProcessing`: the client keeps
 //! extending their leases and still sends their acks), and [`SourceHandle::close`] awaits the
 //! tokens after every handler has been settled.
+//!
+//! Each stream's own flow control (what the client asks the service to push ahead) is set to
+//! its share of the flow's budget, so the service never buffers more than the budget in the
+//! client. A stream that lived through a pause of the process gives back what it reads after it
+//! and is reopened (`pause.rs`).
 
+use super::pause::{Epoch, PauseWatch};
 use super::{Admin, PubSubConfig, SourceError};
 use crate::backoff::Backoff;
 use crate::budget::Budget;
@@ -25,9 +31,13 @@ use tokio_util::sync::CancellationToken;
 
 /// How long one "does the subscription exist" probe may take before it counts as a failure.
 const REACHABILITY_TIMEOUT: Duration = Duration::from_secs(3);
-/// The client stops extending a held message's lease after this long. sluice never lets a lease
-/// lapse on purpose: a message waits for its commit through any store outage.
+/// The client stops extending a held message's lease after this long, unless the source is given
+/// its own ([`PubSubSource::with_max_lease`]; the worker gives the dedup window, past which a
+/// delivery is given back uncommitted anyway, see `commit_bound.rs`).
 const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Stalls this long or longer are taken for pauses of the process unless the source is given its
+/// own threshold ([`PubSubSource::with_pause_threshold`]).
+const PAUSE_THRESHOLD: Duration = Duration::from_secs(30);
 /// How long [`SourceHandle::close`] waits for the client to flush acks before giving up.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The client extends a held message's lease by up to this much at a time (the client's
@@ -43,6 +53,8 @@ pub struct PubSubSource {
     config: PubSubConfig,
     subscription: String,
     streams: usize,
+    max_lease: Duration,
+    pause_threshold: Duration,
 }
 
 impl PubSubSource {
@@ -56,7 +68,23 @@ impl PubSubSource {
             subscription: config.subscription_path(subscription)?,
             config,
             streams: streams.clamp(1, 64),
+            max_lease: MAX_LEASE,
+            pause_threshold: PAUSE_THRESHOLD,
         })
+    }
+
+    /// The client extends a held message's lease for at most this long (default 30 days).
+    pub fn with_max_lease(mut self, max_lease: Duration) -> Self {
+        self.max_lease = max_lease;
+        self
+    }
+
+    /// A stall of the process this long or longer is taken for a pause: streams opened before
+    /// it give back what they read after it and reopen (default 30 s; the worker uses
+    /// `sluice_connector::pause_threshold` of the dedup window).
+    pub fn with_pause_threshold(mut self, threshold: Duration) -> Self {
+        self.pause_threshold = threshold;
+        self
     }
 
     /// The subscription's full path.
@@ -131,6 +159,12 @@ impl MessageSource for PubSubSource {
         let client = self.client().await?;
         let tokens = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = JoinSet::new();
+        let (max_messages, max_bytes) = budget.limits();
+        let flow_control = FlowControl {
+            messages: i64::try_from(max_messages.div_ceil(self.streams)).unwrap_or(i64::MAX),
+            bytes: i64::try_from(max_bytes.div_ceil(self.streams)).unwrap_or(i64::MAX),
+        };
+        let pauses = PauseWatch::start(self.pause_threshold);
         for index in 0..self.streams {
             let stream = StreamTask {
                 client: client.clone(),
@@ -140,6 +174,9 @@ impl MessageSource for PubSubSource {
                 stop: stop.clone(),
                 tokens: tokens.clone(),
                 index,
+                flow_control,
+                max_lease: self.max_lease,
+                pauses: pauses.clone(),
             };
             tasks.spawn(stream.run());
         }
@@ -171,6 +208,13 @@ impl SourceHandle for RunningPubSub {
     }
 }
 
+/// One stream's share of the flow's budget, as the client's own flow control.
+#[derive(Debug, Clone, Copy)]
+struct FlowControl {
+    messages: i64,
+    bytes: i64,
+}
+
 struct StreamTask {
     client: Subscriber,
     subscription: String,
@@ -179,6 +223,9 @@ struct StreamTask {
     stop: CancellationToken,
     tokens: Arc<Mutex<Vec<ShutdownToken>>>,
     index: usize,
+    flow_control: FlowControl,
+    max_lease: Duration,
+    pauses: PauseWatch,
 }
 
 impl StreamTask {
@@ -189,8 +236,11 @@ impl StreamTask {
                 .client
                 .subscribe(&self.subscription)
                 .set_max_lease_extension(LEASE_EXTENSION)
-                .set_max_lease(MAX_LEASE)
+                .set_max_lease(self.max_lease)
+                .set_max_outstanding_messages(self.flow_control.messages)
+                .set_max_outstanding_bytes(self.flow_control.bytes)
                 .build();
+            let opened: Epoch = self.pauses.epoch();
             self.tokens
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -207,6 +257,15 @@ impl StreamTask {
                     next = stream.next() => next,
                 };
                 let error = match next {
+                    Some(Ok((_, handler))) if self.pauses.paused_since(opened) => {
+                        // Read after a pause: it may have waited in the socket all along.
+                        handler.nack();
+                        tracing::warn!(subscription = %self.subscription, stream = self.index,
+                            "the process was paused; giving back what the stream held and \
+                             reopening it");
+                        drop(stream);
+                        continue 'reopen;
+                    }
                     Some(Ok((message, handler))) => {
                         backoff = Backoff::default();
                         let message = convert(message);

@@ -6,6 +6,10 @@
 //! For a flow with a watermark the same statement records every entry's message as settled in
 //! its publish-time bucket (each once: one `INSERT ... ON CONFLICT` may not touch a row twice).
 //!
+//! A batch with a commit deadline (`$18`, on the server's clock) checks it against the same
+//! `now()` that decides expiry: past it, every step is empty and the statement returns one
+//! `NULL` row instead of keys, which the caller reports as `StoreError::Stale`.
+//!
 //! The claims go in two steps: `first` claims every key in the current generation; `later`
 //! claims, in the following generations of the window, only the keys `first` won. So a
 //! duplicate leaves no row behind that could stretch its key's window.
@@ -19,16 +23,20 @@ pub(crate) const COUNTER_SHARDS: i32 = 64;
 /// The statement for one target table (spliced names are validated identifiers).
 pub(crate) fn statement(table: &str, dead_letter: &str) -> String {
     format!(
-        "WITH input AS (
+        "WITH clock AS (
+            SELECT (extract(epoch FROM now()) * 1000)::int8 AS now_ms
+        ),
+        in_time AS (
+            SELECT ($18::int8 IS NULL OR now_ms <= $18::int8) AS ok FROM clock
+        ),
+        input AS (
             SELECT u.key COLLATE \"C\" AS key, u.message_id, u.publish_ms, u.event_ms,
                    u.attributes, u.data, u.reason, u.error, u.attempts
             FROM unnest($2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[],
                         $7::bytea[], $8::text[], $9::text[], $10::int4[])
                 AS u(key, message_id, publish_ms, event_ms, attributes, data, reason, error,
                      attempts)
-        ),
-        clock AS (
-            SELECT (extract(epoch FROM now()) * 1000)::int8 AS now_ms
+            WHERE (SELECT ok FROM in_time)
         ),
         first AS (
             INSERT INTO sluice_ledger AS l (generation, flow_id, key, expires_at)
@@ -79,6 +87,7 @@ pub(crate) fn statement(table: &str, dead_letter: &str) -> String {
                                                    dead_lettered, batches, last_commit_at)
             SELECT $1, $14, (SELECT count(*) FROM rows), $15 - (SELECT count(*) FROM fresh),
                    (SELECT count(*) FROM dead), 1, now()
+            WHERE (SELECT ok FROM in_time)
             ON CONFLICT (flow_id, shard) DO UPDATE SET
                 committed = c.committed + excluded.committed,
                 duplicates = c.duplicates + excluded.duplicates,
@@ -91,10 +100,12 @@ pub(crate) fn statement(table: &str, dead_letter: &str) -> String {
                                                        settled, event_ms)
             SELECT $1, p.bucket_ms, p.message_id, false, true, NULL::int8
             FROM unnest($16::int8[], $17::text[]) AS p(bucket_ms, message_id)
+            WHERE (SELECT ok FROM in_time)
             ORDER BY p.bucket_ms, p.message_id
             ON CONFLICT (flow_id, bucket_ms, message_id) DO UPDATE SET settled = true
         )
-        SELECT key FROM fresh"
+        SELECT key FROM fresh
+        UNION ALL SELECT NULL FROM in_time WHERE NOT ok"
     )
 }
 
@@ -119,10 +130,18 @@ pub(crate) struct Arguments<'a> {
     /// Settled messages toward the flow's watermark, distinct, sorted: buckets and ids.
     progress_buckets: Vec<i64>,
     progress_ids: Vec<&'a str>,
+    /// The commit deadline on the server's clock, ms (`None`: none).
+    commit_by_ms: Option<i64>,
 }
 
 impl<'a> Arguments<'a> {
-    pub(crate) fn new(batch: &'a CommitBatch, generation_ms: i64, shard: i32) -> Self {
+    /// `commit_by_server_ms` is the batch's deadline already on the server's clock.
+    pub(crate) fn new(
+        batch: &'a CommitBatch,
+        generation_ms: i64,
+        shard: i32,
+        commit_by_server_ms: Option<i64>,
+    ) -> Self {
         let mut seen: HashMap<&str, ()> = HashMap::with_capacity(batch.entries.len());
         let mut args = Arguments {
             firsts: Vec::with_capacity(batch.entries.len()),
@@ -141,6 +160,7 @@ impl<'a> Arguments<'a> {
             total: i64::try_from(batch.entries.len()).unwrap_or(i64::MAX),
             progress_buckets: Vec::new(),
             progress_ids: Vec::new(),
+            commit_by_ms: commit_by_server_ms,
         };
         if batch.watermark_progress {
             let settled: std::collections::BTreeSet<(i64, &str)> = batch
@@ -195,12 +215,12 @@ impl<'a> Arguments<'a> {
         self.window_ms
     }
 
-    /// Parameters `$1..$17` of [`statement`].
+    /// Parameters `$1..$18` of [`statement`].
     pub(crate) fn params<'b>(
         &'b self,
         flow_id: &'b i64,
         flow: &'b &'b str,
-    ) -> [&'b (dyn tokio_postgres::types::ToSql + Sync); 17] {
+    ) -> [&'b (dyn tokio_postgres::types::ToSql + Sync); 18] {
         [
             flow_id,
             &self.keys,
@@ -219,6 +239,7 @@ impl<'a> Arguments<'a> {
             &self.total,
             &self.progress_buckets,
             &self.progress_ids,
+            &self.commit_by_ms,
         ]
     }
 }

@@ -5,12 +5,15 @@
 //!   over a connection pool, from many processes and hosts;
 //! - the ledger is partitioned by time and expires by dropping whole partitions (`ledger.rs`);
 //! - times that decide something (ledger expiry, leases, heartbeats) come from the database
-//!   server's clock, so replicas' clocks need not agree;
+//!   server's clock, so replicas' clocks need not agree; a commit deadline given on the
+//!   worker's clock is converted with a measured offset (`clock.rs`) and checked by the
+//!   commit statement itself;
 //! - migrations (`schema.rs`) run on first use, under an advisory lock.
 //!
 //! Opening a store does not connect: the first call that needs the database does, so a worker
 //! whose database is down starts, logs, and retries like for any other outage.
 
+mod clock;
 mod commit;
 mod connect;
 mod error;
@@ -55,6 +58,8 @@ pub struct PostgresStore {
     largest_window_ms: AtomicI64,
     /// `url` without its password, for messages.
     display: String,
+    /// The server's clock against ours, for commit deadlines.
+    server_clock: clock::ServerClock,
 }
 
 impl PostgresStore {
@@ -68,6 +73,7 @@ impl PostgresStore {
             options,
             generation_ms: OnceCell::new(),
             display: connect::redact(url),
+            server_clock: clock::ServerClock::default(),
         })
     }
 
@@ -160,7 +166,7 @@ impl PostgresStore {
                     ledger::create_ahead(client, width, self.horizon_ms()).await?;
                     continue;
                 }
-                other => other?,
+                other => other?.ok_or(StoreError::Stale)?,
             };
             let written = commit::outcome(batch, &arguments.firsts, &fresh);
             // The hook writes and syncs a file: off the async threads, which other commits
@@ -188,7 +194,7 @@ impl PostgresStore {
         client: &impl deadpool_postgres::GenericClient,
         batch: &CommitBatch,
         arguments: &commit::Arguments<'_>,
-    ) -> Result<Vec<String>, tokio_postgres::Error> {
+    ) -> Result<Option<Vec<String>>, tokio_postgres::Error> {
         let dead_letter = format!("{}__dead_letter", batch.flow.pipeline);
         let statement = client
             .prepare_cached(&commit::statement(&batch.table, &dead_letter))
@@ -199,7 +205,28 @@ impl PostgresStore {
                 &arguments.params(&batch.flow.id, &&*batch.flow.name),
             )
             .await?;
-        rows.iter().map(|row| row.try_get(0)).collect()
+        // Keys won, or one NULL when the batch was past its deadline (nothing written).
+        let keys: Vec<Option<String>> = rows
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?;
+        Ok(keys.into_iter().collect())
+    }
+
+    /// The batch's commit deadline on the server's clock, measuring the clock first if it
+    /// never was.
+    async fn server_deadline(
+        &self,
+        client: &Client,
+        batch: &CommitBatch,
+    ) -> Result<Option<i64>, StoreError> {
+        let Some(local) = batch.commit_by_ms else {
+            return Ok(None);
+        };
+        if !self.server_clock.is_measured() {
+            self.server_clock.measure(client).await?;
+        }
+        Ok(Some(self.server_clock.to_server(local)))
     }
 }
 
@@ -260,13 +287,15 @@ impl Store for PostgresStore {
         }
         tx.commit().await?;
         ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+        self.server_clock.measure(&client).await?;
         Ok(handles)
     }
 
     async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
         let (mut client, width) = self.ready().await?;
         let shard = rand::random_range(0..commit::COUNTER_SHARDS);
-        let arguments = commit::Arguments::new(&batch, width, shard);
+        let deadline = self.server_deadline(&client, &batch).await?;
+        let arguments = commit::Arguments::new(&batch, width, shard, deadline);
         self.largest_window_ms
             .fetch_max(arguments.window_ms(), Ordering::Relaxed);
         if let Some(hook) = &batch.hook {
@@ -282,7 +311,8 @@ impl Store for PostgresStore {
                 self.run_commit(&client, &batch, &arguments).await?
             }
             other => other?,
-        };
+        }
+        .ok_or(StoreError::Stale)?;
         Ok(CommitOutcome {
             written: commit::outcome(&batch, &arguments.firsts, &fresh),
         })
@@ -452,6 +482,8 @@ impl Store for PostgresStore {
                 &[&beat.pipeline, &beat.worker, &beat.host, &pid],
             )
             .await?;
+        // Each beat also renews the clock offset that commit deadlines are converted with.
+        self.server_clock.measure(&client).await?;
         Ok(())
     }
 
