@@ -327,7 +327,7 @@ impl Batch {
         let parked = self
             .dedup
             .window
-            .settle(stale.iter().map(|d| d.hash), Settlement::Abandoned);
+            .settle(stale.iter().map(|d| (d.hash, Settlement::Abandoned)));
         let nacked = (stale.len() + parked.len()) as u64;
         for delivery in stale.into_iter().chain(parked) {
             delivery.nack();
@@ -358,27 +358,45 @@ impl Batch {
     }
 
     /// Call only after the batch's effects committed: acks every delivery and every
-    /// redelivery parked behind one, and remembers the keys. Returns how many messages were
-    /// acked (parked redeliveries included).
+    /// redelivery parked behind one, and remembers the keys in the memory tier for the dedup
+    /// window counted from each delivery's receipt (before the commit began, so never past the
+    /// ledger's own expiry). Returns how many messages were acked (parked redeliveries
+    /// included). When the store said which entries it found duplicate, prefer
+    /// [`Batch::settle_outcome`].
     pub fn settle_committed(self) -> u64 {
-        self.settle(false)
+        self.settle(None, false)
     }
 
-    /// [`Batch::settle_committed`] after a commit that recorded its messages settled toward
-    /// the flow's watermark itself (`CommitBatch::watermark_progress`): only the parked
+    /// As [`Batch::settle_committed`], given the commit's outcome (`written[i]` for delivery
+    /// `i`, as in `sluice_store::CommitOutcome`): a key the ledger found duplicate of a copy
+    /// committed elsewhere is not remembered in memory, since its expiry is not known here.
+    pub fn settle_outcome(self, written: &[bool]) -> u64 {
+        self.settle(Some(written), false)
+    }
+
+    /// [`Batch::settle_outcome`] after a commit that recorded its messages settled toward the
+    /// flow's watermark itself (`CommitBatch::watermark_progress`): only the parked
     /// redeliveries, which were not in it, are reported here.
-    pub(crate) fn settle_recorded(self) -> u64 {
-        self.settle(true)
+    pub(crate) fn settle_recorded(self, written: &[bool]) -> u64 {
+        self.settle(Some(written), true)
     }
 
-    fn settle(mut self, commit_recorded_progress: bool) -> u64 {
+    fn settle(mut self, written: Option<&[bool]>, commit_recorded_progress: bool) -> u64 {
         self.untrack();
         let counters = self.dedup.counters.clone();
         let deliveries = std::mem::take(&mut self.deliveries);
         let parked = self
             .dedup
             .window
-            .settle(deliveries.iter().map(|d| d.hash), Settlement::Committed);
+            .settle(deliveries.iter().enumerate().map(|(i, d)| {
+                let how = match written.and_then(|w| w.get(i)) {
+                    Some(false) => Settlement::Duplicate,
+                    _ => Settlement::Committed {
+                        since: d.received_at,
+                    },
+                };
+                (d.hash, how)
+            }));
         let (acked, parked_duplicates) = (deliveries.len() as u64, parked.len() as u64);
         let unrecorded = if commit_recorded_progress {
             &[][..]
@@ -410,7 +428,7 @@ impl Batch {
         let parked = self
             .dedup
             .window
-            .settle(deliveries.iter().map(|d| d.hash), Settlement::Abandoned);
+            .settle(deliveries.iter().map(|d| (d.hash, Settlement::Abandoned)));
         let nacked = (deliveries.len() + parked.len()) as u64;
         for delivery in deliveries.into_iter().chain(parked) {
             delivery.nack();

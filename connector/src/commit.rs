@@ -258,7 +258,7 @@ impl CommitThenAck {
                             batch.counters().dead_lettered(reason, 1);
                         }
                     }
-                    let acked = batch.settle_recorded();
+                    let acked = batch.settle_recorded(&outcome.written);
                     *report += CommitReport {
                         rows,
                         dead_letters,

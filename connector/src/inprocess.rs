@@ -33,6 +33,8 @@ pub struct InProcessTally {
 /// and empty until stopped, as a drained subscription does.
 pub struct InProcessSource {
     messages: Vec<SourceMessage>,
+    /// How long to wait before delivering each message (missing: no wait).
+    gaps: Vec<std::time::Duration>,
     tally: Arc<InProcessTally>,
 }
 
@@ -41,8 +43,16 @@ impl InProcessSource {
     pub fn new(messages: Vec<SourceMessage>) -> Self {
         Self {
             messages,
+            gaps: Vec::new(),
             tally: Arc::new(InProcessTally::default()),
         }
+    }
+
+    /// Waits `gaps[i]` before delivering message `i` (for tests of timing: a redelivery that
+    /// comes after a window ended).
+    pub fn with_gaps(mut self, gaps: Vec<std::time::Duration>) -> Self {
+        self.gaps = gaps;
+        self
     }
 
     /// `count` messages with ids `m0..`, `payload_size` bytes each, and an attribute `key`
@@ -91,7 +101,13 @@ impl MessageSource for InProcessSource {
         let task_stop = stop.clone();
         let tally = self.tally.clone();
         let task = tokio::spawn(async move {
-            for message in self.messages {
+            for (i, message) in self.messages.into_iter().enumerate() {
+                if let Some(gap) = self.gaps.get(i) {
+                    tokio::select! {
+                        _ = task_stop.cancelled() => return,
+                        _ = tokio::time::sleep(*gap) => {}
+                    }
+                }
                 let permit = tokio::select! {
                     _ = task_stop.cancelled() => return,
                     permit = budget.reserve_message() => permit,

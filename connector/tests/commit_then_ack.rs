@@ -382,6 +382,71 @@ async fn deliveries_held_past_the_commit_bound_are_nacked_not_committed() {
     assert_eq!(counters.snapshot().stale, 300);
 }
 
+/// The memory tier never drops a message the ledger would take: a key the ledger found
+/// duplicate (another replica committed it, with a 2 s window) is not remembered past the
+/// ledger's own expiry, so a copy arriving after the window ended is committed.
+#[tokio::test]
+async fn a_ledger_duplicate_is_not_remembered_past_the_ledgers_window() {
+    const WINDOW: Duration = Duration::from_secs(2);
+    let setup = setup().await;
+    let now = sluice_connector::now_ms();
+    // Another replica committed `k` just now: the ledger keeps it until now + 2 s.
+    let theirs = sluice_store::Entry {
+        key: sluice_dedup::DedupKey::new("k"),
+        message: sluice_store::MessageFields {
+            message_id: "theirs".into(),
+            publish_time_ms: now,
+            attributes_json: "{}".into(),
+            data: bytes::Bytes::new(),
+        },
+        effect: Effect::Row { event_time_ms: now },
+    };
+    setup
+        .store
+        .commit(CommitBatch {
+            flow: setup.flow.clone(),
+            table: Arc::from(table_name("p", "t").unwrap()),
+            entries: vec![theirs],
+            now_ms: now,
+            expires_at_ms: now + 2_000,
+            hook: None,
+            watermark_progress: false,
+            commit_by_ms: None,
+        })
+        .await
+        .unwrap();
+    // Copies of `k` at about 1.0 s (inside the ledger's window: a duplicate) and at 2.6 s
+    // (after it: new to the ledger).
+    let source = InProcessSource::generated(2, 10, |_| "k".to_owned()).with_gaps(vec![
+        Duration::from_millis(1_000),
+        Duration::from_millis(1_600),
+    ]);
+    let tally = source.tally();
+    let mut run = run_of(
+        &setup,
+        source,
+        Arc::new(TableStage::default()),
+        CancellationToken::new(),
+        RunUntil::Idle(Duration::from_millis(3_000)),
+    );
+    run.dedup.window = WINDOW;
+    let counters = run.counters.clone();
+    let end = run.run(CancellationToken::new()).await.unwrap();
+    assert_eq!(end.ended, Ended::Drained);
+    let snapshot = counters.snapshot();
+    assert_eq!(
+        (snapshot.duplicates_store, snapshot.duplicates_memory),
+        (1, 0),
+        "the first copy is the ledger's duplicate; memory drops nothing"
+    );
+    assert_eq!(
+        setup.store.count_rows("p__t", None).await.unwrap(),
+        2,
+        "the copy after the window is committed"
+    );
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn giving_up_at_shutdown_nacks_instead_of_acking() {
     let setup = setup().await;

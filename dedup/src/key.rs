@@ -19,8 +19,9 @@ impl DedupKey {
     }
 
     /// The 128-bit fingerprint the memory tier keeps instead of the full key (XXH3-128).
-    /// Collisions are astronomically unlikely and, if one happened, would only send a message to
-    /// the store for a decision; see [`crate::MemoryWindow`].
+    /// A collision would make the memory tier take two keys for one (a message acked as a
+    /// duplicate, or parked behind another key's message); with 128 bits it is astronomically
+    /// unlikely (see [`crate::MemoryWindow`]).
     pub fn hash(&self) -> KeyHash {
         KeyHash(xxhash_rust::xxh3::xxh3_128(self.0.as_bytes()))
     }

@@ -5,8 +5,12 @@
 //!
 //! 1. [`MemoryWindow`] (this crate): a moka cache of keys this worker has seen *committed*
 //!    recently, plus the keys currently *in flight* (received, not yet committed). It is only a
-//!    fast path: it reports [`Admission::Committed`] only for keys the store has already
-//!    accepted or refused as duplicates, so it can never be the sole reason a message is dropped.
+//!    fast path: it reports [`Admission::Committed`] only for keys this worker committed, and
+//!    only for the dedup window counted from before that commit began (the ledger keeps them at
+//!    least that long); a key the ledger found duplicate of another worker's copy is not
+//!    remembered. So it is never the only reason a message is dropped after the ledger's own
+//!    window. (It keeps 128-bit fingerprints: two keys with the same fingerprint, about one
+//!    chance in 2⁶⁴ for four billion keys, would be taken for one.)
 //! 2. The durable ledger (`sluice-store`): keys inserted in the same transaction as the target
 //!    rows; a conflicting insert means "duplicate". The ledger is the authority, shared by every
 //!    replica that uses the same store.

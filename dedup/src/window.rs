@@ -1,11 +1,18 @@
-//! The memory tier: recently committed keys (moka, time-to-live = dedup window) and keys in
-//! flight, each with the redeliveries parked behind it.
+//! The memory tier: recently committed keys (moka) and keys in flight, each with the
+//! redeliveries parked behind it.
+//!
+//! The memory tier is a fast path in front of the store's ledger and must never be the only
+//! reason a message is dropped: it remembers a key only for as long as the ledger is sure to
+//! (the window counted from before the commit's transaction began, see
+//! [`Settlement::Committed`]), and it does not remember a key the ledger found duplicate of a
+//! copy committed elsewhere, whose expiry it does not know.
 
 use crate::KeyHash;
+use moka::Expiry;
 use moka::sync::Cache;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Upper bound on committed keys remembered in memory per flow. At 100k msg/s and a 10-minute
 /// window the full window would be 60M keys; beyond this bound moka evicts the least useful
@@ -27,17 +34,47 @@ pub enum Admission<P> {
 /// How an in-flight key ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settlement {
-    /// Its effect (or dead letter) committed, or the store found it duplicate: remember it.
-    Committed,
+    /// Its effect (or dead letter) was committed by a transaction that began after `since`:
+    /// the ledger keeps the key at least until `since` plus the window, and the memory tier
+    /// remembers it until then, no longer. Its parked items are handed back (duplicates).
+    Committed {
+        /// An instant before the commit's transaction began (the delivery's receipt will do).
+        since: Instant,
+    },
+    /// The store found it a duplicate of a copy committed elsewhere, whose expiry the memory
+    /// tier cannot know: not remembered (the ledger answers the next copy). Its parked items are
+    /// handed back (duplicates too).
+    Duplicate,
     /// It was given back uncommitted (nacked): forget it so a redelivery is processed.
     Abandoned,
+}
+
+/// Expires each remembered key at the instant stored with it.
+struct AtStoredInstant;
+
+impl Expiry<KeyHash, Instant> for AtStoredInstant {
+    fn expire_after_create(&self, _: &KeyHash, until: &Instant, now: Instant) -> Option<Duration> {
+        Some(until.saturating_duration_since(now))
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &KeyHash,
+        until: &Instant,
+        now: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(until.saturating_duration_since(now))
+    }
 }
 
 /// The memory tier of one flow, holding parked items of type `P`. All methods take `&self`;
 /// admission and settlement happen under one lock, so an item can never be parked behind a key
 /// that has already settled.
 pub struct MemoryWindow<P> {
-    committed: Cache<KeyHash, ()>,
+    /// Committed keys, each with the instant it is forgotten.
+    committed: Cache<KeyHash, Instant>,
+    window: Duration,
     in_flight: Mutex<HashMap<KeyHash, Vec<P>>>,
 }
 
@@ -52,8 +89,9 @@ impl<P> MemoryWindow<P> {
         Self {
             committed: Cache::builder()
                 .max_capacity(max_keys)
-                .time_to_live(window)
+                .expire_after(AtStoredInstant)
                 .build(),
+            window,
             in_flight: Mutex::new(HashMap::new()),
         }
     }
@@ -65,23 +103,31 @@ impl<P> MemoryWindow<P> {
             parked.push(item);
             return Admission::Parked;
         }
-        if self.committed.contains_key(&key) {
+        if self
+            .committed
+            .get(&key)
+            .is_some_and(|until| until > Instant::now())
+        {
             return Admission::Committed(item);
         }
         in_flight.insert(key, Vec::new());
         Admission::New(item)
     }
 
-    /// Ends the flight of `keys` and hands back every item parked behind them.
-    pub fn settle(&self, keys: impl IntoIterator<Item = KeyHash>, how: Settlement) -> Vec<P> {
+    /// Ends the flight of each key as its settlement says and hands back every item parked
+    /// behind them.
+    pub fn settle(&self, keys: impl IntoIterator<Item = (KeyHash, Settlement)>) -> Vec<P> {
         let mut in_flight = self.lock();
         let mut released = Vec::new();
-        for key in keys {
+        for (key, how) in keys {
             if let Some(parked) = in_flight.remove(&key) {
                 released.extend(parked);
             }
-            if how == Settlement::Committed {
-                self.committed.insert(key, ());
+            if let Settlement::Committed { since } = how
+                && let Some(until) = since.checked_add(self.window)
+                && until > Instant::now()
+            {
+                self.committed.insert(key, until);
             }
         }
         released
@@ -129,7 +175,7 @@ mod tests {
         assert_eq!(window.admit(key, 2), Admission::Parked);
         assert_eq!(window.admit(key, 3), Admission::Parked);
         assert_eq!((window.in_flight(), window.parked()), (1, 2));
-        assert_eq!(window.settle([key], Settlement::Committed), vec![2, 3]);
+        assert_eq!(window.settle([(key, committed_now())]), vec![2, 3]);
         assert_eq!(window.admit(key, 4), Admission::Committed(4));
         assert_eq!((window.in_flight(), window.parked()), (0, 0));
     }
@@ -140,7 +186,7 @@ mod tests {
         let key = DedupKey::new("b").hash();
         assert_eq!(window.admit(key, 1), Admission::New(1));
         assert_eq!(window.admit(key, 2), Admission::Parked);
-        assert_eq!(window.settle([key], Settlement::Abandoned), vec![2]);
+        assert_eq!(window.settle([(key, Settlement::Abandoned)]), vec![2]);
         assert_eq!(window.admit(key, 3), Admission::New(3));
     }
 
@@ -149,10 +195,45 @@ mod tests {
         let window = MemoryWindow::new(Duration::from_millis(50));
         let key = DedupKey::new("c").hash();
         assert_eq!(window.admit(key, ()), Admission::New(()));
-        window.settle([key], Settlement::Committed);
+        window.settle([(key, committed_now())]);
         assert_eq!(window.admit(key, ()), Admission::Committed(()));
         std::thread::sleep(Duration::from_millis(120));
         assert_eq!(window.admit(key, ()), Admission::New(()));
+    }
+
+    #[test]
+    fn a_committed_key_is_remembered_from_before_its_commit_not_from_its_settlement() {
+        let window = MemoryWindow::new(Duration::from_millis(300));
+        let key = DedupKey::new("d").hash();
+        let before_commit = Instant::now();
+        assert_eq!(window.admit(key, ()), Admission::New(()));
+        // A slow commit: settled 200 ms after it began; remembered 100 ms more, not 300.
+        std::thread::sleep(Duration::from_millis(200));
+        window.settle([(
+            key,
+            Settlement::Committed {
+                since: before_commit,
+            },
+        )]);
+        assert_eq!(window.admit(key, ()), Admission::Committed(()));
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(window.admit(key, ()), Admission::New(()));
+    }
+
+    #[test]
+    fn a_ledger_duplicate_is_not_remembered_but_releases_its_parked_items() {
+        let window = MemoryWindow::new(Duration::from_secs(600));
+        let key = DedupKey::new("e").hash();
+        assert_eq!(window.admit(key, 1), Admission::New(1));
+        assert_eq!(window.admit(key, 2), Admission::Parked);
+        assert_eq!(window.settle([(key, Settlement::Duplicate)]), vec![2]);
+        assert_eq!(window.admit(key, 3), Admission::New(3));
+    }
+
+    fn committed_now() -> Settlement {
+        Settlement::Committed {
+            since: Instant::now(),
+        }
     }
 
     #[test]
