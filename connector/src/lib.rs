@@ -74,7 +74,7 @@ pub use sink::{JsonlSink, SinkCommit};
 pub use source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
 pub use stage::{Stage, StageError, TableStage};
 pub use table::TableSource;
-pub use telemetry::{Counters, Snapshot};
+pub use telemetry::{COMMIT_ERROR_KINDS, Counters, DEAD_LETTER_REASONS, Snapshot};
 pub use time::now_ms;
 pub use tracking::{
     LEASE_TTL as TRACKER_LEASE_TTL, TICK as TRACKER_TICK, TrackerSettings, WatermarkTracker,

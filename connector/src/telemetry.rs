@@ -8,6 +8,28 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+/// The dead-letter reasons sluice writes (`sluice_messages_dead_lettered_total{reason}`),
+/// exported at 0 from a flow's start.
+pub const DEAD_LETTER_REASONS: [&str; 5] = [
+    "bad_timestamp",
+    "max_attempts",
+    "missing_dedup_attribute",
+    "missing_id",
+    "undecodable",
+];
+
+/// The kinds of failed commit attempts (`sluice_commit_errors_total{kind}`), exported at 0 from
+/// a flow's start.
+pub const COMMIT_ERROR_KINDS: [&str; 7] = [
+    "config",
+    "gave_up",
+    "rejected",
+    "stage",
+    "stage_unavailable",
+    "stale",
+    "unavailable",
+];
+
 /// Per-flow counters. Cheap to clone; increments are per batch, not per message, where possible.
 #[derive(Clone)]
 pub struct Counters {
@@ -102,7 +124,7 @@ impl Counters {
             l.push(("layer", layer.to_owned()));
             metrics::counter!("sluice_messages_duplicate_total", &l)
         };
-        Self {
+        let counters = Self {
             inner: Arc::new(Inner {
                 received: Tally::new(metrics::counter!("sluice_messages_received_total", &labels)),
                 duplicates_memory: Tally::new(with_layer("memory")),
@@ -132,7 +154,27 @@ impl Counters {
             }),
             pipeline: Arc::from(pipeline),
             flow: Arc::from(flow),
+        };
+        // Every labelled counter exists from the start, at 0, so rates and alerts have a series
+        // before the first event.
+        for reason in DEAD_LETTER_REASONS {
+            counters.dead_letter_counter(reason).increment(0);
         }
+        for kind in COMMIT_ERROR_KINDS {
+            counters.commit_error_counter(kind).increment(0);
+        }
+        counters
+    }
+
+    fn dead_letter_counter(&self, reason: &str) -> Counter {
+        metrics::counter!("sluice_messages_dead_lettered_total",
+            "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone(),
+            "reason" => reason.to_owned())
+    }
+
+    fn commit_error_counter(&self, kind: &'static str) -> Counter {
+        metrics::counter!("sluice_commit_errors_total",
+            "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone(), "kind" => kind)
     }
 
     pub(crate) fn received(&self, n: u64) {
@@ -149,10 +191,7 @@ impl Counters {
     /// Dead letters committed with `reason` (rare: the labelled handle is looked up each time).
     pub(crate) fn dead_lettered(&self, reason: &str, n: u64) {
         self.inner.dead_lettered.fetch_add(n, Ordering::Relaxed);
-        metrics::counter!("sluice_messages_dead_lettered_total",
-            "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone(),
-            "reason" => reason.to_owned())
-        .increment(n);
+        self.dead_letter_counter(reason).increment(n);
     }
     pub(crate) fn acked(&self, n: u64) {
         self.inner.acked.add(n);
@@ -245,13 +284,10 @@ impl Counters {
         self.inner.cache_entries.set(entries as f64);
     }
 
-    /// A failed commit attempt; `kind` is `unavailable`, `rejected`, `config`, `stage` or
-    /// `gave_up`.
+    /// A failed commit attempt; `kind` is one of [`COMMIT_ERROR_KINDS`].
     pub(crate) fn commit_failed(&self, kind: &'static str) {
         self.inner.commit_errors.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("sluice_commit_errors_total",
-            "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone(), "kind" => kind)
-        .increment(1);
+        self.commit_error_counter(kind).increment(1);
     }
     pub(crate) fn commit_took(&self, seconds: f64) {
         self.inner.commit_seconds.record(seconds);

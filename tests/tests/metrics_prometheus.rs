@@ -154,6 +154,60 @@ fn alert_rules_pass_promtool() {
     }
 }
 
+/// Before the first message, every counter of the flow is exported with the value 0, for each
+/// label value sluice can emit (so `rate()`, alerts and panels have a series from the start).
+fn assert_counters_start_at_zero(listen: &str) {
+    let (status, text) = get(&format!("http://{listen}/metrics"), None);
+    assert_eq!(status, 200);
+    let mut expected: Vec<String> = [
+        "sluice_messages_received_total",
+        "sluice_messages_committed_total",
+        "sluice_messages_acked_total",
+        "sluice_messages_late_total",
+        "sluice_messages_stale_total",
+    ]
+    .iter()
+    .map(|name| format!("{name}{{pipeline=\"test\",flow=\"ingest\"}}"))
+    .collect();
+    for layer in ["memory", "store"] {
+        expected.push(format!(
+            "sluice_messages_duplicate_total{{pipeline=\"test\",flow=\"ingest\",layer=\"{layer}\"}}"
+        ));
+    }
+    for reason in [
+        "bad_timestamp",
+        "max_attempts",
+        "missing_dedup_attribute",
+        "missing_id",
+        "undecodable",
+    ] {
+        expected.push(format!(
+            "sluice_messages_dead_lettered_total{{pipeline=\"test\",flow=\"ingest\",reason=\"{reason}\"}}"
+        ));
+    }
+    for kind in [
+        "config",
+        "gave_up",
+        "rejected",
+        "stage",
+        "stage_unavailable",
+        "stale",
+        "unavailable",
+    ] {
+        expected.push(format!(
+            "sluice_commit_errors_total{{pipeline=\"test\",flow=\"ingest\",kind=\"{kind}\"}}"
+        ));
+    }
+    let missing: Vec<&String> = expected
+        .iter()
+        .filter(|series| !text.lines().any(|line| line == format!("{series} 0")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not exported at 0 before the first message: {missing:#?}\n/metrics:\n{text}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn prometheus_sees_what_the_store_holds_and_every_shipped_query_runs() {
     const DISTINCT: usize = 3_000;
@@ -184,6 +238,7 @@ async fn prometheus_sees_what_the_store_holds_and_every_shipped_query_runs() {
     );
     assert_eq!(get(&format!("http://{listen}/healthz"), None).0, 200);
     assert_eq!(get(&format!("http://{listen}/nope"), None).0, 404);
+    assert_counters_start_at_zero(&listen);
 
     let prometheus = Prometheus::scraping(&listen);
     // The tracking subscription sees what is published after it exists.
