@@ -8,10 +8,12 @@ use rusqlite::{Connection, TransactionBehavior, params};
 /// Keys looked up per statement (well under SQLite's limit of bound parameters).
 const PRESENCE_CHUNK: usize = 500;
 
-/// Deletes the flow's ledger keys, counters, completion, commit marks, watermark buckets,
-/// watermark record and window emission mark (its next emission starts again at its oldest
-/// row; the count rows already written stay, and are not written twice), and the rows and dead
-/// letters `rows` says, in one transaction.
+/// Deletes the flow's counters, completion, commit marks, watermark buckets, watermark record
+/// and window emission mark (its next emission starts again at its oldest row; the count rows
+/// already written stay, and are not written twice), the rows and dead letters `rows` says,
+/// and the ledger keys of exactly those: a key whose row or dead letter is kept stays in the
+/// ledger, so its redelivery (an unacked message, a publisher's copy) stays a duplicate. In one
+/// transaction.
 pub(crate) fn reset_flow(
     conn: &mut Connection,
     flow: &FlowHandle,
@@ -23,8 +25,39 @@ pub(crate) fn reset_flow(
         check_table(table)?;
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let targets: Vec<&str> = std::iter::once(dead_letter.as_str()).chain(table).collect();
+    match rows {
+        ResetRows::Keep => {}
+        ResetRows::All => {
+            tx.execute(
+                "DELETE FROM sluice_ledger WHERE flow_id = ?1",
+                params![flow.id],
+            )?;
+        }
+        ResetRows::PublishedSince(ms) => {
+            let select = |op: &str| {
+                targets
+                    .iter()
+                    .map(|t| {
+                        format!(
+                            "SELECT dedup_key FROM \"{t}\" WHERE flow = ?2 AND publish_time {op} ?3"
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" UNION ")
+            };
+            tx.execute(
+                &format!(
+                    "DELETE FROM sluice_ledger WHERE flow_id = ?1
+                     AND key IN ({}) AND key NOT IN ({})",
+                    select(">="),
+                    select("<")
+                ),
+                params![flow.id, &*flow.name, ms],
+            )?;
+        }
+    }
     for state in [
-        "sluice_ledger",
         "sluice_completions",
         "sluice_commit_marks",
         "sluice_watermark_messages",
@@ -43,7 +76,7 @@ pub(crate) fn reset_flow(
         params![flow.id],
     )?;
     // Table names are validated identifiers (checked above); values are bound.
-    for target in std::iter::once(dead_letter.as_str()).chain(table) {
+    for target in targets {
         match rows {
             ResetRows::Keep => {}
             ResetRows::All => {

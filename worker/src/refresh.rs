@@ -3,11 +3,13 @@
 //!
 //! # Guarantees
 //!
-//! * **Each record once after a refresh, and nothing lost.** Resetting a flow deletes, in one
-//!   transaction, its ledger keys, counters, completion and commit marks, and the rows and dead
-//!   letters its source will give again: all of them for file and table flows (re-read in
-//!   full); for a Pub/Sub flow, those published since `--seek TIME`, and none without a seek
-//!   (acked messages do not come back). Rows other flows wrote to the same table stay. A sink
+//! * **Each record once after a refresh.** Resetting a flow deletes, in one transaction, its
+//!   counters, completion and commit marks, the rows and dead letters its source will give
+//!   again, and the ledger keys of exactly those: all of them for file and table flows (re-read
+//!   in full); for a Pub/Sub flow, those published since `--seek TIME`, and none without a seek
+//!   (acked messages do not come back). A key whose row is kept stays in the ledger, so a
+//!   committed message whose ack was lost, or a publisher's later copy of a kept record, is
+//!   still a duplicate when it comes. Rows other flows wrote to the same table stay. A sink
 //!   flow's files go when all its rows go (a sink flow reading Pub/Sub cannot be seeked).
 //! * **Only what was asked.** `reset FLOW` touches that flow alone: upstream once flows stay
 //!   drained (IDLE) and are not re-read. `full-refresh` resets every flow, so the next run

@@ -7,10 +7,12 @@ use deadpool_postgres::Client;
 
 /// Forgets the flow in one transaction: its counters, completion, commit marks, watermark
 /// buckets, watermark record and window emission mark (its next emission starts again at its
-/// oldest row; count rows already written stay, and are not written twice) and the rows and
-/// dead letters `rows` says are deleted, and the flow gets a new id, so its ledger keys (in
-/// every generation) belong to no flow any more and leave with their partitions; no row of the
-/// partitioned ledger is deleted.
+/// oldest row; count rows already written stay, and are not written twice), the rows and dead
+/// letters `rows` says, and the ledger keys of exactly those: a key whose row or dead letter is
+/// kept stays in the ledger, so its redelivery stays a duplicate. When every row goes
+/// (`ResetRows::All`) the flow gets a new id instead, so its ledger keys (in every generation)
+/// belong to no flow any more and leave with their partitions; otherwise the keys of the
+/// deleted rows are deleted from every generation.
 pub(super) async fn reset_flow(
     client: &mut Client,
     flow: &FlowHandle,
@@ -44,14 +46,45 @@ pub(super) async fn reset_flow(
         )
         .await?;
     }
-    tx.execute(
-        "UPDATE sluice_flows SET flow_id = nextval(pg_get_serial_sequence('sluice_flows', 'flow_id'))
-         WHERE flow_id = $1",
-        &[&flow.id],
-    )
-    .await?;
+    let targets: Vec<&str> = std::iter::once(dead_letter.as_str()).chain(table).collect();
+    match rows {
+        ResetRows::Keep => {}
+        ResetRows::All => {
+            tx.execute(
+                "UPDATE sluice_flows
+                 SET flow_id = nextval(pg_get_serial_sequence('sluice_flows', 'flow_id'))
+                 WHERE flow_id = $1",
+                &[&flow.id],
+            )
+            .await?;
+        }
+        ResetRows::PublishedSince(ms) => {
+            let select = |op: &str| {
+                targets
+                    .iter()
+                    .map(|t| {
+                        format!(
+                            "SELECT dedup_key FROM \"{t}\"
+                             WHERE flow = $2 AND publish_time {op} to_timestamp($3::int8 / 1000.0)"
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" UNION ")
+            };
+            tx.execute(
+                &format!(
+                    "DELETE FROM sluice_ledger WHERE flow_id = $1
+                     AND key IN ({}) AND key NOT IN ({})",
+                    select(">="),
+                    select("<")
+                ),
+                &[&flow.id, &name, &ms],
+            )
+            .await?;
+        }
+    }
     // Table names are validated identifiers (checked above); values are bound.
-    for target in std::iter::once(dead_letter.as_str()).chain(table) {
+    for target in targets {
         match rows {
             ResetRows::Keep => {}
             ResetRows::All => {
