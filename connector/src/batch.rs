@@ -5,6 +5,7 @@ use crate::budget::Budget;
 use crate::delivery::{Delivery, SourceMessage};
 use crate::pubsub::SourceError;
 use crate::source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
+use crate::storable::make_storable;
 use crate::telemetry::Counters;
 use sluice_dedup::{Admission, DedupKey, MemoryWindow, Settlement};
 use std::sync::Arc;
@@ -195,12 +196,16 @@ impl BatchSource {
 
     fn admit(&self, received: Received) -> Option<Delivery> {
         self.dedup.counters.received(1);
-        let (key, key_problem) = key_of(&self.key, &received.message);
+        let mut message = received.message;
+        let (mut key, key_problem) = key_of(&self.key, &message);
+        if let Some(escaped) = make_storable(&mut message, key.as_str()) {
+            key = DedupKey::new(escaped);
+        }
         let delivery = Delivery {
             hash: key.hash(),
             key,
             key_problem,
-            message: received.message,
+            message,
             handle: received.handle,
             _permits: received.permits,
             received_at: received.received_at,

@@ -114,7 +114,11 @@ impl Deliverer {
         let Some(skip) = &self.skip else {
             return Some(vec![false; chunk.len()]);
         };
-        let keys: Vec<String> = chunk.iter().map(|m| m.message_id.clone()).collect();
+        // As the batcher will key them (text the store cannot hold escaped).
+        let keys: Vec<String> = chunk
+            .iter()
+            .map(|m| crate::storable::storable(&m.message_id).into_owned())
+            .collect();
         let mut backoff = Backoff::default();
         loop {
             match skip

@@ -10,12 +10,13 @@ use std::time::Instant;
 
 /// The dead-letter reasons sluice writes (`sluice_messages_dead_lettered_total{reason}`),
 /// exported at 0 from a flow's start.
-pub const DEAD_LETTER_REASONS: [&str; 5] = [
+pub const DEAD_LETTER_REASONS: [&str; 6] = [
     "bad_timestamp",
     "max_attempts",
     "missing_dedup_attribute",
     "missing_id",
     "undecodable",
+    crate::storable::UNSTORABLE,
 ];
 
 /// The kinds of failed commit attempts (`sluice_commit_errors_total{kind}`), exported at 0 from

@@ -180,6 +180,7 @@ fn assert_counters_start_at_zero(listen: &str) {
         "missing_dedup_attribute",
         "missing_id",
         "undecodable",
+        "unstorable",
     ] {
         expected.push(format!(
             "sluice_messages_dead_lettered_total{{pipeline=\"test\",flow=\"ingest\",reason=\"{reason}\"}}"
