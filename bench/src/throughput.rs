@@ -447,6 +447,7 @@ async fn sluice_drain(
         ),
         counters: counters.clone(),
         until: RunUntil::Drained,
+        drain_agreement: None,
     };
     let wal_before = match &postgres {
         Some(store) => Some(store.footprint().await.map_err(store_error)?.wal_position),

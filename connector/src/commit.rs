@@ -29,9 +29,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Tries to publish a committed sink file before leaving it to recovery.
-const PUBLISH_ATTEMPTS: usize = 3;
-
 /// Retry settings of a flow.
 #[derive(Debug, Clone, Copy)]
 pub struct RetrySettings {
@@ -221,7 +218,7 @@ impl CommitThenAck {
                         .commit_took(started.elapsed().as_secs_f64());
                     if let Some(sink) = sink_commit {
                         match &result {
-                            Ok(_) => self.publish(&sink),
+                            Ok(_) => self.publish(&sink).await,
                             Err(_) if sink.ran() => uncertain.push(sink),
                             Err(_) => {}
                         }
@@ -325,22 +322,33 @@ impl CommitThenAck {
         }
     }
 
-    /// Publishes a committed sink file, retrying a few times; if it still fails, the file
-    /// stays under its temporary name for the next start's recovery (the rows are in the
-    /// target's table meanwhile).
-    fn publish(&self, sink: &SinkCommit) {
-        let mut last = None;
-        for _ in 0..PUBLISH_ATTEMPTS {
-            match sink.publish() {
+    /// Publishes a committed sink file before the batch is acked, retrying with backoff as
+    /// long as it fails (a full disk, a permission taken away): the ack waits, as it does for
+    /// a store outage. Only when the caller gives up (shutdown) is the file left under its
+    /// temporary name for the next start's recovery, which publishes it (its commit is
+    /// recorded); the batch is acked then, since its records are committed.
+    async fn publish(&self, sink: &SinkCommit) {
+        let mut backoff = Backoff::default();
+        loop {
+            let error = match sink.publish() {
                 Ok(()) => return,
-                Err(error) => last = Some(error),
+                Err(error) => error,
+            };
+            if self.give_up.is_cancelled() {
+                tracing::error!(flow = %self.flow.name, commit = sink.commit_id(), %error,
+                    "cannot publish a committed sink file; the next start's recovery will");
+                sink.release();
+                return;
+            }
+            let delay = backoff.next_delay();
+            tracing::warn!(flow = %self.flow.name, commit = sink.commit_id(), %error,
+                step = backoff.step(), retry_in_ms = delay.as_millis() as u64,
+                "cannot publish a committed sink file; retrying (nothing acked)");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.give_up.cancelled() => {}
             }
         }
-        if let Some(error) = last {
-            tracing::error!(flow = %self.flow.name, commit = sink.commit_id(), %error,
-                "cannot publish a committed sink file; the next start's recovery will");
-        }
-        sink.release();
     }
 
     /// Decides the sink attempts whose commit reported an error after their transaction ran:
@@ -353,7 +361,7 @@ impl CommitThenAck {
                 .commit_recorded(&self.flow, sink.commit_id())
                 .await
             {
-                Ok(true) => self.publish(&sink),
+                Ok(true) => self.publish(&sink).await,
                 Ok(false) => sink.discard(),
                 Err(error) => {
                     tracing::warn!(flow = %self.flow.name, commit = sink.commit_id(), %error,

@@ -70,7 +70,7 @@ pub use file::FileSource;
 pub use foreach::{BatchHandler, ForeachBatchStage, StageRecord, StagedBatch, batch_id};
 pub use inprocess::{InProcessAck, InProcessSource, InProcessTally};
 pub use pubsub::{PubSubConfig, PubSubSource};
-pub use runner::{COMMIT_QUEUE, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
+pub use runner::{COMMIT_QUEUE, DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
 pub use sink::{JsonlSink, SinkCommit};
 pub use source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
 pub use stage::{Stage, StageError, TableStage};

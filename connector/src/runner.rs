@@ -11,6 +11,10 @@
 //! already received is still batched, committed and acked; then the source is closed (acks
 //! flushed, anything the client still holds unasked is nacked by it). If the store stays
 //! unavailable during a drain, `give_up` makes the waiting batches be nacked instead.
+//!
+//! A once flow that several replicas read ends only when they agree it drained
+//! ([`DrainAgreement`]): an idle replica keeps reading while another may still hold messages
+//! that could come back to the subscription.
 
 use crate::batch::{BatchSettings, BatchSource, DedupSettings};
 use crate::budget::Budget;
@@ -30,6 +34,21 @@ pub const COMMIT_QUEUE: usize = 1;
 
 /// How often the system-lag gauge is sampled.
 pub const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Whether a run that found its source idle (nothing arrived for the idle time, nothing in
+/// flight) may end: for a once flow read by several replicas, all of them must have drained, and
+/// messages held by a replica that died must have had the time to come back.
+#[async_trait::async_trait]
+pub trait DrainAgreement: Send + Sync {
+    /// The run reads (at its start, and when it received something after [`Self::may_finish`]
+    /// said no).
+    async fn reading(&self);
+    /// The run found its source idle holding nothing; `false`: go on reading, ask again at the
+    /// next idle time.
+    async fn may_finish(&self) -> bool;
+    /// The run was stopped (a drain) holding nothing.
+    async fn stopped(&self);
+}
 
 /// When a flow's run ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +78,9 @@ pub struct FlowRun {
     pub counters: Counters,
     /// When the run ends.
     pub until: RunUntil,
+    /// For an idle run (`RunUntil::Idle`) read by several replicas: whether it may end. `None`:
+    /// it ends when this worker finds the source idle.
+    pub drain_agreement: Option<Arc<dyn DrainAgreement>>,
 }
 
 /// How a flow's run ended.
@@ -157,6 +179,12 @@ impl FlowRun {
             }
             Ok::<_, tokio::task::JoinError>(report)
         };
+        let agreement = self.drain_agreement;
+        if let Some(agreement) = &agreement {
+            agreement.reading().await;
+        }
+        // Whether this run told the agreement it drained and has not received since.
+        let mut reported_drained = false;
         let mut drained = false;
         loop {
             let next = match self.until {
@@ -167,6 +195,11 @@ impl FlowRun {
             };
             match next {
                 Ok(Some(batch)) => {
+                    if let Some(agreement) = &agreement
+                        && std::mem::take(&mut reported_drained)
+                    {
+                        agreement.reading().await;
+                    }
                     counters.publish_cache_entries(batches.cache_entries());
                     if ready_tx.send(batch).await.is_err() {
                         break;
@@ -179,6 +212,12 @@ impl FlowRun {
                     break;
                 }
                 Err(_idle) => {
+                    if let Some(agreement) = &agreement {
+                        reported_drained = true;
+                        if !agreement.may_finish().await {
+                            continue;
+                        }
+                    }
                     drained = true;
                     stop_source.cancel();
                 }
@@ -198,6 +237,11 @@ impl FlowRun {
         } else {
             Ended::Stopped
         };
+        if ended == Ended::Stopped
+            && let Some(agreement) = &agreement
+        {
+            agreement.stopped().await;
+        }
         Ok(FlowEnd { report, ended })
     }
 }

@@ -11,7 +11,9 @@
 //!    (an advisory lock the operating system drops when the process dies). If the store
 //!    reports an error after the hook ran, the commit may have landed all the same (a lost
 //!    answer): once the batch settles, the writer asks the store
-//!    ([`sluice_store::Store::commit_recorded`]) and publishes or deletes the file.
+//!    ([`sluice_store::Store::commit_recorded`], which answers only once that transaction has
+//!    ended, even if it is still committing on the server) and publishes or deletes the file.
+//!    A rename that fails is retried until it succeeds; the batch is acked only after it.
 //! 3. After a crash, [`JsonlSink::recover`] (run before the flow starts, IDLE flows included)
 //!    looks at the flow's temporary files that nobody holds locked: one whose commit id is
 //!    recorded is published (renamed), one whose commit never happened is deleted; its records
@@ -299,7 +301,7 @@ impl CommitHook for SinkCommit {
 }
 
 /// Creates `path` locked (an exclusive advisory lock, released when the file is dropped or the
-/// process dies), writes and syncs it, and returns it still locked.
+/// process dies), writes and syncs it and its folder, and returns it still locked.
 fn write_locked(path: &Path, content: &str) -> std::io::Result<std::fs::File> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -308,6 +310,8 @@ fn write_locked(path: &Path, content: &str) -> std::io::Result<std::fs::File> {
     file.lock()?;
     file.write_all(content.as_bytes())?;
     file.sync_all()?;
+    // The file's name too must survive a crash of the machine once the transaction commits.
+    sync_dir(path.parent().unwrap_or(Path::new(".")))?;
     Ok(file)
 }
 

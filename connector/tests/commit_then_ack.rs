@@ -106,6 +106,23 @@ impl Store for FaultyStore {
     async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
         self.inner.leave(pipeline, worker).await
     }
+    async fn report_drain(
+        &self,
+        flow: &FlowHandle,
+        worker: &str,
+        drained: bool,
+    ) -> Result<(), StoreError> {
+        self.inner.report_drain(flow, worker, drained).await
+    }
+    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
+        self.inner.withdraw_drain(flow, worker).await
+    }
+    async fn drain_census(
+        &self,
+        flow: &FlowHandle,
+    ) -> Result<sluice_store::DrainCensus, StoreError> {
+        self.inner.drain_census(flow).await
+    }
     async fn workers(
         &self,
         pipeline: &str,
@@ -256,6 +273,7 @@ fn run_of(
         ),
         counters,
         until,
+        drain_agreement: None,
     }
 }
 

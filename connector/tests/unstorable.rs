@@ -64,6 +64,7 @@ fn run_of(
         ),
         counters,
         until,
+        drain_agreement: None,
     }
 }
 

@@ -9,8 +9,8 @@
 //! the same transaction. So for every key at most one effect is ever committed per flow within
 //! the dedup window, whichever worker, process or restart commits it, as long as they share the
 //! store. When `commit` returns `Ok`, the transaction is durable (SQLite in WAL mode with
-//! `synchronous = FULL`; PostgreSQL with its default `synchronous_commit`), and only then are
-//! its messages acked.
+//! `synchronous = FULL`; PostgreSQL with `synchronous_commit = on`, set for sluice's sessions
+//! whatever the server's default), and only then are its messages acked.
 //!
 //! # Backends
 //!
@@ -31,6 +31,7 @@
 //! see [`LeaseRequest`]), and once-flow completion ([`Store::record_completion`]) that every
 //! replica reads at start.
 
+mod drain;
 mod error;
 mod model;
 mod pool;
@@ -46,6 +47,7 @@ mod sqlite_windows;
 mod url;
 mod windows;
 
+pub use drain::{DrainCensus, DrainReport};
 pub use error::StoreError;
 pub use model::{
     CommitBatch, CommitHook, CommitOutcome, Effect, Entry, FlowHandle, FlowProgress, Layout,
@@ -97,14 +99,29 @@ pub trait Store: Send + Sync + 'static {
     /// sharing the store sees it (see [`Store::completions`]); recording twice is harmless.
     async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError>;
 
+    /// Records this worker's part in draining the once flow `flow` (see [`DrainReport`]):
+    /// reading (`drained: false`) or found its source empty holding nothing (`true`).
+    async fn report_drain(
+        &self,
+        flow: &FlowHandle,
+        worker: &str,
+        drained: bool,
+    ) -> Result<(), StoreError>;
+
+    /// Removes this worker's drain report (it stopped cleanly, holding nothing).
+    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError>;
+
+    /// Every reader's drain report on `flow`, with its latest heartbeat, on the store's clock.
+    async fn drain_census(&self, flow: &FlowHandle) -> Result<DrainCensus, StoreError>;
+
     /// Forgets what `flow` has done, in one transaction: its ledger keys, counters, completion,
     /// sink commit marks, watermark buckets, watermark and window emission mark (the next
     /// emission starts again at the flow's oldest row; count rows written stay, never
     /// rewritten), and those of its rows in `table` (the full name of its target table, if it
     /// has one) and of its dead letters that `rows` says. Records its source gives
     /// again are then written once again; rows it cannot give again stay. Handles of the flow
-    /// taken before are stale afterwards (PostgreSQL gives the flow a new id, leaving its old
-    /// ledger keys to expire with their partitions): prepare again. Callers make sure no
+    /// taken before are stale afterwards (PostgreSQL gives the flow a new id when every row
+    /// goes, leaving its old ledger keys to expire with their partitions): prepare again. Callers make sure no
     /// worker is running the flow meanwhile (its memory tier would still remember keys).
     async fn reset_flow(
         &self,

@@ -72,6 +72,13 @@ CREATE TABLE IF NOT EXISTS sluice_completions (
     flow_id      INTEGER PRIMARY KEY,
     completed_at INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS sluice_drains (
+    flow_id     INTEGER NOT NULL,
+    worker      TEXT NOT NULL,
+    drained     INTEGER NOT NULL,
+    reported_at INTEGER NOT NULL,
+    PRIMARY KEY (flow_id, worker)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sluice_workers (
     pipeline   TEXT NOT NULL,
     worker     TEXT NOT NULL,

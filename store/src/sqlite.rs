@@ -148,6 +148,31 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn report_drain(
+        &self,
+        flow: &FlowHandle,
+        worker: &str,
+        drained: bool,
+    ) -> Result<(), StoreError> {
+        let (id, worker) = (flow.id, worker.to_owned());
+        self.call(move |conn| {
+            crate::sqlite_pool::report_drain(conn, id, &worker, drained, now_ms())
+        })
+        .await
+    }
+
+    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
+        let (id, worker) = (flow.id, worker.to_owned());
+        self.call(move |conn| crate::sqlite_pool::withdraw_drain(conn, id, &worker))
+            .await
+    }
+
+    async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
+        let flow = flow.clone();
+        self.call(move |conn| crate::sqlite_pool::drain_census(conn, &flow, now_ms()))
+            .await
+    }
+
     async fn reset_flow(
         &self,
         flow: &FlowHandle,

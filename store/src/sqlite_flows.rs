@@ -59,6 +59,7 @@ pub(crate) fn reset_flow(
     }
     for state in [
         "sluice_completions",
+        "sluice_drains",
         "sluice_commit_marks",
         "sluice_watermark_messages",
         "sluice_watermarks",

@@ -122,3 +122,58 @@ pub(crate) fn leases(
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
+
+/// Upserts `worker`'s drain report on flow `flow_id` (see `drain.rs`).
+pub(crate) fn report_drain(
+    conn: &mut Connection,
+    flow_id: i64,
+    worker: &str,
+    drained: bool,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO sluice_drains (flow_id, worker, drained, reported_at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (flow_id, worker) DO UPDATE
+         SET drained = excluded.drained, reported_at = excluded.reported_at",
+        params![flow_id, worker, drained, now_ms],
+    )?;
+    Ok(())
+}
+
+/// Deletes `worker`'s drain report on flow `flow_id`.
+pub(crate) fn withdraw_drain(
+    conn: &mut Connection,
+    flow_id: i64,
+    worker: &str,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "DELETE FROM sluice_drains WHERE flow_id = ?1 AND worker = ?2",
+        params![flow_id, worker],
+    )?;
+    Ok(())
+}
+
+/// Every drain report on `flow`, with the reader's latest heartbeat.
+pub(crate) fn drain_census(
+    conn: &mut Connection,
+    flow: &crate::FlowHandle,
+    now_ms: i64,
+) -> Result<crate::DrainCensus, StoreError> {
+    let mut statement = conn.prepare_cached(
+        "SELECT d.worker, d.drained, d.reported_at, w.last_beat FROM sluice_drains d
+         LEFT JOIN sluice_workers w ON w.pipeline = ?2 AND w.worker = d.worker
+         WHERE d.flow_id = ?1 ORDER BY d.worker",
+    )?;
+    let rows = statement.query_map(params![flow.id, &*flow.pipeline], |row| {
+        Ok(crate::DrainReport {
+            worker: row.get(0)?,
+            drained: row.get(1)?,
+            reported_at_ms: row.get(2)?,
+            last_beat_ms: row.get(3)?,
+        })
+    })?;
+    Ok(crate::DrainCensus {
+        now_ms,
+        reports: rows.collect::<Result<_, _>>()?,
+    })
+}

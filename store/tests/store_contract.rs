@@ -259,7 +259,56 @@ on_both_backends!(
     reset_forgets_the_window_mark,
     a_batch_past_its_commit_deadline_writes_nothing,
     a_reset_keeps_the_ledger_keys_of_the_rows_it_keeps,
+    drain_reports_come_with_the_readers_heartbeats,
 );
+
+/// Drain reports are per flow and worker, last report wins, come with the reader's latest
+/// heartbeat (none once it left the pool), and go when withdrawn or when the flow is reset.
+async fn drain_reports_come_with_the_readers_heartbeats(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let beat = |worker: &str| WorkerBeat {
+        pipeline: "p".into(),
+        worker: worker.into(),
+        host: "h".into(),
+        pid: 1,
+    };
+    store.heartbeat(&beat("a")).await.unwrap();
+    store.report_drain(&flows[0], "a", false).await.unwrap();
+    store.report_drain(&flows[0], "b", false).await.unwrap();
+    store.report_drain(&flows[0], "a", true).await.unwrap();
+    store.report_drain(&flows[1], "c", false).await.unwrap();
+    let census = store.drain_census(&flows[0]).await.unwrap();
+    assert!(
+        (census.now_ms - now_ms()).abs() < 60_000,
+        "store clock {}",
+        census.now_ms
+    );
+    let seen: Vec<(&str, bool, bool)> = census
+        .reports
+        .iter()
+        .map(|r| (r.worker.as_str(), r.drained, r.last_beat_ms.is_some()))
+        .collect();
+    assert_eq!(seen, [("a", true, true), ("b", false, false)]);
+    assert!(census.reports[0].reported_at_ms <= census.now_ms);
+    store.withdraw_drain(&flows[0], "a").await.unwrap();
+    assert_eq!(
+        store.drain_census(&flows[0]).await.unwrap().reports.len(),
+        1
+    );
+    store
+        .reset_flow(&flows[1], Some("p__events"), ResetRows::All)
+        .await
+        .unwrap();
+    let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
+    assert!(
+        store
+            .drain_census(&flows[1])
+            .await
+            .unwrap()
+            .reports
+            .is_empty()
+    );
+}
 
 /// A row published at `publish_ms`.
 fn row_published(key: &str, publish_ms: i64) -> Entry {

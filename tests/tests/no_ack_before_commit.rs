@@ -91,6 +91,15 @@ impl Store for DownStore {
     async fn leave(&self, _: &str, _: &str) -> Result<(), StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
+    async fn report_drain(&self, _: &FlowHandle, _: &str, _: bool) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn withdraw_drain(&self, _: &FlowHandle, _: &str) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
+    async fn drain_census(&self, _: &FlowHandle) -> Result<sluice_store::DrainCensus, StoreError> {
+        Err(StoreError::Unavailable("down".into()))
+    }
     async fn workers(&self, _: &str, _: Duration) -> Result<Vec<WorkerRecord>, StoreError> {
         Err(StoreError::Unavailable("down".into()))
     }
@@ -189,6 +198,7 @@ async fn failing_commits_ack_nothing_and_messages_stay_deliverable() {
         ),
         counters: counters.clone(),
         until: RunUntil::Drained,
+        drain_agreement: None,
     };
     let drain = CancellationToken::new();
     let task = tokio::spawn(run.run(drain.clone()));

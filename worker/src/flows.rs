@@ -399,6 +399,7 @@ pub fn build(
         committer,
         counters: counters.clone(),
         until: plan.until,
+        drain_agreement: None,
     };
     Ok(BuiltFlow {
         run,

@@ -4,6 +4,7 @@
 mod cli;
 mod control;
 mod demo;
+mod drain_quorum;
 mod flows;
 mod graph;
 mod logging;

@@ -14,13 +14,15 @@
 //!   continuous pipeline all run, since none of them ever ends.
 //! * **Completion is persistent.** A once flow that drains records its completion in the store
 //!   before its dependents are released, so a restart (of this replica or any other) finds it
-//!   `IDLE` and resumes at the first flow not completed.
+//!   `IDLE` and resumes at the first flow not completed. A once flow on a subscription drains
+//!   only when every replica reading it agrees and a crashed reader's messages have had the
+//!   time to come back (`drain_quorum.rs`).
 
 use crate::control::FlowBoard;
 use crate::flows;
 use crate::signals::Shutdown;
 use sluice_connector::{Backoff, Counters, Ended, FlowEnd, Snapshot};
-use sluice_pipeline::{Flow, Mode, Pipeline};
+use sluice_pipeline::{Flow, Mode, Pipeline, Source};
 use sluice_store::{FlowHandle, Store};
 use std::sync::Arc;
 use std::time::Duration;
@@ -232,8 +234,19 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         .clone()
         .filter(|_| built.draw_progress)
         .and_then(|progress| crate::progress::draw(&flow.name, progress));
-    let end = built
-        .run
+    let mut run = built.run;
+    // A once flow on a subscription drains only when every replica reading it agrees.
+    if flow.once
+        && let Source::PubSub(source) = &flow.source
+    {
+        run.drain_agreement = Some(Arc::new(crate::drain_quorum::StoreDrainQuorum::new(
+            ctx.store.clone(),
+            handle.clone(),
+            &ctx.worker,
+            source.drain_idle,
+        )));
+    }
+    let end = run
         .run_notifying(ctx.shutdown.drain.clone(), Some(started))
         .await;
     // It has run (and set RUNNING) if the source started; it must not set it after the end.

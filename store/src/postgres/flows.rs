@@ -34,6 +34,7 @@ pub(super) async fn reset_flow(
     .await?;
     for state in [
         "sluice_completions",
+        "sluice_drains",
         "sluice_flow_counters",
         "sluice_commit_marks",
         "sluice_watermark_messages",
@@ -174,16 +175,32 @@ pub(super) async fn read_rows(
 }
 
 /// Whether the flow committed with this hook id.
+/// The advisory lock class of commit attempts with a hook: a hook's transaction holds the
+/// lock `(COMMIT_ATTEMPT_LOCK, hashtext(commit id))` until it ends, so whoever asks whether the
+/// commit landed waits for it to be decided first.
+pub(super) const COMMIT_ATTEMPT_LOCK: i32 = 0x736c_0002;
+
+/// Whether the commit `commit_id` of `flow` landed. It first waits for the transaction of that
+/// attempt to end (its advisory lock), so an answer given while its COMMIT is still running on
+/// the server (a caller that gave up on it, a recovery racing a dying worker's commit) cannot be
+/// "no" for a commit that then lands.
 pub(super) async fn commit_recorded(
-    client: &Client,
+    client: &mut Client,
     flow: &FlowHandle,
     commit_id: &str,
 ) -> Result<bool, StoreError> {
-    let row = client
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&COMMIT_ATTEMPT_LOCK, &commit_id],
+    )
+    .await?;
+    let row = tx
         .query_one(
             "SELECT count(*) FROM sluice_commit_marks WHERE flow_id = $1 AND commit_id = $2",
             &[&flow.id, &commit_id],
         )
         .await?;
+    tx.commit().await?;
     Ok(row.try_get::<_, i64>(0)? > 0)
 }

@@ -147,7 +147,8 @@ impl PostgresStore {
     }
 
     /// A commit whose hook must run inside the transaction: the statement, the hook and the
-    /// commit mark in one explicit transaction (one more round trip than a plain commit).
+    /// commit mark in one explicit transaction (two more round trips than a plain commit), which
+    /// holds the attempt's advisory lock until it ends (see `flows::commit_recorded`).
     async fn commit_with_hook(
         &self,
         client: &mut Client,
@@ -160,6 +161,12 @@ impl PostgresStore {
         loop {
             attempts_left -= 1;
             let tx = client.transaction().await?;
+            // Held until this transaction ends: `commit_recorded` waits for it.
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                &[&flows::COMMIT_ATTEMPT_LOCK, &hook.id()],
+            )
+            .await?;
             let fresh = match self.run_commit(&tx, batch, arguments).await {
                 Err(error) if error::is_missing_generation(&error) && attempts_left > 0 => {
                     drop(tx);
@@ -420,8 +427,8 @@ impl Store for PostgresStore {
         flow: &FlowHandle,
         commit_id: &str,
     ) -> Result<bool, StoreError> {
-        let (client, _) = self.ready().await?;
-        flows::commit_recorded(&client, flow, commit_id).await
+        let (mut client, _) = self.ready().await?;
+        flows::commit_recorded(&mut client, flow, commit_id).await
     }
 
     async fn read_rows(
@@ -485,6 +492,74 @@ impl Store for PostgresStore {
         // Each beat also renews the clock offset that commit deadlines are converted with.
         self.server_clock.measure(&client).await?;
         Ok(())
+    }
+
+    async fn report_drain(
+        &self,
+        flow: &FlowHandle,
+        worker: &str,
+        drained: bool,
+    ) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        client
+            .execute(
+                "INSERT INTO sluice_drains (flow_id, worker, drained, reported_at)
+                 VALUES ($1, $2, $3, now())
+                 ON CONFLICT (flow_id, worker) DO UPDATE
+                 SET drained = excluded.drained, reported_at = excluded.reported_at",
+                &[&flow.id, &worker, &drained],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        client
+            .execute(
+                "DELETE FROM sluice_drains WHERE flow_id = $1 AND worker = $2",
+                &[&flow.id, &worker],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
+        let (client, _) = self.ready().await?;
+        let pipeline: &str = &flow.pipeline;
+        let rows = client
+            .query(
+                concat!(
+                    "SELECT d.worker, d.drained, ",
+                    ms!("d.reported_at"),
+                    ", ",
+                    ms!("w.last_beat"),
+                    ", ",
+                    ms!("now()"),
+                    " FROM sluice_drains d
+                     LEFT JOIN sluice_workers w ON w.pipeline = $2 AND w.worker = d.worker
+                     WHERE d.flow_id = $1 ORDER BY d.worker"
+                ),
+                &[&flow.id, &pipeline],
+            )
+            .await?;
+        let mut census = crate::DrainCensus::default();
+        for row in &rows {
+            census.now_ms = row.try_get(4)?;
+            census.reports.push(crate::DrainReport {
+                worker: row.try_get(0)?,
+                drained: row.try_get(1)?,
+                reported_at_ms: row.try_get(2)?,
+                last_beat_ms: row.try_get(3)?,
+            });
+        }
+        if rows.is_empty() {
+            census.now_ms = client
+                .query_one(concat!("SELECT ", ms!("now()")), &[])
+                .await?
+                .try_get(0)?;
+        }
+        Ok(census)
     }
 
     async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {

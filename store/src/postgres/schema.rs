@@ -139,6 +139,19 @@ CREATE TABLE sluice_watermark_messages (
 DROP TABLE sluice_watermark_buckets;
 ",
     ),
+    (
+        7,
+        "
+-- Readers of a once flow and whether each found its source empty holding nothing (drain.rs).
+CREATE TABLE sluice_drains (
+    flow_id     BIGINT NOT NULL,
+    worker      TEXT NOT NULL,
+    drained     BOOLEAN NOT NULL,
+    reported_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (flow_id, worker)
+);
+",
+    ),
 ];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms
