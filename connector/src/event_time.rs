@@ -31,11 +31,15 @@ pub fn parse_event_time(value: &str) -> Option<i64> {
     if let Ok(time) = chrono::DateTime::parse_from_rfc3339(value) {
         return Some(time.timestamp_millis());
     }
-    // No offset: UTC.
-    ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f"]
-        .iter()
-        .find_map(|format| chrono::NaiveDateTime::parse_from_str(value, format).ok())
-        .map(|time| time.and_utc().timestamp_millis())
+    // No offset: UTC. The `T` may be lower case here too, as with an offset.
+    [
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%dt%H:%M:%S%.f",
+        "%Y-%m-%d %H:%M:%S%.f",
+    ]
+    .iter()
+    .find_map(|format| chrono::NaiveDateTime::parse_from_str(value, format).ok())
+    .map(|time| time.and_utc().timestamp_millis())
 }
 
 #[cfg(test)]
@@ -66,6 +70,7 @@ mod tests {
         assert_eq!(parse_event_time("1969-12-31T23:59:59Z"), Some(-1_000));
         // Forms accepted before, kept: no offset (read as UTC), a space for the `T`.
         assert_eq!(parse_event_time("2026-12-01T08:00:00"), utc);
+        assert_eq!(parse_event_time("2026-12-01t08:00:00"), utc);
         assert_eq!(
             parse_event_time("2026-12-01 08:00:00.25Z"),
             utc.map(|t| t + 250)

@@ -97,7 +97,8 @@ pub struct ConfigError {
     pub code: ErrorCode,
     /// The pipeline file.
     pub file: PathBuf,
-    /// Where inside the file, e.g. `flows[1].depends_on`; empty for the whole file.
+    /// Where inside the file, e.g. `flows[1].depends_on`; empty for the whole file. A line break
+    /// in a key (`"a\nb": 1`) is a space here, so that the error still prints as one line.
     pub path: String,
     /// 1-based line, when known.
     pub line: Option<usize>,
@@ -108,7 +109,7 @@ pub struct ConfigError {
 }
 
 fn render(e: &ConfigError) -> String {
-    let mut out = e.file.display().to_string();
+    let mut out = one_line(&e.file.display().to_string());
     if let Some(line) = e.line {
         out.push_str(&format!(":{line}"));
         if let Some(column) = e.column {
@@ -124,7 +125,8 @@ fn render(e: &ConfigError) -> String {
 }
 
 impl ConfigError {
-    /// Builds an error; line breaks in `message` become spaces so that it prints as one line.
+    /// Builds an error; line breaks in `path` and `message` become spaces so that it prints as
+    /// one line.
     pub fn new(
         code: ErrorCode,
         file: &Path,
@@ -136,12 +138,17 @@ impl ConfigError {
         Self {
             code,
             file: file.to_path_buf(),
-            path: path.into(),
+            path: one_line(&path.into()),
             line: spot.map(|(line, _)| line),
             column: spot.map(|(_, column)| column),
-            message: message.replace(['\r', '\n'], " "),
+            message: one_line(&message),
         }
     }
+}
+
+/// `text` with each line break replaced by a space.
+fn one_line(text: &str) -> String {
+    text.replace(['\r', '\n'], " ")
 }
 
 /// Every problem found in a pipeline file (at least one), in file order.
