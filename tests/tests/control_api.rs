@@ -274,6 +274,7 @@ flows:
         .reset_flow(ResetFlowRequest {
             flow: "nope".into(),
             seek: String::new(),
+            drop_unread: false,
         })
         .await
         .unwrap_err();
@@ -286,6 +287,7 @@ flows:
         .reset_flow(ResetFlowRequest {
             flow: "live".into(),
             seek: "0".into(),
+            drop_unread: false,
         })
         .await
         .unwrap_err();
@@ -304,6 +306,7 @@ flows:
         .reset_flow(ResetFlowRequest {
             flow: "hist".into(),
             seek: String::new(),
+            drop_unread: false,
         })
         .await
         .unwrap()

@@ -269,6 +269,8 @@ flows:
             file.to_str().unwrap(),
             "--seek",
             &seek,
+            // Everything published before the seek time was ingested: nothing is dropped.
+            "--drop-unread",
         ],
         dir.path(),
     );
@@ -289,6 +291,8 @@ flows:
             file.to_str().unwrap(),
             "--seek",
             &seek,
+            // Everything published before the seek time was ingested: nothing is dropped.
+            "--drop-unread",
         ],
         dir.path(),
     );

@@ -92,6 +92,10 @@ pub enum Command {
         /// epoch), so live flows replay from there.
         #[arg(long)]
         seek: Option<String>,
+        /// Accept that the seek drops messages published before its time that no worker
+        /// ingested yet (a seek marks them acknowledged); required with --seek.
+        #[arg(long, requires = "seek")]
+        drop_unread: bool,
     },
     /// Clear one flow (ledger, counters, completion, rows); upstream once flows stay drained.
     Reset {
@@ -103,6 +107,10 @@ pub enum Command {
         /// Seek the flow's subscription to this time (RFC 3339 or ms since epoch).
         #[arg(long)]
         seek: Option<String>,
+        /// Accept that the seek drops messages published before its time that no worker
+        /// ingested yet (a seek marks them acknowledged); required with --seek.
+        #[arg(long, requires = "seek")]
+        drop_unread: bool,
     },
     /// The quickstart: emulator, sample stream with duplicates, exactly-once ingestion.
     Demo {
@@ -146,11 +154,22 @@ pub async fn dispatch(command: Command) -> ExitCode {
             crate::run::run_file(&config, refresh).await
         }
         Command::Graph { config, format } => crate::graph::graph(&config, format).await,
-        Command::FullRefresh { config, seek } => {
-            crate::refresh::full_refresh_file(&config, seek.as_deref()).await
+        Command::FullRefresh {
+            config,
+            seek,
+            drop_unread,
+        } => {
+            let seek = seek.map(|time| crate::refresh::Seek { time, drop_unread });
+            crate::refresh::full_refresh_file(&config, seek.as_ref()).await
         }
-        Command::Reset { flow, config, seek } => {
-            crate::refresh::reset_file(&config, &flow, seek.as_deref()).await
+        Command::Reset {
+            flow,
+            config,
+            seek,
+            drop_unread,
+        } => {
+            let seek = seek.map(|time| crate::refresh::Seek { time, drop_unread });
+            crate::refresh::reset_file(&config, &flow, seek.as_ref()).await
         }
         Command::Validate { config, format } => validate(&config, format),
         Command::Status { config, format } => crate::status::status(&config, format).await,

@@ -211,7 +211,12 @@ impl Control for ControlService {
         let request = request.into_inner();
         let kind = UpdateKind::Reset {
             flow: request.flow,
-            seek: Some(request.seek).filter(|s| !s.is_empty()),
+            seek: Some(request.seek)
+                .filter(|s| !s.is_empty())
+                .map(|time| crate::refresh::Seek {
+                    time,
+                    drop_unread: request.drop_unread,
+                }),
         };
         tracing::info!(?kind, "flow reset requested through the control API");
         let started = self.updates.request(kind).await.map_err(refused)?;

@@ -20,6 +20,10 @@
 //! * `--seek TIME` is refused unless the subscription retains acked messages for long enough
 //!   to replay everything since TIME; the seek happens after the store reset, so a replayed
 //!   message never meets a stale ledger or an old row.
+//! * **Nothing dropped unasked.** A seek to TIME also marks every message published before
+//!   TIME as acknowledged, those no worker ever ingested too, and Pub/Sub does not tell how
+//!   old its backlog is (only Cloud Monitoring does), so sluice cannot know whether any would
+//!   be dropped: a seek is refused unless `--drop-unread` says that is meant.
 
 use crate::flows;
 use crate::membership::ALIVE_WITHIN;
@@ -52,8 +56,18 @@ impl RefreshError {
     }
 }
 
-/// `sluice full-refresh -c FILE [--seek TIME]`.
-pub async fn full_refresh_file(path: &Path, seek: Option<&str>) -> ExitCode {
+/// A `--seek` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seek {
+    /// RFC 3339 or ms since epoch.
+    pub time: String,
+    /// The user accepts that messages published before the time and never ingested are
+    /// dropped (`--drop-unread`).
+    pub drop_unread: bool,
+}
+
+/// `sluice full-refresh -c FILE [--seek TIME [--drop-unread]]`.
+pub async fn full_refresh_file(path: &Path, seek: Option<&Seek>) -> ExitCode {
     let pipeline = match sluice_pipeline::load(path) {
         Ok(pipeline) => pipeline,
         Err(errors) => {
@@ -69,12 +83,13 @@ pub async fn full_refresh_file(path: &Path, seek: Option<&str>) -> ExitCode {
 /// running": it has stopped its flows first).
 pub async fn full_refresh(
     pipeline: &Pipeline,
-    seek: Option<&str>,
+    seek: Option<&Seek>,
     caller: Option<&str>,
 ) -> Result<String, RefreshError> {
-    let seek_ms = seek.map(seek_time).transpose()?;
+    let seek_ms = seek.map(|s| seek_time(&s.time)).transpose()?;
+    let drop_unread = seek.is_some_and(|s| s.drop_unread);
     let all: Vec<String> = pipeline.flows.iter().map(|f| f.name.clone()).collect();
-    let seeks = seekable(pipeline, &all, seek_ms).await?;
+    let seeks = seekable(pipeline, &all, seek_ms, drop_unread).await?;
     refresh(pipeline, &all, seek_ms, caller).await?;
     let mut done = format!(
         "full refresh of {}: {} flows cleared; the next run starts the chain from the beginning",
@@ -105,11 +120,14 @@ fn admin_config(pipeline: &Pipeline) -> PubSubConfig {
 
 /// The subscriptions of the named Pub/Sub flows to seek to `seek_ms`, after checking that each
 /// can replay everything published since then (it retains acked messages, for long enough):
-/// their rows published since then are deleted, so what cannot be replayed would be lost.
+/// their rows published since then are deleted, so what cannot be replayed would be lost; and
+/// that the user accepted dropping what was published before and never ingested
+/// (`drop_unread`).
 async fn seekable(
     pipeline: &Pipeline,
     names: &[String],
     seek_ms: Option<i64>,
+    drop_unread: bool,
 ) -> Result<Vec<(String, i64)>, RefreshError> {
     let Some(ms) = seek_ms else {
         return Ok(Vec::new());
@@ -158,6 +176,15 @@ async fn seekable(
                 window.as_secs()
             )));
         }
+        if !drop_unread {
+            return Err(RefreshError::Invalid(format!(
+                "--seek {ms}: a seek marks every message published before that time as \
+                 acknowledged, also any that no worker ingested yet, and Pub/Sub does not say \
+                 whether subscription {subscription} holds such messages; add --drop-unread to \
+                 seek anyway, or seek to an earlier time (rows published since then are \
+                 replayed, once)"
+            )));
+        }
     }
     Ok(subscriptions.into_iter().map(|s| (s, ms)).collect())
 }
@@ -180,8 +207,8 @@ async fn seek_subscription(
     admin.seek_to_time(subscription, ms).await.map_err(failed)
 }
 
-/// `sluice reset FLOW -c FILE [--seek TIME]`.
-pub async fn reset_file(path: &Path, flow: &str, seek: Option<&str>) -> ExitCode {
+/// `sluice reset FLOW -c FILE [--seek TIME [--drop-unread]]`.
+pub async fn reset_file(path: &Path, flow: &str, seek: Option<&Seek>) -> ExitCode {
     let pipeline = match sluice_pipeline::load(path) {
         Ok(pipeline) => pipeline,
         Err(errors) => {
@@ -210,7 +237,7 @@ fn report(path: &Path, result: Result<String, RefreshError>) -> ExitCode {
 pub async fn reset(
     pipeline: &Pipeline,
     flow: &str,
-    seek: Option<&str>,
+    seek: Option<&Seek>,
     caller: Option<&str>,
 ) -> Result<String, RefreshError> {
     let seeks = reset_seeks(pipeline, flow, seek).await?;
@@ -229,7 +256,7 @@ pub async fn reset(
 pub async fn reset_seeks(
     pipeline: &Pipeline,
     flow: &str,
-    seek: Option<&str>,
+    seek: Option<&Seek>,
 ) -> Result<Vec<(String, i64)>, RefreshError> {
     let Some(declared) = pipeline.flows.iter().find(|f| f.name == flow) else {
         let names: Vec<&str> = pipeline.flows.iter().map(|f| f.name.as_str()).collect();
@@ -240,16 +267,17 @@ pub async fn reset_seeks(
     };
     let seek_ms = match seek {
         None => None,
-        Some(time) => {
+        Some(seek) => {
             if !matches!(declared.source, Source::PubSub(_)) {
                 return Err(RefreshError::Invalid(format!(
                     "--seek: flow `{flow}` reads no Pub/Sub subscription"
                 )));
             }
-            Some(seek_time(time)?)
+            Some(seek_time(&seek.time)?)
         }
     };
-    seekable(pipeline, &[flow.to_owned()], seek_ms).await
+    let drop_unread = seek.is_some_and(|s| s.drop_unread);
+    seekable(pipeline, &[flow.to_owned()], seek_ms, drop_unread).await
 }
 
 /// Resets the named flows (their store state) after checking no worker is running (`caller`,

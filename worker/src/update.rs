@@ -37,8 +37,8 @@ pub enum UpdateKind {
     Reset {
         /// The flow.
         flow: String,
-        /// RFC 3339 or ms since epoch.
-        seek: Option<String>,
+        /// The seek, if asked.
+        seek: Option<refresh::Seek>,
     },
 }
 
@@ -101,7 +101,7 @@ pub async fn check(
         }
     }
     if let UpdateKind::Reset { flow, seek } = kind {
-        refresh::reset_seeks(pipeline, flow, seek.as_deref()).await?;
+        refresh::reset_seeks(pipeline, flow, seek.as_ref()).await?;
     }
     let others: Vec<String> = store
         .workers(&pipeline.name, ALIVE_WITHIN)
@@ -138,7 +138,7 @@ pub async fn clear(
             Ok(format!("cleared: {}", names.join(", ")))
         }
         UpdateKind::Reset { flow, seek } => {
-            refresh::reset(pipeline, flow, seek.as_deref(), Some(caller)).await
+            refresh::reset(pipeline, flow, seek.as_ref(), Some(caller)).await
         }
     }
 }

@@ -1,0 +1,80 @@
+//! `--seek T` marks every message published before T as acknowledged, also what no worker ever
+//! ingested: `sluice reset FLOW --seek T` and `sluice full-refresh --seek T` refuse (exit 2,
+//! naming `--drop-unread`) unless told that dropping it is meant, and leave the subscription
+//! untouched when they refuse.
+//!
+//! Real parts: the Pub/Sub emulator (a subscription that retains acked messages, so a seek is
+//! otherwise allowed), the `sluice` binary, a SQLite store.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use sluice_tests::{PipelineOptions, PubSub, Workdir, event, now_ms, sluice_bin, unique};
+use std::process::Command;
+use std::time::Duration;
+
+const BACKLOG: usize = 100;
+
+fn sluice(args: &[&str]) -> (i32, String) {
+    let out = Command::new(sluice_bin())
+        .args(args)
+        .env_remove("PUBSUB_EMULATOR_HOST")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_seek_that_would_drop_an_unread_backlog_needs_drop_unread() {
+    let pubsub = PubSub::connect().await;
+    let topic = unique("seek");
+    pubsub.admin.create_topic(&topic).await.unwrap();
+    let subscription = format!("{topic}-sub");
+    pubsub
+        .admin
+        .create_replayable_subscription(&subscription, &topic, 10)
+        .await
+        .unwrap();
+    let dir = Workdir::new();
+    let file = dir.pipeline("p.yaml", "db", &PipelineOptions::continuous(&subscription));
+    let file = file.to_str().unwrap();
+    // A backlog no worker has read yet, then a seek to a time after it.
+    pubsub
+        .publish(
+            &topic,
+            (0..BACKLOG).map(|i| event(&format!("b{i}"))).collect(),
+        )
+        .await;
+    let after_backlog = (now_ms() + 1_000).to_string();
+
+    for args in [
+        vec!["reset", "ingest", "-c", file, "--seek", &after_backlog],
+        vec!["full-refresh", "-c", file, "--seek", &after_backlog],
+    ] {
+        let (code, output) = sluice(&args);
+        assert_eq!(code, 2, "{args:?} was not refused: {output}");
+        assert!(output.contains("--drop-unread"), "{output}");
+    }
+    // Refused before anything was done: the backlog is still there, unacked.
+    let still = pubsub
+        .plain_client(&subscription, BACKLOG, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    assert_eq!(still.len(), BACKLOG, "the refused seeks dropped nothing");
+
+    let (code, output) = sluice(&[
+        "reset",
+        "ingest",
+        "-c",
+        file,
+        "--seek",
+        &after_backlog,
+        "--drop-unread",
+    ]);
+    assert_eq!(code, 0, "{output}");
+}
