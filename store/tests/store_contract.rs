@@ -260,7 +260,42 @@ on_both_backends!(
     a_batch_past_its_commit_deadline_writes_nothing,
     a_reset_keeps_the_ledger_keys_of_the_rows_it_keeps,
     drain_reports_come_with_the_readers_heartbeats,
+    emitting_every_window_emits_them_all,
 );
+
+/// "Every window" (`before_ms = i64::MAX`: a drained once flow, a table with no live writer)
+/// emits all of them, on both backends, for a flow's own rows and for a whole table; a second
+/// such emission writes nothing.
+async fn emitting_every_window_emits_them_all(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    let windows = window_table_name("p", "events").unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    store
+        .commit(batch(
+            &flows[0],
+            vec![
+                event("a1", 1_000, r#"{"g":"a"}"#),
+                event("a2", 25_000, r#"{"g":"a"}"#),
+                event("b1", 99_000, r#"{"g":"b"}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    let all = emission(&windows, "g", i64::MAX);
+    let first = store.emit_windows(&flows[0], &all).await.unwrap();
+    assert_eq!(first.rows, 3, "{first:?}");
+    assert_eq!(store.emit_windows(&flows[0], &all).await.unwrap().rows, 0);
+    let (counts, _) = place.window_counts(&windows).await;
+    assert_eq!(counts.len(), 3, "{counts:?}");
+    let others = window_table_name("p", "others").unwrap();
+    store.prepare_window_table(&others).await.unwrap();
+    let whole = WindowEmission {
+        windows_table: others.clone(),
+        rows: WindowRows::All,
+        ..emission(&others, "g", i64::MAX)
+    };
+    assert_eq!(store.emit_windows(&flows[1], &whole).await.unwrap().rows, 3);
+}
 
 /// Drain reports are per flow and worker, last report wins, come with the reader's latest
 /// heartbeat (none once it left the pool), and go when withdrawn or when the flow is reset.

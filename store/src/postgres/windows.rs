@@ -12,6 +12,10 @@ use crate::sqlite_windows::{Plan, check_emission, plan};
 use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowsEmitted};
 use deadpool_postgres::Client;
 
+/// Near the latest instant PostgreSQL's `timestamptz` holds (294276-12-31 23:59:59 UTC), ms:
+/// a few hours before it, so that `to_timestamp` of it as `float8` seconds stays in range.
+const LATEST_TIMESTAMPTZ_MS: i64 = 9_224_318_000_000_000;
+
 /// Creates the counts table `windows_table` if missing, under the DDL lock (replicas preparing
 /// at once would otherwise race on the catalog).
 pub(super) async fn prepare_window_table(
@@ -176,7 +180,10 @@ pub(super) async fn emit_windows(
                 &emission.size_ms,
                 &emission.group_attribute,
                 &start,
-                &end,
+                // No row lies past the latest time `timestamptz` holds (such an event time is
+                // refused at commit), and `to_timestamp` refuses a bound beyond it: "every
+                // window" (`i64::MAX`) ends there.
+                &end.min(LATEST_TIMESTAMPTZ_MS),
             ],
         )
         .await?;
