@@ -62,8 +62,9 @@ struct Inner {
     late: Tally,
     /// Set once, for flows with a watermark.
     watermark: OnceLock<FlowWatermark>,
-    watermark_timestamp: Gauge,
-    watermark_age: Gauge,
+    /// The watermark gauges, made when the flow first has a watermark: until then they are
+    /// absent from `/metrics` (a 0 would read as "perfectly fresh").
+    watermark_gauges: OnceLock<(Gauge, Gauge)>,
 }
 
 struct Tally {
@@ -150,8 +151,7 @@ impl Counters {
                 ack_latency_seconds: metrics::histogram!("sluice_ack_latency_seconds", &labels),
                 late: Tally::new(metrics::counter!("sluice_messages_late_total", &labels)),
                 watermark: OnceLock::new(),
-                watermark_timestamp: metrics::gauge!("sluice_watermark_timestamp_seconds", &labels),
-                watermark_age: metrics::gauge!("sluice_data_watermark_age_seconds", &labels),
+                watermark_gauges: OnceLock::new(),
             }),
             pipeline: Arc::from(pipeline),
             flow: Arc::from(flow),
@@ -258,12 +258,23 @@ impl Counters {
         self.inner.watermark.get()
     }
 
-    /// Sets `sluice_watermark_timestamp_seconds` and `sluice_data_watermark_age_seconds`.
+    /// Sets `sluice_watermark_timestamp_seconds` and `sluice_data_watermark_age_seconds`, which
+    /// exist only once the flow has a watermark.
     pub fn publish_watermark(&self) {
         if let Some(ms) = self.watermark().and_then(FlowWatermark::current) {
-            self.inner.watermark_timestamp.set(ms as f64 / 1000.0);
+            let (timestamp, age) = self.inner.watermark_gauges.get_or_init(|| {
+                let labels = [
+                    ("pipeline", self.pipeline.to_string()),
+                    ("flow", self.flow.to_string()),
+                ];
+                (
+                    metrics::gauge!("sluice_watermark_timestamp_seconds", &labels),
+                    metrics::gauge!("sluice_data_watermark_age_seconds", &labels),
+                )
+            });
+            timestamp.set(ms as f64 / 1000.0);
             let age_ms = crate::time::now_ms().saturating_sub(ms).max(0);
-            self.inner.watermark_age.set(age_ms as f64 / 1000.0);
+            age.set(age_ms as f64 / 1000.0);
         }
     }
 

@@ -155,7 +155,8 @@ fn alert_rules_pass_promtool() {
 }
 
 /// Before the first message, every counter of the flow is exported with the value 0, for each
-/// label value sluice can emit (so `rate()`, alerts and panels have a series from the start).
+/// label value sluice can emit (so `rate()`, alerts and panels have a series from the start),
+/// and the watermark gauges are absent until the flow has a watermark.
 fn assert_counters_start_at_zero(listen: &str) {
     let (status, text) = get(&format!("http://{listen}/metrics"), None);
     assert_eq!(status, 200);
@@ -198,6 +199,18 @@ fn assert_counters_start_at_zero(listen: &str) {
         expected.push(format!(
             "sluice_commit_errors_total{{pipeline=\"test\",flow=\"ingest\",kind=\"{kind}\"}}"
         ));
+    }
+    // The flow has no watermark yet: its gauges are absent, not 0 ("perfectly fresh").
+    for gauge in [
+        "sluice_watermark_timestamp_seconds",
+        "sluice_data_watermark_age_seconds",
+    ] {
+        assert!(
+            !text
+                .lines()
+                .any(|line| line.starts_with(&format!("{gauge}{{"))),
+            "{gauge} exported before the flow has a watermark:\n{text}"
+        );
     }
     let missing: Vec<&String> = expected
         .iter()
