@@ -15,7 +15,9 @@
 //! - no `once` flow writing to a `foreach_batch` target (`FOREACH_BATCH_CANNOT_BE_ONCE`).
 //!
 //! And no two flows reading one Pub/Sub subscription (`SUBSCRIPTION_SHARED`): each flow has its
-//! own dedup ledger, so a redelivery that crossed from one flow to the other would land twice.
+//! own dedup ledger, so a redelivery that crossed from one flow to the other would land twice;
+//! and no named tracking subscription that a flow reads its data from (`INVALID_VALUE`): the
+//! tracking reader acks what it reads.
 //!
 //! Predecessor errors are located at the `depends_on` entry that names the predecessor. A
 //! reference already reported as unknown (`UNKNOWN_FLOW`, `UNKNOWN_TARGET`) takes part in no
@@ -26,7 +28,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::errors::{Collector, ErrorCode};
 use crate::graph::{EdgeKind, FlowGraph};
-use crate::model::{Mode, Pipeline, Source, TargetKind};
+use crate::model::{Mode, Pipeline, Source, TargetKind, TrackingSubscription};
 
 /// Longest identifier, in bytes (table names are `<pipeline>__<target>`).
 pub const MAX_IDENTIFIER_LEN: usize = 48;
@@ -121,6 +123,30 @@ fn shared_subscriptions(p: &Pipeline, c: &mut Collector<'_>) {
             );
         } else {
             readers.push((id, &flow.name));
+        }
+    }
+    // The tracking reader acks everything it reads: a tracking subscription that some flow
+    // reads its data from would have that data acked, never ingested.
+    for (i, flow) in p.flows.iter().enumerate() {
+        let Source::PubSub(source) = &flow.source else {
+            continue;
+        };
+        let Some(TrackingSubscription::Named(tracking)) =
+            source.watermark.as_ref().map(|w| &w.tracking_subscription)
+        else {
+            continue;
+        };
+        let id = SubscriptionId::of(tracking, p.pubsub.project.as_deref());
+        if let Some((_, reader)) = readers.iter().find(|(data, _)| data.same_as(&id)) {
+            c.push(
+                ErrorCode::InvalidValue,
+                &format!("flows[{i}].source.pubsub.watermark.tracking_subscription"),
+                format!(
+                    "`{tracking}` is the subscription flow `{reader}` reads its data from; the \
+                     tracking reader acks every message it reads, so that data would never be \
+                     ingested: name a subscription of its own on the same topic, or `auto`"
+                ),
+            );
         }
     }
 }

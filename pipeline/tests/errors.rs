@@ -420,3 +420,20 @@ fn two_flows_reading_one_subscription() {
     );
     assert!(e.message.contains("`live` and `again`"), "{e}");
 }
+
+#[test]
+fn a_tracking_subscription_that_is_a_flows_own_subscription() {
+    // The tracking reader acks everything it reads: naming the data's own subscription would
+    // ack the data.
+    let text = edit(
+        24,
+        "        streams: 16\n        watermark: { tracking_subscription: events-sub }",
+    );
+    let e = one(
+        &text,
+        ErrorCode::InvalidValue,
+        "flows[1].source.pubsub.watermark.tracking_subscription",
+        25,
+    );
+    assert!(e.message.contains("acks every message"), "{e}");
+}
