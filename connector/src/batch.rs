@@ -329,16 +329,23 @@ impl Batch {
     }
 
     fn give_back_stale(&self, stale: Vec<Delivery>) -> u64 {
+        let nacked = self.give_back(stale);
+        self.dedup.counters.stale(nacked);
+        nacked
+    }
+
+    /// Nacks `deliveries` and what is parked behind their keys, and releases the keys; returns
+    /// how many messages were nacked.
+    fn give_back(&self, deliveries: Vec<Delivery>) -> u64 {
         let parked = self
             .dedup
             .window
-            .settle(stale.iter().map(|d| (d.hash, Settlement::Abandoned)));
-        let nacked = (stale.len() + parked.len()) as u64;
-        for delivery in stale.into_iter().chain(parked) {
+            .settle(deliveries.iter().map(|d| (d.hash, Settlement::Abandoned)));
+        let nacked = (deliveries.len() + parked.len()) as u64;
+        for delivery in deliveries.into_iter().chain(parked) {
             delivery.nack();
         }
         self.dedup.counters.nacked(nacked);
-        self.dedup.counters.stale(nacked);
         nacked
     }
 
@@ -430,15 +437,7 @@ impl Batch {
     fn abandon_all(&mut self) {
         self.untrack();
         let deliveries = std::mem::take(&mut self.deliveries);
-        let parked = self
-            .dedup
-            .window
-            .settle(deliveries.iter().map(|d| (d.hash, Settlement::Abandoned)));
-        let nacked = (deliveries.len() + parked.len()) as u64;
-        for delivery in deliveries.into_iter().chain(parked) {
-            delivery.nack();
-        }
-        self.dedup.counters.nacked(nacked);
+        self.give_back(deliveries);
     }
 }
 
