@@ -1,6 +1,6 @@
 //! Commit-then-ack on the in-process source and a real SQLite store, plus a fault-injecting
 //! store (a fake, for faults SQLite cannot be made to produce on demand: an outage that ends,
-//! a message the store keeps rejecting).
+//! a message the store keeps rejecting, a commit that lands but whose reply is lost).
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use async_trait::async_trait;
@@ -26,6 +26,11 @@ struct FaultyStore {
     unavailable: AtomicBool,
     poison_key: Mutex<Option<String>>,
     failed_commits: AtomicU64,
+    /// Commits still to lose the reply of: while above 0, a commit that the inner store carried
+    /// out is answered with `Unavailable` all the same (and this is decremented).
+    lost_replies: AtomicU64,
+    /// Entries of the commits whose reply was lost.
+    lost_entries: AtomicU64,
 }
 
 #[async_trait]
@@ -49,7 +54,17 @@ impl Store for FaultyStore {
                 return Err(StoreError::Rejected("injected rejection".into()));
             }
         }
-        self.inner.commit(batch).await
+        let entries = batch.entries.len() as u64;
+        let outcome = self.inner.commit(batch).await?;
+        let lose = self
+            .lost_replies
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if lose {
+            self.lost_entries.fetch_add(entries, Ordering::SeqCst);
+            return Err(StoreError::Unavailable("reply lost".into()));
+        }
+        Ok(outcome)
     }
     async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
         self.inner.count_rows(table, flow).await
@@ -220,6 +235,8 @@ async fn setup() -> Setup {
         unavailable: AtomicBool::new(false),
         poison_key: Mutex::new(None),
         failed_commits: AtomicU64::new(0),
+        lost_replies: AtomicU64::new(0),
+        lost_entries: AtomicU64::new(0),
     });
     let flow = store
         .prepare(&Layout {
@@ -355,6 +372,68 @@ async fn nothing_is_acked_while_the_store_is_down_and_all_lands_when_it_returns(
         counters.oldest_unacked_age(),
         Duration::ZERO,
         "nothing left in flight"
+    );
+}
+
+/// A commit that lands in the store but whose reply never arrives (the fake's `lost_replies`:
+/// SQLite in process cannot commit and then fail to answer; over a network a store can). The
+/// replies of the first 3 commits of 1 000 distinct messages are lost, so the committer sees
+/// `Unavailable` and retries the same batch. Its retries find every key of it in the ledger: no
+/// message lands twice (exactly one row per key), every message is acked once the store has
+/// answered, none is nacked or dropped, and the store's counters show exactly the keys of the
+/// lost commits as ledger duplicates: the batch was decided from the store, not from the lost
+/// answer.
+#[tokio::test]
+async fn a_commit_whose_reply_is_lost_is_decided_from_the_store_on_retry() {
+    const LOST: u64 = 3;
+    let setup = setup().await;
+    setup.store.lost_replies.store(LOST, Ordering::SeqCst);
+    let source = InProcessSource::generated(1_000, 10, |i| format!("k{i}"));
+    let tally = source.tally();
+    let run = run_of(
+        &setup,
+        source,
+        Arc::new(TableStage::default()),
+        CancellationToken::new(),
+        RunUntil::Idle(Duration::from_millis(300)),
+    );
+    let counters = run.counters.clone();
+    let end = run.run(CancellationToken::new()).await.unwrap();
+    assert_eq!(end.ended, Ended::Drained);
+    assert_eq!(
+        setup.store.lost_replies.load(Ordering::SeqCst),
+        0,
+        "the replies of {LOST} commits were lost"
+    );
+    let lost_entries = setup.store.lost_entries.load(Ordering::SeqCst);
+    assert!(lost_entries > 0);
+    let table = table_name("p", "t").unwrap();
+    assert_eq!(setup.store.count_rows(&table, None).await.unwrap(), 1_000);
+    assert_eq!(setup.store.key_census(&table).await.unwrap(), (1_000, 0));
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 1_000);
+    assert_eq!(tally.nacked.load(Ordering::SeqCst), 0);
+    assert_eq!(tally.dropped.load(Ordering::SeqCst), 0);
+    let snapshot = counters.snapshot();
+    assert!(
+        snapshot.commit_errors >= LOST,
+        "each lost reply was a failed commit to the committer"
+    );
+    // The committer never saw the lost commit's rows as written: its answered retry found them
+    // in the ledger, so it reports them as duplicates (and so do the flow's metrics).
+    assert!(
+        end.report.duplicates > 0 && snapshot.duplicates_store == end.report.duplicates,
+        "the retry that was answered found its keys committed"
+    );
+    assert_eq!(end.report.rows + end.report.duplicates, 1_000);
+    assert_eq!(snapshot.committed, end.report.rows);
+    // Each lost commit was retried with the same entries, all found in the ledger (a retry
+    // whose reply is lost too is both), and no other key repeats.
+    let progress = setup.store.flow_progress(&setup.flow).await.unwrap();
+    assert_eq!((progress.committed, progress.dead_lettered), (1_000, 0));
+    assert!(progress.duplicates > 0);
+    assert_eq!(
+        progress.duplicates, lost_entries,
+        "ledger duplicates against entries of the lost commits"
     );
 }
 
