@@ -20,6 +20,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod proxy;
+pub use proxy::FaultProxy;
+
 /// Project of every test resource.
 pub const PROJECT: &str = "sluice-test";
 
