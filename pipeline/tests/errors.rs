@@ -5,32 +5,7 @@ use std::path::Path;
 use sluice_pipeline::{ConfigError, ErrorCode, load, parse};
 
 /// A valid file; tests replace one of its lines to break it. Line numbers are fixed:
-const BASE: &str = "\
-pipeline: orders
-mode: continuous
-targets:
-  - name: events
-    kind: table
-  - name: per_minute
-    kind: window
-    window: { size: 1m, group_by: attribute:region }
-flows:
-  - name: backfill
-    target: events
-    once: true
-    source: { file: { path: data/*.jsonl } }
-  - name: live
-    target: events
-    depends_on: backfill
-    source:
-      pubsub:
-        subscription: events-sub
-        dedup: { by: attribute, attribute: event_id, window: 10m }
-        flow_control: { max_outstanding_messages: 10000, max_outstanding_bytes: 100MiB }
-        batch: { max_messages: 1000, max_delay: 50ms }
-        max_attempts: 5
-        streams: 16
-";
+const BASE: &str = include_str!("data/base.yaml");
 
 /// BASE with 1-based line `line` replaced by `with` (which may span several lines).
 fn edit(line: usize, with: &str) -> String {

@@ -21,33 +21,8 @@ use proptest::sample::{Index, select};
 use proptest::test_runner::Config;
 use sluice_pipeline::{ConfigError, parse};
 
-/// A valid file (the BASE of `tests/errors.rs`).
-const BASE: &str = "\
-pipeline: orders
-mode: continuous
-targets:
-  - name: events
-    kind: table
-  - name: per_minute
-    kind: window
-    window: { size: 1m, group_by: attribute:region }
-flows:
-  - name: backfill
-    target: events
-    once: true
-    source: { file: { path: data/*.jsonl } }
-  - name: live
-    target: events
-    depends_on: backfill
-    source:
-      pubsub:
-        subscription: events-sub
-        dedup: { by: attribute, attribute: event_id, window: 10m }
-        flow_control: { max_outstanding_messages: 10000, max_outstanding_bytes: 100MiB }
-        batch: { max_messages: 1000, max_delay: 50ms }
-        max_attempts: 5
-        streams: 16
-";
+/// A valid file (shared with `tests/errors.rs`).
+const BASE: &str = include_str!("data/base.yaml");
 
 /// Every key the file format knows, at any level.
 const KEYS: &[&str] = &[
