@@ -61,15 +61,20 @@ impl FlowDedup {
             Admission::New(delivery) => Some(delivery),
             Admission::Parked => None,
             Admission::Committed(duplicate) => {
-                self.counters.settled([(
+                let (publish_ms, id) = (
                     duplicate.message.publish_time_ms,
-                    duplicate.message.message_id.as_str(),
-                )]);
-                let received_at = duplicate.ack();
-                self.counters.duplicate_in_memory(1);
-                self.counters.acked(1);
-                self.counters
-                    .ack_latency(received_at.elapsed().as_secs_f64());
+                    duplicate.message.message_id.clone(),
+                );
+                let counters = self.counters.clone();
+                self.counters.settled_then(
+                    [(publish_ms, id.as_str())],
+                    Box::new(move || {
+                        let received_at = duplicate.ack();
+                        counters.duplicate_in_memory(1);
+                        counters.acked(1);
+                        counters.ack_latency(received_at.elapsed().as_secs_f64());
+                    }),
+                );
                 None
             }
         }
@@ -410,22 +415,36 @@ impl Batch {
                 (d.hash, how)
             }));
         let (acked, parked_duplicates) = (deliveries.len() as u64, parked.len() as u64);
-        let unrecorded = if commit_recorded_progress {
-            &[][..]
+        // What the commit recorded toward the watermark is acked now; the rest once its
+        // reports are stored (a report lost with its ack would hold the watermark for ever).
+        let (now, after_report) = if commit_recorded_progress {
+            (deliveries, parked)
         } else {
-            &deliveries[..]
+            (Vec::new(), deliveries.into_iter().chain(parked).collect())
         };
-        counters.settled(
-            unrecorded
-                .iter()
-                .chain(&parked)
-                .map(|d| (d.message.publish_time_ms, d.message.message_id.as_str())),
-        );
-        for delivery in deliveries.into_iter().chain(parked) {
+        counters.acked(now.len() as u64);
+        for delivery in now {
             counters.ack_latency(delivery.ack().elapsed().as_secs_f64());
         }
         counters.duplicate_in_memory(parked_duplicates);
-        counters.acked(acked + parked_duplicates);
+        if !after_report.is_empty() {
+            let ids: Vec<(i64, String)> = after_report
+                .iter()
+                .map(|d| (d.message.publish_time_ms, d.message.message_id.clone()))
+                .collect();
+            let acks = counters.clone();
+            counters.settled_then(
+                ids.iter()
+                    .map(|(publish_ms, id)| (*publish_ms, id.as_str())),
+                Box::new(move || {
+                    let n = after_report.len() as u64;
+                    for delivery in after_report {
+                        acks.ack_latency(delivery.ack().elapsed().as_secs_f64());
+                    }
+                    acks.acked(n);
+                }),
+            );
+        }
         acked + parked_duplicates
     }
 

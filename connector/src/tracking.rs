@@ -29,15 +29,28 @@
 //! bucket is processed exactly when every message tracked in it was settled. Known ways in
 //! which they can still be wrong:
 //!
-//! * **Lost reports.** A commit records its messages settled in its own transaction
-//!   (`CommitBatch::watermark_progress`); duplicates found in memory (and redeliveries parked
-//!   behind a key in flight) are reported every [`TICK`] instead, after their ack, and a
-//!   worker killed in between leaves their bucket unprocessed. A bucket that stays so for
-//!   [`STALL_RELEASE`] while later buckets are processed is released (logged); a backlog
-//!   drained out of order for longer than that can be released too early.
-//! * **The horizon** rests on live delivery within 2 s ([`sluice_watermark::DeliveryHorizon`]):
-//!   a tracking stream that the client reopens after an error, and stays silent meanwhile, is
-//!   taken for caught up; so is the emulator's stall after a stream closed.
+//! * **Reports are never lost.** A commit records its messages settled in its own transaction
+//!   (`CommitBatch::watermark_progress`); messages settled outside a commit (duplicates found
+//!   in memory, redeliveries parked behind a key in flight) are acked only once their reports
+//!   are stored ([`FlowWatermark::settled_then`]), so a worker killed in between leaves them to
+//!   be redelivered and reported again. A bucket left unprocessed behind processed ones is
+//!   therefore waited for, never released on a timer (its messages may be committing slowly:
+//!   a stage returning UNAVAILABLE, a lock, a retried batch): `sluice_watermark_stalled_seconds`
+//!   shows how long, and a warning is logged past [`STALL_ALERT`]. Messages the flow can no
+//!   longer read (seeked past with `--drop-unread`, forwarded by a Pub/Sub dead-letter policy,
+//!   expired) hold it until the flow is reset.
+//! * **The horizon** needs positive evidence of a live tracking stream: the reader publishes a
+//!   probe (attribute [`PROBE_ATTRIBUTE`], empty data) to the topic every [`TICK`], and only
+//!   probes that come back through the tracking stream move the horizon
+//!   ([`sluice_watermark::DeliveryHorizon`]); a stream that goes silent (an outage, a reopen,
+//!   the emulator's stall after a stream closed) holds it. Every source acks and drops probes
+//!   (other subscribers of the topic see them, and may filter `NOT attributes:sluice-probe`);
+//!   the worker needs permission to publish to the topic. Times are Pub/Sub's publish times, so
+//!   the reader's clock does not matter; its offset is shown as
+//!   `sluice_tracking_clock_offset_seconds` and logged past [`CLOCK_OFFSET_ALERT_MS`].
+//! * **Event times outside the band** are late by definition: a tracked event time is taken as
+//!   at least publish time − band, so a trickle of old events (offline devices) is counted late
+//!   (`sluice_messages_late_total`) while the watermark moves on.
 //! * **Lease handover.** The reader's watermark writes are fenced by its lease
 //!   (`Store::advance_watermark` checks it in the same statement), so a reader paused past its
 //!   lease's expiry writes nothing when it wakes. A new reader's view is complete only once the
@@ -56,7 +69,7 @@
 
 use crate::budget::Budget;
 use crate::event_time::parse_event_time;
-use crate::pubsub::{PubSubConfig, PubSubSource};
+use crate::pubsub::{PROBE_ATTRIBUTE, PubSubConfig, PubSubSource};
 use crate::source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
 use crate::time::now_ms;
 use crate::watermark::{FlowWatermark, bucket_of};
@@ -75,9 +88,12 @@ use tokio_util::sync::CancellationToken;
 pub const TICK: Duration = Duration::from_millis(500);
 /// How long the tracking-reader lease lasts without renewal.
 pub const LEASE_TTL: Duration = Duration::from_secs(15);
-/// An unprocessed bucket is released after this long behind processed ones (see the module
-/// docs).
-pub const STALL_RELEASE: Duration = Duration::from_secs(600);
+/// An unprocessed bucket behind processed ones that waits this long is logged as stalled (it is
+/// never released: see the module docs).
+pub const STALL_ALERT: Duration = Duration::from_secs(600);
+/// A reader whose clock is further than this off Pub/Sub's (as its probes measure it) is
+/// logged: the watermark does not depend on it, but other time-keeping may.
+pub const CLOCK_OFFSET_ALERT_MS: i64 = 5_000;
 /// How long the reader waits for Pub/Sub to answer before it hands the lease over, and how
 /// long it leaves the lease to others after that.
 pub const READ_RETRY: Duration = Duration::from_secs(10);
@@ -98,6 +114,9 @@ pub struct TrackerSettings {
     pub bad_timestamp_uses_publish_time: bool,
     /// `watermark.band`, ms.
     pub band_ms: i64,
+    /// The flow's own subscription, which the tracking subscription must mirror (same topic,
+    /// same filter).
+    pub base_subscription: String,
     /// This worker's id (the lease holder name).
     pub worker: String,
 }
@@ -121,8 +140,13 @@ struct Reading {
     held: Vec<Received>,
     pending: Vec<BucketMessage>,
     estimator: SluiceEstimator,
-    /// Buckets first seen unprocessed behind processed ones, and when.
+    /// Publishes a probe to the topic each tick (the horizon's evidence of a live stream).
+    probes: google_cloud_pubsub::client::Publisher,
+    /// Buckets first seen unprocessed behind processed ones, and when (for the alert).
     stalled_since: HashMap<i64, i64>,
+    /// Whether the last alert state was logged (stall, clock offset), to log once per episode.
+    stall_logged: bool,
+    offset_logged: bool,
     /// The horizon as of the last drain of the intake (computed at the same instant, so no
     /// message that arrived after the drain can lie before it uncounted).
     live_horizon: Option<i64>,
@@ -248,17 +272,25 @@ impl WatermarkTracker {
         self.estimate(reading).await
     }
 
-    /// Records the messages this worker settled in the store (given back on failure).
+    /// Records the messages this worker settled in the store (given back on failure), then
+    /// acks those that waited for it.
     async fn report_processed(&self) -> Result<(), StoreError> {
         let settled = self.watermark.take_settled();
         if settled.is_empty() {
             return Ok(());
         }
-        let added = self.store.add_bucket_messages(&self.flow, &settled).await;
-        if added.is_err() {
-            self.watermark.restore_settled(settled);
+        if !settled.reports.is_empty() {
+            let added = self
+                .store
+                .add_bucket_messages(&self.flow, &settled.reports)
+                .await;
+            if let Err(error) = added {
+                self.watermark.restore_settled(settled);
+                return Err(error);
+            }
         }
-        added
+        settled.stored();
+        Ok(())
     }
 
     /// Not the reader: takes the stored watermark.
@@ -278,20 +310,24 @@ impl WatermarkTracker {
     ) -> Result<Reading, crate::pubsub::SourceError> {
         let no_answer =
             || crate::pubsub::SourceError::Rpc(format!("no answer within {READ_RETRY:?}"));
-        if let Some(base) = &self.settings.create_from {
-            let tracking = &self.settings.tracking_subscription;
-            let start = tokio::time::timeout(READ_RETRY, async {
-                crate::pubsub::Admin::connect(&self.pubsub)
-                    .await?
-                    .ensure_tracking_subscription(base, tracking)
-                    .await
-            })
-            .await
-            .map_err(|_| no_answer())??;
-            crate::pubsub::log_tracking_start(&self.flow.name, tracking, &start);
-        }
-        let source =
-            PubSubSource::new(self.pubsub.clone(), &self.settings.tracking_subscription, 1)?;
+        let tracking = &self.settings.tracking_subscription;
+        let topic = tokio::time::timeout(READ_RETRY, async {
+            let admin = crate::pubsub::Admin::connect(&self.pubsub).await?;
+            if let Some(base) = &self.settings.create_from {
+                let start = admin.ensure_tracking_subscription(base, tracking).await?;
+                crate::pubsub::log_tracking_start(&self.flow.name, tracking, &start);
+            }
+            admin
+                .tracking_topic(&self.settings.base_subscription, tracking)
+                .await
+        })
+        .await
+        .map_err(|_| no_answer())??;
+        let probes = crate::pubsub::Admin::connect(&self.pubsub)
+            .await?
+            .publisher(&topic)
+            .await?;
+        let source = PubSubSource::new(self.pubsub.clone(), tracking, 1)?.delivering_probes();
         let (intake_tx, intake) = mpsc::channel(INTAKE_CAPACITY);
         // The stream lives until the reader stops (or the tracker does).
         let stop = stop.child_token();
@@ -302,17 +338,18 @@ impl WatermarkTracker {
         )
         .await
         .map_err(|_| no_answer())??;
-        let mut horizon = DeliveryHorizon::new(DEFAULT_QUIET_MS, self.settings.band_ms);
-        horizon.stream_opened();
         Ok(Reading {
             source: handle,
             stop,
             intake,
-            horizon,
+            horizon: DeliveryHorizon::new(DEFAULT_QUIET_MS),
             held: Vec::new(),
             pending: Vec::new(),
             estimator: SluiceEstimator::new(self.settings.band_ms),
+            probes,
             stalled_since: HashMap::new(),
+            stall_logged: false,
+            offset_logged: false,
             live_horizon: None,
         })
     }
@@ -332,26 +369,63 @@ impl WatermarkTracker {
         source.close().await;
     }
 
-    /// Counts what the tracking stream delivered since the last tick.
+    /// Counts what the tracking stream delivered since the last tick, then publishes the next
+    /// probe.
     fn take_deliveries(&self, reading: &mut Reading) {
         let now = now_ms();
         while let Ok(received) = reading.intake.try_recv() {
             let message = &received.message;
+            if message.attributes.contains_key(PROBE_ATTRIBUTE) {
+                reading
+                    .horizon
+                    .probe_delivered(message.publish_time_ms, now);
+                received.handle.ack();
+                continue;
+            }
             let bucket = bucket_of(message.publish_time_ms);
-            let event = self.event_time(message);
+            // An event time outside the band is late by definition: it bounds the watermark no
+            // further back than the band allows, and its row counts as late.
+            let event = self
+                .event_time(message)
+                .map(|e| e.max(message.publish_time_ms - self.settings.band_ms));
             reading.pending.push(BucketMessage {
                 bucket_ms: bucket,
                 message_id: message.message_id.clone(),
                 report: MessageReport::Tracked { event_ms: event },
             });
-            let in_band =
-                event.is_none_or(|e| e >= message.publish_time_ms - self.settings.band_ms);
-            reading
-                .horizon
-                .delivered(message.publish_time_ms, now, in_band);
+            reading.horizon.delivered(message.publish_time_ms, now);
             reading.held.push(received);
         }
         reading.live_horizon = reading.horizon.horizon(now);
+        self.publish_offset(reading);
+        // Not awaited: a probe that is not published never comes back, and the horizon holds.
+        let probe = google_cloud_pubsub::model::Message::new()
+            .set_attributes([(PROBE_ATTRIBUTE, self.settings.worker.as_str())]);
+        drop(reading.probes.publish(probe));
+    }
+
+    /// Shows the reader's clock offset from Pub/Sub's (`sluice_tracking_clock_offset_seconds`)
+    /// and logs it once when it passes [`CLOCK_OFFSET_ALERT_MS`].
+    fn publish_offset(&self, reading: &mut Reading) {
+        let Some(offset) = reading.horizon.clock_offset() else {
+            return;
+        };
+        metrics::gauge!("sluice_tracking_clock_offset_seconds", &self.labels())
+            .set(offset as f64 / 1000.0);
+        let off = offset.abs() > CLOCK_OFFSET_ALERT_MS;
+        if off && !reading.offset_logged {
+            tracing::warn!(flow = %self.flow.name, offset_ms = offset,
+                "this worker's clock is off Pub/Sub's (probe receipt − publish time); the \
+                 watermark keeps to Pub/Sub's clock, but check the machine's time sync");
+        }
+        reading.offset_logged = off;
+    }
+
+    fn labels(&self) -> [(&'static str, String); 2] {
+        [
+            ("pipeline", self.flow.pipeline.to_string()),
+            ("flow", self.flow.name.to_string()),
+        ]
     }
 
     /// The event time the flow's stage will give the message; `None` for a message it will
@@ -405,22 +479,13 @@ impl WatermarkTracker {
         let buckets = self.store.bucket_counts(&self.flow, i64::MIN).await?;
         let mut tracking = TrackingHistogram::new(sluice_store::PROGRESS_BUCKET_MS);
         tracking.advance_horizon(horizon);
-        let mut unprocessed_from = None;
-        let mut processed_after = false;
-        for bucket in buckets.iter().rev() {
+        for bucket in &buckets {
             if let Some(min_event) = bucket.min_event_ms {
                 tracking.add_bucket(bucket.bucket_ms, min_event, bucket.tracked);
             }
-            if bucket.processed < bucket.tracked {
-                if processed_after && self.released(reading, bucket, now) {
-                    continue;
-                }
-                unprocessed_from = Some(bucket.bucket_ms);
-            } else {
-                reading.stalled_since.remove(&bucket.bucket_ms);
-            }
-            processed_after |= bucket.processed > 0;
         }
+        let unprocessed_from = first_unprocessed(&buckets);
+        self.alert_stall(reading, &buckets, now);
         let base = sluice_watermark::BaseProgress { unprocessed_from };
         let Some(estimate) = reading.estimator.estimate(&tracking, &base) else {
             return Ok(());
@@ -449,17 +514,66 @@ impl WatermarkTracker {
         Ok(())
     }
 
-    /// Whether an unprocessed bucket behind processed ones has waited out [`STALL_RELEASE`].
-    fn released(&self, reading: &mut Reading, bucket: &BucketCounts, now: i64) -> bool {
-        let since = *reading.stalled_since.entry(bucket.bucket_ms).or_insert(now);
-        let waited = now.saturating_sub(since);
-        let release = i64::try_from(STALL_RELEASE.as_millis()).unwrap_or(i64::MAX);
-        if waited >= release {
-            tracing::warn!(flow = %self.flow.name, bucket_ms = bucket.bucket_ms,
-                tracked = bucket.tracked, processed = bucket.processed,
-                "a watermark bucket stayed unprocessed behind processed ones; released");
-            return true;
+    /// Shows how long the oldest bucket left unprocessed behind processed ones has waited
+    /// (`sluice_watermark_stalled_seconds`, 0 when none) and logs it once past
+    /// [`STALL_ALERT`]. The watermark holds at such a bucket: its messages may still be
+    /// committing (a slow stage, a lock, a retried batch), and no evidence here tells that from
+    /// a lost report.
+    fn alert_stall(&self, reading: &mut Reading, buckets: &[BucketCounts], now: i64) {
+        let stalled = stalled_buckets(buckets);
+        reading.stalled_since.retain(|b, _| stalled.contains(b));
+        for bucket in &stalled {
+            reading.stalled_since.entry(*bucket).or_insert(now);
         }
-        false
+        let waited = reading
+            .stalled_since
+            .values()
+            .map(|since| now.saturating_sub(*since))
+            .max()
+            .unwrap_or(0);
+        metrics::gauge!("sluice_watermark_stalled_seconds", &self.labels())
+            .set(waited as f64 / 1000.0);
+        let alert = waited >= i64::try_from(STALL_ALERT.as_millis()).unwrap_or(i64::MAX);
+        if alert && !reading.stall_logged {
+            let oldest = stalled
+                .first()
+                .and_then(|b| buckets.iter().find(|c| c.bucket_ms == *b));
+            tracing::warn!(flow = %self.flow.name, waited_s = waited / 1000,
+                bucket_ms = oldest.map(|b| b.bucket_ms), tracked = oldest.map(|b| b.tracked),
+                processed = oldest.map(|b| b.processed),
+                "messages tracked in a watermark bucket are still not settled while later ones \
+                 are; the watermark holds until they are (a stage or store that stays slow, or \
+                 messages the flow can no longer read)");
+        }
+        reading.stall_logged = alert;
     }
+}
+
+/// The first bucket in which not every tracked message was settled: every message published
+/// before it was processed. By publish time; `None` when every bucket is processed.
+pub fn first_unprocessed(buckets: &[BucketCounts]) -> Option<i64> {
+    buckets
+        .iter()
+        .filter(|b| b.processed < b.tracked)
+        .map(|b| b.bucket_ms)
+        .min()
+}
+
+/// The unprocessed buckets with a processed bucket after them, oldest first.
+fn stalled_buckets(buckets: &[BucketCounts]) -> Vec<i64> {
+    let Some(last_processed) = buckets
+        .iter()
+        .filter(|b| b.processed > 0)
+        .map(|b| b.bucket_ms)
+        .max()
+    else {
+        return Vec::new();
+    };
+    let mut stalled: Vec<i64> = buckets
+        .iter()
+        .filter(|b| b.processed < b.tracked && b.bucket_ms < last_processed)
+        .map(|b| b.bucket_ms)
+        .collect();
+    stalled.sort_unstable();
+    stalled
 }

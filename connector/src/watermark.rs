@@ -10,6 +10,11 @@
 //!   ([`crate::Batch::watermark_ms`]), commits count rows below it as late
 //!   (`sluice_messages_late_total`), and the gauges show it.
 //!
+//! * Messages settled outside a commit (duplicates found in memory, redeliveries parked behind
+//!   a key in flight) are acked only once their reports are stored
+//!   ([`FlowWatermark::settled_then`]): a worker killed in between leaves them unacked, so they
+//!   come back and are reported again, and no bucket waits for ever for a report that was lost.
+//!
 //! Guarantee: the watermark held here only moves forward ([`FlowWatermark::advance`] keeps the
 //! larger value), so a replica that reads an older record never shows a watermark going back.
 
@@ -29,7 +34,46 @@ pub struct FlowWatermark {
 #[derive(Debug)]
 struct Inner {
     watermark_ms: AtomicI64,
-    settled: Mutex<Vec<BucketMessage>>,
+    settled: Mutex<SettledReports>,
+}
+
+/// What runs once the reports before it are stored (an ack, and its counts).
+pub type AfterReport = Box<dyn FnOnce() + Send>;
+
+/// Settled messages not reported yet, and what waits for their reports.
+#[derive(Default)]
+pub struct SettledReports {
+    /// The reports, to record in the store's buckets.
+    pub reports: Vec<BucketMessage>,
+    then: Vec<AfterReport>,
+}
+
+impl SettledReports {
+    /// Whether there is nothing to report and nothing waiting.
+    pub fn is_empty(&self) -> bool {
+        self.reports.is_empty() && self.then.is_empty()
+    }
+
+    /// The reports are stored: runs what waited for them (acks).
+    pub fn stored(self) {
+        for then in self.then {
+            then();
+        }
+    }
+
+    fn extend(&mut self, other: SettledReports) {
+        self.reports.extend(other.reports);
+        self.then.extend(other.then);
+    }
+}
+
+impl std::fmt::Debug for SettledReports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SettledReports")
+            .field("reports", &self.reports.len())
+            .field("waiting", &self.then.len())
+            .finish()
+    }
 }
 
 impl Default for FlowWatermark {
@@ -37,7 +81,7 @@ impl Default for FlowWatermark {
         Self {
             inner: Arc::new(Inner {
                 watermark_ms: AtomicI64::new(NONE),
-                settled: Mutex::new(Vec::new()),
+                settled: Mutex::new(SettledReports::default()),
             }),
         }
     }
@@ -69,20 +113,41 @@ impl FlowWatermark {
     /// This worker settled these messages, each given by its publish time and message id (one
     /// lock for a whole batch).
     pub fn settled<'a>(&self, messages: impl IntoIterator<Item = (i64, &'a str)>) {
+        self.report(messages, None);
+    }
+
+    /// As [`FlowWatermark::settled`], and runs `then` (their acks) once the reports are stored.
+    pub fn settled_then<'a>(
+        &self,
+        messages: impl IntoIterator<Item = (i64, &'a str)>,
+        then: AfterReport,
+    ) {
+        self.report(messages, Some(then));
+    }
+
+    fn report<'a>(
+        &self,
+        messages: impl IntoIterator<Item = (i64, &'a str)>,
+        then: Option<AfterReport>,
+    ) {
         let mut settled = self
             .inner
             .settled
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        settled.extend(messages.into_iter().map(|(publish_ms, id)| BucketMessage {
-            bucket_ms: bucket_of(publish_ms),
-            message_id: id.to_owned(),
-            report: MessageReport::Settled,
-        }));
+        settled
+            .reports
+            .extend(messages.into_iter().map(|(publish_ms, id)| BucketMessage {
+                bucket_ms: bucket_of(publish_ms),
+                message_id: id.to_owned(),
+                report: MessageReport::Settled,
+            }));
+        settled.then.extend(then);
     }
 
-    /// Takes the settled messages not reported yet (to be recorded in the store).
-    pub fn take_settled(&self) -> Vec<BucketMessage> {
+    /// Takes the settled messages not reported yet (to be recorded in the store, then
+    /// [`SettledReports::stored`]).
+    pub fn take_settled(&self) -> SettledReports {
         std::mem::take(
             &mut *self
                 .inner
@@ -93,7 +158,7 @@ impl FlowWatermark {
     }
 
     /// Gives back reports that could not be recorded, to go with the next ones.
-    pub fn restore_settled(&self, reports: Vec<BucketMessage>) {
+    pub fn restore_settled(&self, reports: SettledReports) {
         self.inner
             .settled
             .lock()
@@ -118,6 +183,7 @@ mod tests {
         let taken = w.take_settled();
         assert_eq!(
             taken
+                .reports
                 .iter()
                 .map(|m| (m.bucket_ms, m.message_id.as_str(), m.report))
                 .collect::<Vec<_>>(),
@@ -129,7 +195,22 @@ mod tests {
         );
         assert!(w.take_settled().is_empty());
         w.restore_settled(taken);
-        w.settled([(1_000, "d")]);
-        assert_eq!(w.take_settled().len(), 4);
+        let acked = Arc::new(AtomicI64::new(0));
+        let counted = acked.clone();
+        w.settled_then(
+            [(1_000, "d")],
+            Box::new(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+        let taken = w.take_settled();
+        assert_eq!(taken.reports.len(), 4);
+        assert_eq!(
+            acked.load(Ordering::SeqCst),
+            0,
+            "not before the reports are stored"
+        );
+        taken.stored();
+        assert_eq!(acked.load(Ordering::SeqCst), 1);
     }
 }

@@ -116,9 +116,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Forgets what `flow` has done, in one transaction: its ledger keys, counters, completion,
     /// sink commit marks, watermark buckets, watermark and window emission mark (the next
-    /// emission starts again at the flow's oldest row; count rows written stay, never
-    /// rewritten), and those of its rows in `table` (the full name of its target table, if it
-    /// has one) and of its dead letters that `rows` says. Records its source gives
+    /// emission replaces the flow's count rows with counts of the rows it has then; see the
+    /// `windows` module docs), and those of its rows in `table` (the full name of its target
+    /// table, if it has one) and of its dead letters that `rows` says. Records its source gives
     /// again are then written once again; rows it cannot give again stay. Handles of the flow
     /// taken before are stale afterwards (PostgreSQL gives the flow a new id when every row
     /// goes, leaving its old ledger keys to expire with their partitions): prepare again. Callers make sure no
@@ -234,15 +234,18 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Option<WatermarkRecord>, StoreError>;
 
     /// Creates a `window` target's counts table if missing: `(window_start, window_end,
-    /// group_key, count, emitted_at)`, primary key `(window_start, group_key)`. Idempotent.
+    /// group_key, count, emitted_at)`, primary key `(window_start, window_end, group_key)`;
+    /// brings a counts table and marks of an older version up to date (rows kept). Idempotent;
+    /// called before [`Store::emit_windows`] into that table.
     async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError>;
 
     /// Emits `flow`'s windows that end at or before `emission.before_ms` and were not emitted
     /// yet, in one transaction (see [`WindowEmission`] and the `windows` module docs): counts
     /// per window and group of the base table's rows (`flow`'s, or all of them, as
-    /// `emission.rows` says), written with conflicts ignored, and the flow's emission mark
-    /// moved to the end of the last window emitted. The first emission starts at the window of
-    /// the oldest row counted.
+    /// `emission.rows` says), and the flow's emission mark moved to the end of the last window
+    /// emitted, recorded with the window size. Without a mark of this size (the first
+    /// emission, the first after a reset or a size change) it first deletes the table's count
+    /// rows of this size and starts at the window of the oldest row counted.
     async fn emit_windows(
         &self,
         flow: &FlowHandle,

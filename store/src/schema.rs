@@ -114,7 +114,8 @@ CREATE TABLE IF NOT EXISTS sluice_watermarks (
 );
 CREATE TABLE IF NOT EXISTS sluice_window_marks (
     flow_id        INTEGER PRIMARY KEY,
-    emitted_before INTEGER NOT NULL
+    emitted_before INTEGER NOT NULL,
+    size_ms        INTEGER
 );
 ";
 

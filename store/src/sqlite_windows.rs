@@ -2,15 +2,19 @@
 //! [`crate::windows`]).
 //!
 //! An emission is one `BEGIN IMMEDIATE` transaction: it reads the flow's mark
-//! (`sluice_window_marks`), counts the flow's rows (or all rows, [`WindowRows::All`]) of the
-//! windows between the mark and
-//! `before_ms`, writes the counts (conflicts on `(window_start, group_key)` ignored) and moves
-//! the mark. Another process sharing the file waits for the write lock, then starts from the
-//! moved mark. The window arithmetic ([`plan`]) is the PostgreSQL backend's too.
+//! (`sluice_window_marks`); without one of its window size it deletes the count rows of that
+//! size first ([`mark_of_size`]); it counts the flow's rows (or all rows, [`WindowRows::All`])
+//! of the windows between the mark and `before_ms`, writes the counts and moves the mark.
+//! Another process sharing the file waits for the write lock, then starts from the moved mark.
+//! The window arithmetic ([`plan`], [`mark_of_size`]) is the PostgreSQL backend's too.
 
 use crate::schema::check_table;
 use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowsEmitted};
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+
+/// The primary key of a counts table: a window is its start and its end, so windows of two
+/// sizes (the file's size changed) never share a key.
+pub(crate) const COUNTS_KEY: &str = "window_start, window_end, group_key";
 
 /// What one emission does, decided from the flow's mark (or its oldest row) and `before_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +52,26 @@ pub(crate) fn window_start(ms: i64, size_ms: i64) -> Result<i64, StoreError> {
     })
 }
 
+/// The mark an emission of `size_ms` windows goes on from, given the flow's stored mark
+/// (`emitted_before`, and the size it was moved with; `None` for a mark written before sizes
+/// were recorded) and the size of the counts table's newest row, asked only for such a mark.
+///
+/// A mark of another size is none: the emission starts again at the flow's oldest row, so the
+/// new size's windows cover every row. A mark without a size is taken if it is a window
+/// boundary of `size_ms` and no count row says another size was emitted.
+pub(crate) fn mark_of_size(
+    stored: Option<(i64, Option<i64>)>,
+    size_ms: i64,
+    newest_row_size_ms: Option<i64>,
+) -> Option<i64> {
+    match stored? {
+        (mark, Some(size)) => (size == size_ms).then_some(mark),
+        (mark, None) => (mark.rem_euclid(size_ms) == 0
+            && newest_row_size_ms.is_none_or(|size| size == size_ms))
+        .then_some(mark),
+    }
+}
+
 /// What an emission does, given the flow's `mark` and, needed only without one, the event
 /// time of its `oldest` row. A checked `emission` (see [`check_emission`]).
 pub(crate) fn plan(
@@ -75,28 +99,40 @@ pub(crate) fn plan(
     Ok(Plan::Emit { start, end })
 }
 
-/// Creates the counts table `windows_table` if missing.
+/// Creates the counts table `windows_table` if missing, and brings what older versions made
+/// up to date: marks get their size column, a counts table keyed by `(window_start,
+/// group_key)` is keyed by [`COUNTS_KEY`]. One write transaction, so processes sharing the file
+/// prepare one after the other.
 pub(crate) fn prepare_window_table(
     conn: &mut Connection,
     windows_table: &str,
 ) -> Result<(), StoreError> {
     check_table(windows_table)?;
-    conn.execute_batch(&format!(
-        "CREATE TABLE IF NOT EXISTS \"{windows_table}\" (
-            window_start INTEGER NOT NULL,
-            window_end   INTEGER NOT NULL,
-            group_key    TEXT NOT NULL,
-            count        INTEGER NOT NULL,
-            emitted_at   INTEGER NOT NULL,
-            PRIMARY KEY (window_start, group_key)
-        ) WITHOUT ROWID;"
-    ))?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let sized: i64 = tx.query_row(
+        "SELECT count(*) FROM pragma_table_info('sluice_window_marks') WHERE name = 'size_ms'",
+        [],
+        |row| row.get(0),
+    )?;
+    if sized == 0 {
+        tx.execute_batch("ALTER TABLE sluice_window_marks ADD COLUMN size_ms INTEGER")?;
+    }
+    tx.execute_batch(&counts_table_ddl(windows_table))?;
+    // Part of the key since windows of two sizes may share a start; 0: not in the key.
+    let end_in_key: i64 = tx.query_row(
+        "SELECT pk FROM pragma_table_info(?1) WHERE name = 'window_end'",
+        [windows_table],
+        |row| row.get(0),
+    )?;
+    if end_in_key == 0 {
+        rekey_counts_table(&tx, windows_table)?;
+    }
     // Emissions read the flow's rows by event time, inside the single writer's transaction:
     // an index keeps that a range scan instead of a scan of the whole base table.
     // (Only when the base table exists: it does whenever a flow runs, since the layout is
     // prepared first.)
     let base = windows_table.strip_suffix("__windows").filter(|base| {
-        conn.query_row(
+        tx.query_row(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
             [base],
             |_| Ok(()),
@@ -105,10 +141,44 @@ pub(crate) fn prepare_window_table(
     });
     if let Some(base) = base {
         check_table(base)?;
-        conn.execute_batch(&format!(
+        tx.execute_batch(&format!(
             "CREATE INDEX IF NOT EXISTS \"{base}__by_event_time\" ON \"{base}\" (flow, event_time);"
         ))?;
     }
+    tx.commit()?;
+    Ok(())
+}
+
+/// DDL of a counts table (a checked name).
+fn counts_table_ddl(windows_table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS \"{windows_table}\" (
+            window_start INTEGER NOT NULL,
+            window_end   INTEGER NOT NULL,
+            group_key    TEXT NOT NULL,
+            count        INTEGER NOT NULL,
+            emitted_at   INTEGER NOT NULL,
+            PRIMARY KEY ({COUNTS_KEY})
+        ) WITHOUT ROWID;"
+    )
+}
+
+/// Rebuilds a counts table of an older version, keyed by `(window_start, group_key)`, with
+/// [`COUNTS_KEY`], its rows kept (SQLite cannot change a primary key in place).
+fn rekey_counts_table(tx: &Transaction<'_>, windows_table: &str) -> Result<(), StoreError> {
+    let old = format!("{windows_table}__old_key");
+    tx.execute_batch(&format!(
+        "ALTER TABLE \"{windows_table}\" RENAME TO \"{old}\";
+         {ddl}
+         INSERT INTO \"{windows_table}\"
+             SELECT window_start, window_end, group_key, count, emitted_at FROM \"{old}\";
+         DROP TABLE \"{old}\";",
+        ddl = counts_table_ddl(windows_table)
+    ))?;
+    tracing::info!(
+        table = windows_table,
+        "counts table keyed by window start and end"
+    );
     Ok(())
 }
 
@@ -122,13 +192,36 @@ pub(crate) fn emit_windows(
     check_emission(emission)?;
     let (base, windows) = (&emission.base_table, &emission.windows_table);
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let mark: Option<i64> = tx
+    let stored: Option<(i64, Option<i64>)> = tx
         .query_row(
-            "SELECT emitted_before FROM sluice_window_marks WHERE flow_id = ?1",
+            "SELECT emitted_before, size_ms FROM sluice_window_marks WHERE flow_id = ?1",
             params![flow.id],
-            |row| row.get(0),
+            |row| Ok((row.get(0)?, row.get(1)?)),
         )
         .optional()?;
+    let newest_row_size: Option<i64> = match stored {
+        Some((_, None)) => tx
+            .query_row(
+                &format!(
+                    "SELECT window_end - window_start FROM \"{windows}\"
+                     ORDER BY window_start DESC LIMIT 1"
+                ),
+                [],
+                |row| row.get(0),
+            )
+            .optional()?,
+        _ => None,
+    };
+    let mark = mark_of_size(stored, emission.size_ms, newest_row_size);
+    // No mark of this size: whatever count rows of it are there were emitted before a reset
+    // or a size change, from rows that may have gone or changed since. They are counted again.
+    let cleared = match mark {
+        Some(_) => 0,
+        None => tx.execute(
+            &format!("DELETE FROM \"{windows}\" WHERE window_end - window_start = ?1"),
+            params![emission.size_ms],
+        )?,
+    };
     // Which rows count: `?1` is the flow's name, or NULL for every row. A window over another
     // target's table reads it by event time alone, so it gets an index of its own (created
     // once, inside this writer's transaction).
@@ -151,14 +244,20 @@ pub(crate) fn emit_windows(
     };
     let (start, end) = match plan(emission, mark, oldest)? {
         Plan::Emit { start, end } => (start, end),
-        // Nothing written: dropping the transaction rolls it back.
-        Plan::Nothing(emitted) => return Ok(emitted),
+        Plan::Nothing(emitted) => {
+            // Nothing else written: without a deletion, dropping the transaction rolls it back.
+            if cleared > 0 {
+                tx.commit()?;
+            }
+            return Ok(emitted);
+        }
     };
     // The window start is the event time floored to a multiple of the size, without an
     // intermediate sum that could overflow. The group is looked up by key with `json_each`,
     // not by a JSON path: SQLite before 3.45 has no escapes in path labels, so a name with `"`
     // could not be named by one. It is cast to text as PostgreSQL's `->>` gives it (a JSON
-    // number 1 is "1"). `WHERE true` keeps the upsert's `ON` unambiguous.
+    // number 1 is "1"). No row of these windows is in the table (the mark, or the deletion
+    // above, says so): a plain insert, which fails loudly rather than drop a count.
     let rows = tx.execute(
         &format!(
             "INSERT INTO \"{windows}\" (window_start, window_end, group_key, count, emitted_at)
@@ -169,9 +268,7 @@ pub(crate) fn emit_windows(
                                          WHERE a.key = ?3), '') AS TEXT) AS group_key
                    FROM \"{base}\"
                    WHERE {flow_filter} AND event_time >= ?4 AND event_time < ?5)
-             WHERE true
-             GROUP BY window_start, group_key
-             ON CONFLICT (window_start, group_key) DO NOTHING"
+             GROUP BY window_start, group_key"
         ),
         params![
             of_flow,
@@ -182,11 +279,12 @@ pub(crate) fn emit_windows(
             now_ms,
         ],
     )?;
+    // Under the write lock `end` is past the mark read above, or the mark was of another size.
     tx.execute(
-        "INSERT INTO sluice_window_marks (flow_id, emitted_before) VALUES (?1, ?2)
+        "INSERT INTO sluice_window_marks (flow_id, emitted_before, size_ms) VALUES (?1, ?2, ?3)
          ON CONFLICT (flow_id) DO UPDATE SET
-             emitted_before = MAX(emitted_before, excluded.emitted_before)",
-        params![flow.id, end],
+             emitted_before = excluded.emitted_before, size_ms = excluded.size_ms",
+        params![flow.id, end, emission.size_ms],
     )?;
     tx.commit()?;
     Ok(WindowsEmitted {
@@ -247,6 +345,44 @@ mod tests {
         let mut spliced = emission(10, 35);
         spliced.windows_table = "p__w\"; DROP TABLE x; --".into();
         assert!(check_emission(&spliced).is_err());
+    }
+
+    #[test]
+    fn a_mark_is_of_the_size_it_was_moved_with() {
+        assert_eq!(mark_of_size(None, 10, None), None);
+        assert_eq!(mark_of_size(Some((30, Some(10))), 10, None), Some(30));
+        assert_eq!(mark_of_size(Some((30, Some(5))), 10, None), None);
+        // Marks without a size: taken if on a boundary and no count row says otherwise.
+        assert_eq!(mark_of_size(Some((30, None)), 10, None), Some(30));
+        assert_eq!(mark_of_size(Some((30, None)), 10, Some(10)), Some(30));
+        assert_eq!(mark_of_size(Some((30, None)), 10, Some(5)), None);
+        assert_eq!(mark_of_size(Some((15, None)), 10, None), None);
+    }
+
+    /// A file of an older version: its marks table gets the size column (once, the mark kept).
+    #[test]
+    fn marks_of_an_older_version_get_a_size_column() {
+        let mut conn = Connection::open_in_memory().expect("in-memory database");
+        conn.execute_batch(
+            "CREATE TABLE sluice_window_marks (
+                 flow_id        INTEGER PRIMARY KEY,
+                 emitted_before INTEGER NOT NULL
+             );
+             INSERT INTO sluice_window_marks VALUES (1, 20000);",
+        )
+        .expect("old marks");
+        conn.execute_batch(crate::schema::SQLITE_STATE_DDL)
+            .expect("state tables");
+        prepare_window_table(&mut conn, "p__w__windows").expect("prepared");
+        prepare_window_table(&mut conn, "p__w__windows").expect("prepared again");
+        let mark: (i64, Option<i64>) = conn
+            .query_row(
+                "SELECT emitted_before, size_ms FROM sluice_window_marks",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .expect("the mark");
+        assert_eq!(mark, (20_000, None));
     }
 
     /// The group is the attribute of exactly that name, whatever the name holds and however

@@ -104,7 +104,7 @@ impl Place {
     async fn window_counts(&self, table: &str) -> (Vec<(i64, i64, String, i64)>, Option<i64>) {
         let sql = format!(
             "SELECT window_start, window_end, group_key, count, emitted_at FROM \"{table}\"
-             ORDER BY window_start, group_key"
+             ORDER BY window_start, window_end, group_key"
         );
         let rows: Vec<((i64, i64, String, i64), i64)> = match self {
             Place::Sqlite(dir) => {
@@ -195,6 +195,14 @@ impl Place {
         }
     }
 
+    /// Runs `sql` (statements separated by `;`) straight on the database.
+    async fn execute(&self, sql: &str) {
+        match self {
+            Place::Sqlite(dir) => sqlite_connection(dir).execute_batch(sql).unwrap(),
+            Place::Postgres(db) => postgres_client(db).await.batch_execute(sql).await.unwrap(),
+        }
+    }
+
     /// Reasons in the dead-letter table, read straight from the database.
     async fn dead_letter_reasons(&self) -> Vec<String> {
         let sql = "SELECT reason FROM p__dead_letter";
@@ -256,16 +264,19 @@ on_both_backends!(
     windows_count_their_own_flows_rows,
     windows_over_a_table_count_every_flows_rows,
     window_groups_may_have_dots_in_their_name,
-    reset_forgets_the_window_mark,
+    a_reset_counts_the_flows_windows_again,
+    a_window_size_change_emits_every_window_of_the_new_size,
     a_batch_past_its_commit_deadline_writes_nothing,
     a_reset_keeps_the_ledger_keys_of_the_rows_it_keeps,
     drain_reports_come_with_the_readers_heartbeats,
     emitting_every_window_emits_them_all,
+    counts_tables_of_an_older_version_are_upgraded,
 );
 
-/// "Every window" (`before_ms = i64::MAX`: a drained once flow, a table with no live writer)
-/// emits all of them, on both backends, for a flow's own rows and for a whole table; a second
-/// such emission writes nothing.
+/// "Every window" (`before_ms = i64::MAX`: a drained once flow; `i64::MAX` less the allowed
+/// lateness: a window over a table with no live writer) emits every window left on both
+/// backends, the trailing ones the watermark never passed included, each with its count, for
+/// a flow's own rows and for a whole table; a second such emission writes nothing.
 async fn emitting_every_window_emits_them_all(postgres: bool) {
     let (place, store, flows) = open(postgres).await;
     let windows = window_table_name("p", "events").unwrap();
@@ -276,25 +287,135 @@ async fn emitting_every_window_emits_them_all(postgres: bool) {
             vec![
                 event("a1", 1_000, r#"{"g":"a"}"#),
                 event("a2", 25_000, r#"{"g":"a"}"#),
+                event("n1", 95_000, "{}"),
                 event("b1", 99_000, r#"{"g":"b"}"#),
+                event("b2", 99_999, r#"{"g":"b"}"#),
             ],
         ))
         .await
         .unwrap();
+    store
+        .commit(batch(&flows[1], vec![event("o1", 45_000, r#"{"g":"a"}"#)]))
+        .await
+        .unwrap();
+    let last_end = i64::MAX - i64::MAX % WINDOW_MS;
+    // The watermark passed 30 s while the flow ran...
+    assert_eq!(
+        store
+            .emit_windows(&flows[0], &emission(&windows, "g", 30_000))
+            .await
+            .unwrap(),
+        emitted(2, 30_000)
+    );
+    // ...then its input ended: every window left is emitted, the last one (90 s) too.
     let all = emission(&windows, "g", i64::MAX);
-    let first = store.emit_windows(&flows[0], &all).await.unwrap();
-    assert_eq!(first.rows, 3, "{first:?}");
-    assert_eq!(store.emit_windows(&flows[0], &all).await.unwrap().rows, 0);
-    let (counts, _) = place.window_counts(&windows).await;
-    assert_eq!(counts.len(), 3, "{counts:?}");
+    assert_eq!(
+        store.emit_windows(&flows[0], &all).await.unwrap(),
+        emitted(2, last_end)
+    );
+    assert_eq!(
+        store.emit_windows(&flows[0], &all).await.unwrap(),
+        emitted(0, last_end)
+    );
+    let own = vec![
+        count(0, "a", 1),
+        count(20_000, "a", 1),
+        count(90_000, "", 1),
+        count(90_000, "b", 2),
+    ];
+    assert_eq!(place.window_counts(&windows).await.0, own);
+
     let others = window_table_name("p", "others").unwrap();
     store.prepare_window_table(&others).await.unwrap();
     let whole = WindowEmission {
-        windows_table: others.clone(),
         rows: WindowRows::All,
-        ..emission(&others, "g", i64::MAX)
+        ..emission(&others, "g", i64::MAX - 2_000)
     };
-    assert_eq!(store.emit_windows(&flows[1], &whole).await.unwrap().rows, 3);
+    assert_eq!(
+        store.emit_windows(&flows[1], &whole).await.unwrap(),
+        emitted(5, last_end)
+    );
+    assert_eq!(
+        place.window_counts(&others).await.0,
+        [
+            count(0, "a", 1),
+            count(20_000, "a", 1),
+            count(40_000, "a", 1),
+            count(90_000, "", 1),
+            count(90_000, "b", 2),
+        ]
+    );
+}
+
+/// A store written before window sizes were recorded: once prepared, its counts table
+/// (keyed by `(window_start, group_key)`) is keyed by window start and end, its rows kept, and
+/// the flow's mark, which has no size, is taken by the size of its count rows; another size
+/// starts again at the oldest row, beside them.
+async fn counts_tables_of_an_older_version_are_upgraded(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    let live = &flows[0];
+    let windows = window_table_name("p", "events").unwrap();
+    let without_rowid = if postgres { "" } else { " WITHOUT ROWID" };
+    place
+        .execute(&format!(
+            "CREATE TABLE p__events__windows (
+                 window_start BIGINT NOT NULL,
+                 window_end   BIGINT NOT NULL,
+                 group_key    TEXT NOT NULL,
+                 count        BIGINT NOT NULL,
+                 emitted_at   BIGINT NOT NULL,
+                 PRIMARY KEY (window_start, group_key)
+             ){without_rowid};
+             INSERT INTO p__events__windows VALUES (0, 10000, 'a', 1, 0);
+             INSERT INTO sluice_window_marks (flow_id, emitted_before) VALUES ({}, 10000);",
+            live.id
+        ))
+        .await;
+    store
+        .commit(batch(
+            live,
+            vec![
+                event("a1", 1_000, r#"{"g":"a"}"#),
+                event("a2", 12_000, r#"{"g":"a"}"#),
+                event("b1", 16_000, r#"{"g":"b"}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    assert_eq!(
+        store
+            .emit_windows(live, &emission(&windows, "g", 20_000))
+            .await
+            .unwrap(),
+        emitted(2, 20_000),
+        "on from the old mark"
+    );
+    let five = WindowEmission {
+        size_ms: 5_000,
+        ..emission(&windows, "g", 20_000)
+    };
+    assert_eq!(
+        store.emit_windows(live, &five).await.unwrap(),
+        emitted(3, 20_000)
+    );
+    let counted = |rows: &[(i64, i64, &str)]| -> Vec<(i64, i64, String, i64)> {
+        rows.iter()
+            .map(|(start, end, g)| (*start, *end, g.to_string(), 1))
+            .collect()
+    };
+    assert_eq!(
+        place.window_counts(&windows).await.0,
+        counted(&[
+            (0, 5_000, "a"),
+            (0, 10_000, "a"),
+            (10_000, 15_000, "a"),
+            (10_000, 20_000, "a"),
+            (10_000, 20_000, "b"),
+            (15_000, 20_000, "b"),
+        ])
+    );
 }
 
 /// Drain reports are per flow and worker, last report wins, come with the reader's latest
@@ -1636,9 +1757,18 @@ async fn window_groups_may_have_dots_in_their_name(postgres: bool) {
     );
 }
 
-/// `reset_flow` forgets the flow's window mark: its next emission starts again at its oldest
-/// row, and the count rows already written are not written twice. The other flow's mark stays.
-async fn reset_forgets_the_window_mark(postgres: bool) {
+/// A row of group `g` at `event_time_ms`, published at `publish_ms`.
+fn event_published(key: &str, event_time_ms: i64, g: &str, publish_ms: i64) -> Entry {
+    let mut entry = event(key, event_time_ms, &format!(r#"{{"g":"{g}"}}"#));
+    entry.message.publish_time_ms = publish_ms;
+    entry
+}
+
+/// `reset_flow` forgets the flow's window mark, and its next emission counts the flow's
+/// windows again from the rows it has then: each count emitted before the reset is replaced
+/// (a late row kept by the reset is now counted), never kept beside a new one or added to, and
+/// a window whose rows all went is gone. The other flow's mark and counts stay.
+async fn a_reset_counts_the_flows_windows_again(postgres: bool) {
     let (place, store, flows) = open(postgres).await;
     let (stale, other) = (&flows[0], &flows[1]);
     let windows = window_table_name("p", "events").unwrap();
@@ -1646,20 +1776,32 @@ async fn reset_forgets_the_window_mark(postgres: bool) {
     let other_windows = window_table_name("p", "others").unwrap();
     store.prepare_window_table(&windows).await.unwrap();
     store.prepare_window_table(&other_windows).await.unwrap();
-    let rows = |flow: &str| {
-        vec![
-            event(&format!("{flow}1"), 1_000, r#"{"g":"a"}"#),
-            event(&format!("{flow}2"), 11_000, r#"{"g":"a"}"#),
-        ]
-    };
-    store.commit(batch(stale, rows("s"))).await.unwrap();
-    store.commit(batch(other, rows("o"))).await.unwrap();
+    store
+        .commit(batch(
+            stale,
+            vec![
+                event_published("s1", 1_000, "a", 1_000),
+                event_published("s2", 11_000, "a", 1_000),
+                event_published("s3", 12_000, "b", 5_000),
+                event_published("s4", 25_000, "a", 5_000),
+            ],
+        ))
+        .await
+        .unwrap();
+    store
+        .commit(batch(
+            other,
+            vec![
+                event_published("o1", 1_000, "a", 1_000),
+                event_published("o2", 11_000, "a", 1_000),
+            ],
+        ))
+        .await
+        .unwrap();
+    let by_g = |before_ms| emission(&windows, "g", before_ms);
     assert_eq!(
-        store
-            .emit_windows(stale, &emission(&windows, "g", 20_000))
-            .await
-            .unwrap(),
-        emitted(2, 20_000)
+        store.emit_windows(stale, &by_g(30_000)).await.unwrap(),
+        emitted(4, 30_000)
     );
     assert_eq!(
         store
@@ -1668,8 +1810,22 @@ async fn reset_forgets_the_window_mark(postgres: bool) {
             .unwrap(),
         emitted(2, 20_000)
     );
-    let counted = vec![count(0, "a", 1), count(10_000, "a", 1)];
+    let others_counted = vec![count(0, "a", 1), count(10_000, "a", 1)];
+    // Late into window 0: kept, not counted.
+    store
+        .commit(batch(
+            stale,
+            vec![event_published("late", 2_000, "a", 1_000)],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.emit_windows(stale, &by_g(30_000)).await.unwrap(),
+        emitted(0, 30_000)
+    );
+    assert_eq!(place.window_counts(&windows).await.0[0], count(0, "a", 1));
 
+    // Every row kept: the windows are counted again from them, the late row too.
     store
         .reset_flow(stale, Some("p__events"), ResetRows::Keep)
         .await
@@ -1679,48 +1835,161 @@ async fn reset_forgets_the_window_mark(postgres: bool) {
     let live = &flows[0];
     // A reset that keeps the rows keeps the flow's id (and its ledger keys).
     assert_eq!(live.id, stale.id);
-    // A row into window 0 after its emission: counted nowhere, even when the windows are
-    // emitted again from the oldest row, as window 0's count row is already there.
+    assert_eq!(
+        store.emit_windows(live, &by_g(30_000)).await.unwrap(),
+        emitted(4, 30_000)
+    );
+    assert_eq!(
+        place.window_counts(&windows).await.0,
+        [
+            count(0, "a", 2),
+            count(10_000, "a", 1),
+            count(10_000, "b", 1),
+            count(20_000, "a", 1)
+        ]
+    );
+
+    // Rows published since 5 s go (s3, s4) and the source gives some again (s3) and a new one:
+    // the counts are of the rows now, window 20 s (s4's) is gone, nothing is counted twice.
     store
-        .commit(batch(live, vec![event("late", 2_000, r#"{"g":"a"}"#)]))
+        .reset_flow(live, Some("p__events"), ResetRows::PublishedSince(5_000))
+        .await
+        .unwrap();
+    let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
+    let live = &flows[0];
+    store
+        .commit(batch(
+            live,
+            vec![
+                event_published("s3", 12_000, "b", 5_000),
+                event_published("s5", 13_000, "b", 6_000),
+            ],
+        ))
         .await
         .unwrap();
     assert_eq!(
-        store
-            .emit_windows(live, &emission(&windows, "g", 10_000))
-            .await
-            .unwrap(),
-        emitted(0, 10_000)
+        store.emit_windows(live, &by_g(20_000)).await.unwrap(),
+        emitted(3, 20_000)
     );
     assert_eq!(
-        store
-            .emit_windows(live, &emission(&windows, "g", 20_000))
-            .await
-            .unwrap(),
-        emitted(0, 20_000)
-    );
-    assert_eq!(place.window_counts(&windows).await.0, counted);
-    assert_eq!(
-        store
-            .emit_windows(other, &emission(&other_windows, "g", 10_000))
-            .await
-            .unwrap(),
-        emitted(0, 20_000),
-        "the other flow's mark stays"
+        place.window_counts(&windows).await.0,
+        [
+            count(0, "a", 2),
+            count(10_000, "a", 1),
+            count(10_000, "b", 2)
+        ]
     );
 
-    // Rows forgotten too: no rows, no start, no mark.
+    // Every row goes and none comes again: no window is left.
     store
         .reset_flow(live, Some("p__events"), ResetRows::All)
         .await
         .unwrap();
     let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
     assert_eq!(
-        store
-            .emit_windows(&flows[0], &emission(&windows, "g", 20_000))
-            .await
-            .unwrap(),
+        store.emit_windows(&flows[0], &by_g(30_000)).await.unwrap(),
         emitted(0, 0)
     );
-    assert_eq!(place.window_counts(&windows).await.0, counted);
+    assert!(place.window_counts(&windows).await.0.is_empty());
+    assert_eq!(
+        store
+            .emit_windows(&flows[1], &emission(&other_windows, "g", 10_000))
+            .await
+            .unwrap(),
+        emitted(0, 20_000),
+        "the other flow's mark stays"
+    );
+    assert_eq!(place.window_counts(&other_windows).await.0, others_counted);
+}
+
+/// A window size changed between runs (5 s windows emitted, then the file says 10 s): the new
+/// size's windows are all emitted, from the flow's oldest row, beside the old size's count rows
+/// (told apart by `window_end`), none dropped on a key the two share; back to 5 s, the 5 s
+/// windows are counted again from the oldest row, so none is missing or twice.
+async fn a_window_size_change_emits_every_window_of_the_new_size(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    let live = &flows[0];
+    let windows = window_table_name("p", "events").unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    store
+        .commit(batch(
+            live,
+            vec![
+                event("a1", 1_000, r#"{"g":"a"}"#),
+                event("a2", 6_000, r#"{"g":"a"}"#),
+                event("a3", 12_000, r#"{"g":"a"}"#),
+                event("a4", 16_000, r#"{"g":"a"}"#),
+                event("b1", 17_000, r#"{"g":"b"}"#),
+                event("a5", 22_000, r#"{"g":"a"}"#),
+                event("a6", 31_000, r#"{"g":"a"}"#),
+            ],
+        ))
+        .await
+        .unwrap();
+    let sized = |size_ms, before_ms| WindowEmission {
+        size_ms,
+        ..emission(&windows, "g", before_ms)
+    };
+    let counted = |rows: &[(i64, i64, &str, i64)]| -> Vec<(i64, i64, String, i64)> {
+        rows.iter()
+            .map(|(start, end, g, n)| (*start, *end, g.to_string(), *n))
+            .collect()
+    };
+    assert_eq!(
+        store
+            .emit_windows(live, &sized(5_000, 15_000))
+            .await
+            .unwrap(),
+        emitted(3, 15_000)
+    );
+    let five = counted(&[
+        (0, 5_000, "a", 1),
+        (5_000, 10_000, "a", 1),
+        (10_000, 15_000, "a", 1),
+    ]);
+    assert_eq!(place.window_counts(&windows).await.0, five);
+
+    assert_eq!(
+        store
+            .emit_windows(live, &sized(10_000, 40_000))
+            .await
+            .unwrap(),
+        emitted(5, 40_000),
+        "every 10 s window, from the oldest row"
+    );
+    let ten = counted(&[
+        (0, 10_000, "a", 2),
+        (10_000, 20_000, "a", 2),
+        (10_000, 20_000, "b", 1),
+        (20_000, 30_000, "a", 1),
+        (30_000, 40_000, "a", 1),
+    ]);
+    let of_size = |rows: Vec<(i64, i64, String, i64)>, size: i64| -> Vec<_> {
+        rows.into_iter().filter(|r| r.1 - r.0 == size).collect()
+    };
+    let rows = place.window_counts(&windows).await.0;
+    assert_eq!(of_size(rows.clone(), 10_000), ten);
+    assert_eq!(of_size(rows, 5_000), five, "the 5 s rows stay");
+
+    assert_eq!(
+        store
+            .emit_windows(live, &sized(5_000, 40_000))
+            .await
+            .unwrap(),
+        emitted(7, 40_000)
+    );
+    let rows = place.window_counts(&windows).await.0;
+    assert_eq!(
+        of_size(rows.clone(), 5_000),
+        counted(&[
+            (0, 5_000, "a", 1),
+            (5_000, 10_000, "a", 1),
+            (10_000, 15_000, "a", 1),
+            (15_000, 20_000, "a", 1),
+            (15_000, 20_000, "b", 1),
+            (20_000, 25_000, "a", 1),
+            (30_000, 35_000, "a", 1),
+        ])
+    );
+    assert_eq!(of_size(rows, 10_000), ten);
 }

@@ -1,23 +1,30 @@
-//! The tracking reader's horizon: a time before which it has seen every message published.
+//! The tracking reader's horizon: a time, on Pub/Sub's clock, before which it has seen every
+//! message published.
 //!
 //! Pub/Sub tells no reader what it has not delivered yet, and the emulator has no backlog
-//! metric, so the horizon rests on one stated assumption about a *live* stream: once a stream
-//! has delivered a message, anything published more than [`DeliveryHorizon::quiet_ms`] ago
-//! that it has not delivered would have been delivered by now. From that:
+//! metric, so the horizon rests on one stated assumption about a *live* stream: a stream that
+//! delivers a message published at `p` has delivered everything published before
+//! `p − quiet_ms` (a live stream's delivery delay stays under [`DeliveryHorizon::quiet_ms`]).
+//! Liveness needs positive evidence, and the reader makes it: it publishes a *probe* to the
+//! topic every tick, and only a probe delivered back through the tracking stream moves the
+//! horizon. From that:
 //!
-//! * a stream that has not delivered anything since it opened proves nothing (the emulator
-//!   holds a reopened subscription back for minutes): no horizon;
-//! * a stream that delivered, within the last `quiet_ms`, a message published more than
-//!   `quiet_ms` before its delivery is draining a backlog, and one that delivered a message
-//!   whose event time is outside the band is carrying one (a replay, a backfill published
-//!   now): no horizon either, for `quiet_ms` after the last late delivery, and for
-//!   `out_of_band_hold_ms` after the last out-of-band one. Part of that backlog may not be
-//!   delivered yet, and its event times are unknown (they can be far older than the band,
-//!   which no bound from the clock covers), so the watermark holds until the reader has seen
-//!   all of it;
-//! * otherwise, while messages arrive, the horizon is the smallest publish time delivered
-//!   within the last `quiet_ms`, and at most `now − quiet_ms`;
-//! * when nothing arrived for `quiet_ms`, the reader is caught up: `now − quiet_ms`.
+//! * until a probe comes back after the stream (re)opened, the stream proves nothing (the
+//!   emulator holds a reopened subscription back for minutes): no horizon;
+//! * while messages are delivered more than `quiet_ms` after their publish time, the stream is
+//!   draining a backlog: no horizon for `quiet_ms` after the last such delivery (part of the
+//!   backlog may not be delivered yet, and its event times are unknown). The delay is measured
+//!   on Pub/Sub's clock: receipt minus the smallest receipt − publish offset of the last 20
+//!   probes (deliveries before the first probe are judged when it comes);
+//! * otherwise the horizon is the publish time of the newest probe delivered, minus
+//!   `quiet_ms`, and no later than the oldest publish time delivered in the last `quiet_ms`.
+//!
+//! Every time the horizon is compared with is a publish time, stamped by Pub/Sub: the reader's
+//! own clock only measures how long ago (by its own ticks) a delivery came. A reader whose clock
+//! is off Pub/Sub's is therefore not ahead, however far off; [`DeliveryHorizon::clock_offset`]
+//! reports the difference (receipt − publish time of the newest probe, latency included) for
+//! alerting. A tracking stream that goes silent (an outage, a stream the client reopens without
+//! a word) stops delivering probes too, and the horizon holds where the last probe left it.
 //!
 //! The caller keeps the horizon monotonic ([`crate::TrackingHistogram::advance_horizon`]).
 
@@ -31,64 +38,116 @@ pub const DEFAULT_QUIET_MS: Millis = 2_000;
 #[derive(Debug, Clone)]
 pub struct DeliveryHorizon {
     quiet_ms: Millis,
-    out_of_band_hold_ms: Millis,
-    proven: bool,
-    /// (delivered at, publish time) of the last `quiet_ms` of deliveries.
+    /// The newest probe delivered since the stream opened: (receipt on the reader's clock,
+    /// publish time).
+    newest_probe: Option<(Millis, Millis)>,
+    /// (receipt, publish time) of the deliveries of the last `quiet_ms`, probes included.
     recent: VecDeque<(Millis, Millis)>,
-    /// When the last delivery with an event time outside the band came.
-    last_out_of_band: Option<Millis>,
+    /// When the last delivery that showed a backlog came (reader's clock).
+    last_backlog: Option<Millis>,
+    /// (receipt, receipt − publish time) of the last [`OFFSET_MEMORY`] probes.
+    probes: VecDeque<(Millis, Millis)>,
 }
 
+/// How many of the last probes count toward the clock offset a delivery's lag is measured
+/// with (by count, not time: after a silence, those from before it still count).
+const OFFSET_MEMORY: usize = 20;
+
 impl DeliveryHorizon {
-    /// A horizon for a stream whose live delivery delay stays under `quiet_ms`, held for
-    /// `out_of_band_hold_ms` after a delivery with an event time outside the band.
-    pub fn new(quiet_ms: Millis, out_of_band_hold_ms: Millis) -> Self {
+    /// A horizon for a stream whose live delivery delay stays under `quiet_ms`.
+    pub fn new(quiet_ms: Millis) -> Self {
         Self {
             quiet_ms: quiet_ms.max(1),
-            out_of_band_hold_ms: out_of_band_hold_ms.max(quiet_ms),
-            proven: false,
+            newest_probe: None,
             recent: VecDeque::new(),
-            last_out_of_band: None,
+            last_backlog: None,
+            probes: VecDeque::new(),
         }
     }
 
-    /// The stream was (re)opened: it must deliver again before it proves anything.
+    /// The allowance for a live stream's delivery delay.
+    pub fn quiet_ms(&self) -> Millis {
+        self.quiet_ms
+    }
+
+    /// The stream was (re)opened: a probe must come back through it before it proves anything.
     pub fn stream_opened(&mut self) {
-        self.proven = false;
+        self.newest_probe = None;
         self.recent.clear();
+        self.probes.clear();
     }
 
-    /// The stream delivered a message published at `publish_ms`, at `now_ms`; `in_band`:
-    /// its event time is within the band of its publish time (or it has none).
-    pub fn delivered(&mut self, publish_ms: Millis, now_ms: Millis, in_band: bool) {
-        self.proven = true;
+    /// The stream delivered a message published at `publish_ms`, at `now_ms` (reader's clock).
+    pub fn delivered(&mut self, publish_ms: Millis, now_ms: Millis) {
+        self.note(publish_ms, now_ms);
+    }
+
+    /// The stream delivered a probe published at `publish_ms`, at `now_ms` (reader's clock).
+    pub fn probe_delivered(&mut self, publish_ms: Millis, now_ms: Millis) {
+        let first = self.newest_probe.is_none();
+        if self.newest_probe.is_none_or(|(_, p)| publish_ms > p) {
+            self.newest_probe = Some((now_ms, publish_ms));
+        }
+        self.probes.push_back((now_ms, now_ms - publish_ms));
+        if self.probes.len() > OFFSET_MEMORY {
+            self.probes.pop_front();
+        }
+        self.forget_before(now_ms);
+        if first {
+            // What came before the first probe is judged by it.
+            let backlog = self
+                .recent
+                .iter()
+                .any(|(at, publish)| self.lag(*at, *publish) > self.quiet_ms);
+            if backlog {
+                self.last_backlog = Some(now_ms);
+            }
+        }
+        self.note(publish_ms, now_ms);
+    }
+
+    fn note(&mut self, publish_ms: Millis, now_ms: Millis) {
         self.recent.push_back((now_ms, publish_ms));
-        if !in_band {
-            self.last_out_of_band = Some(now_ms);
+        if self.lag(now_ms, publish_ms) > self.quiet_ms {
+            self.last_backlog = Some(now_ms);
         }
     }
 
-    /// The horizon at `now_ms`; `None` while the stream has proven nothing.
-    pub fn horizon(&mut self, now_ms: Millis) -> Option<Millis> {
-        if !self.proven {
-            return None;
-        }
+    /// How long after its publish a delivery came, on Pub/Sub's clock as the last
+    /// [`OFFSET_MEMORY`] probes measure it (0 before a probe came back).
+    fn lag(&self, at: Millis, publish_ms: Millis) -> Millis {
+        self.probes
+            .iter()
+            .map(|(_, offset)| *offset)
+            .min()
+            .map_or(0, |offset| at - offset - publish_ms)
+    }
+
+    fn forget_before(&mut self, now_ms: Millis) {
         let since = now_ms.saturating_sub(self.quiet_ms);
         while self.recent.front().is_some_and(|(at, _)| *at < since) {
             self.recent.pop_front();
         }
-        let draining = self
-            .recent
-            .iter()
-            .any(|(at, publish)| at.saturating_sub(*publish) > self.quiet_ms)
-            || self
-                .last_out_of_band
-                .is_some_and(|at| at >= now_ms.saturating_sub(self.out_of_band_hold_ms));
-        if draining {
+    }
+
+    /// Receipt minus publish time of the newest probe (the reader's clock offset from
+    /// Pub/Sub's, plus the probe's delivery delay); `None` before a probe came back.
+    pub fn clock_offset(&self) -> Option<Millis> {
+        self.newest_probe.map(|(at, publish)| at - publish)
+    }
+
+    /// The horizon at `now_ms` (reader's clock), on Pub/Sub's clock; `None` while the stream
+    /// has proven nothing or is draining a backlog.
+    pub fn horizon(&mut self, now_ms: Millis) -> Option<Millis> {
+        self.forget_before(now_ms);
+        let (_, probe_publish) = self.newest_probe?;
+        let since = now_ms.saturating_sub(self.quiet_ms);
+        if self.last_backlog.is_some_and(|at| at >= since) {
             return None;
         }
+        let live = probe_publish.saturating_sub(self.quiet_ms);
         let oldest_recent = self.recent.iter().map(|(_, publish)| *publish).min();
-        Some(oldest_recent.map_or(since, |oldest| oldest.min(since)))
+        Some(oldest_recent.map_or(live, |oldest| oldest.min(live)))
     }
 }
 
@@ -98,27 +157,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nothing_before_a_delivery_nor_while_draining_then_caught_up() {
-        let mut h = DeliveryHorizon::new(2_000, 10_000);
+    fn nothing_before_a_probe_nor_while_draining_then_the_probe_minus_quiet() {
+        let mut h = DeliveryHorizon::new(2_000);
         assert_eq!(h.horizon(100_000), None, "a fresh stream proves nothing");
-        // Draining a backlog published around 40 s: no horizon until it is through.
-        h.delivered(40_000, 100_000, true);
-        h.delivered(40_500, 100_500, true);
-        assert_eq!(h.horizon(100_600), None);
-        // Live messages only: the oldest recent one, at most now − quiet.
-        h.delivered(101_900, 102_700, true);
-        assert_eq!(h.horizon(102_800), Some(100_800));
-        h.delivered(102_000, 103_000, true);
-        assert_eq!(h.horizon(103_100), Some(101_100));
-        // A fresh message with an event time outside the band: hold for 10 s.
-        h.delivered(103_500, 103_600, false);
-        assert_eq!(h.horizon(104_000), None);
-        assert_eq!(h.horizon(113_500), None);
-        assert_eq!(h.horizon(113_700), Some(111_700));
-        // Quiet for 2 s: caught up.
-        assert_eq!(h.horizon(120_000), Some(118_000));
-        // Reopened: proves nothing until it delivers again.
+        h.delivered(99_900, 100_000);
+        assert_eq!(h.horizon(100_100), None, "data alone proves nothing");
+        h.probe_delivered(100_050, 100_100);
+        assert_eq!(h.horizon(100_200), Some(98_050));
+        assert_eq!(h.clock_offset(), Some(50));
+        // Silence: the horizon holds at the last probe, however long it lasts.
+        assert_eq!(h.horizon(200_000), Some(98_050));
+        // A backlog published around 40 s comes back: no horizon until quiet after it.
+        h.delivered(40_000, 200_100);
+        assert_eq!(h.horizon(200_200), None);
+        h.probe_delivered(200_150, 200_200);
+        assert_eq!(h.horizon(201_000), None);
+        assert_eq!(h.horizon(202_300), Some(198_150));
+        // Reopened: proves nothing until a probe comes back.
         h.stream_opened();
-        assert_eq!(h.horizon(121_000), None);
+        assert_eq!(h.horizon(203_000), None);
+    }
+
+    #[test]
+    fn a_reader_clock_far_off_pubsub_is_never_ahead() {
+        for skew in [-30_000, 0, 30_000] {
+            let mut h = DeliveryHorizon::new(2_000);
+            // Live traffic, 40 ms latency, a probe every 500 ms; Pub/Sub's time is t.
+            let mut horizon = None;
+            for t in (1_000_000..1_010_000).step_by(100) {
+                if t % 500 == 0 {
+                    h.probe_delivered(t - 40, t + skew);
+                } else {
+                    h.delivered(t - 40, t + skew);
+                }
+                horizon = h.horizon(t + skew);
+                assert!(
+                    horizon.is_none_or(|x| x <= t - 2_000),
+                    "skew {skew}: {horizon:?} at {t}"
+                );
+            }
+            assert_eq!(horizon, Some(1_009_500 - 2_040), "skew {skew}");
+            assert_eq!(h.clock_offset(), Some(skew + 40));
+        }
     }
 }

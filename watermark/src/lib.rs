@@ -16,9 +16,13 @@
 //! # The guarantee
 //!
 //! Assume (a) every message's event time is at least its publish time minus the band `B`
-//! (a message outside the band is late by definition, and counted as such); (b) the tracking
+//! (a message outside the band is late by definition, and counted as such: the reader records
+//! its event time as publish time − `B`, so it bounds nothing further back); (b) the tracking
 //! reader has seen every message published before its horizon `H`
-//! ([`TrackingHistogram::advance_horizon`]); (c) every message published before
+//! ([`TrackingHistogram::advance_horizon`]; [`DeliveryHorizon`] derives `H` from probes the
+//! reader publishes and sees come back, on Pub/Sub's clock, under its stated assumption that
+//! a live stream delivers within 2 s; the reader's own clock plays no part); (c) every
+//! message published before
 //! `unprocessed_from` ([`BaseProgress`]) has been processed. Then the watermark
 //!
 //! ```text
@@ -37,8 +41,10 @@
 //! messages published after the horizon, both of which the previous bound already covered
 //! (the horizon and `unprocessed_from` never move back). When nothing is unprocessed and the
 //! tracking reader is caught up with the clock, `W = H − B ≈ now − B`: an idle flow's watermark
-//! trails the clock by the band. While the tracking reader lags, `H` stalls and the watermark
-//! holds. The property tests (`tests/properties.rs`) check all of this on random streams.
+//! trails the clock by the band (plus the 2 s allowance and the probe interval). While the
+//! tracking reader lags, or its probes stop coming back, `H` stalls and the watermark holds.
+//! Assumption (c) holds in sluice's worker because a message is acked only once its settled
+//! report is stored; a bucket that stays unprocessed is waited for, not released. The property tests (`tests/properties.rs`) check all of this on random streams.
 
 mod baseline;
 mod estimator;

@@ -65,6 +65,7 @@ pub fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<Wat
                 .as_ref()
                 .is_some_and(|e| e.on_bad_timestamp == OnBadTimestamp::PublishTime),
             band_ms: i64::try_from(settings.band.as_millis()).unwrap_or(i64::MAX),
+            base_subscription: source.subscription.clone(),
             worker: String::new(),
         },
         watermark,

@@ -282,6 +282,9 @@ impl Admin {
             .set_topic(found.topic)
             .set_filter(found.filter)
             .set_ack_deadline_seconds(found.ack_deadline_seconds.max(10))
+            // Replayable as far back as `base`, so a seek of both replays both alike.
+            .set_retain_acked_messages(found.retain_acked_messages)
+            .set_or_clear_message_retention_duration(found.message_retention_duration)
             .send()
             .await;
         match created {
@@ -355,6 +358,45 @@ impl Admin {
             Err(e) if is_not_found(&e) || is_refusal(&e) => Ok(SeekToStart::Seeked),
             Err(e) => Err(rpc(e)),
         }
+    }
+
+    /// The topic `tracking` reads, after checking that it sees what `base` sees: the same
+    /// topic and the same filter. A tracking subscription on another topic, or with another
+    /// filter, would count messages the flow never reads (the watermark would hold for ever) or
+    /// miss messages it reads (it would run ahead of them): refused ([`SourceError::Name`]).
+    pub async fn tracking_topic(&self, base: &str, tracking: &str) -> Result<String, SourceError> {
+        let (base_path, tracking_path) = (
+            self.config.subscription_path(base)?,
+            self.config.subscription_path(tracking)?,
+        );
+        if base_path == tracking_path {
+            return Err(SourceError::Name(format!(
+                "the tracking subscription {tracking_path} is the flow's own subscription"
+            )));
+        }
+        let get = |path: String| {
+            self.subscriptions
+                .get_subscription()
+                .set_subscription(path)
+                .send()
+        };
+        let base_found = get(base_path.clone()).await.map_err(rpc)?;
+        let tracking_found = get(tracking_path.clone()).await.map_err(rpc)?;
+        if base_found.topic != tracking_found.topic {
+            return Err(SourceError::Name(format!(
+                "the tracking subscription {tracking_path} reads topic {}, but the flow's \
+                 subscription {base_path} reads {}: it must be on the same topic",
+                tracking_found.topic, base_found.topic
+            )));
+        }
+        if base_found.filter != tracking_found.filter {
+            return Err(SourceError::Name(format!(
+                "the tracking subscription {tracking_path} has filter {:?}, but the flow's \
+                 subscription {base_path} has {:?}: it must have the same filter",
+                tracking_found.filter, base_found.filter
+            )));
+        }
+        Ok(base_found.topic)
     }
 
     /// Whether a subscription exists. `Err` when Pub/Sub cannot be asked (unreachable).

@@ -15,6 +15,11 @@ pub use source::PubSubSource;
 
 use google_cloud_auth::credentials::Credentials;
 
+/// The attribute of the probes a watermark's tracking reader publishes to its topic (see
+/// `sluice_watermark`'s horizon): every [`PubSubSource`] acks and drops messages that carry it,
+/// except the tracking reader's own.
+pub const PROBE_ATTRIBUTE: &str = "sluice-probe";
+
 /// Why a Pub/Sub client could not be set up or used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -7,13 +7,16 @@
 //! extending their leases and still sends their acks), and [`SourceHandle::close`] awaits the
 //! tokens after every handler has been settled.
 //!
+//! Watermark probes (messages with [`PROBE_ATTRIBUTE`]) are acked and dropped as they arrive,
+//! unless the source delivers them ([`PubSubSource::delivering_probes`], the tracking reader).
+//!
 //! Each stream's own flow control (what the client asks the service to push ahead) is set to
 //! its share of the flow's budget, so the service never buffers more than the budget in the
 //! client. A stream that lived through a pause of the process gives back what it reads after it
 //! and is reopened (`pause.rs`).
 
 use super::pause::{Epoch, PauseWatch};
-use super::{Admin, PubSubConfig, SourceError};
+use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig, SourceError};
 use crate::backoff::Backoff;
 use crate::budget::Budget;
 use crate::delivery::{AckHandle, SourceMessage};
@@ -55,6 +58,7 @@ pub struct PubSubSource {
     streams: usize,
     max_lease: Duration,
     pause_threshold: Duration,
+    deliver_probes: bool,
 }
 
 impl PubSubSource {
@@ -70,7 +74,15 @@ impl PubSubSource {
             streams: streams.clamp(1, 64),
             max_lease: MAX_LEASE,
             pause_threshold: PAUSE_THRESHOLD,
+            deliver_probes: false,
         })
+    }
+
+    /// Delivers watermark probes ([`PROBE_ATTRIBUTE`]) too, where other sources ack and drop
+    /// them: for the tracking reader.
+    pub fn delivering_probes(mut self) -> Self {
+        self.deliver_probes = true;
+        self
     }
 
     /// The client extends a held message's lease for at most this long (default 30 days).
@@ -177,6 +189,7 @@ impl MessageSource for PubSubSource {
                 flow_control,
                 max_lease: self.max_lease,
                 pauses: pauses.clone(),
+                deliver_probes: self.deliver_probes,
             };
             tasks.spawn(stream.run());
         }
@@ -226,6 +239,7 @@ struct StreamTask {
     flow_control: FlowControl,
     max_lease: Duration,
     pauses: PauseWatch,
+    deliver_probes: bool,
 }
 
 impl StreamTask {
@@ -265,6 +279,13 @@ impl StreamTask {
                              reopening it");
                         drop(stream);
                         continue 'reopen;
+                    }
+                    Some(Ok((message, handler)))
+                        if !self.deliver_probes
+                            && message.attributes.contains_key(PROBE_ATTRIBUTE) =>
+                    {
+                        handler.ack(); // a watermark probe: not data
+                        continue;
                     }
                     Some(Ok((message, handler))) => {
                         backoff = Backoff::default();

@@ -152,6 +152,14 @@ CREATE TABLE sluice_drains (
 );
 ",
     ),
+    (
+        8,
+        "
+-- The window size each mark was moved with (windows.rs): an emission of another size starts
+-- again at the flow's oldest row. NULL: a mark from before, taken by the size it fits.
+ALTER TABLE sluice_window_marks ADD COLUMN size_ms BIGINT;
+",
+    ),
 ];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms

@@ -3,12 +3,14 @@
 //!
 //! An emission is one transaction that first locks the flow's row in `sluice_flows`: replicas
 //! emitting the same flow queue there, each starting from the mark the one before moved, and a
-//! reset (which changes that row) never interleaves with an emission. Event times are taken in
-//! ms since the epoch as `read_rows` gives them, so a row lands in the window its event time
-//! says; `emitted_at` is the database server's clock.
+//! reset (which changes that row) never interleaves with an emission. What it writes is what
+//! SQLite's writes ([`crate::sqlite_windows`]): the count rows of its size cleared when it has
+//! no mark of that size, then the counts, then the mark. Event times are taken in ms since the
+//! epoch as `read_rows` gives them, so a row lands in the window its event time says;
+//! `emitted_at` is the database server's clock.
 
 use crate::schema::check_table;
-use crate::sqlite_windows::{Plan, check_emission, plan};
+use crate::sqlite_windows::{COUNTS_KEY, Plan, check_emission, mark_of_size, plan};
 use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowsEmitted};
 use deadpool_postgres::Client;
 
@@ -17,7 +19,8 @@ use deadpool_postgres::Client;
 const LATEST_TIMESTAMPTZ_MS: i64 = 9_224_318_000_000_000;
 
 /// Creates the counts table `windows_table` if missing, under the DDL lock (replicas preparing
-/// at once would otherwise race on the catalog).
+/// at once would otherwise race on the catalog); a counts table of an older version, keyed by
+/// `(window_start, group_key)`, is keyed by [`COUNTS_KEY`] instead, its rows kept.
 pub(super) async fn prepare_window_table(
     client: &mut Client,
     windows_table: &str,
@@ -37,10 +40,29 @@ pub(super) async fn prepare_window_table(
             group_key    TEXT COLLATE \"C\" NOT NULL,
             count        BIGINT NOT NULL,
             emitted_at   BIGINT NOT NULL,
-            PRIMARY KEY (window_start, group_key)
+            PRIMARY KEY ({COUNTS_KEY})
         )"
     ))
     .await?;
+    let key = tx
+        .query_one(
+            "SELECT conname::text, cardinality(conkey) FROM pg_constraint
+             WHERE conrelid = to_regclass(quote_ident($1)) AND contype = 'p'",
+            &[&windows_table],
+        )
+        .await?;
+    let (key_name, key_columns): (String, i32) = (key.try_get(0)?, key.try_get(1)?);
+    if key_columns == 2 {
+        tx.batch_execute(&format!(
+            "ALTER TABLE \"{windows_table}\" DROP CONSTRAINT \"{}\", ADD PRIMARY KEY ({COUNTS_KEY})",
+            key_name.replace('"', "\"\"")
+        ))
+        .await?;
+        tracing::info!(
+            table = windows_table,
+            "counts table keyed by window start and end"
+        );
+    }
     // Emissions read the flow's rows by event time: an index keeps that a range scan instead
     // of a scan of the whole base table every second. (The base table exists whenever a flow
     // runs: the layout is prepared first.)
@@ -121,14 +143,41 @@ pub(super) async fn emit_windows(
             flow.pipeline, flow.id
         )));
     }
-    let mark: Option<i64> = tx
+    let stored: Option<(i64, Option<i64>)> = tx
         .query_opt(
-            "SELECT emitted_before FROM sluice_window_marks WHERE flow_id = $1",
+            "SELECT emitted_before, size_ms FROM sluice_window_marks WHERE flow_id = $1",
             &[&flow.id],
         )
         .await?
-        .map(|row| row.try_get(0))
+        .map(|row| Ok::<_, StoreError>((row.try_get(0)?, row.try_get(1)?)))
         .transpose()?;
+    let newest_row_size: Option<i64> = match stored {
+        Some((_, None)) => tx
+            .query_opt(
+                &format!(
+                    "SELECT window_end - window_start FROM \"{windows}\"
+                     ORDER BY window_start DESC LIMIT 1"
+                ),
+                &[],
+            )
+            .await?
+            .map(|row| row.try_get(0))
+            .transpose()?,
+        _ => None,
+    };
+    let mark = mark_of_size(stored, emission.size_ms, newest_row_size);
+    // No mark of this size: its count rows there were emitted before a reset or a size change,
+    // from rows that may have gone or changed since. They are counted again.
+    let cleared = match mark {
+        Some(_) => 0,
+        None => {
+            tx.execute(
+                &format!("DELETE FROM \"{windows}\" WHERE window_end - window_start = $1"),
+                &[&emission.size_ms],
+            )
+            .await?
+        }
+    };
     // Which rows count: `$1` is the flow's name, or NULL for every row (a window over
     // another target's table).
     let of_flow: Option<&str> = match emission.rows {
@@ -150,12 +199,19 @@ pub(super) async fn emit_windows(
     };
     let (start, end) = match plan(emission, mark, oldest)? {
         Plan::Emit { start, end } => (start, end),
-        // Nothing written: dropping the transaction rolls it back.
-        Plan::Nothing(emitted) => return Ok(emitted),
+        Plan::Nothing(emitted) => {
+            // Nothing else written: without a deletion, dropping the transaction rolls it back.
+            if cleared > 0 {
+                tx.commit().await?;
+            }
+            return Ok(emitted);
+        }
     };
     // The window start is the event time floored to a multiple of the size, without an
     // intermediate sum that could overflow. The range is given on `event_time` itself, as
-    // commits write it (`to_timestamp(ms / 1000.0)`), so the index serves it.
+    // commits write it (`to_timestamp(ms / 1000.0)`), so the index serves it. No row of these
+    // windows is in the table (the mark, or the deletion above, says so): a plain insert, which
+    // fails loudly rather than drop a count.
     let rows = tx
         .execute(
             &format!(
@@ -172,8 +228,7 @@ pub(super) async fn emit_windows(
                                AND event_time >= to_timestamp($4::int8 / 1000.0::float8)
                                AND event_time < to_timestamp($5::int8 / 1000.0::float8)) AS t
                        WHERE t.ms >= $4 AND t.ms < $5) AS e
-                 GROUP BY e.window_start, e.group_key
-                 ON CONFLICT (window_start, group_key) DO NOTHING"
+                 GROUP BY e.window_start, e.group_key"
             ),
             &[
                 &of_flow,
@@ -187,11 +242,12 @@ pub(super) async fn emit_windows(
             ],
         )
         .await?;
+    // Under the flow's row lock `end` is past the mark read above, or that was of another size.
     tx.execute(
-        "INSERT INTO sluice_window_marks AS m (flow_id, emitted_before) VALUES ($1, $2)
+        "INSERT INTO sluice_window_marks (flow_id, emitted_before, size_ms) VALUES ($1, $2, $3)
          ON CONFLICT (flow_id) DO UPDATE SET
-             emitted_before = GREATEST(m.emitted_before, excluded.emitted_before)",
-        &[&flow.id, &end],
+             emitted_before = excluded.emitted_before, size_ms = excluded.size_ms",
+        &[&flow.id, &end, &emission.size_ms],
     )
     .await?;
     tx.commit().await?;
