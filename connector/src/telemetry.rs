@@ -248,7 +248,10 @@ impl Counters {
     }
 
     /// Gives the flow a watermark: its settled messages are counted toward it, its commits
-    /// count late rows against it, and its gauges show it. Only the first call counts.
+    /// count late rows against it, and its gauges show it. Only the first call counts. Messages
+    /// settled outside a commit (duplicates found in memory) are then acked only once a
+    /// [`crate::WatermarkTracker`] of the flow has stored their reports: attach a watermark only
+    /// with a tracker running.
     pub fn attach_watermark(&self, watermark: FlowWatermark) {
         let _ = self.inner.watermark.set(watermark);
     }

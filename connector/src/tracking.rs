@@ -53,10 +53,11 @@
 //!   (`sluice_messages_late_total`) while the watermark moves on.
 //! * **Lease handover.** The reader's watermark writes are fenced by its lease
 //!   (`Store::advance_watermark` checks it in the same statement), so a reader paused past its
-//!   lease's expiry writes nothing when it wakes. A new reader's view is complete only once the
-//!   old reader's unacked deliveries have come back to it: at once when the old reader stops
-//!   reading on losing the lease, after their ack deadline (10 s, shorter than the 15 s lease)
-//!   when it died; a process stalled whole holds them until it resumes or dies.
+//!   lease's expiry writes nothing when it wakes. A reader that starts (a new holder, or this
+//!   worker after a restart) seeks the tracking subscription back to the stored horizon, so
+//!   what an earlier reader was handed and did not store is delivered again at once, as a
+//!   backlog (the horizon holds while it comes); what comes back from before that horizon is
+//!   tracked already and acked without a report.
 //! * **A subscription older than its tracking subscription**: `auto` starts the tracking
 //!   subscription at a snapshot of the base subscription
 //!   ([`Admin::ensure_tracking_subscription`](crate::pubsub::Admin::ensure_tracking_subscription)),
@@ -142,11 +143,21 @@ struct Reading {
     estimator: SluiceEstimator,
     /// Publishes a probe to the topic each tick (the horizon's evidence of a live stream).
     probes: google_cloud_pubsub::client::Publisher,
+    /// This reading's probes carry `<prefix><sequence number>`.
+    probe_prefix: String,
+    next_probe: u64,
+    /// Publish outcomes of the probes: (sequence number, published).
+    probe_outcomes: mpsc::UnboundedReceiver<(u64, bool)>,
+    probe_outcomes_tx: mpsc::UnboundedSender<(u64, bool)>,
     /// Buckets first seen unprocessed behind processed ones, and when (for the alert).
     stalled_since: HashMap<i64, i64>,
     /// Whether the last alert state was logged (stall, clock offset), to log once per episode.
     stall_logged: bool,
     offset_logged: bool,
+    /// The stored horizon: every message published before it is tracked already, so a
+    /// redelivery of one (a lost ack, the seek at start) is acked without a report (its
+    /// bucket may be pruned, and a report would make it look unprocessed for ever).
+    stored_horizon: Option<i64>,
     /// The horizon as of the last drain of the intake (computed at the same instant, so no
     /// message that arrived after the drain can lie before it uncounted).
     live_horizon: Option<i64>,
@@ -250,7 +261,8 @@ impl WatermarkTracker {
             return self.follow().await;
         }
         if reading.is_none() {
-            match self.start_reading(stop).await {
+            let stored_horizon = self.stored_record().await?.map(|r| r.horizon_ms);
+            match self.start_reading(stop, stored_horizon).await {
                 Ok(started) => *reading = Some(started),
                 Err(error) => {
                     // Another worker may reach it: hand the lease over for a while.
@@ -293,10 +305,20 @@ impl WatermarkTracker {
         Ok(())
     }
 
+    /// The flow's stored watermark record, if any.
+    async fn stored_record(&self) -> Result<Option<WatermarkRecord>, StoreError> {
+        Ok(self
+            .store
+            .watermarks(&self.flow.pipeline)
+            .await?
+            .into_iter()
+            .find(|(name, _)| *name == *self.flow.name)
+            .map(|(_, record)| record))
+    }
+
     /// Not the reader: takes the stored watermark.
     async fn follow(&self) -> Result<(), StoreError> {
-        let stored = self.store.watermarks(&self.flow.pipeline).await?;
-        if let Some((_, record)) = stored.iter().find(|(name, _)| *name == *self.flow.name) {
+        if let Some(record) = self.stored_record().await? {
             self.watermark.advance(record.watermark_ms);
         }
         Ok(())
@@ -307,6 +329,7 @@ impl WatermarkTracker {
     async fn start_reading(
         &self,
         stop: &CancellationToken,
+        stored_horizon: Option<i64>,
     ) -> Result<Reading, crate::pubsub::SourceError> {
         let no_answer =
             || crate::pubsub::SourceError::Rpc(format!("no answer within {READ_RETRY:?}"));
@@ -317,9 +340,15 @@ impl WatermarkTracker {
                 let start = admin.ensure_tracking_subscription(base, tracking).await?;
                 crate::pubsub::log_tracking_start(&self.flow.name, tracking, &start);
             }
-            admin
+            let topic = admin
                 .tracking_topic(&self.settings.base_subscription, tracking)
-                .await
+                .await?;
+            // What an earlier reader (this worker before a restart, or one that died holding
+            // the lease) was handed and did not store comes back now, not after its lease.
+            if let Some(horizon) = stored_horizon {
+                admin.seek_to_time(tracking, horizon).await?;
+            }
+            Ok::<_, crate::pubsub::SourceError>(topic)
         })
         .await
         .map_err(|_| no_answer())??;
@@ -338,7 +367,13 @@ impl WatermarkTracker {
         )
         .await
         .map_err(|_| no_answer())??;
+        let (probe_outcomes_tx, probe_outcomes) = mpsc::unbounded_channel();
         Ok(Reading {
+            probe_prefix: format!("{}/{}/", self.settings.worker, now_ms()),
+            next_probe: 0,
+            probe_outcomes,
+            probe_outcomes_tx,
+            stored_horizon,
             source: handle,
             stop,
             intake,
@@ -373,13 +408,31 @@ impl WatermarkTracker {
     /// probe.
     fn take_deliveries(&self, reading: &mut Reading) {
         let now = now_ms();
+        while let Ok((seq, published)) = reading.probe_outcomes.try_recv() {
+            if !published {
+                reading.horizon.probe_lost(seq);
+            }
+        }
         while let Ok(received) = reading.intake.try_recv() {
             let message = &received.message;
-            if message.attributes.contains_key(PROBE_ATTRIBUTE) {
-                reading
-                    .horizon
-                    .probe_delivered(message.publish_time_ms, now);
+            if let Some(probe) = message.attributes.get(PROBE_ATTRIBUTE) {
+                let own = probe
+                    .strip_prefix(reading.probe_prefix.as_str())
+                    .and_then(|seq| seq.parse::<u64>().ok());
+                match own {
+                    Some(seq) => reading
+                        .horizon
+                        .probe_delivered(seq, message.publish_time_ms, now),
+                    None => reading.horizon.delivered(message.publish_time_ms, now),
+                }
                 received.handle.ack();
+                continue;
+            }
+            if reading
+                .stored_horizon
+                .is_some_and(|h| message.publish_time_ms < h)
+            {
+                received.handle.ack(); // tracked already
                 continue;
             }
             let bucket = bucket_of(message.publish_time_ms);
@@ -398,10 +451,17 @@ impl WatermarkTracker {
         }
         reading.live_horizon = reading.horizon.horizon(now);
         self.publish_offset(reading);
-        // Not awaited: a probe that is not published never comes back, and the horizon holds.
+        // The horizon waits for the probe until it comes back or its publish fails.
+        let seq = reading.next_probe;
+        reading.next_probe += 1;
+        reading.horizon.probe_sent(seq);
         let probe = google_cloud_pubsub::model::Message::new()
-            .set_attributes([(PROBE_ATTRIBUTE, self.settings.worker.as_str())]);
-        drop(reading.probes.publish(probe));
+            .set_attributes([(PROBE_ATTRIBUTE, format!("{}{seq}", reading.probe_prefix))]);
+        let published = reading.probes.publish(probe);
+        let outcomes = reading.probe_outcomes_tx.clone();
+        tokio::spawn(async move {
+            let _ = outcomes.send((seq, published.await.is_ok()));
+        });
     }
 
     /// Shows the reader's clock offset from Pub/Sub's (`sluice_tracking_clock_offset_seconds`)
@@ -468,14 +528,9 @@ impl WatermarkTracker {
         let Some(live) = reading.live_horizon else {
             return Ok(());
         };
-        let stored = self
-            .store
-            .watermarks(&self.flow.pipeline)
-            .await?
-            .into_iter()
-            .find(|(name, _)| *name == *self.flow.name)
-            .map(|(_, record)| record);
+        let stored = self.stored_record().await?;
         let horizon = stored.map_or(live, |r| r.horizon_ms.max(live));
+        reading.stored_horizon = Some(horizon);
         let buckets = self.store.bucket_counts(&self.flow, i64::MIN).await?;
         let mut tracking = TrackingHistogram::new(sluice_store::PROGRESS_BUCKET_MS);
         tracking.advance_horizon(horizon);

@@ -9,8 +9,8 @@ use rusqlite::{Connection, TransactionBehavior, params};
 const PRESENCE_CHUNK: usize = 500;
 
 /// Deletes the flow's counters, completion, commit marks, watermark buckets, watermark record
-/// and window emission mark (its next emission starts again at its oldest row; the count rows
-/// already written stay, and are not written twice), the rows and dead letters `rows` says,
+/// and window emission mark (its next emission deletes the count rows of its size and counts
+/// every window again from the rows left, see `windows.rs`), the rows and dead letters `rows` says,
 /// and the ledger keys of exactly those: a key whose row or dead letter is kept stays in the
 /// ledger, so its redelivery (an unacked message, a publisher's copy) stays a duplicate. In one
 /// transaction.

@@ -171,3 +171,67 @@ async fn replicas_starting_at_once_leave_one_started_subscription() {
     let tracked = received(&pubsub, &tracking, after.len()).await;
     assert_eq!(tracked.len(), after.len());
 }
+
+/// A tracking subscription must see what the flow's subscription sees (issue 19, hole 7):
+/// `Admin::tracking_topic` refuses one on another topic, one with another filter, and the
+/// flow's own subscription, and gives the topic of a good one. An `auto` one copies the base
+/// subscription's retention of acked messages, so `reset --seek` can replay both.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tracking_subscription_must_mirror_the_flows() {
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("mirror", 2).await;
+    let (_, other_topic_subs) = pubsub.topic_with("mirror-other", 1).await;
+    let path = format!("projects/{PROJECT}/topics/{topic}");
+    assert_eq!(
+        pubsub
+            .admin
+            .tracking_topic(&subs[0], &subs[1])
+            .await
+            .unwrap(),
+        path
+    );
+    let refused = |r: Result<String, sluice_connector::pubsub::SourceError>| match r {
+        Ok(topic) => panic!("accepted, topic {topic}"),
+        Err(e) => e.to_string(),
+    };
+    let other = refused(
+        pubsub
+            .admin
+            .tracking_topic(&subs[0], &other_topic_subs[0])
+            .await,
+    );
+    assert!(other.contains("same topic"), "{other}");
+    let own = refused(pubsub.admin.tracking_topic(&subs[0], &subs[0]).await);
+    assert!(own.contains("own subscription"), "{own}");
+    // The emulator stores a filter (it does not apply it), so the check can see it.
+    let filtered = format!("{topic}-filtered");
+    raw_admin(&pubsub)
+        .await
+        .create_subscription()
+        .set_name(format!("projects/{PROJECT}/subscriptions/{filtered}"))
+        .set_topic(&path)
+        .set_filter("attributes.region = \"eu\"")
+        .send()
+        .await
+        .unwrap();
+    let filter = refused(pubsub.admin.tracking_topic(&subs[0], &filtered).await);
+    assert!(filter.contains("same filter"), "{filter}");
+
+    let replayable = format!("{topic}-replayable");
+    pubsub
+        .admin
+        .create_replayable_subscription(&replayable, &topic, 10)
+        .await
+        .unwrap();
+    let tracking = format!("{replayable}-tracking");
+    start(&pubsub, &replayable, &tracking).await;
+    assert!(
+        pubsub
+            .admin
+            .replay_window(&tracking)
+            .await
+            .unwrap()
+            .is_some(),
+        "the tracking subscription does not retain acked messages like its base"
+    );
+}

@@ -17,7 +17,10 @@
 //!   on Pub/Sub's clock: receipt minus the smallest receipt − publish offset of the last 20
 //!   probes (deliveries before the first probe are judged when it comes);
 //! * otherwise the horizon is the publish time of the newest probe delivered, minus
-//!   `quiet_ms`, and no later than the oldest publish time delivered in the last `quiet_ms`.
+//!   `quiet_ms`, and no later than the oldest publish time delivered in the last `quiet_ms`;
+//!   a probe counts only once every probe the reader sent before it came back too (or its
+//!   publish failed), so fresh probes delivered ahead of a backlog the stream hands back after
+//!   a silence do not carry the horizon past it.
 //!
 //! Every time the horizon is compared with is a publish time, stamped by Pub/Sub: the reader's
 //! own clock only measures how long ago (by its own ticks) a delivery came. A reader whose clock
@@ -29,7 +32,7 @@
 //! The caller keeps the horizon monotonic ([`crate::TrackingHistogram::advance_horizon`]).
 
 use crate::Millis;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Default allowance for a live stream's delivery delay.
 pub const DEFAULT_QUIET_MS: Millis = 2_000;
@@ -41,6 +44,13 @@ pub struct DeliveryHorizon {
     /// The newest probe delivered since the stream opened: (receipt on the reader's clock,
     /// publish time).
     newest_probe: Option<(Millis, Millis)>,
+    /// The latest publish time among probes delivered with every probe sent before them
+    /// delivered (or lost) too: the horizon's reference.
+    contiguous_publish: Option<Millis>,
+    /// Probes sent and neither delivered nor known lost, by sequence number.
+    outstanding: BTreeSet<u64>,
+    /// Probes delivered while an earlier one is outstanding: sequence number → publish time.
+    delivered_ahead: BTreeMap<u64, Millis>,
     /// (receipt, publish time) of the deliveries of the last `quiet_ms`, probes included.
     recent: VecDeque<(Millis, Millis)>,
     /// When the last delivery that showed a backlog came (reader's clock).
@@ -59,6 +69,9 @@ impl DeliveryHorizon {
         Self {
             quiet_ms: quiet_ms.max(1),
             newest_probe: None,
+            contiguous_publish: None,
+            outstanding: BTreeSet::new(),
+            delivered_ahead: BTreeMap::new(),
             recent: VecDeque::new(),
             last_backlog: None,
             probes: VecDeque::new(),
@@ -73,6 +86,8 @@ impl DeliveryHorizon {
     /// The stream was (re)opened: a probe must come back through it before it proves anything.
     pub fn stream_opened(&mut self) {
         self.newest_probe = None;
+        self.contiguous_publish = None;
+        self.delivered_ahead.clear();
         self.recent.clear();
         self.probes.clear();
     }
@@ -82,8 +97,38 @@ impl DeliveryHorizon {
         self.note(publish_ms, now_ms);
     }
 
-    /// The stream delivered a probe published at `publish_ms`, at `now_ms` (reader's clock).
-    pub fn probe_delivered(&mut self, publish_ms: Millis, now_ms: Millis) {
+    /// The reader published probe `seq` (or is about to): the horizon will not pass it before
+    /// it comes back, or is known lost.
+    pub fn probe_sent(&mut self, seq: u64) {
+        self.outstanding.insert(seq);
+    }
+
+    /// Probe `seq` was not published (its publish failed): nothing waits for it.
+    pub fn probe_lost(&mut self, seq: u64) {
+        self.outstanding.remove(&seq);
+        self.advance_contiguous();
+    }
+
+    fn advance_contiguous(&mut self) {
+        let floor = self.outstanding.first().copied().unwrap_or(u64::MAX);
+        let ahead = self.delivered_ahead.split_off(&floor);
+        let behind = std::mem::replace(&mut self.delivered_ahead, ahead);
+        if let Some(latest) = behind.values().copied().max() {
+            self.contiguous_publish =
+                Some(self.contiguous_publish.map_or(latest, |c| c.max(latest)));
+        }
+    }
+
+    /// The stream delivered this reader's probe `seq`, published at `publish_ms`, at `now_ms`
+    /// (reader's clock). A probe this reader did not send (another reader's, or one of its own
+    /// delivered again) counts as an ordinary delivery.
+    pub fn probe_delivered(&mut self, seq: u64, publish_ms: Millis, now_ms: Millis) {
+        if !self.outstanding.remove(&seq) {
+            self.note(publish_ms, now_ms);
+            return;
+        }
+        self.delivered_ahead.insert(seq, publish_ms);
+        self.advance_contiguous();
         let first = self.newest_probe.is_none();
         if self.newest_probe.is_none_or(|(_, p)| publish_ms > p) {
             self.newest_probe = Some((now_ms, publish_ms));
@@ -140,7 +185,8 @@ impl DeliveryHorizon {
     /// has proven nothing or is draining a backlog.
     pub fn horizon(&mut self, now_ms: Millis) -> Option<Millis> {
         self.forget_before(now_ms);
-        let (_, probe_publish) = self.newest_probe?;
+        self.newest_probe?;
+        let probe_publish = self.contiguous_publish?;
         let since = now_ms.saturating_sub(self.quiet_ms);
         if self.last_backlog.is_some_and(|at| at >= since) {
             return None;
@@ -162,7 +208,8 @@ mod tests {
         assert_eq!(h.horizon(100_000), None, "a fresh stream proves nothing");
         h.delivered(99_900, 100_000);
         assert_eq!(h.horizon(100_100), None, "data alone proves nothing");
-        h.probe_delivered(100_050, 100_100);
+        h.probe_sent(1);
+        h.probe_delivered(1, 100_050, 100_100);
         assert_eq!(h.horizon(100_200), Some(98_050));
         assert_eq!(h.clock_offset(), Some(50));
         // Silence: the horizon holds at the last probe, however long it lasts.
@@ -170,12 +217,37 @@ mod tests {
         // A backlog published around 40 s comes back: no horizon until quiet after it.
         h.delivered(40_000, 200_100);
         assert_eq!(h.horizon(200_200), None);
-        h.probe_delivered(200_150, 200_200);
+        h.probe_sent(2);
+        h.probe_delivered(2, 200_150, 200_200);
         assert_eq!(h.horizon(201_000), None);
         assert_eq!(h.horizon(202_300), Some(198_150));
         // Reopened: proves nothing until a probe comes back.
         h.stream_opened();
         assert_eq!(h.horizon(203_000), None);
+    }
+
+    #[test]
+    fn a_probe_counts_once_every_probe_sent_before_it_came_back() {
+        let mut h = DeliveryHorizon::new(2_000);
+        h.probe_sent(1);
+        h.probe_delivered(1, 10_000, 10_010);
+        assert_eq!(h.horizon(10_020), Some(8_000));
+        // Probes 2 and 3 are sent in a silence; 4 and 5 after it come back first.
+        for seq in 2..=5 {
+            h.probe_sent(seq);
+        }
+        h.probe_delivered(4, 40_000, 40_010);
+        h.probe_delivered(5, 40_500, 40_510);
+        assert_eq!(h.horizon(40_600), Some(8_000), "held at probe 1");
+        // 2 is lost (its publish failed), 3 comes back: 5 counts.
+        h.probe_lost(2);
+        assert_eq!(h.horizon(40_700), Some(8_000), "3 still out");
+        h.probe_delivered(3, 30_000, 43_000);
+        assert_eq!(h.horizon(43_100), None, "3 came back late: a backlog");
+        assert_eq!(h.horizon(45_100), Some(38_500));
+        // A probe it did not send proves nothing.
+        h.probe_delivered(99, 50_000, 50_010);
+        assert_eq!(h.horizon(50_020), Some(38_500));
     }
 
     #[test]
@@ -186,7 +258,9 @@ mod tests {
             let mut horizon = None;
             for t in (1_000_000..1_010_000).step_by(100) {
                 if t % 500 == 0 {
-                    h.probe_delivered(t - 40, t + skew);
+                    let seq = (t / 500) as u64;
+                    h.probe_sent(seq);
+                    h.probe_delivered(seq, t - 40, t + skew);
                 } else {
                     h.delivered(t - 40, t + skew);
                 }

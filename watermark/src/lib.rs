@@ -44,7 +44,9 @@
 //! trails the clock by the band (plus the 2 s allowance and the probe interval). While the
 //! tracking reader lags, or its probes stop coming back, `H` stalls and the watermark holds.
 //! Assumption (c) holds in sluice's worker because a message is acked only once its settled
-//! report is stored; a bucket that stays unprocessed is waited for, not released. The property tests (`tests/properties.rs`) check all of this on random streams.
+//! report is stored; a bucket that stays unprocessed is waited for, not released. The property
+//! tests check all of this on random streams: `tests/properties.rs` the estimator,
+//! `tests/horizon_properties.rs` the horizon under outages and clock skew.
 
 mod baseline;
 mod estimator;

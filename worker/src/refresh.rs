@@ -18,8 +18,9 @@
 //!   it could let it drop a record the store no longer holds. These commands refuse while any
 //!   worker of the pipeline has beaten within the last 15 s.
 //! * `--seek TIME` is refused unless the subscription retains acked messages for long enough
-//!   to replay everything since TIME; the seek happens after the store reset, so a replayed
-//!   message never meets a stale ledger or an old row.
+//!   to replay everything since TIME, and so does the flow's tracking subscription (if it
+//!   exists), which is seeked to TIME first so the replay is tracked; the seeks happen after
+//!   the store reset, so a replayed message never meets a stale ledger or an old row.
 //! * **Nothing dropped unasked.** A seek to TIME also marks every message published before
 //!   TIME as acknowledged, those no worker ever ingested too, and Pub/Sub does not tell how
 //!   old its backlog is (only Cloud Monitoring does), so sluice cannot know whether any would
@@ -133,6 +134,7 @@ async fn seekable(
         return Ok(Vec::new());
     };
     let mut subscriptions = Vec::new();
+    let mut trackings = Vec::new();
     for flow in pipeline.flows.iter().filter(|f| names.contains(&f.name)) {
         let Source::PubSub(settings) = &flow.source else {
             continue;
@@ -145,6 +147,9 @@ async fn seekable(
             )));
         }
         subscriptions.push(settings.subscription.clone());
+        if let Some((tracking, _)) = crate::watermarks::tracking_subscription(settings) {
+            trackings.push(tracking);
+        }
     }
     if subscriptions.is_empty() {
         return Ok(Vec::new());
@@ -186,7 +191,35 @@ async fn seekable(
             )));
         }
     }
-    Ok(subscriptions.into_iter().map(|s| (s, ms)).collect())
+    // A tracking subscription is seeked with its flow's (first), or the replay would not be
+    // tracked: the watermark would pass the replayed rows and close their windows without them.
+    let mut seeks = Vec::new();
+    for tracking in trackings {
+        if !admin
+            .subscription_exists(&tracking)
+            .await
+            .map_err(unreachable)?
+        {
+            continue; // created later, at the base subscription's backlog
+        }
+        let window = admin.replay_window(&tracking).await.map_err(unreachable)?;
+        let oldest = window.map(|w| {
+            sluice_connector::now_ms()
+                .saturating_sub(i64::try_from(w.as_millis()).unwrap_or(i64::MAX))
+        });
+        if oldest.is_none_or(|oldest| ms < oldest) {
+            return Err(RefreshError::Invalid(format!(
+                "--seek {ms}: tracking subscription {tracking} cannot replay from then (it does \
+                 not retain acked messages for long enough), so the replay would not be \
+                 tracked and the watermark would pass its rows; set retain_acked_messages and \
+                 a retention as long as its flow's subscription's on it (sluice creates `auto` \
+                 ones so), or delete it to have it made again"
+            )));
+        }
+        seeks.push((tracking, ms));
+    }
+    seeks.extend(subscriptions.into_iter().map(|s| (s, ms)));
+    Ok(seeks)
 }
 
 /// Seeks one subscription (after the store was reset).

@@ -17,7 +17,7 @@
 use sluice_connector::{
     Backoff, Counters, FlowWatermark, PubSubConfig, TrackerSettings, WatermarkTracker,
 };
-use sluice_pipeline::{Flow, OnBadTimestamp, Pipeline, Source, TrackingSubscription};
+use sluice_pipeline::{Flow, OnBadTimestamp, Pipeline, PubSubSource, Source, TrackingSubscription};
 use sluice_store::{FlowHandle, Store};
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -38,6 +38,16 @@ impl WatermarkPlan {
     }
 }
 
+/// The tracking subscription of a Pub/Sub source with a watermark (`auto`:
+/// `<subscription>-tracking`), and whether it is `auto`.
+pub fn tracking_subscription(source: &PubSubSource) -> Option<(String, bool)> {
+    let settings = source.watermark.as_ref()?;
+    Some(match &settings.tracking_subscription {
+        TrackingSubscription::Auto => (format!("{}-tracking", source.subscription), true),
+        TrackingSubscription::Named(name) => (name.clone(), false),
+    })
+}
+
 /// The plan of `flow`'s watermark, if its source asks for one; attaches the watermark to the
 /// flow's `counters` (processed counts, late rows, gauges).
 pub fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<WatermarkPlan> {
@@ -45,10 +55,7 @@ pub fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<Wat
         return None;
     };
     let settings = source.watermark.as_ref()?;
-    let (tracking_subscription, create_if_missing) = match &settings.tracking_subscription {
-        TrackingSubscription::Auto => (format!("{}-tracking", source.subscription), true),
-        TrackingSubscription::Named(name) => (name.clone(), false),
-    };
+    let (tracking_subscription, create_if_missing) = tracking_subscription(source)?;
     let watermark = FlowWatermark::new();
     counters.attach_watermark(watermark.clone());
     Some(WatermarkPlan {

@@ -6,10 +6,10 @@ use crate::{FlowHandle, ResetRows, RowCursor, StoreError, StoredRow};
 use deadpool_postgres::Client;
 
 /// Forgets the flow in one transaction: its counters, completion, commit marks, watermark
-/// buckets, watermark record and window emission mark (its next emission starts again at its
-/// oldest row; count rows already written stay, and are not written twice), the rows and dead
-/// letters `rows` says, and the ledger keys of exactly those: a key whose row or dead letter is
-/// kept stays in the ledger, so its redelivery stays a duplicate. When every row goes
+/// buckets, watermark record and window emission mark (its next emission deletes the count rows
+/// of its size and counts every window again from the rows left, see `windows.rs`), the rows
+/// and dead letters `rows` says, and the ledger keys of exactly those: a key whose row or dead
+/// letter is kept stays in the ledger, so its redelivery stays a duplicate. When every row goes
 /// (`ResetRows::All`) the flow gets a new id instead, so its ledger keys (in every generation)
 /// belong to no flow any more and leave with their partitions; otherwise the keys of the
 /// deleted rows are deleted from every generation.
