@@ -48,9 +48,11 @@
 //!   the worker needs permission to publish to the topic. Times are Pub/Sub's publish times, so
 //!   the reader's clock does not matter; its offset is shown as
 //!   `sluice_tracking_clock_offset_seconds` and logged past [`CLOCK_OFFSET_ALERT_MS`].
-//! * **Event times outside the band** are late by definition: a tracked event time is taken as
-//!   at least publish time − band, so a trickle of old events (offline devices) is counted late
-//!   (`sluice_messages_late_total`) while the watermark moves on.
+//! * **Event times outside the band** are late by definition. What the reader has seen of them
+//!   holds the watermark while their bucket is unprocessed (so a backlog with old event times
+//!   holds it as far as it is tracked), but nothing holds the horizon for them, so a trickle of
+//!   old events (offline devices) is counted late (`sluice_messages_late_total`) while the
+//!   watermark moves on.
 //! * **Lease handover.** The reader's watermark writes are fenced by its lease
 //!   (`Store::advance_watermark` checks it in the same statement), so a reader paused past its
 //!   lease's expiry writes nothing when it wakes. A reader that starts (a new holder, or this
@@ -436,11 +438,9 @@ impl WatermarkTracker {
                 continue;
             }
             let bucket = bucket_of(message.publish_time_ms);
-            // An event time outside the band is late by definition: it bounds the watermark no
-            // further back than the band allows, and its row counts as late.
-            let event = self
-                .event_time(message)
-                .map(|e| e.max(message.publish_time_ms - self.settings.band_ms));
+            // An event time outside the band holds the watermark only while its bucket is
+            // unprocessed; nothing holds the horizon for it (it is late by definition).
+            let event = self.event_time(message);
             reading.pending.push(BucketMessage {
                 bucket_ms: bucket,
                 message_id: message.message_id.clone(),
@@ -631,4 +631,36 @@ fn stalled_buckets(buckets: &[BucketCounts]) -> Vec<i64> {
         .collect();
     stalled.sort_unstable();
     stalled
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(bucket_ms: i64, tracked: u64, processed: u64) -> BucketCounts {
+        BucketCounts {
+            bucket_ms,
+            tracked,
+            processed,
+            min_event_ms: Some(bucket_ms),
+        }
+    }
+
+    /// An unprocessed bucket behind processed ones holds the watermark however long it waits
+    /// (a timed release would skip it); it is reported as stalled.
+    #[test]
+    fn an_unprocessed_bucket_is_waited_for_and_reported_stalled() {
+        let buckets = [
+            bucket(1_000, 2, 2),
+            bucket(2_000, 3, 1),
+            bucket(3_000, 4, 4),
+        ];
+        assert_eq!(first_unprocessed(&buckets), Some(2_000));
+        assert_eq!(stalled_buckets(&buckets), [2_000]);
+        // The newest bucket still filling is not stalled: nothing after it is processed.
+        let filling = [bucket(1_000, 2, 2), bucket(2_000, 3, 0)];
+        assert_eq!(first_unprocessed(&filling), Some(2_000));
+        assert!(stalled_buckets(&filling).is_empty());
+        assert_eq!(first_unprocessed(&[bucket(1_000, 2, 2)]), None);
+    }
 }

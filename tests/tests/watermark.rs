@@ -11,9 +11,11 @@
 //!    published to a second topic, whose tracking subscription (named, made by the test) exists
 //!    already; the worker restarts with a second flow, `backlog`, on that topic. Its watermark
 //!    holds below every uncommitted message until it is committed, no row is late, and then it
-//!    moves on. (The flow is new at the restart rather than restarted: the emulator trickles a
-//!    subscription's backlog to new streams for minutes after a stream of it closed, a stall
-//!    that Pub/Sub itself does not have, ../shared/notes/pubsub-client.md gotcha 1. A flow
+//!    moves on; `ingest`, idle since before the restart, gets its watermark moving again with
+//!    no new message (its reader's probes). (The backlog flow is new at the restart rather
+//!    than restarted: the emulator trickles a subscription's backlog to new streams for
+//!    minutes after a stream of it closed, a stall that Pub/Sub itself does not have,
+//!    ../shared/notes/pubsub-client.md gotcha 1. A flow
 //!    that had a watermark already past an hour ago would find such messages late by
 //!    definition: the watermark never goes back.)
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -219,6 +221,7 @@ flows:
     assert!(text.contains("WATERMARK AGE"), "{text}");
 
     // 2. Backlog: stop, publish an hour of event times, restart.
+    let ingest_before_restart = watermark(&db, "ingest");
     worker.terminate();
     let logs = worker.logs();
     assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");
@@ -270,6 +273,20 @@ flows:
         "the backlog's watermark never moved past it: {}; logs:\n{}",
         watermark(&db, "backlog"),
         worker.logs()
+    );
+    // The restart found `ingest` idle: its probes move its watermark on all the same, to
+    // within the band plus a few seconds of the clock (issue 19: without them it had no
+    // horizon until its next message).
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            let w = watermark(&db, "ingest");
+            w > ingest_before_restart && w >= now_ms() - 20_000
+        })
+        .await,
+        "idle after the restart, the watermark of ingest stayed at {} (before: \
+         {ingest_before_restart}, now {})",
+        watermark(&db, "ingest"),
+        now_ms()
     );
     let late: Vec<_> = ["ingest", "backlog"]
         .into_iter()

@@ -16,8 +16,9 @@
 //! # The guarantee
 //!
 //! Assume (a) every message's event time is at least its publish time minus the band `B`
-//! (a message outside the band is late by definition, and counted as such: the reader records
-//! its event time as publish time − `B`, so it bounds nothing further back); (b) the tracking
+//! (a message outside the band is late by definition, and counted as such: nothing holds the
+//! horizon for it, though its bucket's minimum holds the watermark while it is unprocessed);
+//! (b) the tracking
 //! reader has seen every message published before its horizon `H`
 //! ([`TrackingHistogram::advance_horizon`]; [`DeliveryHorizon`] derives `H` from probes the
 //! reader publishes and sees come back, on Pub/Sub's clock, under its stated assumption that
