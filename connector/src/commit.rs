@@ -51,7 +51,8 @@ pub struct CommitReport {
     pub dead_letters: u64,
     /// Entries the ledger found duplicate.
     pub duplicates: u64,
-    /// Messages acked, redeliveries parked behind the batch's messages included.
+    /// Messages acked, redeliveries parked behind the batch's messages included (for a flow
+    /// with a watermark, those parked are acked once their reports are stored, a tick later).
     pub acked: u64,
     /// Messages nacked because the caller gave up.
     pub abandoned: u64,

@@ -43,9 +43,13 @@
 //!   probe (attribute [`PROBE_ATTRIBUTE`], empty data) to the topic every [`TICK`], and only
 //!   probes that come back through the tracking stream move the horizon
 //!   ([`sluice_watermark::DeliveryHorizon`]); a stream that goes silent (an outage, a reopen,
-//!   the emulator's stall after a stream closed) holds it. Every source acks and drops probes
-//!   (other subscribers of the topic see them, and may filter `NOT attributes:sluice-probe`);
-//!   the worker needs permission to publish to the topic. Times are Pub/Sub's publish times, so
+//!   the emulator's stall after a stream closed) holds it, and a reopened stream is read
+//!   again (what it held comes back only after its ack deadline). Every source acks and drops
+//!   probes (other subscribers of the topic see them, and may filter
+//!   `NOT attributes:sluice-probe`); another reader's recent probes are nacked back to it. A
+//!   filtered subscription's tracker needs the filter plus the probes
+//!   ([`crate::pubsub::tracking_filter`]). The worker needs permission to publish to the topic;
+//!   failures are logged. Times are Pub/Sub's publish times, so
 //!   the reader's clock does not matter; its offset is shown as
 //!   `sluice_tracking_clock_offset_seconds` and logged past [`CLOCK_OFFSET_ALERT_MS`].
 //! * **Event times outside the band** are late by definition. What the reader has seen of them
@@ -55,11 +59,14 @@
 //!   watermark moves on.
 //! * **Lease handover.** The reader's watermark writes are fenced by its lease
 //!   (`Store::advance_watermark` checks it in the same statement), so a reader paused past its
-//!   lease's expiry writes nothing when it wakes. A reader that starts (a new holder, or this
-//!   worker after a restart) seeks the tracking subscription back to the stored horizon, so
-//!   what an earlier reader was handed and did not store is delivered again at once, as a
-//!   backlog (the horizon holds while it comes); what comes back from before that horizon is
-//!   tracked already and acked without a report.
+//!   lease's expiry writes nothing when it wakes. A reader that starts (a new holder, this
+//!   worker after a restart, or after its stream was reopened) publishes a probe and then
+//!   seeks the tracking subscription back to the stored horizon, so what an earlier reader was
+//!   handed and did not store is delivered again at once, with that probe among it: the
+//!   horizon waits for the probe, so fresh probes overtaking the replay carry nothing; and it
+//!   moves no watermark for [`HOLD_AFTER_START`]. What
+//!   comes back from before the stored horizon (or the pruned buckets) is tracked already and
+//!   acked without a report.
 //! * **A subscription older than its tracking subscription**: `auto` starts the tracking
 //!   subscription at a snapshot of the base subscription
 //!   ([`Admin::ensure_tracking_subscription`](crate::pubsub::Admin::ensure_tracking_subscription)),
@@ -83,6 +90,7 @@ use sluice_store::{
 use sluice_watermark::{DEFAULT_QUIET_MS, DeliveryHorizon, SluiceEstimator, TrackingHistogram};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -97,6 +105,13 @@ pub const STALL_ALERT: Duration = Duration::from_secs(600);
 /// A reader whose clock is further than this off Pub/Sub's (as its probes measure it) is
 /// logged: the watermark does not depend on it, but other time-keeping may.
 pub const CLOCK_OFFSET_ALERT_MS: i64 = 5_000;
+/// A reader that starts after another (or after a restart or a reopen) moves no watermark for
+/// this long: what the earlier one was handed and did not store comes back after its lease
+/// lapsed (10 s) even where the seek back does not bring it at once.
+pub const HOLD_AFTER_START: Duration = Duration::from_secs(60);
+/// Another reader's probe published less than this long ago (by this worker's clock, so with
+/// room for skew) is given back for it rather than acked.
+const FOREIGN_PROBE_MS: i64 = 120_000;
 /// How long the reader waits for Pub/Sub to answer before it hands the lease over, and how
 /// long it leaves the lease to others after that.
 pub const READ_RETRY: Duration = Duration::from_secs(10);
@@ -148,18 +163,29 @@ struct Reading {
     /// This reading's probes carry `<prefix><sequence number>`.
     probe_prefix: String,
     next_probe: u64,
-    /// Publish outcomes of the probes: (sequence number, published).
-    probe_outcomes: mpsc::UnboundedReceiver<(u64, bool)>,
-    probe_outcomes_tx: mpsc::UnboundedSender<(u64, bool)>,
+    /// Publish outcomes of the probes: (sequence number, published or why not).
+    probe_outcomes: mpsc::UnboundedReceiver<(u64, Result<(), String>)>,
+    probe_outcomes_tx: mpsc::UnboundedSender<(u64, Result<(), String>)>,
+    /// Whether the last probe publish failed (logged once per episode), and the probes given
+    /// up so far (logged as they grow).
+    probe_failing: bool,
+    probes_given_up: u64,
+    /// Counts the stream's reopens: what was in flight on a broken stream comes back only
+    /// after its ack deadline, so the reader starts again (and seeks) rather than go on.
+    reopens: Arc<AtomicU64>,
     /// Buckets first seen unprocessed behind processed ones, and when (for the alert).
     stalled_since: HashMap<i64, i64>,
     /// Whether the last alert state was logged (stall, clock offset), to log once per episode.
     stall_logged: bool,
     offset_logged: bool,
-    /// The stored horizon: every message published before it is tracked already, so a
-    /// redelivery of one (a lost ack, the seek at start) is acked without a report (its
-    /// bucket may be pruned, and a report would make it look unprocessed for ever).
-    stored_horizon: Option<i64>,
+    /// Every message published before this is tracked already: the horizon stored when the
+    /// reader started (the seek's time), then the start of the buckets it pruned. A
+    /// redelivery of one (a lost ack) is acked without a report, since its bucket may be
+    /// pruned and a report would make it look unprocessed for ever.
+    tracked_before: i64,
+    /// Until then (reader's clock) the horizon does not move past the stored one: see
+    /// [`HOLD_AFTER_START`].
+    hold_until: i64,
     /// The horizon as of the last drain of the intake (computed at the same instant, so no
     /// message that arrived after the drain can lie before it uncounted).
     live_horizon: Option<i64>,
@@ -278,12 +304,22 @@ impl WatermarkTracker {
                 }
             }
         }
-        let Some(reading) = reading.as_mut() else {
+        let Some(current) = reading.as_mut() else {
             return Ok(());
         };
-        self.take_deliveries(reading);
-        self.store_tracked(reading).await?;
-        self.estimate(reading).await
+        self.take_deliveries(current);
+        self.store_tracked(current).await?;
+        if current.reopens.load(Ordering::Relaxed) > 0 {
+            // Starting again publishes a probe and seeks back to the stored horizon, so what
+            // the broken stream held comes back before the horizon moves on.
+            tracing::warn!(flow = %self.flow.name,
+                "the tracking stream was reopened; reading it again from the stored horizon");
+            if let Some(broken) = reading.take() {
+                self.stop_reading(broken).await;
+            }
+            return Ok(());
+        }
+        self.estimate(current).await
     }
 
     /// Records the messages this worker settled in the store (given back on failure), then
@@ -336,7 +372,10 @@ impl WatermarkTracker {
         let no_answer =
             || crate::pubsub::SourceError::Rpc(format!("no answer within {READ_RETRY:?}"));
         let tracking = &self.settings.tracking_subscription;
-        let topic = tokio::time::timeout(READ_RETRY, async {
+        let probe_prefix = format!("{}/{}/", self.settings.worker, now_ms());
+        let mut horizon = DeliveryHorizon::new(DEFAULT_QUIET_MS);
+        let mut next_probe = 0;
+        let probes = tokio::time::timeout(READ_RETRY, async {
             let admin = crate::pubsub::Admin::connect(&self.pubsub).await?;
             if let Some(base) = &self.settings.create_from {
                 let start = admin.ensure_tracking_subscription(base, tracking).await?;
@@ -345,20 +384,43 @@ impl WatermarkTracker {
             let topic = admin
                 .tracking_topic(&self.settings.base_subscription, tracking)
                 .await?;
+            let probes = admin.publisher(&topic).await?;
             // What an earlier reader (this worker before a restart, or one that died holding
-            // the lease) was handed and did not store comes back now, not after its lease.
-            if let Some(horizon) = stored_horizon {
-                admin.seek_to_time(tracking, horizon).await?;
+            // the lease) was handed and did not store comes back now, not after its lease: a
+            // seek to the stored horizon. A probe published just before it comes back with
+            // that replay, and the horizon waits for it (fresh probes that overtake the replay
+            // carry nothing until it is back).
+            // A subscription that does not retain acked messages cannot be sought back (the
+            // emulator drops even what is unacked): what an earlier reader held then comes back
+            // after its ack deadline only.
+            let replayable = match stored_horizon {
+                Some(_) => admin.replay_window(tracking).await?.is_some(),
+                None => false,
+            };
+            if stored_horizon.is_some() && !replayable {
+                tracing::warn!(flow = %self.flow.name, subscription = %tracking,
+                    "the tracking subscription does not retain acked messages, so it cannot be \
+                     sought back to the stored horizon: what an earlier reader was handed comes \
+                     back after its ack deadline, and the watermark may pass it meanwhile \
+                     (set retain_acked_messages on it)");
             }
-            Ok::<_, crate::pubsub::SourceError>(topic)
+            if let Some(stored) = stored_horizon.filter(|_| replayable) {
+                horizon.probe_sent(next_probe, now_ms());
+                probes
+                    .publish(probe_message(&probe_prefix, next_probe))
+                    .await
+                    .map_err(|e| crate::pubsub::SourceError::Rpc(e.to_string()))?;
+                next_probe += 1;
+                admin.seek_to_time(tracking, stored).await?;
+            }
+            Ok::<_, crate::pubsub::SourceError>(probes)
         })
         .await
         .map_err(|_| no_answer())??;
-        let probes = crate::pubsub::Admin::connect(&self.pubsub)
-            .await?
-            .publisher(&topic)
-            .await?;
-        let source = PubSubSource::new(self.pubsub.clone(), tracking, 1)?.delivering_probes();
+        let reopens = Arc::new(AtomicU64::new(0));
+        let source = PubSubSource::new(self.pubsub.clone(), tracking, 1)?
+            .delivering_probes()
+            .counting_reopens(reopens.clone());
         let (intake_tx, intake) = mpsc::channel(INTAKE_CAPACITY);
         // The stream lives until the reader stops (or the tracker does).
         let stop = stop.child_token();
@@ -371,15 +433,22 @@ impl WatermarkTracker {
         .map_err(|_| no_answer())??;
         let (probe_outcomes_tx, probe_outcomes) = mpsc::unbounded_channel();
         Ok(Reading {
-            probe_prefix: format!("{}/{}/", self.settings.worker, now_ms()),
-            next_probe: 0,
+            probe_prefix,
+            next_probe,
+            probe_failing: false,
+            probes_given_up: 0,
+            reopens,
             probe_outcomes,
             probe_outcomes_tx,
-            stored_horizon,
+            tracked_before: stored_horizon.unwrap_or(i64::MIN),
+            hold_until: match stored_horizon {
+                Some(_) => now_ms() + i64::try_from(HOLD_AFTER_START.as_millis()).unwrap_or(0),
+                None => i64::MIN,
+            },
             source: handle,
             stop,
             intake,
-            horizon: DeliveryHorizon::new(DEFAULT_QUIET_MS),
+            horizon,
             held: Vec::new(),
             pending: Vec::new(),
             estimator: SluiceEstimator::new(self.settings.band_ms),
@@ -411,8 +480,17 @@ impl WatermarkTracker {
     fn take_deliveries(&self, reading: &mut Reading) {
         let now = now_ms();
         while let Ok((seq, published)) = reading.probe_outcomes.try_recv() {
-            if !published {
-                reading.horizon.probe_lost(seq);
+            match published {
+                Err(error) => {
+                    if !reading.probe_failing {
+                        tracing::warn!(flow = %self.flow.name, %error,
+                            "cannot publish watermark probes to the topic; the watermark holds \
+                             until they go through (may the worker publish there?)");
+                    }
+                    reading.probe_failing = true;
+                    reading.horizon.probe_lost(seq);
+                }
+                Ok(()) => reading.probe_failing = false,
             }
         }
         while let Ok(received) = reading.intake.try_recv() {
@@ -427,14 +505,20 @@ impl WatermarkTracker {
                         .probe_delivered(seq, message.publish_time_ms, now),
                     None => reading.horizon.delivered(message.publish_time_ms, now),
                 }
-                received.handle.ack();
+                // Another reader's probe (one that took the lease meanwhile, or another
+                // deployment on this subscription) goes back for it while it may still wait
+                // for it; a stale one is dropped.
+                if own.is_none() && message.publish_time_ms >= now - FOREIGN_PROBE_MS {
+                    received.handle.nack();
+                } else {
+                    received.handle.ack();
+                }
                 continue;
             }
-            if reading
-                .stored_horizon
-                .is_some_and(|h| message.publish_time_ms < h)
-            {
-                received.handle.ack(); // tracked already
+            if message.publish_time_ms < reading.tracked_before {
+                // Tracked already; as a late delivery it still shows a backlog.
+                reading.horizon.delivered(message.publish_time_ms, now);
+                received.handle.ack();
                 continue;
             }
             let bucket = bucket_of(message.publish_time_ms);
@@ -450,17 +534,25 @@ impl WatermarkTracker {
             reading.held.push(received);
         }
         reading.live_horizon = reading.horizon.horizon(now);
+        let given_up = reading.horizon.probes_given_up();
+        if given_up > reading.probes_given_up {
+            tracing::warn!(flow = %self.flow.name, given_up, "watermark probes did not come back \
+                within 5 minutes and were given up (another reader took them, or a filter drops \
+                them)");
+            reading.probes_given_up = given_up;
+        }
         self.publish_offset(reading);
         // The horizon waits for the probe until it comes back or its publish fails.
         let seq = reading.next_probe;
         reading.next_probe += 1;
-        reading.horizon.probe_sent(seq);
-        let probe = google_cloud_pubsub::model::Message::new()
-            .set_attributes([(PROBE_ATTRIBUTE, format!("{}{seq}", reading.probe_prefix))]);
-        let published = reading.probes.publish(probe);
+        reading.horizon.probe_sent(seq, now);
+        let published = reading
+            .probes
+            .publish(probe_message(&reading.probe_prefix, seq));
         let outcomes = reading.probe_outcomes_tx.clone();
         tokio::spawn(async move {
-            let _ = outcomes.send((seq, published.await.is_ok()));
+            let published = published.await.map(|_| ()).map_err(|e| e.to_string());
+            let _ = outcomes.send((seq, published));
         });
     }
 
@@ -528,9 +620,13 @@ impl WatermarkTracker {
         let Some(live) = reading.live_horizon else {
             return Ok(());
         };
+        // Started after another reader (or this one before a restart or a reopen): what it
+        // held comes back on Pub/Sub's schedule, not ours; the horizon waits a while for it.
+        if now < reading.hold_until {
+            return Ok(());
+        }
         let stored = self.stored_record().await?;
         let horizon = stored.map_or(live, |r| r.horizon_ms.max(live));
-        reading.stored_horizon = Some(horizon);
         let buckets = self.store.bucket_counts(&self.flow, i64::MIN).await?;
         let mut tracking = TrackingHistogram::new(sluice_store::PROGRESS_BUCKET_MS);
         tracking.advance_horizon(horizon);
@@ -562,9 +658,12 @@ impl WatermarkTracker {
         };
         self.watermark.advance(record.watermark_ms);
         // Buckets before the first unprocessed one (and before the horizon) are done.
-        let done_before = unprocessed_from.unwrap_or(horizon).min(horizon);
+        // Whole buckets only: the bucket holding the horizon may hold a settled message
+        // published after it that is not tracked yet.
+        let done_before = bucket_of(unprocessed_from.unwrap_or(horizon).min(horizon));
         if buckets.first().is_some_and(|b| b.bucket_ms < done_before) {
             self.store.prune_buckets(&self.flow, done_before).await?;
+            reading.tracked_before = reading.tracked_before.max(done_before);
         }
         Ok(())
     }
@@ -602,6 +701,12 @@ impl WatermarkTracker {
         }
         reading.stall_logged = alert;
     }
+}
+
+/// Probe `seq` of the reader whose probes carry `prefix`.
+fn probe_message(prefix: &str, seq: u64) -> google_cloud_pubsub::model::Message {
+    google_cloud_pubsub::model::Message::new()
+        .set_attributes([(PROBE_ATTRIBUTE, format!("{prefix}{seq}"))])
 }
 
 /// The first bucket in which not every tracked message was settled: every message published

@@ -21,6 +21,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub mod proxy;
+pub mod watermarks;
 pub use proxy::FaultProxy;
 
 /// Project of every test resource.

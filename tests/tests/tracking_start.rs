@@ -173,8 +173,8 @@ async fn replicas_starting_at_once_leave_one_started_subscription() {
 }
 
 /// A tracking subscription must see what the flow's subscription sees (issue 19, hole 7):
-/// `Admin::tracking_topic` refuses one on another topic, one with another filter, and the
-/// flow's own subscription, and gives the topic of a good one. An `auto` one copies the base
+/// `Admin::tracking_topic` refuses one on another topic, one whose filter is not the flow's
+/// plus the probes, and the flow's own subscription, and gives the topic of a good one. An `auto` one copies the base
 /// subscription's retention of acked messages, so `reset --seek` can replay both.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tracking_subscription_must_mirror_the_flows() {
@@ -214,8 +214,33 @@ async fn a_tracking_subscription_must_mirror_the_flows() {
         .send()
         .await
         .unwrap();
+    // Its twin, with the very same filter (as `auto` made them before the probes).
+    let filtered_twin = format!("{topic}-filtered-twin");
+    raw_admin(&pubsub)
+        .await
+        .create_subscription()
+        .set_name(format!("projects/{PROJECT}/subscriptions/{filtered_twin}"))
+        .set_topic(&path)
+        .set_filter("attributes.region = \"eu\"")
+        .send()
+        .await
+        .unwrap();
     let filter = refused(pubsub.admin.tracking_topic(&subs[0], &filtered).await);
-    assert!(filter.contains("same filter"), "{filter}");
+    assert!(filter.contains("must have the filter"), "{filter}");
+    // A filtered base: its tracking subscription needs the same filter plus the probes, which
+    // the base filter would drop; `auto` makes it so.
+    let tracking = format!("{filtered}-tracking");
+    start(&pubsub, &filtered, &tracking).await;
+    assert_eq!(
+        pubsub
+            .admin
+            .tracking_topic(&filtered, &tracking)
+            .await
+            .unwrap(),
+        path
+    );
+    let same = refused(pubsub.admin.tracking_topic(&filtered, &filtered_twin).await);
+    assert!(same.contains("attributes:sluice-probe"), "{same}");
 
     let replayable = format!("{topic}-replayable");
     pubsub

@@ -19,22 +19,15 @@
 use google_cloud_pubsub::model::Message;
 use sluice_bench::free_port;
 use sluice_connector::pubsub::publish_all;
+use sluice_tests::watermarks::{WatermarkHistory, WatermarkedPipeline, rows_behind, timed_event};
 use sluice_tests::{
-    Db, FaultProxy, PROJECT, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms,
+    Db, FaultProxy, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms,
 };
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const BAND_MS: i64 = 10_000;
-
-fn timed_event(id: &str, event_ms: i64) -> Message {
-    Message::new()
-        .set_data(bytes::Bytes::from(format!("{{\"id\":\"{id}\"}}")))
-        .set_attributes([("event_id", id.to_owned()), ("ts", event_ms.to_string())])
-}
 
 /// The flow's stored watermark (0: none yet).
 fn watermark(db: &Db) -> i64 {
@@ -44,55 +37,21 @@ fn watermark(db: &Db) -> i64 {
     )
 }
 
-/// Samples `(when, watermark)` every 100 ms until stopped (`when` taken after the read).
-struct History {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<(i64, i64)>>,
-}
-
-impl History {
-    fn start(db: &Path) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let db = Db(db.to_owned());
-        let thread = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut samples = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let w = watermark(&db);
-                    if w > 0 {
-                        samples.push((now_ms(), w));
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                samples
-            })
-        };
-        Self { stop, thread }
-    }
-
-    fn finish(self) -> Vec<(i64, i64)> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap()
-    }
+/// Samples the stored watermark every 100 ms.
+fn history(db: &Path) -> WatermarkHistory {
+    let db = Db(db.to_owned());
+    WatermarkHistory::start(Duration::from_millis(100), move || watermark(&db))
 }
 
 /// Every sample is at most the event time of every in-band row (ids not starting with `old`)
 /// committed after it. Returns how many rows broke it, and the first one.
 fn behind_the_watermark(db: &Db, samples: &[(i64, i64)]) -> (i64, Option<String>) {
-    let mut late = 0;
-    let mut first = None;
-    for (when, watermark) in samples {
-        let n = db.query(&format!(
+    rows_behind(samples, |when, watermark| {
+        db.query(&format!(
             "SELECT COUNT(*) FROM test__events WHERE flow = 'ingest' AND committed_at > {when} \
              AND event_time < {watermark} AND dedup_key NOT LIKE '%old%'"
-        ));
-        if n > 0 && first.is_none() {
-            first = Some(format!("{n} rows after {when} below {watermark}"));
-        }
-        late = late.max(n);
-    }
-    (late, first)
+        ))
+    })
 }
 
 /// A pipeline reading `subscription` into `test__events`, a table, or with `windowed`, a 5 s
@@ -105,34 +64,22 @@ fn pipeline(
     windowed: bool,
 ) -> std::path::PathBuf {
     let file = dir.join("p.yaml");
-    let text = format!(
-        "pipeline: test
-mode: continuous
-store: \"sqlite://{db}\"
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-metrics: {{ listen: \"127.0.0.1:{metrics_port}\" }}
-targets:
-  - {target}
-flows:
-  - name: ingest
-    target: events
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        event_time: {{ attribute: ts }}
-        watermark: {{ tracking_subscription: auto, band: 10s }}
-",
-        db = dir.join("db").display(),
-        target = if windowed {
-            concat!(
-                "{ name: events, kind: window, ",
-                "window: { size: 5s, group_by: \"attribute:region\", allowed_lateness: 1s } }"
-            )
-        } else {
-            "{ name: events, kind: table }"
-        },
-    );
+    let target = if windowed {
+        concat!(
+            "{ name: events, kind: window, ",
+            "window: { size: 5s, group_by: \"attribute:region\", allowed_lateness: 1s } }"
+        )
+    } else {
+        "{ name: events, kind: table }"
+    };
+    let text = WatermarkedPipeline {
+        store: format!("sqlite://{}", dir.join("db").display()),
+        endpoint: endpoint.to_owned(),
+        metrics_port: Some(metrics_port),
+        subscription,
+        target,
+    }
+    .yaml();
     std::fs::write(&file, text).unwrap();
     file
 }
@@ -156,7 +103,7 @@ async fn old_events_are_late_while_the_watermark_keeps_moving() {
     pubsub
         .wait_until_exists(&format!("{}-tracking", subs[0]), Duration::from_secs(60))
         .await;
-    let history = History::start(&db_path);
+    let history = history(&db_path);
     let publisher = pubsub.admin.publisher(&topic).await.unwrap();
     let started = Instant::now();
     let (mut live, mut old) = (0usize, 0usize);
@@ -237,7 +184,7 @@ async fn a_silent_tracking_stream_holds_the_watermark() {
     pubsub
         .wait_until_exists(&format!("{}-tracking", subs[0]), Duration::from_secs(60))
         .await;
-    let history = History::start(&db_path);
+    let history = history(&db_path);
     let publisher = pubsub.admin.publisher(&topic).await.unwrap();
     let started = Instant::now();
     let mut sent = 0usize;
@@ -287,7 +234,7 @@ async fn a_silent_tracking_stream_holds_the_watermark() {
     // Idle, the watermark passes the last window: the window counts add up to what was sent.
     let counted = || db.query("SELECT COALESCE(SUM(count), 0) FROM test__events__windows");
     assert!(
-        eventually(Duration::from_secs(60), || counted() == sent as i64).await,
+        eventually(Duration::from_secs(180), || counted() == sent as i64).await,
         "the 5 s windows count {} of {sent}",
         counted()
     );

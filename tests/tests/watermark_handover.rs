@@ -12,16 +12,9 @@
 
 use google_cloud_pubsub::model::Message;
 use sluice_connector::pubsub::publish_all;
-use sluice_tests::{PROJECT, PgDb, PubSub, Workdir, Worker, emulator, eventually, now_ms};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use sluice_tests::watermarks::{WatermarkHistory, WatermarkedPipeline, rows_behind, timed_event};
+use sluice_tests::{PgDb, PubSub, Workdir, Worker, emulator, eventually, now_ms};
 use std::time::{Duration, Instant};
-
-fn timed_event(id: &str, event_ms: i64) -> Message {
-    Message::new()
-        .set_data(bytes::Bytes::from(format!("{{\"id\":\"{id}\"}}")))
-        .set_attributes([("event_id", id.to_owned()), ("ts", event_ms.to_string())])
-}
 
 fn holder(db: &PgDb) -> String {
     db.text(
@@ -45,32 +38,15 @@ async fn a_dead_tracking_reader_leaves_nothing_late() {
     let (topic, subs) = pubsub.topic_with("wmhand", 1).await;
     let dir = Workdir::new();
     let file = dir.path().join("p.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-mode: continuous
-store: \"{store}\"
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-targets:
-  - {{ name: events, kind: table }}
-flows:
-  - name: ingest
-    target: events
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        event_time: {{ attribute: ts }}
-        watermark: {{ tracking_subscription: auto, band: 10s }}
-        streams: 2
-",
-            store = database.url(),
-            endpoint = emulator().endpoint(),
-            subscription = subs[0],
-        ),
-    )
-    .unwrap();
+    let yaml = WatermarkedPipeline {
+        store: database.url().to_owned(),
+        endpoint: emulator().endpoint(),
+        metrics_port: None,
+        subscription: &subs[0],
+        target: "{ name: events, kind: table }",
+    }
+    .yaml();
+    std::fs::write(&file, yaml).unwrap();
     let mut workers = vec![Worker::start(&file, "w0")];
     assert!(
         eventually(Duration::from_secs(60), || !holder(&db).is_empty()).await,
@@ -82,25 +58,15 @@ flows:
         .wait_until_exists(&format!("{}-tracking", subs[0]), Duration::from_secs(60))
         .await;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (stop, db) = (stop.clone(), PgDb(db.0.clone()));
-        std::thread::spawn(move || {
-            let mut samples = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let w = watermark(&db);
-                if w > 0 {
-                    samples.push((now_ms(), w));
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            samples
-        })
+    let history = {
+        let db = PgDb(db.0.clone());
+        WatermarkHistory::start(Duration::from_millis(200), move || watermark(&db))
     };
     let publisher = pubsub.admin.publisher(&topic).await.unwrap();
     let started = Instant::now();
     let mut sent = 0usize;
     let mut killed = None;
+    let mut at_kill = 0;
     for tick in 0..400u32 {
         if tick == 150 {
             let reader = holder(&db);
@@ -109,6 +75,7 @@ flows:
                 .position(|w| reader.contains(&w.pid().to_string()))
                 .unwrap_or_else(|| panic!("holder {reader:?} is none of the workers"));
             let worker = workers.remove(index);
+            at_kill = watermark(&db);
             worker.kill9();
             killed = Some(reader);
         }
@@ -132,22 +99,24 @@ flows:
         rows(),
         survivor.logs()
     );
+    // The new reader moves the watermark on (a frozen one would pass this test trivially).
+    assert!(
+        eventually(Duration::from_secs(240), || watermark(&db)
+            > at_kill + 20_000)
+        .await,
+        "the watermark stayed at {} after the handover (at the kill: {at_kill}); logs:\n{}",
+        watermark(&db),
+        survivor.logs()
+    );
     let new_reader = holder(&db);
-    stop.store(true, Ordering::Relaxed);
-    let samples = sampler.join().unwrap();
-    let mut behind = 0;
-    let mut first_behind = None;
-    for (when, w) in &samples {
-        let n = db.query(&format!(
+    let samples = history.finish();
+    let (behind, first_behind) = rows_behind(&samples, |when, w| {
+        db.query(&format!(
             "SELECT count(*)::int8 FROM test__events
              WHERE committed_at > to_timestamp({when} / 1000.0)
                AND event_time < to_timestamp({w} / 1000.0)"
-        ));
-        if n > 0 && first_behind.is_none() {
-            first_behind = Some(format!("{n} rows committed after {when} below {w}"));
-        }
-        behind = behind.max(n);
-    }
+        ))
+    });
     println!(
         "{sent} events; reader {killed:?} killed, {new_reader:?} took over; {} samples, \
          watermark {} → {}",

@@ -14,23 +14,15 @@
 //! (`../shared/notes/pubsub-client.md`, gotcha 1), so the replay comes slowly.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use google_cloud_pubsub::model::Message;
 use sluice_bench::free_port;
-use sluice_connector::pubsub::publish_all;
+use sluice_tests::watermarks::{
+    WatermarkHistory, WatermarkedPipeline, publish_steadily, rows_behind,
+};
 use sluice_tests::{
-    Db, PROJECT, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms, sluice_bin,
-    unique,
+    Db, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms, sluice_bin, unique,
 };
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
-
-fn timed_event(id: &str, event_ms: i64) -> Message {
-    Message::new()
-        .set_data(bytes::Bytes::from(format!("{{\"id\":\"{id}\"}}")))
-        .set_attributes([("event_id", id.to_owned()), ("ts", event_ms.to_string())])
-}
+use std::time::Duration;
 
 fn watermark(db: &Db) -> i64 {
     db.query(
@@ -39,55 +31,16 @@ fn watermark(db: &Db) -> i64 {
     )
 }
 
-/// Publishes `per_second` events a second for `seconds`, ids `<prefix><n>`; returns how many.
-async fn traffic(
-    publisher: &google_cloud_pubsub::client::Publisher,
-    prefix: &str,
-    per_second: u32,
-    seconds: u32,
-) -> usize {
-    let started = Instant::now();
-    let mut sent = 0usize;
-    for tick in 0..seconds * 10 {
-        let n = (per_second / 10) as usize;
-        let chunk: Vec<Message> = (0..n)
-            .map(|i| {
-                timed_event(
-                    &format!("{prefix}{}", sent + i),
-                    now_ms() - rand::random_range(0..5_000),
-                )
-            })
-            .collect();
-        sent += n;
-        publish_all(publisher, chunk).await.unwrap();
-        tokio::time::sleep_until((started + Duration::from_millis(100) * (tick + 1)).into()).await;
-    }
-    sent
-}
-
 fn pipeline(dir: &Path, metrics_port: u16, subscription: &str) -> std::path::PathBuf {
     let file = dir.join("p.yaml");
-    let text = format!(
-        "pipeline: test
-mode: continuous
-store: \"sqlite://{db}\"
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-metrics: {{ listen: \"127.0.0.1:{metrics_port}\" }}
-targets:
-  - {{ name: events, kind: table }}
-flows:
-  - name: ingest
-    target: events
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        event_time: {{ attribute: ts }}
-        watermark: {{ tracking_subscription: auto, band: 10s }}
-",
-        db = dir.join("db").display(),
-        endpoint = emulator().endpoint(),
-    );
+    let text = WatermarkedPipeline {
+        store: format!("sqlite://{}", dir.join("db").display()),
+        endpoint: emulator().endpoint(),
+        metrics_port: Some(metrics_port),
+        subscription,
+        target: "{ name: events, kind: table }",
+    }
+    .yaml();
     std::fs::write(&file, text).unwrap();
     file
 }
@@ -114,7 +67,7 @@ async fn a_seek_replays_tracked_and_nothing_is_late() {
         .await;
     let publisher = pubsub.admin.publisher(&topic).await.unwrap();
     let started = now_ms();
-    let before = traffic(&publisher, "a", 20, 20).await;
+    let before = publish_steadily(&publisher, "a", 2, 200).await;
     assert!(
         eventually(Duration::from_secs(60), || db.rows() == before as i64).await,
         "rows {} of {before}; logs:\n{}",
@@ -144,22 +97,11 @@ async fn a_seek_replays_tracked_and_nothing_is_late() {
     assert_eq!(watermark(&db), 0, "the reset forgets the watermark");
 
     let second = Worker::start(&file, "after");
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (stop, db) = (stop.clone(), Db(db_path.clone()));
-        std::thread::spawn(move || {
-            let mut samples = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let w = watermark(&db);
-                if w > 0 {
-                    samples.push((now_ms(), w));
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            samples
-        })
+    let history = {
+        let db = Db(db_path.clone());
+        WatermarkHistory::start(Duration::from_millis(100), move || watermark(&db))
     };
-    let after = traffic(&publisher, "b", 10, 30).await;
+    let after = publish_steadily(&publisher, "b", 1, 300).await;
     let total = (before + after) as i64;
     assert!(
         eventually(Duration::from_secs(400), || db.rows() == total).await,
@@ -167,20 +109,13 @@ async fn a_seek_replays_tracked_and_nothing_is_late() {
         db.rows(),
         second.logs()
     );
-    stop.store(true, Ordering::Relaxed);
-    let samples = sampler.join().unwrap();
+    let samples = history.finish();
     assert_eq!(db.distinct_keys(), total, "each event once");
-    let mut behind = 0;
-    let mut first_behind = None;
-    for (when, w) in &samples {
-        let n = db.query(&format!(
+    let (behind, first_behind) = rows_behind(&samples, |when, w| {
+        db.query(&format!(
             "SELECT COUNT(*) FROM test__events WHERE committed_at > {when} AND event_time < {w}"
-        ));
-        if n > 0 && first_behind.is_none() {
-            first_behind = Some(format!("{n} rows committed after {when} below {w}"));
-        }
-        behind = behind.max(n);
-    }
+        ))
+    });
     let late = flow_metric(metrics_port, "sluice_messages_late_total", "ingest").unwrap();
     println!(
         "{total} events; {} samples after the reset; {late} counted late",

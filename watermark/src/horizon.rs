@@ -32,10 +32,15 @@
 //! The caller keeps the horizon monotonic ([`crate::TrackingHistogram::advance_horizon`]).
 
 use crate::Millis;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 /// Default allowance for a live stream's delivery delay.
 pub const DEFAULT_QUIET_MS: Millis = 2_000;
+/// A probe not back after this long is given up (counted in
+/// [`DeliveryHorizon::probes_given_up`]): the horizon waits for an outage or a backlog this
+/// long at most on a probe's account, and no longer for one that will never come (read by
+/// another reader, dropped by a filter).
+pub const PROBE_GIVE_UP_MS: Millis = 300_000;
 
 /// Derives the horizon from the deliveries of the tracking stream; pure, clock-injected.
 #[derive(Debug, Clone)]
@@ -47,8 +52,10 @@ pub struct DeliveryHorizon {
     /// The latest publish time among probes delivered with every probe sent before them
     /// delivered (or lost) too: the horizon's reference.
     contiguous_publish: Option<Millis>,
-    /// Probes sent and neither delivered nor known lost, by sequence number.
-    outstanding: BTreeSet<u64>,
+    /// Probes sent and neither delivered nor known lost: sequence number → when sent.
+    outstanding: BTreeMap<u64, Millis>,
+    /// Probes given up after [`PROBE_GIVE_UP_MS`] without coming back.
+    given_up: u64,
     /// Probes delivered while an earlier one is outstanding: sequence number → publish time.
     delivered_ahead: BTreeMap<u64, Millis>,
     /// (receipt, publish time) of the deliveries of the last `quiet_ms`, probes included.
@@ -70,7 +77,8 @@ impl DeliveryHorizon {
             quiet_ms: quiet_ms.max(1),
             newest_probe: None,
             contiguous_publish: None,
-            outstanding: BTreeSet::new(),
+            outstanding: BTreeMap::new(),
+            given_up: 0,
             delivered_ahead: BTreeMap::new(),
             recent: VecDeque::new(),
             last_backlog: None,
@@ -97,10 +105,16 @@ impl DeliveryHorizon {
         self.note(publish_ms, now_ms);
     }
 
-    /// The reader published probe `seq` (or is about to): the horizon will not pass it before
-    /// it comes back, or is known lost.
-    pub fn probe_sent(&mut self, seq: u64) {
-        self.outstanding.insert(seq);
+    /// The reader published probe `seq` at `now_ms` (or is about to): the horizon will not
+    /// pass it before it comes back, is known lost, or is given up ([`PROBE_GIVE_UP_MS`]).
+    pub fn probe_sent(&mut self, seq: u64, now_ms: Millis) {
+        self.outstanding.insert(seq, now_ms);
+    }
+
+    /// How many probes were given up so far for not coming back within [`PROBE_GIVE_UP_MS`]
+    /// (another reader took them, or a filter drops them).
+    pub fn probes_given_up(&self) -> u64 {
+        self.given_up
     }
 
     /// Probe `seq` was not published (its publish failed): nothing waits for it.
@@ -110,7 +124,10 @@ impl DeliveryHorizon {
     }
 
     fn advance_contiguous(&mut self) {
-        let floor = self.outstanding.first().copied().unwrap_or(u64::MAX);
+        let floor = self
+            .outstanding
+            .first_key_value()
+            .map_or(u64::MAX, |(seq, _)| *seq);
         let ahead = self.delivered_ahead.split_off(&floor);
         let behind = std::mem::replace(&mut self.delivered_ahead, ahead);
         if let Some(latest) = behind.values().copied().max() {
@@ -123,7 +140,7 @@ impl DeliveryHorizon {
     /// (reader's clock). A probe this reader did not send (another reader's, or one of its own
     /// delivered again) counts as an ordinary delivery.
     pub fn probe_delivered(&mut self, seq: u64, publish_ms: Millis, now_ms: Millis) {
-        if !self.outstanding.remove(&seq) {
+        if self.outstanding.remove(&seq).is_none() {
             self.note(publish_ms, now_ms);
             return;
         }
@@ -185,6 +202,13 @@ impl DeliveryHorizon {
     /// has proven nothing or is draining a backlog.
     pub fn horizon(&mut self, now_ms: Millis) -> Option<Millis> {
         self.forget_before(now_ms);
+        let before = self.outstanding.len();
+        self.outstanding
+            .retain(|_, sent| *sent >= now_ms.saturating_sub(PROBE_GIVE_UP_MS));
+        if self.outstanding.len() < before {
+            self.given_up += (before - self.outstanding.len()) as u64;
+            self.advance_contiguous();
+        }
         self.newest_probe?;
         let probe_publish = self.contiguous_publish?;
         let since = now_ms.saturating_sub(self.quiet_ms);
@@ -208,7 +232,7 @@ mod tests {
         assert_eq!(h.horizon(100_000), None, "a fresh stream proves nothing");
         h.delivered(99_900, 100_000);
         assert_eq!(h.horizon(100_100), None, "data alone proves nothing");
-        h.probe_sent(1);
+        h.probe_sent(1, 100_000);
         h.probe_delivered(1, 100_050, 100_100);
         assert_eq!(h.horizon(100_200), Some(98_050));
         assert_eq!(h.clock_offset(), Some(50));
@@ -217,7 +241,7 @@ mod tests {
         // A backlog published around 40 s comes back: no horizon until quiet after it.
         h.delivered(40_000, 200_100);
         assert_eq!(h.horizon(200_200), None);
-        h.probe_sent(2);
+        h.probe_sent(2, 200_100);
         h.probe_delivered(2, 200_150, 200_200);
         assert_eq!(h.horizon(201_000), None);
         assert_eq!(h.horizon(202_300), Some(198_150));
@@ -229,12 +253,12 @@ mod tests {
     #[test]
     fn a_probe_counts_once_every_probe_sent_before_it_came_back() {
         let mut h = DeliveryHorizon::new(2_000);
-        h.probe_sent(1);
+        h.probe_sent(1, 10_000);
         h.probe_delivered(1, 10_000, 10_010);
         assert_eq!(h.horizon(10_020), Some(8_000));
         // Probes 2 and 3 are sent in a silence; 4 and 5 after it come back first.
         for seq in 2..=5 {
-            h.probe_sent(seq);
+            h.probe_sent(seq, 20_000 + seq as i64 * 5_000);
         }
         h.probe_delivered(4, 40_000, 40_010);
         h.probe_delivered(5, 40_500, 40_510);
@@ -248,6 +272,13 @@ mod tests {
         // A probe it did not send proves nothing.
         h.probe_delivered(99, 50_000, 50_010);
         assert_eq!(h.horizon(50_020), Some(38_500));
+        // One that never comes back is given up after five minutes.
+        h.probe_sent(6, 60_000);
+        h.probe_sent(7, 60_500);
+        h.probe_delivered(7, 60_500, 60_550);
+        assert_eq!(h.horizon(61_000), Some(38_500), "6 is out");
+        assert_eq!(h.horizon(360_001), Some(58_500));
+        assert_eq!(h.probes_given_up(), 1);
     }
 
     #[test]
@@ -259,7 +290,7 @@ mod tests {
             for t in (1_000_000..1_010_000).step_by(100) {
                 if t % 500 == 0 {
                     let seq = (t / 500) as u64;
-                    h.probe_sent(seq);
+                    h.probe_sent(seq, t + skew);
                     h.probe_delivered(seq, t - 40, t + skew);
                 } else {
                     h.delivered(t - 40, t + skew);

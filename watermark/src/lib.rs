@@ -57,7 +57,7 @@ mod horizon;
 pub use baseline::{BEAM_BUCKET_MS, BEAM_IDLE_MS, BEAM_WINDOW_MS, BeamStyleEstimator};
 pub use estimator::{BaseProgress, Estimate, SluiceEstimator, WatermarkEstimator};
 pub use histogram::{BucketStats, TrackingHistogram};
-pub use horizon::{DEFAULT_QUIET_MS, DeliveryHorizon};
+pub use horizon::{DEFAULT_QUIET_MS, DeliveryHorizon, PROBE_GIVE_UP_MS};
 
 /// Milliseconds since the Unix epoch.
 pub type Millis = i64;

@@ -226,7 +226,8 @@ impl Admin {
     }
 
     /// Makes sure `tracking` exists (`tracking_subscription: auto`): if missing, creates it on
-    /// the topic of `base`, with the same filter, so it sees the same messages, and starts it at
+    /// the topic of `base`, with the same filter (and the probes, [`tracking_filter`]), so it
+    /// sees the same messages, and starts it at
     /// `base`'s backlog, so messages already waiting in `base` are tracked too:
     ///
     /// 1. a snapshot of `base` is taken (`<tracking>-start`): it keeps what `base` has not acked
@@ -280,11 +281,17 @@ impl Admin {
             .create_subscription()
             .set_name(self.config.subscription_path(tracking)?)
             .set_topic(found.topic)
-            .set_filter(found.filter)
+            .set_filter(tracking_filter(&found.filter))
             .set_ack_deadline_seconds(found.ack_deadline_seconds.max(10))
-            // Replayable as far back as `base`, so a seek of both replays both alike.
-            .set_retain_acked_messages(found.retain_acked_messages)
-            .set_or_clear_message_retention_duration(found.message_retention_duration)
+            // Replayable as far back as `base` (so `reset --seek` replays both alike), and at
+            // least for Pub/Sub's minimum of 10 minutes: a reader that starts seeks it back to
+            // the stored horizon.
+            .set_retain_acked_messages(true)
+            .set_or_clear_message_retention_duration(if found.retain_acked_messages {
+                found.message_retention_duration
+            } else {
+                Some(google_cloud_wkt::Duration::clamp(MIN_RETENTION_S, 0))
+            })
             .send()
             .await;
         match created {
@@ -361,9 +368,10 @@ impl Admin {
     }
 
     /// The topic `tracking` reads, after checking that it sees what `base` sees: the same
-    /// topic and the same filter. A tracking subscription on another topic, or with another
-    /// filter, would count messages the flow never reads (the watermark would hold for ever) or
-    /// miss messages it reads (it would run ahead of them): refused ([`SourceError::Name`]).
+    /// topic, and the filter [`tracking_filter`] makes of `base`'s (its messages and the
+    /// probes). A tracking subscription on another topic, or with another filter, would count
+    /// messages the flow never reads (the watermark would hold for ever), miss messages it
+    /// reads (it would run ahead of them) or drop the probes: refused ([`SourceError::Name`]).
     pub async fn tracking_topic(&self, base: &str, tracking: &str) -> Result<String, SourceError> {
         let (base_path, tracking_path) = (
             self.config.subscription_path(base)?,
@@ -389,10 +397,13 @@ impl Admin {
                 tracking_found.topic, base_found.topic
             )));
         }
-        if base_found.filter != tracking_found.filter {
+        let expected = tracking_filter(&base_found.filter);
+        if tracking_found.filter != expected {
             return Err(SourceError::Name(format!(
                 "the tracking subscription {tracking_path} has filter {:?}, but the flow's \
-                 subscription {base_path} has {:?}: it must have the same filter",
+                 subscription {base_path} has {:?}: it must have the filter {expected:?} (the \
+                 same messages, and the reader's probes); a filter cannot be changed, so delete \
+                 it (an `auto` one is made again) or create it with that filter",
                 tracking_found.filter, base_found.filter
             )));
         }
@@ -423,6 +434,21 @@ impl Admin {
             .build()
             .await
             .map_err(|e| SourceError::Client(e.to_string()))
+    }
+}
+
+/// Pub/Sub's shortest message retention, which `auto` tracking subscriptions keep acked
+/// messages for at least.
+const MIN_RETENTION_S: i64 = 600;
+
+/// The filter of a tracking subscription for a base subscription with `base_filter`: the same
+/// messages, and the tracking reader's probes ([`super::PROBE_ATTRIBUTE`]) whatever the base
+/// filter says (no filter: no filter).
+pub fn tracking_filter(base_filter: &str) -> String {
+    if base_filter.trim().is_empty() {
+        String::new()
+    } else {
+        format!("({base_filter}) OR attributes:{}", super::PROBE_ATTRIBUTE)
     }
 }
 

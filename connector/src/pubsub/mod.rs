@@ -10,7 +10,7 @@ mod admin;
 mod pause;
 mod source;
 
-pub use admin::{Admin, TrackingStart, log_tracking_start, publish_all};
+pub use admin::{Admin, TrackingStart, log_tracking_start, publish_all, tracking_filter};
 pub use source::PubSubSource;
 
 use google_cloud_auth::credentials::Credentials;

@@ -26,6 +26,7 @@ use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
 use google_cloud_pubsub::subscriber::ShutdownToken;
 use google_cloud_pubsub::subscriber::handler::Handler;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -59,6 +60,7 @@ pub struct PubSubSource {
     max_lease: Duration,
     pause_threshold: Duration,
     deliver_probes: bool,
+    reopens: Option<Arc<AtomicU64>>,
 }
 
 impl PubSubSource {
@@ -75,7 +77,15 @@ impl PubSubSource {
             max_lease: MAX_LEASE,
             pause_threshold: PAUSE_THRESHOLD,
             deliver_probes: false,
+            reopens: None,
         })
+    }
+
+    /// Counts in `reopens` every time a stream is reopened (after an error, or a pause): for
+    /// the tracking reader, whose evidence a reopen breaks.
+    pub fn counting_reopens(mut self, reopens: Arc<AtomicU64>) -> Self {
+        self.reopens = Some(reopens);
+        self
     }
 
     /// Delivers watermark probes ([`PROBE_ATTRIBUTE`]) too, where other sources ack and drop
@@ -190,6 +200,7 @@ impl MessageSource for PubSubSource {
                 max_lease: self.max_lease,
                 pauses: pauses.clone(),
                 deliver_probes: self.deliver_probes,
+                reopens: self.reopens.clone(),
             };
             tasks.spawn(stream.run());
         }
@@ -240,9 +251,16 @@ struct StreamTask {
     max_lease: Duration,
     pauses: PauseWatch,
     deliver_probes: bool,
+    reopens: Option<Arc<AtomicU64>>,
 }
 
 impl StreamTask {
+    fn count_reopen(&self) {
+        if let Some(reopens) = &self.reopens {
+            reopens.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     async fn run(self) {
         let mut backoff = Backoff::default();
         'reopen: loop {
@@ -278,6 +296,7 @@ impl StreamTask {
                             "the process was paused; giving back what the stream held and \
                              reopening it");
                         drop(stream);
+                        self.count_reopen();
                         continue 'reopen;
                     }
                     Some(Ok((message, handler)))
@@ -310,6 +329,7 @@ impl StreamTask {
                     step = backoff.step(), retry_in_ms = delay.as_millis() as u64, %error,
                     "Pub/Sub stream failed; reopening");
                 drop(stream);
+                self.count_reopen();
                 tokio::select! {
                     _ = self.stop.cancelled() => return,
                     _ = tokio::time::sleep(delay) => continue 'reopen,
