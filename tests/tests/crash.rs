@@ -1,7 +1,8 @@
 //! Crashes: messages received but not committed come back and land once; SIGKILL at random
-//! moments during a stream loses nothing, duplicates nothing and leaves nothing unacked, and
-//! the test shows its kills landed where it claims: each killed worker had committed, and kills
-//! fell between a commit and its ack (the ledger found redeliveries of committed messages).
+//! moments during a stream loses nothing, duplicates nothing and leaves no uncommitted message
+//! unacked, and the test shows its kills landed where it claims: each killed worker had
+//! committed, and kills fell between a commit and its ack (the ledger found redeliveries of
+//! committed messages).
 //!
 //! Emulator stall (see ARCHITECTURE.md): messages the emulator had handed to a killed worker's
 //! streams come back only after their stream ack deadline, and streams opened right after a close
@@ -118,7 +119,9 @@ fn scrape(port: u16) -> Option<Scrape> {
 ///   expected to be 0: the ledger's duplicates are the evidence.
 ///
 /// At the end every message id has exactly one row, and once the workers have drained and
-/// stopped, a plain client finds nothing left unacked on the subscription. A control
+/// stopped, a plain client finds nothing left unacked on the subscription that has no row (a
+/// killed stream's message the emulator hands back only after the last worker stopped may be
+/// left, its row committed: seen once in CI, 1 of 21 400). A control
 /// subscription, whose messages a plain client received and left unacked when its stream closed,
 /// shows that the same check does find unacked messages when there are some.
 #[tokio::test(flavor = "multi_thread")]
@@ -315,10 +318,28 @@ async fn sigkill_five_times_loses_nothing_and_duplicates_nothing() {
         sluice_tests::unacked_messages(&pubsub, &subs[0], 0),
         control
     );
+    // A killed stream's messages come back from the emulator over minutes: one handed back
+    // after the last worker stopped stays unacked, though its row is there. What must never be
+    // left is a message without its row.
+    let uncommitted: Vec<&String> = left
+        .iter()
+        .filter(|id| {
+            db.query(&format!(
+                "SELECT COUNT(*) FROM test__events WHERE message_id = '{id}'"
+            )) == 0
+        })
+        .collect();
+    println!(
+        "{} messages left unacked after the workers stopped, all committed: {}",
+        left.len(),
+        uncommitted.is_empty()
+    );
     assert!(
-        left.is_empty(),
-        "{} messages left unacked on the subscription",
-        left.len()
+        uncommitted.is_empty(),
+        "{} of the {} messages left unacked on the subscription were never committed: {:?}",
+        uncommitted.len(),
+        left.len(),
+        uncommitted.iter().take(5).collect::<Vec<_>>()
     );
     assert_eq!(touched.len(), 500);
     let missed = touched.difference(&control).count();
