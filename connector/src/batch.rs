@@ -61,23 +61,38 @@ impl FlowDedup {
             Admission::New(delivery) => Some(delivery),
             Admission::Parked => None,
             Admission::Committed(duplicate) => {
-                let (publish_ms, id) = (
-                    duplicate.message.publish_time_ms,
-                    duplicate.message.message_id.clone(),
-                );
-                let counters = self.counters.clone();
-                self.counters.settled_then(
-                    [(publish_ms, id.as_str())],
-                    Box::new(move || {
-                        let received_at = duplicate.ack();
-                        counters.duplicate_in_memory(1);
-                        counters.acked(1);
-                        counters.ack_latency(received_at.elapsed().as_secs_f64());
-                    }),
-                );
+                self.counters.duplicate_in_memory(1);
+                ack_after_report(&self.counters, vec![duplicate]);
                 None
             }
         }
+    }
+}
+
+/// Acks `deliveries`, counted; for a flow with a watermark, only once their settled reports
+/// are stored (the tracker's next tick), so a crash in between leaves them to be redelivered
+/// and reported again.
+fn ack_after_report(counters: &Counters, deliveries: Vec<Delivery>) {
+    if deliveries.is_empty() {
+        return;
+    }
+    let Some(watermark) = counters.watermark() else {
+        return ack_now(counters, deliveries);
+    };
+    watermark.settled(
+        deliveries
+            .iter()
+            .map(|d| (d.message.publish_time_ms, d.message.message_id.as_str())),
+    );
+    let counters = counters.clone();
+    watermark.after_settled(Box::new(move || ack_now(&counters, deliveries)));
+}
+
+/// Acks `deliveries` now, counted.
+fn ack_now(counters: &Counters, deliveries: Vec<Delivery>) {
+    counters.acked(deliveries.len() as u64);
+    for delivery in deliveries {
+        counters.ack_latency(delivery.ack().elapsed().as_secs_f64());
     }
 }
 
@@ -415,35 +430,14 @@ impl Batch {
                 (d.hash, how)
             }));
         let (acked, parked_duplicates) = (deliveries.len() as u64, parked.len() as u64);
+        counters.duplicate_in_memory(parked_duplicates);
         // What the commit recorded toward the watermark is acked now; the rest once its
         // reports are stored (a report lost with its ack would hold the watermark for ever).
-        let (now, after_report) = if commit_recorded_progress {
-            (deliveries, parked)
+        if commit_recorded_progress {
+            ack_after_report(&counters, parked);
+            ack_now(&counters, deliveries);
         } else {
-            (Vec::new(), deliveries.into_iter().chain(parked).collect())
-        };
-        counters.acked(now.len() as u64);
-        for delivery in now {
-            counters.ack_latency(delivery.ack().elapsed().as_secs_f64());
-        }
-        counters.duplicate_in_memory(parked_duplicates);
-        if !after_report.is_empty() {
-            let ids: Vec<(i64, String)> = after_report
-                .iter()
-                .map(|d| (d.message.publish_time_ms, d.message.message_id.clone()))
-                .collect();
-            let acks = counters.clone();
-            counters.settled_then(
-                ids.iter()
-                    .map(|(publish_ms, id)| (*publish_ms, id.as_str())),
-                Box::new(move || {
-                    let n = after_report.len() as u64;
-                    for delivery in after_report {
-                        acks.ack_latency(delivery.ack().elapsed().as_secs_f64());
-                    }
-                    acks.acked(n);
-                }),
-            );
+            ack_after_report(&counters, deliveries.into_iter().chain(parked).collect());
         }
         acked + parked_duplicates
     }

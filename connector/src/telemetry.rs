@@ -281,20 +281,6 @@ impl Counters {
         }
     }
 
-    /// These messages (publish time, message id) were settled, and are not acked yet: `then`
-    /// (their acks) runs once their reports toward the watermark are stored, or at once for a
-    /// flow without a watermark.
-    pub(crate) fn settled_then<'a>(
-        &self,
-        messages: impl IntoIterator<Item = (i64, &'a str)>,
-        then: crate::watermark::AfterReport,
-    ) {
-        match self.watermark() {
-            Some(watermark) => watermark.settled_then(messages, then),
-            None => then(),
-        }
-    }
-
     /// Rows committed below the watermark.
     pub(crate) fn late(&self, n: u64) {
         self.inner.late.add(n);

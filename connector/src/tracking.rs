@@ -32,7 +32,7 @@
 //! * **Reports are never lost.** A commit records its messages settled in its own transaction
 //!   (`CommitBatch::watermark_progress`); messages settled outside a commit (duplicates found
 //!   in memory, redeliveries parked behind a key in flight) are acked only once their reports
-//!   are stored ([`FlowWatermark::settled_then`]), so a worker killed in between leaves them to
+//!   are stored ([`FlowWatermark::after_settled`]), so a worker killed in between leaves them to
 //!   be redelivered and reported again. A bucket left unprocessed behind processed ones is
 //!   therefore waited for, never released on a timer (its messages may be committing slowly:
 //!   a stage returning UNAVAILABLE, a lock, a retried batch): `sluice_watermark_stalled_seconds`
@@ -675,7 +675,9 @@ impl WatermarkTracker {
     /// a lost report.
     fn alert_stall(&self, reading: &mut Reading, buckets: &[BucketCounts], now: i64) {
         let stalled = stalled_buckets(buckets);
-        reading.stalled_since.retain(|b, _| stalled.contains(b));
+        reading
+            .stalled_since
+            .retain(|b, _| stalled.binary_search(b).is_ok());
         for bucket in &stalled {
             reading.stalled_since.entry(*bucket).or_insert(now);
         }

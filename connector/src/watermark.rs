@@ -12,7 +12,7 @@
 //!
 //! * Messages settled outside a commit (duplicates found in memory, redeliveries parked behind
 //!   a key in flight) are acked only once their reports are stored
-//!   ([`FlowWatermark::settled_then`]): a worker killed in between leaves them unacked, so they
+//!   ([`FlowWatermark::after_settled`]): a worker killed in between leaves them unacked, so they
 //!   come back and are reported again, and no bucket waits for ever for a report that was lost.
 //!
 //! Guarantee: the watermark held here only moves forward ([`FlowWatermark::advance`] keeps the
@@ -113,23 +113,6 @@ impl FlowWatermark {
     /// This worker settled these messages, each given by its publish time and message id (one
     /// lock for a whole batch).
     pub fn settled<'a>(&self, messages: impl IntoIterator<Item = (i64, &'a str)>) {
-        self.report(messages, None);
-    }
-
-    /// As [`FlowWatermark::settled`], and runs `then` (their acks) once the reports are stored.
-    pub fn settled_then<'a>(
-        &self,
-        messages: impl IntoIterator<Item = (i64, &'a str)>,
-        then: AfterReport,
-    ) {
-        self.report(messages, Some(then));
-    }
-
-    fn report<'a>(
-        &self,
-        messages: impl IntoIterator<Item = (i64, &'a str)>,
-        then: Option<AfterReport>,
-    ) {
         let mut settled = self
             .inner
             .settled
@@ -142,7 +125,17 @@ impl FlowWatermark {
                 message_id: id.to_owned(),
                 report: MessageReport::Settled,
             }));
-        settled.then.extend(then);
+    }
+
+    /// Runs `then` (acks) once the reports given to [`FlowWatermark::settled`] before it are
+    /// stored (at the latest with the next store of reports after them).
+    pub fn after_settled(&self, then: AfterReport) {
+        self.inner
+            .settled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .then
+            .push(then);
     }
 
     /// Takes the settled messages not reported yet (to be recorded in the store, then
@@ -197,12 +190,10 @@ mod tests {
         w.restore_settled(taken);
         let acked = Arc::new(AtomicI64::new(0));
         let counted = acked.clone();
-        w.settled_then(
-            [(1_000, "d")],
-            Box::new(move || {
-                counted.fetch_add(1, Ordering::SeqCst);
-            }),
-        );
+        w.settled([(1_000, "d")]);
+        w.after_settled(Box::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }));
         let taken = w.take_settled();
         assert_eq!(taken.reports.len(), 4);
         assert_eq!(

@@ -9,8 +9,9 @@
 //! topic every tick, and only a probe delivered back through the tracking stream moves the
 //! horizon. From that:
 //!
-//! * until a probe comes back after the stream (re)opened, the stream proves nothing (the
-//!   emulator holds a reopened subscription back for minutes): no horizon;
+//! * until a probe comes back, the stream proves nothing (the emulator holds a reopened
+//!   subscription back for minutes): no horizon. A horizon serves one stream: the reader makes
+//!   a new one when it opens the stream again;
 //! * while messages are delivered more than `quiet_ms` after their publish time, the stream is
 //!   draining a backlog: no horizon for `quiet_ms` after the last such delivery (part of the
 //!   backlog may not be delivered yet, and its event times are unknown). The delay is measured
@@ -84,20 +85,6 @@ impl DeliveryHorizon {
             last_backlog: None,
             probes: VecDeque::new(),
         }
-    }
-
-    /// The allowance for a live stream's delivery delay.
-    pub fn quiet_ms(&self) -> Millis {
-        self.quiet_ms
-    }
-
-    /// The stream was (re)opened: a probe must come back through it before it proves anything.
-    pub fn stream_opened(&mut self) {
-        self.newest_probe = None;
-        self.contiguous_publish = None;
-        self.delivered_ahead.clear();
-        self.recent.clear();
-        self.probes.clear();
     }
 
     /// The stream delivered a message published at `publish_ms`, at `now_ms` (reader's clock).
@@ -245,9 +232,6 @@ mod tests {
         h.probe_delivered(2, 200_150, 200_200);
         assert_eq!(h.horizon(201_000), None);
         assert_eq!(h.horizon(202_300), Some(198_150));
-        // Reopened: proves nothing until a probe comes back.
-        h.stream_opened();
-        assert_eq!(h.horizon(203_000), None);
     }
 
     #[test]
