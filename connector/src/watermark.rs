@@ -139,7 +139,7 @@ impl FlowWatermark {
     }
 
     /// Takes the settled messages not reported yet (to be recorded in the store, then
-    /// [`SettledReports::stored`]).
+    /// `SettledReports::stored`).
     pub fn take_settled(&self) -> SettledReports {
         std::mem::take(
             &mut *self

@@ -1,6 +1,7 @@
-//! The harness of sluice's end-to-end tests: one real Pub/Sub emulator per test binary (fresh
-//! topic and subscription names per test), `sluice` worker processes, and direct reads of the
-//! SQLite store.
+//! The harness of sluice's end-to-end tests: one real Pub/Sub emulator for the whole run
+//! (started by `scripts/test` and named by `SLUICE_TEST_PUBSUB`, or else one per test process;
+//! fresh topic and subscription names per test), `sluice` worker processes, and direct reads of
+//! the SQLite store.
 //!
 //! The emulator stalls new streams on a subscription for two to three minutes after any stream
 //! on it closed (measured; see ARCHITECTURE.md). Tests that kill or stop a worker and need the
@@ -20,19 +21,52 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod private_postgres;
 pub mod proxy;
 pub mod watermarks;
+pub use private_postgres::PrivatePostgres;
 pub use proxy::FaultProxy;
 
 /// Project of every test resource.
 pub const PROJECT: &str = "sluice-test";
 
-static EMULATOR: OnceLock<Emulator> = OnceLock::new();
+/// Names the endpoint of an emulator shared by every test process of a run
+/// (`http://127.0.0.1:PORT`); `scripts/test` starts one and sets it.
+pub const SHARED_EMULATOR_VARIABLE: &str = "SLUICE_TEST_PUBSUB";
 
-/// The emulator of this test binary (started on first use; killed by its watchdog when the
-/// binary exits).
-pub fn emulator() -> &'static Emulator {
-    EMULATOR.get_or_init(|| Emulator::start().expect("start the Pub/Sub emulator"))
+/// The emulator the tests of this process talk to.
+#[derive(Debug)]
+pub struct TestEmulator {
+    endpoint: String,
+    /// Held so that an emulator this process started lives as long as the process.
+    _own: Option<Emulator>,
+}
+
+impl TestEmulator {
+    /// `http://127.0.0.1:PORT`, the value for `pubsub.endpoint`.
+    pub fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+}
+
+static EMULATOR: OnceLock<TestEmulator> = OnceLock::new();
+
+/// The run's shared emulator when `SLUICE_TEST_PUBSUB` names one; otherwise this process's own,
+/// started on first use and killed by its watchdog when the process exits.
+pub fn emulator() -> &'static TestEmulator {
+    EMULATOR.get_or_init(|| match std::env::var(SHARED_EMULATOR_VARIABLE) {
+        Ok(endpoint) if !endpoint.is_empty() => TestEmulator {
+            endpoint,
+            _own: None,
+        },
+        _ => {
+            let own = Emulator::start().expect("start the Pub/Sub emulator");
+            TestEmulator {
+                endpoint: own.endpoint(),
+                _own: Some(own),
+            }
+        }
+    })
 }
 
 /// A unique resource name.
@@ -49,7 +83,7 @@ pub struct PubSub {
 }
 
 impl PubSub {
-    /// Connects to this binary's emulator.
+    /// Connects to the run's emulator.
     pub async fn connect() -> Self {
         let config = PubSubConfig {
             project: Some(PROJECT.to_owned()),
@@ -539,6 +573,15 @@ impl PostgresPipeline {
     /// Creates it all; `store_parameters` is appended to the store URL (`?ledger_generation=2s`).
     pub async fn create(prefix: &str, store_parameters: &str) -> Self {
         let database = sluice_store::ScratchDatabase::create().await.unwrap();
+        Self::on(database, prefix, store_parameters).await
+    }
+
+    /// The same on a database of the caller's (a private server's, say).
+    pub async fn on(
+        database: sluice_store::ScratchDatabase,
+        prefix: &str,
+        store_parameters: &str,
+    ) -> Self {
         let db = PgDb(database.url().to_owned());
         let pubsub = PubSub::connect().await;
         let (topic, mut subs) = pubsub.topic_with(prefix, 1).await;

@@ -2,76 +2,21 @@
 //! retry their commits with backoff (acking nothing meanwhile, their Pub/Sub leases extended),
 //! recover by themselves, and every distinct key lands exactly once.
 //!
-//! Real parts: the Pub/Sub emulator and the machine's PostgreSQL server, stopped and started
-//! with `pg_ctlcluster` (this test binary holds a single test, and test binaries run one after
-//! another, so no other test is using the server meanwhile). A guard restarts the server if the
-//! test fails half-way.
+//! Real parts: the Pub/Sub emulator and a PostgreSQL server of this test's own (the machine's
+//! release, a fresh cluster on a free port), stopped and started with `pg_ctl`, so the tests
+//! that run meanwhile keep the machine's server.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_tests::{
-    PostgresPipeline, PubSub, Worker, events_with_duplicates, eventually, stop_all,
+    PostgresPipeline, PrivatePostgres, PubSub, Worker, events_with_duplicates, eventually, stop_all,
 };
-use std::process::Command;
 use std::time::Duration;
-
-/// The local cluster, as `pg_ctlcluster` names it (`<version> main`).
-fn pg_ctl(action: &str) {
-    let version = std::fs::read_dir("/etc/postgresql")
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .file_name();
-    let status = Command::new("pg_ctlcluster")
-        .arg("--skip-systemctl-redirect")
-        .arg(&version)
-        .args(["main", action, "-m", "fast"])
-        .status()
-        .unwrap();
-    assert!(status.success(), "pg_ctlcluster {action} failed");
-}
-
-fn postgres_ready() -> bool {
-    Command::new("pg_isready")
-        .args(["-h", "127.0.0.1", "-q"])
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Starts the server again when dropped (also when the test panics while it is down).
-struct Stopped;
-
-impl Stopped {
-    fn now() -> Self {
-        pg_ctl("stop");
-        assert!(!postgres_ready());
-        Stopped
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        if !postgres_ready() {
-            let version = std::fs::read_dir("/etc/postgresql")
-                .ok()
-                .and_then(|mut d| d.next())
-                .and_then(Result::ok)
-                .map(|e| e.file_name());
-            if let Some(version) = version {
-                let _ = Command::new("pg_ctlcluster")
-                    .arg("--skip-systemctl-redirect")
-                    .arg(version)
-                    .args(["main", "start"])
-                    .status();
-            }
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fifteen_second_database_outage_loses_nothing_and_duplicates_nothing() {
     const DISTINCT: usize = 20_000;
     const DUPLICATES: usize = 2_000;
+    let server = PrivatePostgres::start();
     let PostgresPipeline {
         database: _database,
         db,
@@ -80,7 +25,12 @@ async fn a_fifteen_second_database_outage_loses_nothing_and_duplicates_nothing()
         subscription,
         dir: _dir,
         file,
-    } = PostgresPipeline::create("outage", "").await;
+    } = {
+        let database = sluice_store::ScratchDatabase::create_on(&server.admin_url())
+            .await
+            .unwrap();
+        PostgresPipeline::on(database, "outage", "").await
+    };
     let mut workers = vec![Worker::start(&file, "a"), Worker::start(&file, "b")];
     let messages = events_with_duplicates("o", DISTINCT, DUPLICATES);
     let publisher = {
@@ -96,15 +46,14 @@ async fn a_fifteen_second_database_outage_loses_nothing_and_duplicates_nothing()
     };
     assert!(eventually(Duration::from_secs(120), || db.rows() > 2_000).await);
 
-    let outage = Stopped::now();
+    server.stop();
+    assert!(!server.is_ready());
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert!(
         workers.iter_mut().all(Worker::is_running),
         "workers survive the outage"
     );
-    pg_ctl("start");
-    assert!(eventually(Duration::from_secs(30), postgres_ready).await);
-    drop(outage);
+    server.resume();
     publisher.await.unwrap();
 
     let landed = eventually(Duration::from_secs(600), || db.rows() >= DISTINCT as i64).await;
