@@ -3,7 +3,7 @@
 
 use crate::budget::Budget;
 use crate::delivery::{Delivery, SourceMessage};
-use crate::pubsub::SourceError;
+use crate::source::SourceError;
 use crate::source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
 use crate::storable::make_storable;
 use crate::telemetry::Counters;

@@ -28,7 +28,7 @@ use crate::bounded::{Deliverer, SkipCommitted, SourceProgress};
 use crate::budget::Budget;
 use crate::delivery::{SourceMessage, SourceProblem};
 use crate::event_time::parse_event_time;
-use crate::pubsub::SourceError;
+use crate::source::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
 use async_trait::async_trait;
 use base64::Engine;

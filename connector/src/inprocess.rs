@@ -6,7 +6,7 @@
 
 use crate::budget::Budget;
 use crate::delivery::{AckHandle, SourceMessage};
-use crate::pubsub::SourceError;
+use crate::source::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
 use async_trait::async_trait;
 use bytes::Bytes;

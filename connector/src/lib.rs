@@ -72,7 +72,7 @@ pub use inprocess::{InProcessAck, InProcessSource, InProcessTally};
 pub use pubsub::{PubSubConfig, PubSubSource};
 pub use runner::{COMMIT_QUEUE, DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
 pub use sink::{JsonlSink, SinkCommit};
-pub use source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
+pub use source::{INTAKE_CAPACITY, MessageSource, Received, SourceError, SourceHandle};
 pub use stage::{Stage, StageError, TableStage};
 pub use storable::UNSTORABLE;
 pub use table::TableSource;

@@ -19,8 +19,8 @@
 use crate::batch::{BatchSettings, BatchSource, DedupSettings};
 use crate::budget::Budget;
 use crate::commit::{CommitReport, CommitThenAck};
-use crate::pubsub::SourceError;
 use crate::source::MessageSource;
+use crate::source::SourceError;
 use crate::telemetry::Counters;
 use std::sync::Arc;
 use std::time::Duration;

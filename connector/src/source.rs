@@ -42,6 +42,25 @@ impl Received {
     }
 }
 
+/// Why a source could not start: a Pub/Sub client could not be set up or used, or a file
+/// source cannot read its files.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// A client could not be built (bad endpoint, no credentials). Not retried.
+    #[error("cannot build a Pub/Sub client: {0}")]
+    Client(String),
+    /// An RPC failed (retried by callers that can).
+    #[error("Pub/Sub request failed: {0}")]
+    Rpc(String),
+    /// A name is not usable (no project for a short subscription name).
+    #[error("{0}")]
+    Name(String),
+    /// A file source cannot read its files (none matches, one is unreadable).
+    #[error("{0}")]
+    File(String),
+}
+
 /// Something that can be started to deliver messages.
 #[async_trait]
 pub trait MessageSource: Send + 'static {
@@ -55,7 +74,7 @@ pub trait MessageSource: Send + 'static {
         intake: mpsc::Sender<Received>,
         budget: Budget,
         stop: CancellationToken,
-    ) -> Result<Box<dyn SourceHandle>, crate::pubsub::SourceError>;
+    ) -> Result<Box<dyn SourceHandle>, SourceError>;
 }
 
 /// A running source.

@@ -17,7 +17,7 @@
 use crate::bounded::{CHUNK, Deliverer, Running, SkipCommitted, SourceProgress};
 use crate::budget::Budget;
 use crate::delivery::SourceMessage;
-use crate::pubsub::SourceError;
+use crate::source::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
 use async_trait::async_trait;
 use sluice_store::{RowCursor, Store, StoredRow};

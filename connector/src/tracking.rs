@@ -368,9 +368,9 @@ impl WatermarkTracker {
         &self,
         stop: &CancellationToken,
         stored_horizon: Option<i64>,
-    ) -> Result<Reading, crate::pubsub::SourceError> {
+    ) -> Result<Reading, crate::source::SourceError> {
         let no_answer =
-            || crate::pubsub::SourceError::Rpc(format!("no answer within {READ_RETRY:?}"));
+            || crate::source::SourceError::Rpc(format!("no answer within {READ_RETRY:?}"));
         let tracking = &self.settings.tracking_subscription;
         let probe_prefix = format!("{}/{}/", self.settings.worker, now_ms());
         let mut horizon = DeliveryHorizon::new(DEFAULT_QUIET_MS);
@@ -409,11 +409,11 @@ impl WatermarkTracker {
                 probes
                     .publish(probe_message(&probe_prefix, next_probe))
                     .await
-                    .map_err(|e| crate::pubsub::SourceError::Rpc(e.to_string()))?;
+                    .map_err(|e| crate::source::SourceError::Rpc(e.to_string()))?;
                 next_probe += 1;
                 admin.seek_to_time(tracking, stored).await?;
             }
-            Ok::<_, crate::pubsub::SourceError>(probes)
+            Ok::<_, crate::source::SourceError>(probes)
         })
         .await
         .map_err(|_| no_answer())??;

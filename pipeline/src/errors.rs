@@ -47,6 +47,8 @@ pub enum ErrorCode {
     SubscriptionShared,
     /// A name that is not `[a-z_][a-z0-9_]*` of at most 48 bytes.
     InvalidIdentifier,
+    /// A valid file asks for what this version does not run (`sluice run` only).
+    NotBuilt,
     /// The file could not be read.
     Unreadable,
     /// The file is not well-formed YAML (or not a mapping at the top).
@@ -73,6 +75,7 @@ impl ErrorCode {
             Self::ForeachBatchPredecessor => "FOREACH_BATCH_PREDECESSOR",
             Self::InvalidSchedule => "INVALID_SCHEDULE",
             Self::SubscriptionShared => "SUBSCRIPTION_SHARED",
+            Self::NotBuilt => "NOT_BUILT",
             Self::InvalidIdentifier => "INVALID_IDENTIFIER",
             Self::Unreadable => "UNREADABLE",
             Self::Syntax => "SYNTAX",

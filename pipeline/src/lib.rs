@@ -27,10 +27,15 @@
 //!   and column; it prints as one line. Problems found after the file was read (ranges, names,
 //!   references) are all reported together; a file that is not well-formed YAML, or whose shape
 //!   serde rejects (unknown key, wrong type), stops at its first such problem.
+//! - **What cannot run is said before a run.** [`load_for_run`] (what `sluice run` loads) adds
+//!   the checks of what this version runs (`NOT_BUILT`, located like every other error);
+//!   `sluice validate` accepts such a file, since it is valid.
 
+mod capabilities;
 mod convert;
 mod decode;
 mod errors;
+mod fields;
 pub mod graph;
 mod humane;
 mod locate;
@@ -50,17 +55,33 @@ pub use validate::{MAX_IDENTIFIER_LEN, is_identifier};
 /// # Errors
 /// Every problem found, each located; an unreadable file is one `UNREADABLE` error.
 pub fn load(path: &Path) -> Result<Pipeline, ConfigErrors> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => parse(&text, path),
-        Err(e) => Err(ConfigError::new(
+    let text = read(path)?;
+    parse(&text, path)
+}
+
+/// The file's text, or one `UNREADABLE` error.
+fn read(path: &Path) -> Result<String, ConfigErrors> {
+    std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::new(
             ErrorCode::Unreadable,
             path,
             "",
             None,
             format!("cannot read the pipeline file: {e}"),
         )
-        .into()),
-    }
+        .into()
+    })
+}
+
+/// Like [`load`], and also checks that this version can run everything the file asks for:
+/// what `sluice run` loads. A valid file that uses what is not built yet gets located
+/// `NOT_BUILT` errors.
+///
+/// # Errors
+/// As [`load`], plus one `NOT_BUILT` error per part this version cannot run.
+pub fn load_for_run(path: &Path) -> Result<Pipeline, ConfigErrors> {
+    let text = read(path)?;
+    parse_with(&text, path, true)
 }
 
 /// Parses and validates pipeline text; `file` is only used to name the file in errors.
@@ -68,10 +89,26 @@ pub fn load(path: &Path) -> Result<Pipeline, ConfigErrors> {
 /// # Errors
 /// Every problem found, each located (see the crate docs for what stops early).
 pub fn parse(text: &str, file: &Path) -> Result<Pipeline, ConfigErrors> {
+    parse_with(text, file, false)
+}
+
+/// Like [`parse`], plus the checks of [`load_for_run`].
+///
+/// # Errors
+/// As [`load_for_run`].
+pub fn parse_for_run(text: &str, file: &Path) -> Result<Pipeline, ConfigErrors> {
+    parse_with(text, file, true)
+}
+
+fn parse_with(text: &str, file: &Path, for_run: bool) -> Result<Pipeline, ConfigErrors> {
     let locator = locate::Locator::new(text);
     let raw = decode::decode(text, file, &locator)?;
     let mut collector = errors::Collector::new(file, &locator);
     let pipeline = convert::convert(raw, &mut collector);
     validate::validate(&pipeline, &mut collector);
+    // What cannot run is asked only of a valid file: its checks read a consistent model.
+    if for_run && collector.len() == 0 {
+        capabilities::check(&pipeline, &mut collector);
+    }
     collector.finish(pipeline)
 }

@@ -32,6 +32,17 @@ pub struct Pipeline {
     pub flows: Vec<Flow>,
 }
 
+impl Pipeline {
+    /// The flows that write `table` without end: live Pub/Sub flows (not `once`), whose
+    /// watermarks close the windows of a window over that table.
+    pub fn live_writers(&self, table: &str) -> Vec<&Flow> {
+        self.flows
+            .iter()
+            .filter(|w| w.target == table && !w.once && matches!(w.source, Source::PubSub(_)))
+            .collect()
+    }
+}
+
 /// How a pipeline runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
@@ -103,6 +114,14 @@ impl TargetKind {
             Self::Window { .. } => "window",
             Self::ForeachBatch { .. } => "foreach_batch",
         }
+    }
+
+    /// The attribute a window's `group_by` names (`attribute:NAME`), if it is of that form.
+    pub fn group_attribute(group_by: &str) -> Option<&str> {
+        group_by
+            .strip_prefix("attribute:")
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
     }
 }
 

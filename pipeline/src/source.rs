@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::convert::{count, duration, non_empty, positive_duration, required, size};
 use crate::errors::{Collector, ErrorCode};
+use crate::fields::{count, duration, non_empty, positive_duration, required, size};
 use crate::model::{
     BatchSettings, DedupBy, DedupSettings, EventTimeSettings, Flow, FlowControl, OnBadTimestamp,
     OnMissingKey, PubSubSource, Source, TrackingSubscription, WatermarkSettings,

@@ -33,17 +33,13 @@
 
 mod drain;
 mod error;
+mod local_clock;
 mod model;
 mod pool;
 mod postgres;
 mod progress;
 mod schema;
 mod sqlite;
-mod sqlite_commit;
-mod sqlite_flows;
-mod sqlite_pool;
-mod sqlite_progress;
-mod sqlite_windows;
 mod url;
 mod windows;
 

@@ -238,8 +238,8 @@ fn a_listen_setting_that_is_not_an_address_exits_2_naming_it() {
 
 /// A window target fed by a `table` source (SPEC §4's example) closes its windows with the
 /// watermarks of the table's live writers: with a live writer that has no `watermark:`, the
-/// file is valid (`validate` accepts it) but `run` refuses it with exit 2, names the writer and
-/// says why, before touching anything.
+/// file is valid (`validate` accepts it) but `run` refuses it with exit 2 (a located
+/// `NOT_BUILT` error), names the writer and says why, before touching anything.
 #[test]
 fn a_window_over_a_table_needs_its_live_writers_watermarks() {
     let dir = Workdir::new();
@@ -267,7 +267,9 @@ fn a_window_over_a_table_needs_its_live_writers_watermarks() {
     let (code, stderr) = run_with(&file);
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains("flows[1].source")
+        stderr.contains("NOT_BUILT")
+            && stderr.contains("p.yaml:")
+            && stderr.contains("flows[1].source")
             && stderr.contains("reads table \"events\"")
             && stderr.contains("live writer \"live\" has no `watermark:`"),
         "{stderr}"

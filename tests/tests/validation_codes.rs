@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 /// anything: a hang means the file was not rejected up front).
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The codes of `sluice_pipeline::ErrorCode` that a pipeline file can trigger; each needs a
-/// row in [`CASES`].
+/// The codes of `sluice_pipeline::ErrorCode` that a pipeline file can trigger in `sluice
+/// validate`; each needs a row in [`CASES`]. (`NOT_BUILT` is `sluice run`'s: a valid file that
+/// asks for what is not built; `pipeline/tests/not_built.rs` and `cli.rs` test it.)
 const ALL_CODES: [&str; 19] = [
     "UNKNOWN_KEY",
     "INVALID_DURATION",

@@ -1,7 +1,13 @@
-//! The command line of SPEC §3 (the commands built so far).
+//! The command line of SPEC §3 (the commands built so far): what each command takes; each
+//! command itself is a file of `commands/`.
 
+use crate::commands::bench::BenchCommand;
+use crate::commands::graph::GraphFormat;
+use crate::commands::status::StatusFormat;
+use crate::commands::validate::ValidateFormat;
+use crate::commands::{self, refresh::Seek};
 use crate::logging::LogFormat;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -18,26 +24,6 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// Output format of `validate` and `status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
-    /// One line per error.
-    Text,
-    /// A JSON document.
-    Json,
-}
-
-/// Output format of `graph`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum GraphFormat {
-    /// One line per flow, in start order.
-    Text,
-    /// Graphviz.
-    Dot,
-    /// A Mermaid flowchart.
-    Mermaid,
 }
 
 /// The commands.
@@ -61,8 +47,8 @@ pub enum Command {
         #[arg(short = 'c', long = "config")]
         config: PathBuf,
         /// Output format.
-        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-        format: OutputFormat,
+        #[arg(long, value_enum, default_value_t = ValidateFormat::Text)]
+        format: ValidateFormat,
     },
     /// What the store says: flows with their counts and completion, workers alive, leases.
     Status {
@@ -70,8 +56,8 @@ pub enum Command {
         #[arg(short = 'c', long = "config")]
         config: PathBuf,
         /// Output format.
-        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-        format: OutputFormat,
+        #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
+        format: StatusFormat,
     },
     /// Draw the flow graph: data edges and depends_on edges, with states from the store.
     Graph {
@@ -129,15 +115,6 @@ pub enum Command {
     },
 }
 
-/// The benchmarks.
-#[derive(Debug, Subcommand)]
-pub enum BenchCommand {
-    /// Raw client vs sluice end to end on one emulator, and sluice's own capacity.
-    Throughput(sluice_bench::ThroughputArgs),
-    /// sluice's watermark estimator and a Beam-style baseline on the same simulated streams.
-    Watermark(sluice_bench::WatermarkArgs),
-}
-
 /// Runs a command; maps its outcome to the exit code.
 pub async fn dispatch(command: Command) -> ExitCode {
     match command {
@@ -147,20 +124,20 @@ pub async fn dispatch(command: Command) -> ExitCode {
             refresh,
         } => {
             let refresh = if full_refresh {
-                crate::run::Refresh::All
+                commands::run::Refresh::All
             } else {
-                crate::run::Refresh::Flows(refresh)
+                commands::run::Refresh::Flows(refresh)
             };
-            crate::run::run_file(&config, refresh).await
+            commands::run::run_file(&config, refresh).await
         }
-        Command::Graph { config, format } => crate::graph::graph(&config, format).await,
+        Command::Graph { config, format } => commands::graph::graph(&config, format).await,
         Command::FullRefresh {
             config,
             seek,
             drop_unread,
         } => {
-            let seek = seek.map(|time| crate::refresh::Seek { time, drop_unread });
-            crate::refresh::full_refresh_file(&config, seek.as_ref()).await
+            let seek = seek.map(|time| Seek { time, drop_unread });
+            commands::refresh::full_refresh_file(&config, seek.as_ref()).await
         }
         Command::Reset {
             flow,
@@ -168,72 +145,12 @@ pub async fn dispatch(command: Command) -> ExitCode {
             seek,
             drop_unread,
         } => {
-            let seek = seek.map(|time| crate::refresh::Seek { time, drop_unread });
-            crate::refresh::reset_file(&config, &flow, seek.as_ref()).await
+            let seek = seek.map(|time| Seek { time, drop_unread });
+            commands::refresh::reset_file(&config, &flow, seek.as_ref()).await
         }
-        Command::Validate { config, format } => validate(&config, format),
-        Command::Status { config, format } => crate::status::status(&config, format).await,
-        Command::Demo { events, dir } => crate::demo::demo(events, &dir).await,
-        Command::Bench {
-            which: BenchCommand::Watermark(args),
-        } => {
-            sluice_bench::watermark(&args);
-            ExitCode::SUCCESS
-        }
-        Command::Bench {
-            which: BenchCommand::Throughput(args),
-        } => match sluice_bench::throughput(args).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("sluice bench: {error}");
-                ExitCode::from(1)
-            }
-        },
-    }
-}
-
-fn validate(config: &std::path::Path, format: OutputFormat) -> ExitCode {
-    let result = sluice_pipeline::load(config);
-    match (format, result) {
-        (OutputFormat::Text, Ok(pipeline)) => {
-            println!(
-                "{}: valid ({} targets, {} flows)",
-                config.display(),
-                pipeline.targets.len(),
-                pipeline.flows.len()
-            );
-            ExitCode::SUCCESS
-        }
-        (OutputFormat::Text, Err(errors)) => {
-            eprintln!("{errors}");
-            ExitCode::from(2)
-        }
-        (OutputFormat::Json, result) => {
-            let errors: Vec<_> = result
-                .as_ref()
-                .err()
-                .map(|errors| {
-                    errors
-                        .iter()
-                        .map(|e| {
-                            serde_json::json!({
-                                "code": e.code.as_str(), "file": e.file, "path": e.path,
-                                "line": e.line, "column": e.column, "message": e.message,
-                            })
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            let valid = errors.is_empty();
-            println!(
-                "{}",
-                serde_json::json!({ "valid": valid, "errors": errors })
-            );
-            if valid {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(2)
-            }
-        }
+        Command::Validate { config, format } => commands::validate::validate(&config, format),
+        Command::Status { config, format } => commands::status::status(&config, format).await,
+        Command::Demo { events, dir } => commands::demo::demo(events, &dir).await,
+        Command::Bench { which } => commands::bench::bench(which).await,
     }
 }

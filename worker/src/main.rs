@@ -2,24 +2,10 @@
 //! and hands over to the command. Exit codes: 0 success, 1 runtime failure, 2 invalid input.
 
 mod cli;
-mod control;
-mod demo;
-mod drain_quorum;
-mod flows;
-mod graph;
+mod commands;
 mod logging;
-mod membership;
-mod observe;
-mod progress;
-mod refresh;
-mod run;
-mod scheduler;
-mod signals;
-mod stage_client;
-mod status;
-mod update;
-mod watermarks;
-mod windows;
+mod runtime;
+mod serve;
 
 use clap::Parser;
 

@@ -1,7 +1,8 @@
 //! Topic and subscription administration and bulk publishing, for the demo, the benchmarks and
 //! the tests (and for users who want sluice to create what it reads).
 
-use super::{PubSubConfig, SourceError};
+use super::PubSubConfig;
+use crate::source::SourceError;
 use google_cloud_gax::error::rpc::Code;
 use google_cloud_gax::retry_policy::{Aip194Strict, RetryPolicy, RetryPolicyExt};
 use google_cloud_pubsub::client::{Publisher, SubscriptionAdmin, TopicAdmin};

@@ -10,6 +10,8 @@ mod admin;
 mod pause;
 mod source;
 
+/// Where the error of a source lives: the seam of every source (`crate::source`).
+pub use crate::source::SourceError;
 pub use admin::{Admin, TrackingStart, log_tracking_start, publish_all, tracking_filter};
 pub use source::PubSubSource;
 
@@ -19,24 +21,6 @@ use google_cloud_auth::credentials::Credentials;
 /// `sluice_watermark`'s horizon): every [`PubSubSource`] acks and drops messages that carry it,
 /// except the tracking reader's own.
 pub const PROBE_ATTRIBUTE: &str = "sluice-probe";
-
-/// Why a Pub/Sub client could not be set up or used.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SourceError {
-    /// A client could not be built (bad endpoint, no credentials). Not retried.
-    #[error("cannot build a Pub/Sub client: {0}")]
-    Client(String),
-    /// An RPC failed (retried by callers that can).
-    #[error("Pub/Sub request failed: {0}")]
-    Rpc(String),
-    /// A name is not usable (no project for a short subscription name).
-    #[error("{0}")]
-    Name(String),
-    /// A file source cannot read its files (none matches, one is unreadable).
-    #[error("{0}")]
-    File(String),
-}
 
 /// Where and as whom to talk to Pub/Sub.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

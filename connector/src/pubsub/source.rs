@@ -16,10 +16,11 @@
 //! and is reopened (`pause.rs`).
 
 use super::pause::{Epoch, PauseWatch};
-use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig, SourceError};
+use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig};
 use crate::backoff::Backoff;
 use crate::budget::Budget;
 use crate::delivery::{AckHandle, SourceMessage};
+use crate::source::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
 use async_trait::async_trait;
 use google_cloud_pubsub::client::Subscriber;

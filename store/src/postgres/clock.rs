@@ -30,7 +30,7 @@ impl ServerClock {
                 &[],
             )
             .await?;
-        let after = crate::sqlite::now_ms();
+        let after = crate::local_clock::now_ms();
         let server: i64 = row.try_get(0)?;
         self.offset_low_ms
             .store(server.saturating_sub(after), Ordering::Relaxed);

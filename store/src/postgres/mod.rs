@@ -19,6 +19,7 @@ mod connect;
 mod error;
 mod flows;
 mod ledger;
+mod pool;
 mod progress;
 mod schema;
 mod scratch;
@@ -46,6 +47,7 @@ macro_rules! ms {
         concat!("(extract(epoch FROM ", $x, ") * 1000)::int8")
     };
 }
+pub(crate) use ms;
 
 /// A PostgreSQL database shared by the replicas of a pool.
 pub struct PostgresStore {
@@ -480,15 +482,7 @@ impl Store for PostgresStore {
 
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
         let (client, _) = self.ready().await?;
-        let pid = i32::try_from(beat.pid).unwrap_or(i32::MAX);
-        client
-            .execute(
-                "INSERT INTO sluice_workers (pipeline, worker, host, pid, started_at, last_beat)
-                 VALUES ($1, $2, $3, $4, now(), now())
-                 ON CONFLICT (pipeline, worker) DO UPDATE SET last_beat = now()",
-                &[&beat.pipeline, &beat.worker, &beat.host, &pid],
-            )
-            .await?;
+        pool::heartbeat(&client, beat).await?;
         // Each beat also renews the clock offset that commit deadlines are converted with.
         self.server_clock.measure(&client).await?;
         Ok(())
@@ -501,76 +495,22 @@ impl Store for PostgresStore {
         drained: bool,
     ) -> Result<(), StoreError> {
         let (client, _) = self.ready().await?;
-        client
-            .execute(
-                "INSERT INTO sluice_drains (flow_id, worker, drained, reported_at)
-                 VALUES ($1, $2, $3, now())
-                 ON CONFLICT (flow_id, worker) DO UPDATE
-                 SET drained = excluded.drained, reported_at = excluded.reported_at",
-                &[&flow.id, &worker, &drained],
-            )
-            .await?;
-        Ok(())
+        pool::report_drain(&client, flow, worker, drained).await
     }
 
     async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
         let (client, _) = self.ready().await?;
-        client
-            .execute(
-                "DELETE FROM sluice_drains WHERE flow_id = $1 AND worker = $2",
-                &[&flow.id, &worker],
-            )
-            .await?;
-        Ok(())
+        pool::withdraw_drain(&client, flow, worker).await
     }
 
     async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
         let (client, _) = self.ready().await?;
-        let pipeline: &str = &flow.pipeline;
-        let rows = client
-            .query(
-                concat!(
-                    "SELECT d.worker, d.drained, ",
-                    ms!("d.reported_at"),
-                    ", ",
-                    ms!("w.last_beat"),
-                    ", ",
-                    ms!("now()"),
-                    " FROM sluice_drains d
-                     LEFT JOIN sluice_workers w ON w.pipeline = $2 AND w.worker = d.worker
-                     WHERE d.flow_id = $1 ORDER BY d.worker"
-                ),
-                &[&flow.id, &pipeline],
-            )
-            .await?;
-        let mut census = crate::DrainCensus::default();
-        for row in &rows {
-            census.now_ms = row.try_get(4)?;
-            census.reports.push(crate::DrainReport {
-                worker: row.try_get(0)?,
-                drained: row.try_get(1)?,
-                reported_at_ms: row.try_get(2)?,
-                last_beat_ms: row.try_get(3)?,
-            });
-        }
-        if rows.is_empty() {
-            census.now_ms = client
-                .query_one(concat!("SELECT ", ms!("now()")), &[])
-                .await?
-                .try_get(0)?;
-        }
-        Ok(census)
+        pool::drain_census(&client, flow).await
     }
 
     async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
         let (client, _) = self.ready().await?;
-        client
-            .execute(
-                "DELETE FROM sluice_workers WHERE pipeline = $1 AND worker = $2",
-                &[&pipeline, &worker],
-            )
-            .await?;
-        Ok(())
+        pool::leave(&client, pipeline, worker).await
     }
 
     async fn workers(
@@ -579,73 +519,12 @@ impl Store for PostgresStore {
         within: Duration,
     ) -> Result<Vec<WorkerRecord>, StoreError> {
         let (client, _) = self.ready().await?;
-        let rows = client
-            .query(
-                concat!(
-                    "SELECT worker, host, pid, ",
-                    ms!("started_at"),
-                    ", ",
-                    ms!("last_beat"),
-                    " FROM sluice_workers
-                     WHERE pipeline = $1 AND last_beat >= now() - make_interval(secs => $2)
-                     ORDER BY worker"
-                ),
-                &[&pipeline, &within.as_secs_f64()],
-            )
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(WorkerRecord {
-                    worker: row.try_get(0)?,
-                    host: row.try_get(1)?,
-                    pid: u32::try_from(row.try_get::<_, i32>(2)?).unwrap_or_default(),
-                    started_at_ms: row.try_get(3)?,
-                    last_beat_ms: row.try_get(4)?,
-                })
-            })
-            .collect()
+        pool::workers(&client, pipeline, within).await
     }
 
     async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
         let (client, _) = self.ready().await?;
-        // One statement, so one snapshot and one clock (`now()`): the row is written only if
-        // the lease is free, expired or already the asker's.
-        let granted = client
-            .query_opt(
-                concat!(
-                    "INSERT INTO sluice_leases AS l (pipeline, role, holder, acquired_at, expires_at)
-                     VALUES ($1, $2, $3, now(), now() + make_interval(secs => $4))
-                     ON CONFLICT (pipeline, role) DO UPDATE SET
-                         acquired_at = CASE WHEN l.holder = excluded.holder
-                             THEN l.acquired_at ELSE excluded.acquired_at END,
-                         holder = excluded.holder,
-                         expires_at = excluded.expires_at
-                     WHERE l.holder = excluded.holder OR l.expires_at <= now()
-                     RETURNING l.acquired_at = now(), ",
-                    ms!("l.expires_at")
-                ),
-                &[
-                    &request.pipeline,
-                    &request.role,
-                    &request.holder,
-                    &request.ttl.as_secs_f64(),
-                ],
-            )
-            .await?;
-        if let Some(row) = granted {
-            return Ok(LeaseGrant::Held {
-                taken: row.try_get(0)?,
-                expires_at_ms: row.try_get(1)?,
-            });
-        }
-        let holder: String = client
-            .query_one(
-                "SELECT holder FROM sluice_leases WHERE pipeline = $1 AND role = $2",
-                &[&request.pipeline, &request.role],
-            )
-            .await?
-            .try_get(0)?;
-        Ok(LeaseGrant::HeldBy(holder))
+        pool::acquire_lease(&client, request).await
     }
 
     async fn release_lease(
@@ -655,39 +534,12 @@ impl Store for PostgresStore {
         holder: &str,
     ) -> Result<(), StoreError> {
         let (client, _) = self.ready().await?;
-        client
-            .execute(
-                "DELETE FROM sluice_leases WHERE pipeline = $1 AND role = $2 AND holder = $3",
-                &[&pipeline, &role, &holder],
-            )
-            .await?;
-        Ok(())
+        pool::release_lease(&client, pipeline, role, holder).await
     }
 
     async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         let (client, _) = self.ready().await?;
-        let rows = client
-            .query(
-                concat!(
-                    "SELECT role, holder, ",
-                    ms!("expires_at"),
-                    ", ",
-                    ms!("acquired_at"),
-                    " FROM sluice_leases WHERE pipeline = $1 ORDER BY role"
-                ),
-                &[&pipeline],
-            )
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(LeaseRecord {
-                    role: row.try_get(0)?,
-                    holder: row.try_get(1)?,
-                    expires_at_ms: row.try_get(2)?,
-                    acquired_at_ms: row.try_get(3)?,
-                })
-            })
-            .collect()
+        pool::leases(&client, pipeline).await
     }
 
     async fn add_bucket_messages(

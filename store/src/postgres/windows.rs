@@ -4,13 +4,13 @@
 //! An emission is one transaction that first locks the flow's row in `sluice_flows`: replicas
 //! emitting the same flow queue there, each starting from the mark the one before moved, and a
 //! reset (which changes that row) never interleaves with an emission. What it writes is what
-//! SQLite's writes ([`crate::sqlite_windows`]): the count rows of its size cleared when it has
+//! SQLite's writes (`crate::sqlite::windows`): the count rows of its size cleared when it has
 //! no mark of that size, then the counts, then the mark. Event times are taken in ms since the
 //! epoch as `read_rows` gives them, so a row lands in the window its event time says;
 //! `emitted_at` is the database server's clock.
 
 use crate::schema::check_table;
-use crate::sqlite_windows::{COUNTS_KEY, Plan, check_emission, mark_of_size, plan};
+use crate::windows::{COUNTS_KEY, Plan, check_emission, mark_of_size, plan};
 use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowsEmitted};
 use deadpool_postgres::Client;
 

@@ -31,7 +31,7 @@ pub(crate) fn commit(
     // arrives late is refused before anything is decided.
     if batch
         .commit_by_ms
-        .is_some_and(|by| crate::sqlite::now_ms() > by)
+        .is_some_and(|by| crate::local_clock::now_ms() > by)
     {
         return Err(StoreError::Stale);
     }

@@ -1,9 +1,9 @@
-//! SQLite: a flow's lifecycle beyond commits — forgetting it (`reset FLOW`, `full-refresh`) and
-//! asking which keys it has already written.
+//! SQLite: a flow's lifecycle beyond commits — forgetting it (`reset FLOW`, `full-refresh`),
+//! asking which keys it has already written, its completion, its counters and row counts.
 
 use crate::schema::{check_table, table_name};
-use crate::{FlowHandle, ResetRows, RowCursor, StoreError, StoredRow};
-use rusqlite::{Connection, TransactionBehavior, params};
+use crate::{FlowHandle, FlowProgress, ResetRows, RowCursor, StoreError, StoredRow};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 /// Keys looked up per statement (well under SQLite's limit of bound parameters).
 const PRESENCE_CHUNK: usize = 500;
@@ -175,4 +175,92 @@ pub(crate) fn commit_recorded(
         |row| row.get(0),
     )?;
     Ok(found > 0)
+}
+
+/// Records that `flow_id` completed (a drained once flow) at `now_ms`.
+pub(super) fn record_completion(
+    conn: &mut Connection,
+    flow_id: i64,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO sluice_completions (flow_id, completed_at) VALUES (?1, ?2)
+         ON CONFLICT (flow_id) DO UPDATE SET completed_at = excluded.completed_at",
+        params![flow_id, now_ms],
+    )?;
+    Ok(())
+}
+
+/// The completed flows of `pipeline` and when each completed, by flow name.
+pub(super) fn completions(
+    conn: &mut Connection,
+    pipeline: &str,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    let mut statement = conn.prepare_cached(
+        "SELECT f.flow, c.completed_at FROM sluice_completions c
+         JOIN sluice_flows f ON f.flow_id = c.flow_id
+         WHERE f.pipeline = ?1 ORDER BY f.flow",
+    )?;
+    let rows = statement.query_map(params![pipeline], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Rows of `table`, of `flow` only when given (tests and benchmarks).
+pub(super) fn count_rows(
+    conn: &Connection,
+    table: &str,
+    flow: Option<&str>,
+) -> Result<u64, StoreError> {
+    check_table(table)?;
+    let count: i64 = match flow {
+        Some(flow) => conn.query_row(
+            &format!("SELECT COUNT(*) FROM \"{table}\" WHERE flow = ?1"),
+            params![flow],
+            |row| row.get(0),
+        )?,
+        None => conn.query_row(&format!("SELECT COUNT(*) FROM \"{table}\""), [], |row| {
+            row.get(0)
+        })?,
+    };
+    Ok(u64::try_from(count).unwrap_or_default())
+}
+
+/// `(distinct keys, keys with more than one row)` of `table`, per flow (tests).
+pub(super) fn key_census(conn: &Connection, table: &str) -> Result<(u64, u64), StoreError> {
+    check_table(table)?;
+    let (distinct, repeated): (i64, i64) = conn.query_row(
+        &format!(
+            "SELECT COUNT(*), COALESCE(SUM(n > 1), 0) FROM
+             (SELECT COUNT(*) AS n FROM \"{table}\" GROUP BY flow, dedup_key)"
+        ),
+        [],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )?;
+    Ok((
+        u64::try_from(distinct).unwrap_or_default(),
+        u64::try_from(repeated).unwrap_or_default(),
+    ))
+}
+
+/// The committed counters of the flow `id`.
+pub(super) fn flow_progress(conn: &Connection, id: i64) -> Result<FlowProgress, StoreError> {
+    let progress = conn
+        .query_row(
+            "SELECT committed, duplicates, dead_lettered, batches FROM sluice_flows
+             WHERE flow_id = ?1",
+            params![id],
+            |row| {
+                let get = |i: usize| -> rusqlite::Result<u64> {
+                    Ok(u64::try_from(row.get::<_, i64>(i)?).unwrap_or_default())
+                };
+                Ok(FlowProgress {
+                    committed: get(0)?,
+                    duplicates: get(1)?,
+                    dead_lettered: get(2)?,
+                    batches: get(3)?,
+                })
+            },
+        )
+        .optional()?;
+    progress.ok_or_else(|| StoreError::Config(format!("no flow with id {id}")))
 }

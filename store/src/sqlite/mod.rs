@@ -4,20 +4,26 @@
 //! Several processes may share one database file (WAL mode, `BEGIN IMMEDIATE`, a busy timeout):
 //! the ledger's primary key still decides duplicates across them.
 
-use crate::schema::{
-    SQLITE_STATE_DDL, check_table, sqlite_dead_letter_ddl, sqlite_target_ddl, table_name,
-};
+mod commit;
+mod error;
+mod flows;
+mod ledger;
+mod pool;
+mod progress;
+mod schema;
+mod windows;
+
+use crate::local_clock::now_ms;
 use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout,
     LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError,
     StoredRow, WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::Connection;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, sync_channel};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// Requests queued for the writer thread; callers wait when it is this far behind.
@@ -63,7 +69,7 @@ impl SqliteStore {
         // FULL: the WAL is synced at every commit, so a batch whose messages were acked survives
         // an operating-system crash too, not only a process crash. One fsync per batch.
         conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.execute_batch(SQLITE_STATE_DDL)?;
+        conn.execute_batch(schema::STATE_DDL)?;
         let (commands, receiver) = sync_channel(COMMAND_QUEUE);
         std::thread::Builder::new()
             .name("sluice-sqlite-writer".to_owned())
@@ -137,15 +143,8 @@ impl Store for SqliteStore {
 
     async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
         let id = flow.id;
-        self.call(move |conn| {
-            conn.execute(
-                "INSERT INTO sluice_completions (flow_id, completed_at) VALUES (?1, ?2)
-                 ON CONFLICT (flow_id) DO UPDATE SET completed_at = excluded.completed_at",
-                params![id, now_ms()],
-            )?;
-            Ok(())
-        })
-        .await
+        self.call(move |conn| flows::record_completion(conn, id, now_ms()))
+            .await
     }
 
     async fn report_drain(
@@ -155,21 +154,19 @@ impl Store for SqliteStore {
         drained: bool,
     ) -> Result<(), StoreError> {
         let (id, worker) = (flow.id, worker.to_owned());
-        self.call(move |conn| {
-            crate::sqlite_pool::report_drain(conn, id, &worker, drained, now_ms())
-        })
-        .await
+        self.call(move |conn| pool::report_drain(conn, id, &worker, drained, now_ms()))
+            .await
     }
 
     async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
         let (id, worker) = (flow.id, worker.to_owned());
-        self.call(move |conn| crate::sqlite_pool::withdraw_drain(conn, id, &worker))
+        self.call(move |conn| pool::withdraw_drain(conn, id, &worker))
             .await
     }
 
     async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
         let flow = flow.clone();
-        self.call(move |conn| crate::sqlite_pool::drain_census(conn, &flow, now_ms()))
+        self.call(move |conn| pool::drain_census(conn, &flow, now_ms()))
             .await
     }
 
@@ -180,7 +177,7 @@ impl Store for SqliteStore {
         rows: ResetRows,
     ) -> Result<(), StoreError> {
         let (flow, table) = (flow.clone(), table.map(str::to_owned));
-        self.call(move |conn| crate::sqlite_flows::reset_flow(conn, &flow, table.as_deref(), rows))
+        self.call(move |conn| flows::reset_flow(conn, &flow, table.as_deref(), rows))
             .await
     }
 
@@ -191,7 +188,7 @@ impl Store for SqliteStore {
         keys: &[String],
     ) -> Result<Vec<bool>, StoreError> {
         let (flow, table, keys) = (flow.clone(), table.to_owned(), keys.to_vec());
-        self.call(move |conn| crate::sqlite_flows::keys_present(conn, &flow, &table, &keys))
+        self.call(move |conn| flows::keys_present(conn, &flow, &table, &keys))
             .await
     }
 
@@ -201,7 +198,7 @@ impl Store for SqliteStore {
         commit_id: &str,
     ) -> Result<bool, StoreError> {
         let (flow, id) = (flow.clone(), commit_id.to_owned());
-        self.call(move |conn| crate::sqlite_flows::commit_recorded(conn, &flow, &id))
+        self.call(move |conn| flows::commit_recorded(conn, &flow, &id))
             .await
     }
 
@@ -212,23 +209,14 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> Result<Vec<StoredRow>, StoreError> {
         let (table, after) = (table.to_owned(), after.cloned());
-        self.call(move |conn| crate::sqlite_flows::read_rows(conn, &table, after.as_ref(), limit))
+        self.call(move |conn| flows::read_rows(conn, &table, after.as_ref(), limit))
             .await
     }
 
     async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
         let pipeline = pipeline.to_owned();
-        self.call(move |conn| {
-            let mut statement = conn.prepare_cached(
-                "SELECT f.flow, c.completed_at FROM sluice_completions c
-                 JOIN sluice_flows f ON f.flow_id = c.flow_id
-                 WHERE f.pipeline = ?1 ORDER BY f.flow",
-            )?;
-            let rows =
-                statement.query_map(params![pipeline], |row| Ok((row.get(0)?, row.get(1)?)))?;
-            Ok(rows.collect::<Result<_, _>>()?)
-        })
-        .await
+        self.call(move |conn| flows::completions(conn, &pipeline))
+            .await
     }
 
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
@@ -236,7 +224,7 @@ impl Store for SqliteStore {
         // is never removed in one go that would hold the writer.
         self.call(|conn| {
             Ok(LedgerUpkeep {
-                keys_removed: purge(conn, now_ms(), PURGE_CHUNK)? as u64,
+                keys_removed: ledger::purge(conn, now_ms(), PURGE_CHUNK)? as u64,
                 ..LedgerUpkeep::default()
             })
         })
@@ -245,20 +233,14 @@ impl Store for SqliteStore {
 
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
         let beat = beat.clone();
-        self.call(move |conn| crate::sqlite_pool::heartbeat(conn, &beat, now_ms()))
+        self.call(move |conn| pool::heartbeat(conn, &beat, now_ms()))
             .await
     }
 
     async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
         let (pipeline, worker) = (pipeline.to_owned(), worker.to_owned());
-        self.call(move |conn| {
-            conn.execute(
-                "DELETE FROM sluice_workers WHERE pipeline = ?1 AND worker = ?2",
-                params![pipeline, worker],
-            )?;
-            Ok(())
-        })
-        .await
+        self.call(move |conn| pool::leave(conn, &pipeline, &worker))
+            .await
     }
 
     async fn workers(
@@ -267,13 +249,13 @@ impl Store for SqliteStore {
         within: Duration,
     ) -> Result<Vec<WorkerRecord>, StoreError> {
         let pipeline = pipeline.to_owned();
-        self.call(move |conn| crate::sqlite_pool::workers(conn, &pipeline, within, now_ms()))
+        self.call(move |conn| pool::workers(conn, &pipeline, within, now_ms()))
             .await
     }
 
     async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
         let request = request.clone();
-        self.call(move |conn| crate::sqlite_pool::acquire_lease(conn, &request, now_ms()))
+        self.call(move |conn| pool::acquire_lease(conn, &request, now_ms()))
             .await
     }
 
@@ -284,14 +266,13 @@ impl Store for SqliteStore {
         holder: &str,
     ) -> Result<(), StoreError> {
         let (pipeline, role, holder) = (pipeline.to_owned(), role.to_owned(), holder.to_owned());
-        self.call(move |conn| crate::sqlite_pool::release_lease(conn, &pipeline, &role, &holder))
+        self.call(move |conn| pool::release_lease(conn, &pipeline, &role, &holder))
             .await
     }
 
     async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
         let pipeline = pipeline.to_owned();
-        self.call(move |conn| crate::sqlite_pool::leases(conn, &pipeline))
-            .await
+        self.call(move |conn| pool::leases(conn, &pipeline)).await
     }
 
     async fn add_bucket_messages(
@@ -303,7 +284,7 @@ impl Store for SqliteStore {
             return Ok(());
         }
         let (flow, messages) = (flow.clone(), messages.to_vec());
-        self.call(move |conn| crate::sqlite_progress::add_bucket_messages(conn, &flow, &messages))
+        self.call(move |conn| progress::add_bucket_messages(conn, &flow, &messages))
             .await
     }
 
@@ -313,13 +294,13 @@ impl Store for SqliteStore {
         from_ms: i64,
     ) -> Result<Vec<BucketCounts>, StoreError> {
         let flow = flow.clone();
-        self.call(move |conn| crate::sqlite_progress::bucket_counts(conn, &flow, from_ms))
+        self.call(move |conn| progress::bucket_counts(conn, &flow, from_ms))
             .await
     }
 
     async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError> {
         let flow = flow.clone();
-        self.call(move |conn| crate::sqlite_progress::prune_buckets(conn, &flow, before_ms))
+        self.call(move |conn| progress::prune_buckets(conn, &flow, before_ms))
             .await
     }
 
@@ -331,13 +312,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<WatermarkRecord>, StoreError> {
         let (flow, offer, fence) = (flow.clone(), *offer, fenced_by.map(str::to_owned));
         self.call(move |conn| {
-            crate::sqlite_progress::advance_watermark(
-                conn,
-                &flow,
-                &offer,
-                fence.as_deref(),
-                now_ms(),
-            )
+            progress::advance_watermark(conn, &flow, &offer, fence.as_deref(), now_ms())
         })
         .await
     }
@@ -347,13 +322,13 @@ impl Store for SqliteStore {
         pipeline: &str,
     ) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
         let pipeline = pipeline.to_owned();
-        self.call(move |conn| crate::sqlite_progress::watermarks(conn, &pipeline))
+        self.call(move |conn| progress::watermarks(conn, &pipeline))
             .await
     }
 
     async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError> {
         let windows_table = windows_table.to_owned();
-        self.call(move |conn| crate::sqlite_windows::prepare_window_table(conn, &windows_table))
+        self.call(move |conn| windows::prepare_window_table(conn, &windows_table))
             .await
     }
 
@@ -363,7 +338,7 @@ impl Store for SqliteStore {
         emission: &WindowEmission,
     ) -> Result<WindowsEmitted, StoreError> {
         let (flow, emission) = (flow.clone(), emission.clone());
-        self.call(move |conn| crate::sqlite_windows::emit_windows(conn, &flow, &emission, now_ms()))
+        self.call(move |conn| windows::emit_windows(conn, &flow, &emission, now_ms()))
             .await
     }
 }
@@ -386,7 +361,7 @@ impl Writer {
             }
             last_purge = Instant::now();
             loop {
-                match purge(&self.conn, now_ms(), PURGE_CHUNK) {
+                match ledger::purge(&self.conn, now_ms(), PURGE_CHUNK) {
                     Ok(deleted) if deleted == PURGE_CHUNK => {}
                     Ok(_) => break,
                     Err(error) => {
@@ -430,119 +405,22 @@ impl Writer {
     }
 
     fn prepare(&mut self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
-        let dead_letter = table_name(&layout.pipeline, "dead_letter")?;
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        for target in &layout.tables {
-            if target == "dead_letter" {
-                return Err(StoreError::Config(
-                    "a table target may not be named dead_letter".to_owned(),
-                ));
-            }
-            tx.execute_batch(&sqlite_target_ddl(&table_name(&layout.pipeline, target)?))?;
-        }
-        tx.execute_batch(&sqlite_dead_letter_ddl(&dead_letter))?;
-        let pipeline: Arc<str> = Arc::from(layout.pipeline.as_str());
-        let mut handles = Vec::with_capacity(layout.flows.len());
-        for flow in &layout.flows {
-            table_name(&layout.pipeline, flow)?;
-            tx.execute(
-                "INSERT INTO sluice_flows (pipeline, flow) VALUES (?1, ?2)
-                 ON CONFLICT (pipeline, flow) DO NOTHING",
-                params![layout.pipeline, flow],
-            )?;
-            let id: i64 = tx.query_row(
-                "SELECT flow_id FROM sluice_flows WHERE pipeline = ?1 AND flow = ?2",
-                params![layout.pipeline, flow],
-                |row| row.get(0),
-            )?;
-            handles.push(FlowHandle {
-                id,
-                pipeline: pipeline.clone(),
-                name: Arc::from(flow.as_str()),
-            });
-        }
-        tx.commit()?;
-        Ok(handles)
+        schema::prepare(&mut self.conn, layout)
     }
 
     fn commit(&mut self, batch: &CommitBatch) -> Result<CommitOutcome, StoreError> {
-        crate::sqlite_commit::commit(&mut self.conn, batch)
+        commit::commit(&mut self.conn, batch)
     }
 
     fn count_rows(&mut self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
-        check_table(table)?;
-        let count: i64 = match flow {
-            Some(flow) => self.conn.query_row(
-                &format!("SELECT COUNT(*) FROM \"{table}\" WHERE flow = ?1"),
-                params![flow],
-                |row| row.get(0),
-            )?,
-            None => {
-                self.conn
-                    .query_row(&format!("SELECT COUNT(*) FROM \"{table}\""), [], |row| {
-                        row.get(0)
-                    })?
-            }
-        };
-        Ok(u64::try_from(count).unwrap_or_default())
+        flows::count_rows(&self.conn, table, flow)
     }
 
     fn key_census(&mut self, table: &str) -> Result<(u64, u64), StoreError> {
-        check_table(table)?;
-        let (distinct, repeated): (i64, i64) = self.conn.query_row(
-            &format!(
-                "SELECT COUNT(*), COALESCE(SUM(n > 1), 0) FROM
-                 (SELECT COUNT(*) AS n FROM \"{table}\" GROUP BY flow, dedup_key)"
-            ),
-            [],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )?;
-        Ok((
-            u64::try_from(distinct).unwrap_or_default(),
-            u64::try_from(repeated).unwrap_or_default(),
-        ))
+        flows::key_census(&self.conn, table)
     }
 
     fn flow_progress(&mut self, id: i64) -> Result<FlowProgress, StoreError> {
-        let progress = self
-            .conn
-            .query_row(
-                "SELECT committed, duplicates, dead_lettered, batches FROM sluice_flows
-                 WHERE flow_id = ?1",
-                params![id],
-                |row| {
-                    let get = |i: usize| -> rusqlite::Result<u64> {
-                        Ok(u64::try_from(row.get::<_, i64>(i)?).unwrap_or_default())
-                    };
-                    Ok(FlowProgress {
-                        committed: get(0)?,
-                        duplicates: get(1)?,
-                        dead_lettered: get(2)?,
-                        batches: get(3)?,
-                    })
-                },
-            )
-            .optional()?;
-        progress.ok_or_else(|| StoreError::Config(format!("no flow with id {id}")))
+        flows::flow_progress(&self.conn, id)
     }
-}
-
-/// Deletes at most `limit` ledger keys that expired before `now_ms`; returns how many went.
-fn purge(conn: &Connection, now_ms: i64, limit: usize) -> Result<usize, StoreError> {
-    let deleted = conn.execute(
-        "DELETE FROM sluice_ledger WHERE (flow_id, key) IN
-         (SELECT flow_id, key FROM sluice_ledger WHERE expires_at <= ?1 LIMIT ?2)",
-        params![now_ms, i64::try_from(limit).unwrap_or(i64::MAX)],
-    )?;
-    Ok(deleted)
-}
-
-/// Milliseconds since the Unix epoch, by the wall clock.
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
 }

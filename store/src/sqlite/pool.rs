@@ -177,3 +177,12 @@ pub(crate) fn drain_census(
         reports: rows.collect::<Result<_, _>>()?,
     })
 }
+
+/// Forgets `worker`'s heartbeat (it left the pool).
+pub(super) fn leave(conn: &mut Connection, pipeline: &str, worker: &str) -> Result<(), StoreError> {
+    conn.execute(
+        "DELETE FROM sluice_workers WHERE pipeline = ?1 AND worker = ?2",
+        params![pipeline, worker],
+    )?;
+    Ok(())
+}

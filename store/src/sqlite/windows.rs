@@ -6,98 +6,13 @@
 //! size first ([`mark_of_size`]); it counts the flow's rows (or all rows, [`WindowRows::All`])
 //! of the windows between the mark and `before_ms`, writes the counts and moves the mark.
 //! Another process sharing the file waits for the write lock, then starts from the moved mark.
-//! The window arithmetic ([`plan`], [`mark_of_size`]) is the PostgreSQL backend's too.
+//! The window arithmetic ([`plan`], [`mark_of_size`]) is shared with the PostgreSQL backend
+//! (`crate::windows`).
 
 use crate::schema::check_table;
+use crate::windows::{COUNTS_KEY, Plan, check_emission, mark_of_size, plan};
 use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowsEmitted};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
-
-/// The primary key of a counts table: a window is its start and its end, so windows of two
-/// sizes (the file's size changed) never share a key.
-pub(crate) const COUNTS_KEY: &str = "window_start, window_end, group_key";
-
-/// What one emission does, decided from the flow's mark (or its oldest row) and `before_ms`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Plan {
-    /// Count the windows starting in `[start, end)` (both multiples of the size), then move
-    /// the mark to `end`.
-    Emit {
-        /// The first window not emitted yet.
-        start: i64,
-        /// The end of the last window that ends by `before_ms`.
-        end: i64,
-    },
-    /// No window is due: write nothing and return this.
-    Nothing(WindowsEmitted),
-}
-
-/// Checks what `emission` names and divides by, before anything is spliced into SQL.
-pub(crate) fn check_emission(emission: &WindowEmission) -> Result<(), StoreError> {
-    check_table(&emission.base_table)?;
-    check_table(&emission.windows_table)?;
-    if emission.size_ms <= 0 {
-        return Err(StoreError::Config(format!(
-            "window size {} ms is not positive",
-            emission.size_ms
-        )));
-    }
-    Ok(())
-}
-
-/// The start of the window holding `ms`: `ms` floored to a multiple of `size_ms` (towards
-/// minus infinity, so for times before the epoch too). `size_ms` is positive.
-pub(crate) fn window_start(ms: i64, size_ms: i64) -> Result<i64, StoreError> {
-    ms.checked_sub(ms.rem_euclid(size_ms)).ok_or_else(|| {
-        StoreError::Rejected(format!("{ms} ms has no window of {size_ms} ms in range"))
-    })
-}
-
-/// The mark an emission of `size_ms` windows goes on from, given the flow's stored mark
-/// (`emitted_before`, and the size it was moved with; `None` for a mark written before sizes
-/// were recorded) and the size of the counts table's newest row, asked only for such a mark.
-///
-/// A mark of another size is none: the emission starts again at the flow's oldest row, so the
-/// new size's windows cover every row. A mark without a size is taken if it is a window
-/// boundary of `size_ms` and no count row says another size was emitted.
-pub(crate) fn mark_of_size(
-    stored: Option<(i64, Option<i64>)>,
-    size_ms: i64,
-    newest_row_size_ms: Option<i64>,
-) -> Option<i64> {
-    match stored? {
-        (mark, Some(size)) => (size == size_ms).then_some(mark),
-        (mark, None) => (mark.rem_euclid(size_ms) == 0
-            && newest_row_size_ms.is_none_or(|size| size == size_ms))
-        .then_some(mark),
-    }
-}
-
-/// What an emission does, given the flow's `mark` and, needed only without one, the event
-/// time of its `oldest` row. A checked `emission` (see [`check_emission`]).
-pub(crate) fn plan(
-    emission: &WindowEmission,
-    mark: Option<i64>,
-    oldest: Option<i64>,
-) -> Result<Plan, StoreError> {
-    let start = match (mark, oldest) {
-        (Some(mark), _) => mark,
-        (None, Some(oldest)) => window_start(oldest, emission.size_ms)?,
-        (None, None) => {
-            return Ok(Plan::Nothing(WindowsEmitted {
-                rows: 0,
-                emitted_before_ms: 0,
-            }));
-        }
-    };
-    let end = window_start(emission.before_ms, emission.size_ms)?;
-    if end <= start {
-        return Ok(Plan::Nothing(WindowsEmitted {
-            rows: 0,
-            emitted_before_ms: start,
-        }));
-    }
-    Ok(Plan::Emit { start, end })
-}
 
 /// Creates the counts table `windows_table` if missing, and brings what older versions made
 /// up to date: marks get their size column, a counts table keyed by `(window_start,
@@ -296,68 +211,7 @@ pub(crate) fn emit_windows(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn emission(size_ms: i64, before_ms: i64) -> WindowEmission {
-        WindowEmission {
-            base_table: "p__w".into(),
-            windows_table: "p__w__windows".into(),
-            size_ms,
-            group_attribute: "g".into(),
-            before_ms,
-            rows: WindowRows::OfTheFlow,
-        }
-    }
-
-    #[test]
-    fn window_starts_floor_towards_minus_infinity() {
-        assert_eq!(window_start(0, 10).ok(), Some(0));
-        assert_eq!(window_start(19, 10).ok(), Some(10));
-        assert_eq!(window_start(-1, 10).ok(), Some(-10));
-        assert_eq!(window_start(-10, 10).ok(), Some(-10));
-        assert_eq!(window_start(-11, 10).ok(), Some(-20));
-        assert!(window_start(i64::MIN, 10).is_err());
-    }
-
-    #[test]
-    fn plans_start_at_the_mark_or_the_oldest_rows_window() {
-        let nothing = |emitted_before_ms| {
-            Plan::Nothing(WindowsEmitted {
-                rows: 0,
-                emitted_before_ms,
-            })
-        };
-        let e = emission(10, 35);
-        assert_eq!(plan(&e, None, None).ok(), Some(nothing(0)));
-        assert_eq!(
-            plan(&e, None, Some(-3)).ok(),
-            Some(Plan::Emit {
-                start: -10,
-                end: 30
-            })
-        );
-        assert_eq!(
-            plan(&e, Some(20), Some(-3)).ok(),
-            Some(Plan::Emit { start: 20, end: 30 })
-        );
-        assert_eq!(plan(&e, Some(30), None).ok(), Some(nothing(30)));
-        assert_eq!(plan(&e, None, Some(31)).ok(), Some(nothing(30)));
-        assert!(check_emission(&emission(0, 35)).is_err());
-        let mut spliced = emission(10, 35);
-        spliced.windows_table = "p__w\"; DROP TABLE x; --".into();
-        assert!(check_emission(&spliced).is_err());
-    }
-
-    #[test]
-    fn a_mark_is_of_the_size_it_was_moved_with() {
-        assert_eq!(mark_of_size(None, 10, None), None);
-        assert_eq!(mark_of_size(Some((30, Some(10))), 10, None), Some(30));
-        assert_eq!(mark_of_size(Some((30, Some(5))), 10, None), None);
-        // Marks without a size: taken if on a boundary and no count row says otherwise.
-        assert_eq!(mark_of_size(Some((30, None)), 10, None), Some(30));
-        assert_eq!(mark_of_size(Some((30, None)), 10, Some(10)), Some(30));
-        assert_eq!(mark_of_size(Some((30, None)), 10, Some(5)), None);
-        assert_eq!(mark_of_size(Some((15, None)), 10, None), None);
-    }
+    use crate::windows::tests::emission;
 
     /// A file of an older version: its marks table gets the size column (once, the mark kept).
     #[test]
@@ -371,7 +225,7 @@ mod tests {
              INSERT INTO sluice_window_marks VALUES (1, 20000);",
         )
         .expect("old marks");
-        conn.execute_batch(crate::schema::SQLITE_STATE_DDL)
+        conn.execute_batch(crate::sqlite::schema::STATE_DDL)
             .expect("state tables");
         prepare_window_table(&mut conn, "p__w__windows").expect("prepared");
         prepare_window_table(&mut conn, "p__w__windows").expect("prepared again");
@@ -390,9 +244,9 @@ mod tests {
     #[test]
     fn groups_are_attributes_named_exactly() {
         let mut conn = Connection::open_in_memory().expect("in-memory database");
-        conn.execute_batch(crate::schema::SQLITE_STATE_DDL)
+        conn.execute_batch(crate::sqlite::schema::STATE_DDL)
             .expect("state tables");
-        conn.execute_batch(&crate::schema::sqlite_target_ddl("p__w"))
+        conn.execute_batch(&crate::sqlite::schema::target_ddl("p__w"))
             .expect("target table");
         prepare_window_table(&mut conn, "p__w__windows").expect("counts table");
         let rows = [

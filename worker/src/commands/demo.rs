@@ -4,8 +4,9 @@
 //! then runs a triggered backfill-then-live pipeline (`depends_on`) into SQLite and checks each
 //! flow's result against what was written and published.
 
-use crate::run::{FlowState, execute};
-use crate::signals;
+use crate::runtime::scheduler::FlowState;
+use crate::runtime::signals;
+use crate::runtime::supervisor::execute;
 use bytes::Bytes;
 use google_cloud_pubsub::model::Message;
 use rand::Rng;
@@ -109,7 +110,7 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
         pipeline_yaml(&db, &history_dir, &endpoint, &subscription),
     )?;
     println!("pipeline file: {}", pipeline_file.display());
-    let pipeline = sluice_pipeline::load(&pipeline_file).map_err(|e| e.to_string())?;
+    let pipeline = sluice_pipeline::load_for_run(&pipeline_file).map_err(|e| e.to_string())?;
 
     let shutdown = signals::install()?;
     let started = Instant::now();

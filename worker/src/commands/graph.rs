@@ -4,7 +4,7 @@
 //! The graph is drawn from the file alone when the store cannot be reached within a few
 //! seconds: drawing never waits on an outage.
 
-use crate::cli::GraphFormat;
+use clap::ValueEnum;
 use sluice_pipeline::graph::{FlowGraph, render_dot, render_mermaid, render_text};
 use std::collections::HashMap;
 use std::path::Path;
@@ -14,14 +14,22 @@ use std::time::Duration;
 /// How long the store may take to say which once flows completed.
 const STORE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// Output format of `graph`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GraphFormat {
+    /// One line per flow, in start order.
+    Text,
+    /// Graphviz.
+    Dot,
+    /// A Mermaid flowchart.
+    Mermaid,
+}
+
 /// `sluice graph`.
 pub async fn graph(config: &Path, format: GraphFormat) -> ExitCode {
-    let pipeline = match sluice_pipeline::load(config) {
+    let pipeline = match super::load_or_exit(config) {
         Ok(pipeline) => pipeline,
-        Err(errors) => {
-            eprintln!("{errors}");
-            return ExitCode::from(2);
-        }
+        Err(exit) => return exit,
     };
     let states = completed_flows(&pipeline).await;
     let graph = FlowGraph::new(&pipeline);

@@ -4,11 +4,10 @@
 //! its live view is shown instead (flow states, counters since it started, late rows, system
 //! lag, watermark age, when each flow's run started).
 
-use crate::cli::OutputFormat;
-use crate::flows;
-use crate::membership::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
+use crate::runtime::flows;
+use crate::runtime::membership::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
+use clap::ValueEnum;
 use sluice_connector::{TRACKER_LEASE_TTL, TRACKER_TICK};
-use sluice_store::Layout;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -28,27 +27,33 @@ struct FlowLine {
     watermark_age_seconds: Option<f64>,
 }
 
+/// Output format of `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusFormat {
+    /// Tables.
+    Text,
+    /// A JSON document.
+    Json,
+}
+
 /// `sluice status`.
-pub async fn status(config: &Path, format: OutputFormat) -> ExitCode {
-    let pipeline = match sluice_pipeline::load(config) {
+pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
+    let pipeline = match super::load_or_exit(config) {
         Ok(pipeline) => pipeline,
-        Err(errors) => {
-            eprintln!("{errors}");
-            return ExitCode::from(2);
-        }
+        Err(exit) => return exit,
     };
     if let Some(live) = ask_worker(&pipeline).await {
         match format {
-            OutputFormat::Json => println!("{}", live.json),
-            OutputFormat::Text => print!("{}", live.text),
+            StatusFormat::Json => println!("{}", live.json),
+            StatusFormat::Text => print!("{}", live.text),
         }
         return ExitCode::SUCCESS;
     }
     match gather(&pipeline).await {
         Ok(report) => {
             match format {
-                OutputFormat::Json => println!("{}", report.json),
-                OutputFormat::Text => print!("{}", report.text),
+                StatusFormat::Json => println!("{}", report.json),
+                StatusFormat::Text => print!("{}", report.text),
             }
             ExitCode::SUCCESS
         }
@@ -72,7 +77,8 @@ async fn ask_worker(pipeline: &sluice_pipeline::Pipeline) -> Option<Report> {
     use sluice_proto::v1::GetStatusRequest;
     use sluice_proto::v1::control_client::ControlClient;
     let listen: std::net::SocketAddr = pipeline.control_listen.as_deref()?.parse().ok()?;
-    let token = crate::control::token_for(listen, pipeline.control_token_file.as_deref()).ok()?;
+    let token =
+        crate::serve::control::token_for(listen, pipeline.control_token_file.as_deref()).ok()?;
     // A worker bound to every interface is reached on loopback.
     let host = if listen.ip().is_unspecified() {
         std::net::SocketAddr::from(([127, 0, 0, 1], listen.port()))
@@ -193,13 +199,7 @@ fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_store::StoreError> {
     let store = sluice_store::open(&pipeline.store)?;
     // Idempotent: creates nothing that a run would not create.
-    let handles = store
-        .prepare(&Layout {
-            pipeline: pipeline.name.clone(),
-            tables: flows::table_targets(pipeline),
-            flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
-        })
-        .await?;
+    let handles = store.prepare(&flows::layout(pipeline)).await?;
     let completions: std::collections::HashMap<String, i64> = store
         .completions(&pipeline.name)
         .await?

@@ -25,153 +25,6 @@ const FILE_MAX_OUTSTANDING_BYTES: u64 = 100 * 1024 * 1024;
 const FILE_MAX_ATTEMPTS: u32 = 5;
 const FILE_DEDUP_WINDOW: Duration = Duration::from_secs(600);
 
-/// Why a pipeline cannot be run by this version (it is valid, but uses what is not built yet).
-pub fn unsupported(pipeline: &Pipeline) -> Vec<String> {
-    let mut problems = Vec::new();
-    for (i, flow) in pipeline.flows.iter().enumerate() {
-        let bounded = flow.once || pipeline.mode == Mode::Triggered;
-        let kind = pipeline
-            .targets
-            .iter()
-            .find(|t| t.name == flow.target)
-            .map(|t| &t.kind);
-        let window = matches!(kind, Some(TargetKind::Window { .. }));
-        if let Source::Table { target } = &flow.source
-            && window
-        {
-            // A window over a table copies nothing: the table's watermark closes its windows.
-            problems.extend(window_over_table_problems(pipeline, i, flow, target));
-        } else if let Source::Table { target } = &flow.source {
-            if !bounded {
-                problems.push(format!(
-                    "flows[{i}].source: flow {:?} reads a table in a continuous pipeline without `once: true`; \
-                     following a table as it grows is not built yet (read it once, or use `mode: triggered`)",
-                    flow.name
-                ));
-            }
-            // A read in pages sees a table that still grows only in part, so every writer must
-            // have finished first: in continuous mode that means once writers only.
-            let live_writers: Vec<&str> = pipeline
-                .flows
-                .iter()
-                .filter(|w| &w.target == target && !w.once && pipeline.mode == Mode::Continuous)
-                .map(|w| w.name.as_str())
-                .collect();
-            if !live_writers.is_empty() {
-                problems.push(format!(
-                    "flows[{i}].source: flow {:?} reads table {target:?}, which live flows write ({}); \
-                     reading a table that is still being written is not built yet (use `mode: triggered`)",
-                    flow.name,
-                    live_writers.join(", ")
-                ));
-            }
-        }
-        match kind {
-            Some(TargetKind::Table | TargetKind::ForeachBatch { .. }) => {}
-            Some(TargetKind::Window { group_by, .. }) => {
-                let watermarked = match &flow.source {
-                    Source::PubSub(s) => s.watermark.is_some(),
-                    Source::Table { .. } => true,
-                    Source::File { .. } => false,
-                };
-                if !watermarked {
-                    problems.push(format!(
-                        "flows[{i}].target: flow {:?} writes window target {:?}, whose windows \
-                         close when the flow's event-time watermark passes them; a window is \
-                         fed by a Pub/Sub source with `watermark:`, or by a `table` source \
-                         (closed by its writers' watermarks)",
-                        flow.name, flow.target
-                    ));
-                }
-                if crate::windows::group_attribute(group_by).is_none() {
-                    problems.push(format!(
-                        "flows[{i}].target: window target {:?} groups by {group_by:?}; only \
-                         `attribute:NAME` exists",
-                        flow.target
-                    ));
-                }
-                if let Err(error) = sluice_store::window_table_name(&pipeline.name, &flow.target) {
-                    problems.push(format!(
-                        "flows[{i}].target: window target {:?} needs a counts table \
-                         `<pipeline>__<target>__windows`: {error}",
-                        flow.target
-                    ));
-                }
-                let writers = pipeline
-                    .flows
-                    .iter()
-                    .filter(|f| f.target == flow.target)
-                    .count();
-                if writers > 1 {
-                    problems.push(format!(
-                        "flows[{i}].target: window target {:?} has {writers} flows; a window \
-                         target takes one flow, whose watermark closes its windows",
-                        flow.target
-                    ));
-                }
-            }
-            Some(TargetKind::Sink { format, .. }) if format == "jsonl" => {}
-            Some(TargetKind::Sink { format, .. }) => problems.push(format!(
-                "flows[{i}].target: flow {:?} writes a sink of format {format:?}; only `jsonl` sinks exist",
-                flow.name
-            )),
-            other => problems.push(format!(
-                "flows[{i}].target: flow {:?} writes a {} target; `view` targets do not run in this version",
-                flow.name,
-                other.map(TargetKind::keyword).unwrap_or("missing")
-            )),
-        }
-    }
-    problems
-}
-
-/// Why a window over `table` cannot run: a live writer of the table without a watermark (the
-/// table would have none), or a `once` window flow that live writers would never let end.
-fn window_over_table_problems(
-    pipeline: &Pipeline,
-    i: usize,
-    flow: &Flow,
-    table: &str,
-) -> Vec<String> {
-    let live = crate::windows::live_writers(pipeline, table);
-    let mut problems: Vec<String> = live
-        .iter()
-        .filter(|w| !matches!(&w.source, Source::PubSub(s) if s.watermark.is_some()))
-        .map(|w| {
-            format!(
-                "flows[{i}].source: window flow {:?} reads table {table:?}, whose windows close \
-                 when the watermark of every live writer has passed them; live writer {:?} has \
-                 no `watermark:`",
-                flow.name, w.name
-            )
-        })
-        .collect();
-    let unbounded_file_writers: Vec<&str> = pipeline
-        .flows
-        .iter()
-        .filter(|w| w.target == table && !w.once && pipeline.mode == Mode::Continuous)
-        .filter(|w| !matches!(w.source, Source::PubSub(_)))
-        .map(|w| w.name.as_str())
-        .collect();
-    if !unbounded_file_writers.is_empty() {
-        problems.push(format!(
-            "flows[{i}].source: window flow {:?} reads table {table:?}, which flows without \
-             `once: true` write from files or tables in a continuous pipeline ({}); their rows \
-             have no watermark (make them `once: true`, so the window waits for them)",
-            flow.name,
-            unbounded_file_writers.join(", ")
-        ));
-    }
-    if flow.once && pipeline.mode == Mode::Continuous && !live.is_empty() {
-        problems.push(format!(
-            "flows[{i}].once: window flow {:?} reads table {table:?}, which live flows write; \
-             it would never end (drop `once: true`)",
-            flow.name
-        ));
-    }
-    problems
-}
-
 /// Whether a target has a table in the store: `table` targets, and `foreach_batch` and `sink`
 /// targets (a row per record handed over and committed: the record of what they were given).
 fn has_table(kind: &TargetKind) -> bool {
@@ -227,9 +80,9 @@ pub struct BuiltFlow {
     /// A sink flow's file writer: its crash leftovers are resolved before the run.
     pub sink: Option<Arc<JsonlSink>>,
     /// A Pub/Sub flow's watermark tracker, to start beside the run.
-    pub watermark: Option<crate::watermarks::WatermarkPlan>,
+    pub watermark: Option<crate::runtime::watermarks::WatermarkPlan>,
     /// A window target's emitter, to start beside the run.
-    pub windows: Option<crate::windows::WindowPlan>,
+    pub windows: Option<crate::runtime::windows::WindowPlan>,
 }
 
 /// How one flow reads: its source and the settings that go with it.
@@ -362,19 +215,23 @@ pub fn build(
         }
     };
     let counters = Counters::new(&pipeline.name, &flow.name);
-    let watermark = crate::watermarks::plan(pipeline, flow, &counters);
+    let watermark = crate::runtime::watermarks::plan(pipeline, flow, &counters);
     let windows = watermark
         .as_ref()
-        .and_then(|w| crate::windows::plan(pipeline, flow, w.watermark()));
+        .and_then(|w| crate::runtime::windows::plan(pipeline, flow, w.watermark()));
     let window = plan.dedup.window;
     let target = pipeline.targets.iter().find(|t| t.name == flow.target);
-    let stage: Arc<dyn Stage> =
-        match target.map(|t| &t.kind) {
-            Some(TargetKind::ForeachBatch { endpoint }) => Arc::new(
-                crate::stage_client::grpc_stage(&pipeline.name, &flow.name, endpoint, plan.stage)?,
-            ),
-            _ => Arc::new(plan.stage),
-        };
+    let stage: Arc<dyn Stage> = match target.map(|t| &t.kind) {
+        Some(TargetKind::ForeachBatch { endpoint }) => {
+            Arc::new(crate::runtime::stage_client::grpc_stage(
+                &pipeline.name,
+                &flow.name,
+                endpoint,
+                plan.stage,
+            )?)
+        }
+        _ => Arc::new(plan.stage),
+    };
     let sink = sink_of(pipeline, flow).map(Arc::new);
     let mut committer = CommitThenAck::new(
         store,
@@ -412,78 +269,30 @@ pub fn build(
     })
 }
 
+/// What the store prepares for a pipeline: its table targets and its flows.
+pub fn layout(pipeline: &Pipeline) -> sluice_store::Layout {
+    sluice_store::Layout {
+        pipeline: pipeline.name.clone(),
+        tables: table_targets(pipeline),
+        flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::*;
     use std::path::Path;
-
-    fn problems(yaml: &str) -> Vec<String> {
-        let pipeline = sluice_pipeline::parse(yaml, Path::new("p.yaml")).unwrap();
-        unsupported(&pipeline)
-    }
-
-    /// A pipeline whose `events` table is written by `writers` (YAML flow entries) and counted
-    /// by the window flow `counts` (`counts_extra`: more keys of it).
-    fn window_over_events(writers: &str, counts_extra: &str) -> String {
-        format!(
-            "pipeline: p\nstore: sqlite://s.db\n\
-             targets:\n  - {{ name: events, kind: table }}\n  - name: per_minute\n    kind: window\n    window: {{ size: 1m, group_by: \"attribute:region\" }}\n\
-             flows:\n{writers}  - name: counts\n    target: per_minute\n    source: {{ table: events }}\n{counts_extra}"
-        )
-    }
-
-    const LIVE_WITH_WATERMARK: &str = "  - name: live\n    target: events\n    source: { pubsub: { subscription: s, watermark: { tracking_subscription: auto } } }\n";
-    const LIVE_WITHOUT_WATERMARK: &str =
-        "  - name: live\n    target: events\n    source: { pubsub: { subscription: s } }\n";
-    const BACKFILL: &str = "  - name: backfill\n    target: events\n    once: true\n    source: { file: { path: h.jsonl } }\n";
 
     #[test]
     fn spec_examples_window_over_a_table_runs() {
         let example =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipeline/tests/data/orders.yaml");
-        let pipeline = sluice_pipeline::load(&example).unwrap();
-        assert_eq!(unsupported(&pipeline), Vec::<String>::new());
+        let pipeline = sluice_pipeline::load_for_run(&example).unwrap();
         let counts = pipeline
             .flows
             .iter()
             .find(|f| f.name == "per_minute_counts")
             .unwrap();
-        assert!(crate::windows::table_plan(&pipeline, counts).is_some());
-    }
-
-    #[test]
-    fn a_window_over_a_table_needs_every_live_writers_watermark() {
-        let both = format!("{BACKFILL}{LIVE_WITH_WATERMARK}");
-        assert_eq!(
-            problems(&window_over_events(&both, "")),
-            Vec::<String>::new()
-        );
-        let found = problems(&window_over_events(LIVE_WITHOUT_WATERMARK, ""));
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert!(
-            found[0].contains("flows[1].source") && found[0].contains("live writer \"live\""),
-            "{found:?}"
-        );
-    }
-
-    #[test]
-    fn a_window_over_a_table_refuses_unbounded_file_writers_and_endless_once_flows() {
-        let file_live =
-            "  - name: files\n    target: events\n    source: { file: { path: h.jsonl } }\n";
-        let found = problems(&window_over_events(file_live, ""));
-        assert!(
-            found.len() == 1 && found[0].contains("(files)"),
-            "{found:?}"
-        );
-        let found = problems(&window_over_events(LIVE_WITH_WATERMARK, "    once: true\n"));
-        assert!(
-            found.len() == 1 && found[0].contains("flows[1].once"),
-            "{found:?}"
-        );
-        // In a triggered pipeline every flow is bounded, and waited for.
-        let triggered =
-            window_over_events(file_live, "").replace("store:", "mode: triggered\nstore:");
-        assert_eq!(problems(&triggered), Vec::<String>::new());
+        assert!(crate::runtime::windows::table_plan(&pipeline, counts).is_some());
     }
 }

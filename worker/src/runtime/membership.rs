@@ -154,3 +154,340 @@ async fn on_grant(
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use async_trait::async_trait;
+    use sluice_store::{
+        BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FlowHandle,
+        FlowProgress, Layout, LeaseRecord, LedgerUpkeep, ResetRows, RowCursor, StoreError,
+        StoredRow, WatermarkRecord, WindowEmission, WindowsEmitted, WorkerRecord,
+    };
+    use std::sync::Mutex;
+    use tokio::time::{Instant, sleep};
+
+    /// What membership asked of the store.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Call {
+        Heartbeat(String),
+        /// Holder, ttl, and whether the lease was granted.
+        Acquire(String, Duration, bool),
+        Upkeep,
+        Leave(String),
+        Release(String),
+    }
+
+    /// A fake store, not a real backend: it records membership's calls on tokio's clock and
+    /// keeps the lease by `Store::acquire_lease`'s rule (free, expired or already the asker's)
+    /// on tokio's clock too, so paused time moves it. SQLite's lease expiry reads the wall
+    /// clock; the real stores' leases are tested in store/tests/store_contract.rs and, moving
+    /// between processes, in tests/tests/pool_lease.rs.
+    struct FakeStore {
+        origin: Instant,
+        state: Mutex<State>,
+    }
+
+    #[derive(Default)]
+    struct State {
+        calls: Vec<(Duration, Call)>,
+        /// Holder and expiry.
+        lease: Option<(String, Instant)>,
+    }
+
+    impl FakeStore {
+        fn new() -> Arc<Self> {
+            Arc::new(Self {
+                origin: Instant::now(),
+                state: Mutex::default(),
+            })
+        }
+
+        fn record(&self, call: Call) {
+            let at = self.origin.elapsed();
+            self.state.lock().unwrap().calls.push((at, call));
+        }
+
+        /// When (since the store was made) calls matching `which` were made.
+        fn times(&self, which: impl Fn(&Call) -> bool) -> Vec<Duration> {
+            let state = self.state.lock().unwrap();
+            state
+                .calls
+                .iter()
+                .filter(|(_, call)| which(call))
+                .map(|(at, _)| *at)
+                .collect()
+        }
+
+        fn calls_after(&self, after: Duration) -> Vec<Call> {
+            let state = self.state.lock().unwrap();
+            state
+                .calls
+                .iter()
+                .filter(|(at, _)| *at > after)
+                .map(|(_, call)| call.clone())
+                .collect()
+        }
+    }
+
+    fn beat(worker: &str) -> WorkerBeat {
+        WorkerBeat {
+            pipeline: "p".into(),
+            worker: worker.into(),
+            host: "h".into(),
+            pid: 1,
+        }
+    }
+
+    fn granted_to(worker: &str) -> impl Fn(&Call) -> bool {
+        move |call| matches!(call, Call::Acquire(holder, _, true) if holder == worker)
+    }
+
+    fn secs(list: &[u64]) -> Vec<Duration> {
+        list.iter().map(|s| Duration::from_secs(*s)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_beats_and_renews_its_15_second_lease_every_5_seconds() {
+        let store = FakeStore::new();
+        let member = Membership::start(store.clone(), beat("a"));
+        sleep(Duration::from_secs(22)).await;
+        let beats = secs(&[0, 5, 10, 15, 20]);
+        assert_eq!(store.times(|c| c == &Call::Heartbeat("a".into())), beats);
+        assert_eq!(
+            store.times(|c| c == &Call::Acquire("a".into(), LEASE_TTL, true)),
+            beats
+        );
+        // The holder keeps the ledger at every beat.
+        assert_eq!(store.times(|c| c == &Call::Upkeep), beats);
+        member.stop().await;
+        assert_eq!(
+            store.calls_after(Duration::from_secs(20)),
+            vec![Call::Leave("a".into()), Call::Release("a".into())]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_second_worker_gets_the_lease_only_after_the_first_stops_beating() {
+        let store = FakeStore::new();
+        let first = Membership::start(store.clone(), beat("a"));
+        sleep(Duration::from_secs(1)).await;
+        let _second = Membership::start(store.clone(), beat("b"));
+        sleep(Duration::from_millis(60_500)).await;
+        // b asked at every beat and was refused while a kept beating.
+        assert_eq!(
+            store.times(|c| matches!(c, Call::Acquire(h, _, false) if h == "b")),
+            secs(&[1, 6, 11, 16, 21, 26, 31, 36, 41, 46, 51, 56, 61])
+        );
+        assert!(store.times(granted_to("b")).is_empty());
+        // Killed: no clean stop, so no release.
+        first.task.abort();
+        assert!(first.task.await.unwrap_err().is_cancelled());
+        let killed_at = store.origin.elapsed();
+        sleep(LEASE_TTL + BEAT_INTERVAL).await;
+        let taken = store.times(granted_to("b"));
+        assert!(
+            taken
+                .first()
+                .is_some_and(|at| *at <= killed_at + LEASE_TTL + BEAT_INTERVAL),
+            "b took the lease at {taken:?}, a was killed at {killed_at:?}"
+        );
+        assert!(
+            !store
+                .calls_after(Duration::ZERO)
+                .iter()
+                .any(|c| matches!(c, Call::Leave(_) | Call::Release(_)))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clean_stop_hands_the_lease_over_at_the_next_beat() {
+        let store = FakeStore::new();
+        let first = Membership::start(store.clone(), beat("a"));
+        sleep(Duration::from_secs(1)).await;
+        let _second = Membership::start(store.clone(), beat("b"));
+        sleep(Duration::from_millis(11_500)).await;
+        first.stop().await;
+        let stopped_at = store.origin.elapsed();
+        sleep(BEAT_INTERVAL).await;
+        let taken = store.times(granted_to("b"));
+        assert!(
+            taken
+                .first()
+                .is_some_and(|at| *at <= stopped_at + BEAT_INTERVAL),
+            "b took the lease at {taken:?}, a stopped at {stopped_at:?}"
+        );
+    }
+
+    /// Fails the test if membership calls a method it should not need.
+    fn unused<T>(method: &str) -> Result<T, StoreError> {
+        panic!("membership called Store::{method}")
+    }
+
+    #[async_trait]
+    impl Store for FakeStore {
+        async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
+            self.record(Call::Heartbeat(beat.worker.clone()));
+            Ok(())
+        }
+
+        async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
+            let now = Instant::now();
+            let grant = {
+                let mut state = self.state.lock().unwrap();
+                let free = match &state.lease {
+                    None => Some(true),
+                    Some((holder, _)) if holder == &request.holder => Some(false),
+                    Some((_, expires)) if *expires <= now => Some(true),
+                    Some(_) => None,
+                };
+                match free {
+                    Some(taken) => {
+                        let expires = now + request.ttl;
+                        state.lease = Some((request.holder.clone(), expires));
+                        let expires_at_ms = (expires - self.origin).as_millis() as i64;
+                        LeaseGrant::Held {
+                            taken,
+                            expires_at_ms,
+                        }
+                    }
+                    None => {
+                        let holder = state.lease.as_ref().map(|(h, _)| h.clone());
+                        LeaseGrant::HeldBy(holder.unwrap_or_default())
+                    }
+                }
+            };
+            let granted = matches!(grant, LeaseGrant::Held { .. });
+            self.record(Call::Acquire(request.holder.clone(), request.ttl, granted));
+            Ok(grant)
+        }
+
+        async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
+            self.record(Call::Upkeep);
+            Ok(LedgerUpkeep::default())
+        }
+
+        async fn leave(&self, _pipeline: &str, worker: &str) -> Result<(), StoreError> {
+            self.record(Call::Leave(worker.to_owned()));
+            Ok(())
+        }
+
+        async fn release_lease(
+            &self,
+            _pipeline: &str,
+            _role: &str,
+            holder: &str,
+        ) -> Result<(), StoreError> {
+            self.record(Call::Release(holder.to_owned()));
+            let mut state = self.state.lock().unwrap();
+            if state.lease.as_ref().is_some_and(|(h, _)| h == holder) {
+                state.lease = None;
+            }
+            Ok(())
+        }
+
+        // Not used by membership.
+        async fn prepare(&self, _: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
+            unused("prepare")
+        }
+        async fn commit(&self, _: CommitBatch) -> Result<CommitOutcome, StoreError> {
+            unused("commit")
+        }
+        async fn count_rows(&self, _: &str, _: Option<&str>) -> Result<u64, StoreError> {
+            unused("count_rows")
+        }
+        async fn key_census(&self, _: &str) -> Result<(u64, u64), StoreError> {
+            unused("key_census")
+        }
+        async fn flow_progress(&self, _: &FlowHandle) -> Result<FlowProgress, StoreError> {
+            unused("flow_progress")
+        }
+        async fn record_completion(&self, _: &FlowHandle) -> Result<(), StoreError> {
+            unused("record_completion")
+        }
+        async fn report_drain(&self, _: &FlowHandle, _: &str, _: bool) -> Result<(), StoreError> {
+            unused("report_drain")
+        }
+        async fn withdraw_drain(&self, _: &FlowHandle, _: &str) -> Result<(), StoreError> {
+            unused("withdraw_drain")
+        }
+        async fn drain_census(&self, _: &FlowHandle) -> Result<DrainCensus, StoreError> {
+            unused("drain_census")
+        }
+        async fn reset_flow(
+            &self,
+            _: &FlowHandle,
+            _: Option<&str>,
+            _: ResetRows,
+        ) -> Result<(), StoreError> {
+            unused("reset_flow")
+        }
+        async fn keys_present(
+            &self,
+            _: &FlowHandle,
+            _: &str,
+            _: &[String],
+        ) -> Result<Vec<bool>, StoreError> {
+            unused("keys_present")
+        }
+        async fn commit_recorded(&self, _: &FlowHandle, _: &str) -> Result<bool, StoreError> {
+            unused("commit_recorded")
+        }
+        async fn read_rows(
+            &self,
+            _: &str,
+            _: Option<&RowCursor>,
+            _: usize,
+        ) -> Result<Vec<StoredRow>, StoreError> {
+            unused("read_rows")
+        }
+        async fn completions(&self, _: &str) -> Result<Vec<(String, i64)>, StoreError> {
+            unused("completions")
+        }
+        async fn workers(&self, _: &str, _: Duration) -> Result<Vec<WorkerRecord>, StoreError> {
+            unused("workers")
+        }
+        async fn leases(&self, _: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+            unused("leases")
+        }
+        async fn add_bucket_messages(
+            &self,
+            _: &FlowHandle,
+            _: &[BucketMessage],
+        ) -> Result<(), StoreError> {
+            unused("add_bucket_messages")
+        }
+        async fn bucket_counts(
+            &self,
+            _: &FlowHandle,
+            _: i64,
+        ) -> Result<Vec<BucketCounts>, StoreError> {
+            unused("bucket_counts")
+        }
+        async fn prune_buckets(&self, _: &FlowHandle, _: i64) -> Result<u64, StoreError> {
+            unused("prune_buckets")
+        }
+        async fn advance_watermark(
+            &self,
+            _: &FlowHandle,
+            _: &WatermarkRecord,
+            _: Option<&str>,
+        ) -> Result<Option<WatermarkRecord>, StoreError> {
+            unused("advance_watermark")
+        }
+        async fn prepare_window_table(&self, _: &str) -> Result<(), StoreError> {
+            unused("prepare_window_table")
+        }
+        async fn emit_windows(
+            &self,
+            _: &FlowHandle,
+            _: &WindowEmission,
+        ) -> Result<WindowsEmitted, StoreError> {
+            unused("emit_windows")
+        }
+        async fn watermarks(&self, _: &str) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
+            unused("watermarks")
+        }
+    }
+}

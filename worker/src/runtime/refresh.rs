@@ -1,5 +1,6 @@
-//! `sluice full-refresh`, `sluice reset FLOW [--seek TIME]` and `run --full-refresh /
-//! --refresh FLOW,...`: forgetting what flows have done, so that they run again from nothing.
+//! Forgetting what flows have done, so that they run again from nothing: what `sluice
+//! full-refresh`, `sluice reset FLOW [--seek TIME]`, `run --full-refresh / --refresh FLOW,...`
+//! and the control API's updates do.
 //!
 //! # Guarantees
 //!
@@ -26,13 +27,12 @@
 //!   old its backlog is (only Cloud Monitoring does), so sluice cannot know whether any would
 //!   be dropped: a seek is refused unless `--drop-unread` says that is meant.
 
-use crate::flows;
-use crate::membership::ALIVE_WITHIN;
+use crate::runtime::flows;
+use crate::runtime::membership::ALIVE_WITHIN;
 use sluice_connector::pubsub::Admin;
 use sluice_connector::{PubSubConfig, parse_event_time};
 use sluice_pipeline::{Pipeline, Source};
 use sluice_store::{ResetRows, Store};
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -65,18 +65,6 @@ pub struct Seek {
     /// The user accepts that messages published before the time and never ingested are
     /// dropped (`--drop-unread`).
     pub drop_unread: bool,
-}
-
-/// `sluice full-refresh -c FILE [--seek TIME [--drop-unread]]`.
-pub async fn full_refresh_file(path: &Path, seek: Option<&Seek>) -> ExitCode {
-    let pipeline = match sluice_pipeline::load(path) {
-        Ok(pipeline) => pipeline,
-        Err(errors) => {
-            eprintln!("{errors}");
-            return ExitCode::from(2);
-        }
-    };
-    report(path, full_refresh(&pipeline, seek, None).await)
 }
 
 /// Resets every flow and, with `seek`, seeks every Pub/Sub flow's subscription. `caller` is
@@ -147,14 +135,14 @@ async fn seekable(
             )));
         }
         subscriptions.push(settings.subscription.clone());
-        if let Some((tracking, _)) = crate::watermarks::tracking_subscription(settings) {
+        if let Some((tracking, _)) = crate::runtime::watermarks::tracking_subscription(settings) {
             trackings.push(tracking);
         }
     }
     if subscriptions.is_empty() {
         return Ok(Vec::new());
     }
-    let unreachable = |e: sluice_connector::pubsub::SourceError| {
+    let unreachable = |e: sluice_connector::SourceError| {
         RefreshError::Failed(format!("cannot ask Pub/Sub about the subscriptions: {e}"))
     };
     let admin = Admin::connect(&admin_config(pipeline))
@@ -228,7 +216,7 @@ async fn seek_subscription(
     subscription: &str,
     ms: i64,
 ) -> Result<(), RefreshError> {
-    let failed = |e: sluice_connector::pubsub::SourceError| {
+    let failed = |e: sluice_connector::SourceError| {
         RefreshError::Failed(format!(
             "the store was reset, but seeking {subscription} failed: {e}; run the command \
              again with --seek"
@@ -238,31 +226,6 @@ async fn seek_subscription(
         .await
         .map_err(failed)?;
     admin.seek_to_time(subscription, ms).await.map_err(failed)
-}
-
-/// `sluice reset FLOW -c FILE [--seek TIME [--drop-unread]]`.
-pub async fn reset_file(path: &Path, flow: &str, seek: Option<&Seek>) -> ExitCode {
-    let pipeline = match sluice_pipeline::load(path) {
-        Ok(pipeline) => pipeline,
-        Err(errors) => {
-            eprintln!("{errors}");
-            return ExitCode::from(2);
-        }
-    };
-    report(path, reset(&pipeline, flow, seek, None).await)
-}
-
-fn report(path: &Path, result: Result<String, RefreshError>) -> ExitCode {
-    match result {
-        Ok(done) => {
-            println!("{done}");
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("{}: {error}", path.display());
-            error.exit_code()
-        }
-    }
 }
 
 /// Resets one flow and, with `seek`, seeks its subscription (`caller`: as for
@@ -331,7 +294,7 @@ pub async fn refresh(
     let failed = |e: sluice_store::StoreError| RefreshError::Failed(format!("store: {e}"));
     let store: Arc<dyn Store> = sluice_store::open(&pipeline.store).map_err(failed)?;
     let handles = store
-        .prepare(&crate::update::layout(pipeline))
+        .prepare(&flows::layout(pipeline))
         .await
         .map_err(failed)?;
     let running: Vec<_> = store

@@ -8,7 +8,7 @@
 //!   seek the subscription can replay, no *other* worker of the pipeline alive); a refused
 //!   request leaves the running update alone. An accepted one stops every flow of the update
 //!   the way a drain does (what was received is committed and acked, or nacked after
-//!   [`crate::signals::DRAIN_DEADLINE`] if the store stays down), and only then clears the
+//!   [`crate::runtime::signals::DRAIN_DEADLINE`] if the store stays down), and only then clears the
 //!   flows asked for, exactly as `sluice full-refresh` and `sluice reset` do.
 //! * **The new update starts from fresh state.** Flow handles and completions are read again
 //!   from the store (a reset on PostgreSQL gives the flow a new id), and every flow starts with
@@ -16,9 +16,8 @@
 //! * A signal or `Drain` ends the worker as always; a request that arrives during a drain is
 //!   refused.
 
-use crate::flows;
-use crate::membership::ALIVE_WITHIN;
-use crate::refresh::{self, RefreshError};
+use crate::runtime::membership::ALIVE_WITHIN;
+use crate::runtime::refresh::{self, RefreshError};
 use sluice_pipeline::Pipeline;
 use sluice_store::Store;
 use tokio::sync::{mpsc, oneshot};
@@ -140,14 +139,5 @@ pub async fn clear(
         UpdateKind::Reset { flow, seek } => {
             refresh::reset(pipeline, flow, seek.as_ref(), Some(caller)).await
         }
-    }
-}
-
-/// The flows a pipeline's layout lists, for re-reading handles after a clear.
-pub fn layout(pipeline: &Pipeline) -> sluice_store::Layout {
-    sluice_store::Layout {
-        pipeline: pipeline.name.clone(),
-        tables: flows::table_targets(pipeline),
-        flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
     }
 }

@@ -14,7 +14,7 @@
 //!   watermark**: the minimum of its writers' watermarks. A bounded writer (a backfill, a
 //!   triggered file flow) has none while it runs: the flow graph starts the window flow only
 //!   after every bounded writer completed (a data edge), and from then on that writer adds no
-//!   row. Every live writer must be a Pub/Sub flow with `watermark:` (`flows::unsupported`
+//!   row. Every live writer must be a Pub/Sub flow with `watermark:` (`sluice_pipeline::load_for_run`
 //!   refuses anything else), whose stored watermark bounds what it will still commit. While any
 //!   live writer has no watermark yet, the table has none and nothing is emitted. This is why a
 //!   backfill beside a live flow holds the live flow's windows back, and `depends_on` does not
@@ -40,14 +40,6 @@ use tokio_util::sync::CancellationToken;
 /// How often windows are emitted.
 pub const EMIT_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The attribute of `group_by: attribute:NAME`; `None` for any other form.
-pub fn group_attribute(group_by: &str) -> Option<&str> {
-    group_by
-        .strip_prefix("attribute:")
-        .map(str::trim)
-        .filter(|name| !name.is_empty())
-}
-
 /// What a flow writing a window target needs to emit it.
 #[derive(Debug, Clone)]
 pub struct WindowPlan {
@@ -56,7 +48,7 @@ pub struct WindowPlan {
     watermark: FlowWatermark,
 }
 
-/// The plan of `flow`'s windows, if its target is a `window` (whose checks `flows::unsupported`
+/// The plan of `flow`'s windows, if its target is a `window` (whose checks `sluice_pipeline::load_for_run`
 /// made).
 pub fn plan(pipeline: &Pipeline, flow: &Flow, watermark: &FlowWatermark) -> Option<WindowPlan> {
     let (size_ms, group, lateness_ms) = window_of(pipeline, flow)?;
@@ -88,19 +80,9 @@ fn window_of<'a>(pipeline: &'a Pipeline, flow: &Flow) -> Option<(i64, &'a str, i
     let millis = |d: &Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
     Some((
         millis(size).max(1),
-        group_attribute(group_by)?,
+        TargetKind::group_attribute(group_by)?,
         millis(allowed_lateness),
     ))
-}
-
-/// The writers of `table` whose input does not end: Pub/Sub flows that are not `once`. Every
-/// other writer is bounded, and the flow graph orders a reader of the table after it.
-pub fn live_writers<'a>(pipeline: &'a Pipeline, table: &str) -> Vec<&'a Flow> {
-    pipeline
-        .flows
-        .iter()
-        .filter(|w| w.target == table && !w.once && matches!(w.source, Source::PubSub(_)))
-        .collect()
 }
 
 /// A window over a `table` source: what the flow counts, and whose watermarks close it.
@@ -116,13 +98,14 @@ pub struct TableWindowPlan {
 }
 
 /// The plan of `flow` if it is a window over a `table` source (whose checks
-/// `flows::unsupported` made).
+/// `sluice_pipeline::load_for_run` made).
 pub fn table_plan(pipeline: &Pipeline, flow: &Flow) -> Option<TableWindowPlan> {
     let Source::Table { target: read } = &flow.source else {
         return None;
     };
     let (size_ms, group, lateness_ms) = window_of(pipeline, flow)?;
-    let live_writers: Vec<String> = live_writers(pipeline, read)
+    let live_writers: Vec<String> = pipeline
+        .live_writers(read)
         .into_iter()
         .map(|w| w.name.clone())
         .collect();
@@ -353,6 +336,28 @@ async fn emit_until(
 mod tests {
     use super::*;
 
+    /// The pipeline crate's check of a window target's name (`NOT_BUILT` when its counts
+    /// table would not be an identifier) agrees with the store's naming, at the edge.
+    #[test]
+    fn the_window_name_check_agrees_with_the_stores_counts_table() {
+        for len in [39, 40] {
+            let target = "w".repeat(len);
+            let yaml = format!(
+                "pipeline: p\nstore: sqlite://s.db\n\
+                 targets:\n  - name: {target}\n    kind: window\n    window: {{ size: 1m, group_by: \"attribute:r\" }}\n\
+                 flows:\n  - name: f\n    target: {target}\n    source: {{ pubsub: {{ subscription: s, watermark: {{ tracking_subscription: auto }} }} }}\n"
+            );
+            let runs =
+                sluice_pipeline::parse_for_run(&yaml, std::path::Path::new("p.yaml")).is_ok();
+            let named = window_table_name("p", &target).is_ok();
+            assert_eq!(
+                runs, named,
+                "target of {len} bytes: run {runs}, counts table {named}"
+            );
+            assert_eq!(runs, len == 39);
+        }
+    }
+
     fn record(watermark_ms: i64) -> WatermarkRecord {
         WatermarkRecord {
             watermark_ms,
@@ -380,12 +385,15 @@ mod tests {
 
     #[test]
     fn groups_by_an_attribute_only() {
-        assert_eq!(group_attribute("attribute:region"), Some("region"));
         assert_eq!(
-            group_attribute("attribute: geo.region "),
+            TargetKind::group_attribute("attribute:region"),
+            Some("region")
+        );
+        assert_eq!(
+            TargetKind::group_attribute("attribute: geo.region "),
             Some("geo.region")
         );
-        assert_eq!(group_attribute("attribute:"), None);
-        assert_eq!(group_attribute("region"), None);
+        assert_eq!(TargetKind::group_attribute("attribute:"), None);
+        assert_eq!(TargetKind::group_attribute("region"), None);
     }
 }

@@ -1,147 +1,26 @@
 //! The control API of SPEC §9 (`proto/sluice/v1/control.proto`), served with tonic on
 //! `control.listen`: `GetStatus`, `ListFlows`, `StartUpdate`, `ResetFlow` and `Drain` (how an
-//! update replaces the running one: [`crate::update`]).
+//! update replaces the running one: [`crate::runtime::update`]).
 //!
 //! Access: bound to a loopback address, anyone on the host may call (like the metrics
 //! endpoint). Bound elsewhere, `control.token_file` is required at start (exit 2 without it) and
 //! every call must carry `authorization: Bearer <token>`; a refused call is logged and counted in
 //! `sluice_control_rejected_total`. The token is compared in constant time.
 
-use crate::observe::Readiness;
-use crate::refresh::RefreshError;
-use crate::update::{UpdateKind, UpdateSender};
-use sluice_connector::Counters;
+use crate::runtime::board::FlowBoard;
+use crate::runtime::refresh::RefreshError;
+use crate::runtime::update::{UpdateKind, UpdateSender};
+use crate::serve::observe::Readiness;
 use sluice_proto::v1::control_server::{Control, ControlServer};
 use sluice_proto::v1::{
-    DrainRequest, DrainResponse, FlowStatus, GetStatusRequest, GetStatusResponse, ListFlowsRequest,
+    DrainRequest, DrainResponse, GetStatusRequest, GetStatusResponse, ListFlowsRequest,
     ListFlowsResponse, ResetFlowRequest, ResetFlowResponse, StartUpdateRequest,
     StartUpdateResponse,
 };
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
-
-/// The live state of every flow of the run, written by the run and read by the API.
-#[derive(Clone, Default)]
-pub struct FlowBoard {
-    pipeline: Arc<str>,
-    flows: Arc<Mutex<Vec<BoardEntry>>>,
-}
-
-struct BoardEntry {
-    name: String,
-    once: bool,
-    state: &'static str,
-    counters: Option<Counters>,
-    /// When the flow last went RUNNING, ms since epoch.
-    started_ms: i64,
-}
-
-impl FlowBoard {
-    /// A board listing `flows` (name, once), all QUEUED.
-    pub fn new(pipeline: &str, flows: impl IntoIterator<Item = (String, bool)>) -> Self {
-        let entries = flows
-            .into_iter()
-            .map(|(name, once)| {
-                crate::observe::flow_state(pipeline, &name, "QUEUED");
-                BoardEntry {
-                    name,
-                    once,
-                    state: "QUEUED",
-                    counters: None,
-                    started_ms: 0,
-                }
-            })
-            .collect();
-        Self {
-            pipeline: Arc::from(pipeline),
-            flows: Arc::new(Mutex::new(entries)),
-        }
-    }
-
-    /// Puts every flow back to QUEUED with no counters, as a new update starts.
-    pub fn restart(&self) {
-        if let Ok(mut flows) = self.flows.lock() {
-            for entry in flows.iter_mut() {
-                crate::observe::flow_state(&self.pipeline, &entry.name, "QUEUED");
-                entry.state = "QUEUED";
-                entry.counters = None;
-            }
-        }
-    }
-
-    /// Whether a flow is starting: its source not running yet (Pub/Sub not answering), or
-    /// between the retries of a failed start.
-    pub fn any_starting(&self) -> bool {
-        self.flows
-            .lock()
-            .map(|flows| flows.iter().any(|e| e.state == "STARTING"))
-            .unwrap_or(false)
-    }
-
-    /// Records a flow's new state (and its counters once it runs), also as
-    /// `sluice_flow_state`.
-    pub fn set(&self, flow: &str, state: &'static str, counters: Option<&Counters>) {
-        crate::observe::flow_state(&self.pipeline, flow, state);
-        if let Ok(mut flows) = self.flows.lock()
-            && let Some(entry) = flows.iter_mut().find(|e| e.name == flow)
-        {
-            entry.state = state;
-            if state == "RUNNING" {
-                entry.started_ms = sluice_connector::now_ms();
-            }
-            if let Some(counters) = counters {
-                entry.counters = Some(counters.clone());
-            }
-        }
-    }
-
-    fn statuses(&self) -> Vec<FlowStatus> {
-        let Ok(flows) = self.flows.lock() else {
-            return Vec::new();
-        };
-        flows
-            .iter()
-            .map(|entry| {
-                let snapshot = entry
-                    .counters
-                    .as_ref()
-                    .map(Counters::snapshot)
-                    .unwrap_or_default();
-                let watermark = entry
-                    .counters
-                    .as_ref()
-                    .and_then(Counters::watermark)
-                    .and_then(sluice_connector::FlowWatermark::current);
-                FlowStatus {
-                    name: entry.name.clone(),
-                    state: entry.state.to_owned(),
-                    once: entry.once,
-                    received: snapshot.received,
-                    rows: snapshot.committed,
-                    duplicates_memory: snapshot.duplicates_memory,
-                    duplicates_store: snapshot.duplicates_store,
-                    dead_letters: snapshot.dead_lettered,
-                    acked: snapshot.acked,
-                    nacked: snapshot.nacked,
-                    oldest_unacked_age_seconds: entry
-                        .counters
-                        .as_ref()
-                        .map(|c| c.oldest_unacked_age().as_secs_f64())
-                        .unwrap_or_default(),
-                    watermark_ms: watermark.unwrap_or_default(),
-                    watermark_age_seconds: watermark
-                        .map(|w| (sluice_connector::now_ms() - w).max(0) as f64 / 1000.0)
-                        .unwrap_or_default(),
-                    late: snapshot.late,
-                    last_run_started_ms: entry.started_ms,
-                }
-            })
-            .collect()
-    }
-}
 
 /// What the API answers from.
 pub struct ControlService {
@@ -155,7 +34,7 @@ pub struct ControlService {
     pub readiness: Readiness,
     /// Cancelled to drain, as SIGTERM does.
     pub drain: CancellationToken,
-    /// Cancelled [`crate::signals::DRAIN_DEADLINE`] after a drain the API started, as after a
+    /// Cancelled [`crate::runtime::signals::DRAIN_DEADLINE`] after a drain the API started, as after a
     /// signal: batches still waiting on the store are nacked then.
     pub give_up: CancellationToken,
     /// Where `StartUpdate` and `ResetFlow` go: the run loop.
@@ -211,12 +90,12 @@ impl Control for ControlService {
         let request = request.into_inner();
         let kind = UpdateKind::Reset {
             flow: request.flow,
-            seek: Some(request.seek)
-                .filter(|s| !s.is_empty())
-                .map(|time| crate::refresh::Seek {
+            seek: Some(request.seek).filter(|s| !s.is_empty()).map(|time| {
+                crate::runtime::refresh::Seek {
                     time,
                     drop_unread: request.drop_unread,
-                }),
+                }
+            }),
         };
         tracing::info!(?kind, "flow reset requested through the control API");
         let started = self.updates.request(kind).await.map_err(refused)?;
@@ -233,7 +112,7 @@ impl Control for ControlService {
             self.drain.cancel();
             let give_up = self.give_up.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(crate::signals::DRAIN_DEADLINE).await;
+                tokio::time::sleep(crate::runtime::signals::DRAIN_DEADLINE).await;
                 give_up.cancel();
             });
         }

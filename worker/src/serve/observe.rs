@@ -176,24 +176,3 @@ fn respond<B>(
     }
     response
 }
-
-/// The states `sluice_flow_state{state}` takes (SPEC §6 names).
-const FLOW_STATES: &[&str] = &[
-    "QUEUED",
-    "STARTING",
-    "RUNNING",
-    "COMPLETED",
-    "STOPPED",
-    "IDLE",
-    "SKIPPED",
-    "FAILED",
-];
-
-/// Sets `sluice_flow_state{pipeline, flow, state}` to 1 for `state` and 0 for the others.
-pub fn flow_state(pipeline: &str, flow: &str, state: &str) {
-    for candidate in FLOW_STATES {
-        metrics::gauge!("sluice_flow_state", "pipeline" => pipeline.to_owned(),
-            "flow" => flow.to_owned(), "state" => *candidate)
-        .set(if *candidate == state { 1.0 } else { 0.0 });
-    }
-}

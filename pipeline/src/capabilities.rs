@@ -1,0 +1,204 @@
+//! What this version of sluice runs. A file can be valid (`sluice validate` accepts it) and use
+//! what is not built yet, or combine built parts in a way that cannot run (a window nobody's
+//! watermark closes). `sluice run` loads a file with [`crate::load_for_run`], which adds these
+//! checks to validation: each problem is a located [`NOT_BUILT`](ErrorCode::NotBuilt) error,
+//! so the run exits 2 before it creates anything.
+
+use crate::errors::{Collector, ErrorCode};
+use crate::model::{Flow, Mode, Pipeline, Source, TargetKind};
+use crate::validate::MAX_IDENTIFIER_LEN;
+
+/// The suffix of a window target's counts table (`<pipeline>__<target>__windows`).
+const COUNTS_TABLE_SUFFIX: &str = "__windows";
+
+/// Records every part of `p` this version cannot run.
+pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
+    if p.schedule.is_some() {
+        c.push(
+            ErrorCode::NotBuilt,
+            "schedule",
+            "schedules are not built yet: a triggered pipeline runs one update when started \
+             (drop `schedule:` and start `sluice run` from your own scheduler)",
+        );
+    }
+    for (i, flow) in p.flows.iter().enumerate() {
+        let source_path = format!("flows[{i}].source");
+        let target_path = format!("flows[{i}].target");
+        let bounded = flow.once || p.mode == Mode::Triggered;
+        let kind = p
+            .targets
+            .iter()
+            .find(|t| t.name == flow.target)
+            .map(|t| &t.kind);
+        let window = matches!(kind, Some(TargetKind::Window { .. }));
+        if let Source::Table { target } = &flow.source
+            && window
+        {
+            // A window over a table copies nothing: the table's watermark closes its windows.
+            window_over_table(p, c, i, flow, target);
+        } else if let Source::Table { target } = &flow.source {
+            if !bounded {
+                c.push(
+                    ErrorCode::NotBuilt,
+                    &source_path,
+                    format!(
+                        "flow {:?} reads a table in a continuous pipeline without `once: true`; \
+                         following a table as it grows is not built yet (read it once, or use \
+                         `mode: triggered`)",
+                        flow.name
+                    ),
+                );
+            }
+            // A read in pages sees a table that still grows only in part, so every writer must
+            // have finished first: in continuous mode that means once writers only.
+            let live_writers: Vec<&str> = p
+                .flows
+                .iter()
+                .filter(|w| &w.target == target && !w.once && p.mode == Mode::Continuous)
+                .map(|w| w.name.as_str())
+                .collect();
+            if !live_writers.is_empty() {
+                c.push(
+                    ErrorCode::NotBuilt,
+                    &source_path,
+                    format!(
+                        "flow {:?} reads table {target:?}, which live flows write ({}); reading a \
+                         table that is still being written is not built yet (use `mode: \
+                         triggered`)",
+                        flow.name,
+                        live_writers.join(", ")
+                    ),
+                );
+            }
+        }
+        match kind {
+            Some(TargetKind::Table | TargetKind::ForeachBatch { .. }) => {}
+            Some(TargetKind::Window { group_by, .. }) => {
+                let watermarked = match &flow.source {
+                    Source::PubSub(s) => s.watermark.is_some(),
+                    Source::Table { .. } => true,
+                    Source::File { .. } => false,
+                };
+                if !watermarked {
+                    c.push(
+                        ErrorCode::NotBuilt,
+                        &target_path,
+                        format!(
+                            "flow {:?} writes window target {:?}, whose windows close when the \
+                             flow's event-time watermark passes them; a window is fed by a \
+                             Pub/Sub source with `watermark:`, or by a `table` source (closed by \
+                             its writers' watermarks)",
+                            flow.name, flow.target
+                        ),
+                    );
+                }
+                if TargetKind::group_attribute(group_by).is_none() {
+                    c.push(
+                        ErrorCode::NotBuilt,
+                        &target_path,
+                        format!(
+                            "window target {:?} groups by {group_by:?}; only `attribute:NAME` \
+                             exists",
+                            flow.target
+                        ),
+                    );
+                }
+                let longest = MAX_IDENTIFIER_LEN - COUNTS_TABLE_SUFFIX.len();
+                if flow.target.len() > longest {
+                    c.push(
+                        ErrorCode::NotBuilt,
+                        &target_path,
+                        format!(
+                            "window target {:?} needs a counts table \
+                             `<pipeline>__<target>{COUNTS_TABLE_SUFFIX}`, so its name may have \
+                             at most {longest} bytes",
+                            flow.target
+                        ),
+                    );
+                }
+                let writers = p.flows.iter().filter(|f| f.target == flow.target).count();
+                if writers > 1 {
+                    c.push(
+                        ErrorCode::NotBuilt,
+                        &target_path,
+                        format!(
+                            "window target {:?} has {writers} flows; a window target takes one \
+                             flow, whose watermark closes its windows",
+                            flow.target
+                        ),
+                    );
+                }
+            }
+            Some(TargetKind::Sink { format, .. }) if format == "jsonl" => {}
+            Some(TargetKind::Sink { format, .. }) => c.push(
+                ErrorCode::NotBuilt,
+                &target_path,
+                format!(
+                    "flow {:?} writes a sink of format {format:?}; only `jsonl` sinks exist",
+                    flow.name
+                ),
+            ),
+            other => c.push(
+                ErrorCode::NotBuilt,
+                &target_path,
+                format!(
+                    "flow {:?} writes a {} target; `view` targets do not run in this version",
+                    flow.name,
+                    other.map(TargetKind::keyword).unwrap_or("missing")
+                ),
+            ),
+        }
+    }
+}
+
+/// Why a window over `table` cannot run: a live writer of the table without a watermark (the
+/// table would have none), or a `once` window flow that live writers would never let end.
+fn window_over_table(p: &Pipeline, c: &mut Collector<'_>, i: usize, flow: &Flow, table: &str) {
+    let source_path = format!("flows[{i}].source");
+    let live = p.live_writers(table);
+    for writer in live
+        .iter()
+        .filter(|w| !matches!(&w.source, Source::PubSub(s) if s.watermark.is_some()))
+    {
+        c.push(
+            ErrorCode::NotBuilt,
+            &source_path,
+            format!(
+                "window flow {:?} reads table {table:?}, whose windows close when the watermark \
+                 of every live writer has passed them; live writer {:?} has no `watermark:`",
+                flow.name, writer.name
+            ),
+        );
+    }
+    let unbounded_file_writers: Vec<&str> = p
+        .flows
+        .iter()
+        .filter(|w| w.target == table && !w.once && p.mode == Mode::Continuous)
+        .filter(|w| !matches!(w.source, Source::PubSub(_)))
+        .map(|w| w.name.as_str())
+        .collect();
+    if !unbounded_file_writers.is_empty() {
+        c.push(
+            ErrorCode::NotBuilt,
+            &source_path,
+            format!(
+                "window flow {:?} reads table {table:?}, which flows without `once: true` write \
+                 from files or tables in a continuous pipeline ({}); their rows have no watermark \
+                 (make them `once: true`, so the window waits for them)",
+                flow.name,
+                unbounded_file_writers.join(", ")
+            ),
+        );
+    }
+    if flow.once && p.mode == Mode::Continuous && !live.is_empty() {
+        c.push(
+            ErrorCode::NotBuilt,
+            &format!("flows[{i}].once"),
+            format!(
+                "window flow {:?} reads table {table:?}, which live flows write; it would never \
+                 end (drop `once: true`)",
+                flow.name
+            ),
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! sluice's own tables on SQLite (created idempotently when a file is opened), the DDL of
+//! target and dead-letter tables, and the preparation of a pipeline's tables and flows.
+
+use crate::schema::table_name;
+use crate::{FlowHandle, Layout, StoreError};
+use rusqlite::{Connection, TransactionBehavior, params};
+use std::sync::Arc;
+
+/// sluice's own tables (idempotent).
+pub(super) const STATE_DDL: &str = "
+CREATE TABLE IF NOT EXISTS sluice_flows (
+    flow_id        INTEGER PRIMARY KEY,
+    pipeline       TEXT NOT NULL,
+    flow           TEXT NOT NULL,
+    committed      INTEGER NOT NULL DEFAULT 0,
+    duplicates     INTEGER NOT NULL DEFAULT 0,
+    dead_lettered  INTEGER NOT NULL DEFAULT 0,
+    batches        INTEGER NOT NULL DEFAULT 0,
+    last_commit_at INTEGER,
+    UNIQUE (pipeline, flow)
+);
+CREATE TABLE IF NOT EXISTS sluice_ledger (
+    flow_id    INTEGER NOT NULL,
+    key        TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (flow_id, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sluice_ledger_expiry ON sluice_ledger (expires_at);
+CREATE TABLE IF NOT EXISTS sluice_commit_marks (
+    flow_id      INTEGER NOT NULL,
+    commit_id    TEXT NOT NULL,
+    committed_at INTEGER NOT NULL,
+    PRIMARY KEY (flow_id, commit_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sluice_completions (
+    flow_id      INTEGER PRIMARY KEY,
+    completed_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sluice_drains (
+    flow_id     INTEGER NOT NULL,
+    worker      TEXT NOT NULL,
+    drained     INTEGER NOT NULL,
+    reported_at INTEGER NOT NULL,
+    PRIMARY KEY (flow_id, worker)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sluice_workers (
+    pipeline   TEXT NOT NULL,
+    worker     TEXT NOT NULL,
+    host       TEXT NOT NULL,
+    pid        INTEGER NOT NULL,
+    started_at INTEGER NOT NULL,
+    last_beat  INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, worker)
+);
+CREATE TABLE IF NOT EXISTS sluice_leases (
+    pipeline    TEXT NOT NULL,
+    role        TEXT NOT NULL,
+    holder      TEXT NOT NULL,
+    acquired_at INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, role)
+);
+DROP TABLE IF EXISTS sluice_watermark_buckets;
+CREATE TABLE IF NOT EXISTS sluice_watermark_messages (
+    flow_id    INTEGER NOT NULL,
+    bucket_ms  INTEGER NOT NULL,
+    message_id TEXT NOT NULL,
+    tracked    INTEGER NOT NULL,
+    settled    INTEGER NOT NULL,
+    event_ms   INTEGER,
+    PRIMARY KEY (flow_id, bucket_ms, message_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sluice_watermarks (
+    flow_id       INTEGER PRIMARY KEY,
+    watermark_ms  INTEGER NOT NULL,
+    horizon_ms    INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sluice_window_marks (
+    flow_id        INTEGER PRIMARY KEY,
+    emitted_before INTEGER NOT NULL,
+    size_ms        INTEGER
+);
+";
+
+/// DDL of a target table and its `(flow, dedup_key)` index.
+pub(super) fn target_ddl(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS \"{table}\" (
+            dedup_key    TEXT NOT NULL,
+            message_id   TEXT NOT NULL,
+            publish_time INTEGER NOT NULL,
+            event_time   INTEGER NOT NULL,
+            attributes   TEXT NOT NULL,
+            data         BLOB NOT NULL,
+            flow         TEXT NOT NULL,
+            committed_at INTEGER NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS \"{table}_flow_key\" ON \"{table}\" (flow, dedup_key);"
+    )
+}
+
+/// DDL of a pipeline's dead-letter table.
+pub(super) fn dead_letter_ddl(table: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS \"{table}\" (
+            flow         TEXT NOT NULL,
+            dedup_key    TEXT NOT NULL,
+            message_id   TEXT NOT NULL,
+            publish_time INTEGER NOT NULL,
+            attributes   TEXT NOT NULL,
+            data         BLOB NOT NULL,
+            reason       TEXT NOT NULL,
+            error        TEXT NOT NULL,
+            attempts     INTEGER NOT NULL,
+            committed_at INTEGER NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS \"{table}_flow_key\" ON \"{table}\" (flow, dedup_key);"
+    )
+}
+
+/// Creates the layout's target and dead-letter tables and registers its flows, in one write
+/// transaction; returns a handle per flow, in the layout's order.
+pub(super) fn prepare(
+    conn: &mut Connection,
+    layout: &Layout,
+) -> Result<Vec<FlowHandle>, StoreError> {
+    let dead_letter = table_name(&layout.pipeline, "dead_letter")?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    for target in &layout.tables {
+        if target == "dead_letter" {
+            return Err(StoreError::Config(
+                "a table target may not be named dead_letter".to_owned(),
+            ));
+        }
+        tx.execute_batch(&target_ddl(&table_name(&layout.pipeline, target)?))?;
+    }
+    tx.execute_batch(&dead_letter_ddl(&dead_letter))?;
+    let pipeline: Arc<str> = Arc::from(layout.pipeline.as_str());
+    let mut handles = Vec::with_capacity(layout.flows.len());
+    for flow in &layout.flows {
+        table_name(&layout.pipeline, flow)?;
+        tx.execute(
+            "INSERT INTO sluice_flows (pipeline, flow) VALUES (?1, ?2)
+             ON CONFLICT (pipeline, flow) DO NOTHING",
+            params![layout.pipeline, flow],
+        )?;
+        let id: i64 = tx.query_row(
+            "SELECT flow_id FROM sluice_flows WHERE pipeline = ?1 AND flow = ?2",
+            params![layout.pipeline, flow],
+            |row| row.get(0),
+        )?;
+        handles.push(FlowHandle {
+            id,
+            pipeline: pipeline.clone(),
+            name: Arc::from(flow.as_str()),
+        });
+    }
+    tx.commit()?;
+    Ok(handles)
+}

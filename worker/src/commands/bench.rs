@@ -1,0 +1,31 @@
+//! `sluice bench throughput|watermark`: the benchmarks of BENCHMARKS.md, run from the worker
+//! binary (the harness is the `sluice-bench` crate).
+
+use clap::Subcommand;
+use std::process::ExitCode;
+
+/// The benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Raw client vs sluice end to end on one emulator, and sluice's own capacity.
+    Throughput(sluice_bench::ThroughputArgs),
+    /// sluice's watermark estimator and a Beam-style baseline on the same simulated streams.
+    Watermark(sluice_bench::WatermarkArgs),
+}
+
+/// Runs one benchmark; exit 1 when it could not run.
+pub async fn bench(which: BenchCommand) -> ExitCode {
+    match which {
+        BenchCommand::Watermark(args) => {
+            sluice_bench::watermark(&args);
+            ExitCode::SUCCESS
+        }
+        BenchCommand::Throughput(args) => match sluice_bench::throughput(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("sluice bench: {error}");
+                ExitCode::from(1)
+            }
+        },
+    }
+}

@@ -1,0 +1,18 @@
+//! What runs inside a worker process: the supervisor of updates, the scheduler that starts flows
+//! in `depends_on` order, the building of each flow, the board of their phases, the pool
+//! membership and drain quorum, watermarks and windows, refreshes, and the signals that drain.
+
+pub mod board;
+pub mod drain_quorum;
+pub mod flows;
+pub mod membership;
+pub mod progress;
+pub mod refresh;
+pub mod scheduler;
+pub mod signals;
+pub mod stage_client;
+pub mod store_retry;
+pub mod supervisor;
+pub mod update;
+pub mod watermarks;
+pub mod windows;
