@@ -23,6 +23,7 @@ use sluice_connector::{
     InProcessSource, KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil,
     TableStage,
 };
+use sluice_store::LedgerStore;
 use sluice_store::{Layout, PostgresStore, ScratchDatabase, SqliteStore, Store, table_name};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -17,9 +17,8 @@ use sluice_connector::{
     BatchSettings, BatchSource, Budget, Counters, DedupSettings, KeySource, PubSubConfig,
     PubSubSource, now_ms,
 };
-use sluice_store::{
-    CommitBatch, Effect, Entry, Layout, MessageFields, SqliteStore, Store, table_name,
-};
+use sluice_store::{CommitBatch, Effect, Entry, Layout, MessageFields, SqliteStore, table_name};
+use sluice_store::{FlowStore, LedgerStore};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

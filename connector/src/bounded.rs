@@ -4,7 +4,7 @@
 //! # Guarantees
 //!
 //! * **Re-reading writes only what is missing.** With [`SkipCommitted`], each chunk is checked
-//!   against the flow's rows and dead letters in the store ([`sluice_store::Store::keys_present`],
+//!   against the flow's rows and dead letters in the store ([`sluice_store::LedgerLedgerStore::keys_present`],
 //!   which has no window) and what is there is skipped, so a bounded flow re-read after a crash,
 //!   however much later, writes only what it had not; records in flight at the crash are caught
 //!   by the dedup ledger like any redelivery. A store outage while asking is waited out with
@@ -20,7 +20,8 @@ use crate::budget::Budget;
 use crate::delivery::{AckHandle, SourceMessage};
 use crate::source::{Received, SourceHandle};
 use async_trait::async_trait;
-use sluice_store::{FlowHandle, Store};
+use sluice_store::FlowHandle;
+use sluice_store::LedgerStore;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -34,7 +35,7 @@ pub(crate) const CHUNK: usize = 500;
 #[derive(Clone)]
 pub struct SkipCommitted {
     /// The store the flow commits to.
-    pub store: Arc<dyn Store>,
+    pub store: Arc<dyn LedgerStore>,
     /// The flow.
     pub flow: FlowHandle,
     /// Its target table (full name).

@@ -23,7 +23,8 @@ use crate::delivery::Delivery;
 use crate::sink::{JsonlSink, SinkCommit};
 use crate::stage::Stage;
 use crate::time::now_ms;
-use sluice_store::{CommitBatch, Effect, Entry, FlowHandle, MessageFields, Store, StoreError};
+use sluice_store::LedgerStore;
+use sluice_store::{CommitBatch, Effect, Entry, FlowHandle, MessageFields, StoreError};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,7 +71,7 @@ impl std::ops::AddAssign for CommitReport {
 
 /// Commits batches of one flow to a store and acks them afterwards.
 pub struct CommitThenAck {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LedgerStore>,
     flow: FlowHandle,
     table: Arc<str>,
     stage: Arc<dyn Stage>,
@@ -96,7 +97,7 @@ impl CommitThenAck {
     /// Cancelling `give_up` makes batches waiting on an unavailable store be nacked instead of
     /// retried further.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn LedgerStore>,
         flow: FlowHandle,
         table: Arc<str>,
         stage: Arc<dyn Stage>,

@@ -2,7 +2,7 @@
 //! fills while the previous one commits), with a clean drain.
 //!
 //! Batches of one flow may commit concurrently, as many at once as the store asks for
-//! ([`sluice_store::Store::commit_concurrency`]: one for SQLite's single writer, several for
+//! ([`sluice_store::LedgerStore::commit_concurrency`]: one for SQLite's single writer, several for
 //! PostgreSQL). That is safe because no key is ever in two batches in flight at once (a
 //! redelivery of an in-flight key is parked with its original, see `sluice_dedup`), so
 //! concurrent batches never race on a ledger key.

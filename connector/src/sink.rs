@@ -11,7 +11,7 @@
 //!    (an advisory lock the operating system drops when the process dies). If the store
 //!    reports an error after the hook ran, the commit may have landed all the same (a lost
 //!    answer): once the batch settles, the writer asks the store
-//!    ([`sluice_store::Store::commit_recorded`], which answers only once that transaction has
+//!    ([`sluice_store::LedgerLedgerStore::commit_recorded`], which answers only once that transaction has
 //!    ended, even if it is still committing on the server) and publishes or deletes the file.
 //!    A rename that fails is retried until it succeeds; the batch is acked only after it.
 //! 3. After a crash, [`JsonlSink::recover`] (run before the flow starts, IDLE flows included)
@@ -30,7 +30,8 @@
 //!   source. The target's store table holds the same rows (the record of what was written).
 
 use base64::Engine;
-use sluice_store::{CommitHook, Effect, Entry, FlowHandle, Store};
+use sluice_store::LedgerStore;
+use sluice_store::{CommitHook, Effect, Entry, FlowHandle};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -110,7 +111,7 @@ impl JsonlSink {
     /// one that vanished meanwhile was resolved by its writer.
     pub async fn recover(
         &self,
-        store: &dyn Store,
+        store: &dyn LedgerStore,
         flow: &FlowHandle,
     ) -> Result<(usize, usize), String> {
         let io = |e: std::io::Error| format!("sink folder {}: {e}", self.dir.display());

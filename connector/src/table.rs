@@ -3,7 +3,7 @@
 //! # Guarantees
 //!
 //! * **Every row once.** The table is read in pages in `(flow, dedup_key, message_id)` order
-//!   ([`sluice_store::Store::read_rows`]); a record's message id (hence its dedup key in the
+//!   ([`sluice_store::FlowStore::read_rows`]); a record's message id (hence its dedup key in the
 //!   reading flow) is `<writer flow>/<dedup key>`, so the same record is the same key however
 //!   often the table is read, and the guarantees of [`crate::SkipCommitted`] and the ledger make
 //!   each land once in the reading flow's target.
@@ -20,7 +20,8 @@ use crate::delivery::SourceMessage;
 use crate::source::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
 use async_trait::async_trait;
-use sluice_store::{RowCursor, Store, StoredRow};
+use sluice_store::FlowStore;
+use sluice_store::{RowCursor, StoredRow};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -28,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Reads a target table once.
 pub struct TableSource {
-    store: Arc<dyn Store>,
+    store: Arc<dyn FlowStore>,
     table: String,
     skip: Option<SkipCommitted>,
     progress: Arc<SourceProgress>,
@@ -36,7 +37,7 @@ pub struct TableSource {
 
 impl TableSource {
     /// A source of the rows of `table` (a full table name, `<pipeline>__<target>`).
-    pub fn new(store: Arc<dyn Store>, table: impl Into<String>) -> Self {
+    pub fn new(store: Arc<dyn FlowStore>, table: impl Into<String>) -> Self {
         Self {
             store,
             table: table.into(),

@@ -24,7 +24,7 @@
 //!
 //! The estimator's guarantee (crate `sluice_watermark`) holds when the horizon is right and
 //! processed counts never run ahead of the truth. Both sides report by message id
-//! (`Store::add_bucket_messages`), so a redelivery (a lost ack, a lease that lapsed, a commit
+//! (`ProgressStore::add_bucket_messages`), so a redelivery (a lost ack, a lease that lapsed, a commit
 //! whose answer was lost and whose reports were given back and made again) counts once, and a
 //! bucket is processed exactly when every message tracked in it was settled. Known ways in
 //! which they can still be wrong:
@@ -58,7 +58,7 @@
 //!   old events (offline devices) is counted late (`sluice_messages_late_total`) while the
 //!   watermark moves on.
 //! * **Lease handover.** The reader's watermark writes are fenced by its lease
-//!   (`Store::advance_watermark` checks it in the same statement), so a reader paused past its
+//!   (`ProgressStore::advance_watermark` checks it in the same statement), so a reader paused past its
 //!   lease's expiry writes nothing when it wakes. A reader that starts (a new holder, this
 //!   worker after a restart, or after its stream was reopened) publishes a probe and then
 //!   seeks the tracking subscription back to the stored horizon, so what an earlier reader was

@@ -1,6 +1,7 @@
-//! Commit-then-ack on the in-process source and a real SQLite store, plus a fault-injecting
-//! store (a fake, for faults SQLite cannot be made to produce on demand: an outage that ends,
-//! a message the store keeps rejecting, a commit that lands but whose reply is lost).
+//! Commit-then-ack on the in-process source and a real SQLite store, behind a fault-injecting
+//! wrapper (`sluice_store::testing::FaultStore`, a fake around the real store, for faults SQLite
+//! cannot be made to produce on demand: an outage that ends, a message the store keeps
+//! rejecting, a commit that lands but whose reply is lost).
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use async_trait::async_trait;
@@ -9,10 +10,10 @@ use sluice_connector::{
     Delivery, Ended, FlowRun, FlowWatermark, InProcessSource, KeySource, RetrySettings, RunUntil,
     SourceHandle, Stage, StageError, TableStage,
 };
+use sluice_store::testing::{CommitFault, FaultStore};
 use sluice_store::{
-    CommitBatch, CommitOutcome, Effect, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerUpkeep, SqliteStore, Store, StoreError, WorkerBeat, WorkerRecord,
-    table_name,
+    CommitBatch, Effect, FlowHandle, FlowStore, Inspect, Layout, LedgerStore, SqliteStore,
+    StoreError, table_name,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,10 +21,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// A store that delegates to SQLite unless told to fail.
-struct FaultyStore {
-    inner: SqliteStore,
+/// The faults injected into commits, decided by the rule of a [`FaultStore`] (a fake around the
+/// real SQLite store).
+#[derive(Default)]
+struct Faults {
+    /// Commits fail with `Unavailable` while set.
     unavailable: AtomicBool,
+    /// A commit writing a row of this key is rejected.
     poison_key: Mutex<Option<String>>,
     failed_commits: AtomicU64,
     /// Commits still to lose the reply of: while above 0, a commit that the inner store carried
@@ -33,15 +37,11 @@ struct FaultyStore {
     lost_entries: AtomicU64,
 }
 
-#[async_trait]
-impl Store for FaultyStore {
-    async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
-        self.inner.prepare(layout).await
-    }
-    async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
+impl Faults {
+    fn decide(&self, batch: &CommitBatch) -> CommitFault {
         if self.unavailable.load(Ordering::SeqCst) {
             self.failed_commits.fetch_add(1, Ordering::SeqCst);
-            return Err(StoreError::Unavailable("injected outage".into()));
+            return CommitFault::Fail(StoreError::Unavailable("injected outage".into()));
         }
         let poison = self.poison_key.lock().unwrap().clone();
         if let Some(poison) = poison {
@@ -51,154 +51,19 @@ impl Store for FaultyStore {
                 .any(|e| e.key.as_str() == poison && matches!(e.effect, Effect::Row { .. }));
             if poisoned {
                 self.failed_commits.fetch_add(1, Ordering::SeqCst);
-                return Err(StoreError::Rejected("injected rejection".into()));
+                return CommitFault::Fail(StoreError::Rejected("injected rejection".into()));
             }
         }
-        let entries = batch.entries.len() as u64;
-        let outcome = self.inner.commit(batch).await?;
         let lose = self
             .lost_replies
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if lose {
-            self.lost_entries.fetch_add(entries, Ordering::SeqCst);
-            return Err(StoreError::Unavailable("reply lost".into()));
+            self.lost_entries
+                .fetch_add(batch.entries.len() as u64, Ordering::SeqCst);
+            return CommitFault::LoseReply(StoreError::Unavailable("reply lost".into()));
         }
-        Ok(outcome)
-    }
-    async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
-        self.inner.count_rows(table, flow).await
-    }
-    async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
-        self.inner.key_census(table).await
-    }
-    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
-        self.inner.flow_progress(flow).await
-    }
-    async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
-        self.inner.record_completion(flow).await
-    }
-    async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
-        self.inner.completions(pipeline).await
-    }
-    async fn reset_flow(
-        &self,
-        flow: &FlowHandle,
-        table: Option<&str>,
-        rows: sluice_store::ResetRows,
-    ) -> Result<(), StoreError> {
-        self.inner.reset_flow(flow, table, rows).await
-    }
-    async fn commit_recorded(
-        &self,
-        flow: &FlowHandle,
-        commit_id: &str,
-    ) -> Result<bool, StoreError> {
-        self.inner.commit_recorded(flow, commit_id).await
-    }
-    async fn read_rows(
-        &self,
-        table: &str,
-        after: Option<&sluice_store::RowCursor>,
-        limit: usize,
-    ) -> Result<Vec<sluice_store::StoredRow>, StoreError> {
-        self.inner.read_rows(table, after, limit).await
-    }
-    async fn keys_present(
-        &self,
-        flow: &FlowHandle,
-        table: &str,
-        keys: &[String],
-    ) -> Result<Vec<bool>, StoreError> {
-        self.inner.keys_present(flow, table, keys).await
-    }
-    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
-        self.inner.ledger_upkeep().await
-    }
-    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
-        self.inner.heartbeat(beat).await
-    }
-    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
-        self.inner.leave(pipeline, worker).await
-    }
-    async fn report_drain(
-        &self,
-        flow: &FlowHandle,
-        worker: &str,
-        drained: bool,
-    ) -> Result<(), StoreError> {
-        self.inner.report_drain(flow, worker, drained).await
-    }
-    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
-        self.inner.withdraw_drain(flow, worker).await
-    }
-    async fn drain_census(
-        &self,
-        flow: &FlowHandle,
-    ) -> Result<sluice_store::DrainCensus, StoreError> {
-        self.inner.drain_census(flow).await
-    }
-    async fn workers(
-        &self,
-        pipeline: &str,
-        within: Duration,
-    ) -> Result<Vec<WorkerRecord>, StoreError> {
-        self.inner.workers(pipeline, within).await
-    }
-    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
-        self.inner.acquire_lease(request).await
-    }
-    async fn release_lease(
-        &self,
-        pipeline: &str,
-        role: &str,
-        holder: &str,
-    ) -> Result<(), StoreError> {
-        self.inner.release_lease(pipeline, role, holder).await
-    }
-    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.inner.leases(pipeline).await
-    }
-    async fn add_bucket_messages(
-        &self,
-        flow: &FlowHandle,
-        messages: &[sluice_store::BucketMessage],
-    ) -> Result<(), StoreError> {
-        self.inner.add_bucket_messages(flow, messages).await
-    }
-    async fn bucket_counts(
-        &self,
-        flow: &FlowHandle,
-        from_ms: i64,
-    ) -> Result<Vec<sluice_store::BucketCounts>, StoreError> {
-        self.inner.bucket_counts(flow, from_ms).await
-    }
-    async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError> {
-        self.inner.prune_buckets(flow, before_ms).await
-    }
-    async fn advance_watermark(
-        &self,
-        flow: &FlowHandle,
-        offer: &sluice_store::WatermarkRecord,
-        fenced_by: Option<&str>,
-    ) -> Result<Option<sluice_store::WatermarkRecord>, StoreError> {
-        self.inner.advance_watermark(flow, offer, fenced_by).await
-    }
-    async fn watermarks(
-        &self,
-        pipeline: &str,
-    ) -> Result<Vec<(String, sluice_store::WatermarkRecord)>, StoreError> {
-        self.inner.watermarks(pipeline).await
-    }
-    async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError> {
-        self.inner.prepare_window_table(windows_table).await
-    }
-    async fn emit_windows(
-        &self,
-        flow: &FlowHandle,
-        emission: &sluice_store::WindowEmission,
-    ) -> Result<sluice_store::WindowsEmitted, StoreError> {
-        self.inner.emit_windows(flow, emission).await
+        CommitFault::Pass
     }
 }
 
@@ -223,21 +88,17 @@ impl Stage for CountingStage {
 
 struct Setup {
     _dir: tempfile::TempDir,
-    store: Arc<FaultyStore>,
+    store: Arc<FaultStore<SqliteStore>>,
+    faults: Arc<Faults>,
     flow: FlowHandle,
 }
 
 async fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let inner = SqliteStore::open(&dir.path().join("s.db")).unwrap();
-    let store = Arc::new(FaultyStore {
-        inner,
-        unavailable: AtomicBool::new(false),
-        poison_key: Mutex::new(None),
-        failed_commits: AtomicU64::new(0),
-        lost_replies: AtomicU64::new(0),
-        lost_entries: AtomicU64::new(0),
-    });
+    let faults = Arc::new(Faults::default());
+    let rule = faults.clone();
+    let store = Arc::new(FaultStore::new(inner).on_commit(move |batch| rule.decide(batch)));
     let flow = store
         .prepare(&Layout {
             pipeline: "p".into(),
@@ -250,6 +111,7 @@ async fn setup() -> Setup {
     Setup {
         _dir: dir,
         store,
+        faults,
         flow,
     }
 }
@@ -380,7 +242,7 @@ async fn with_a_watermark_duplicates_are_acked_only_once_reported() {
 #[tokio::test]
 async fn nothing_is_acked_while_the_store_is_down_and_all_lands_when_it_returns() {
     let setup = setup().await;
-    setup.store.unavailable.store(true, Ordering::SeqCst);
+    setup.faults.unavailable.store(true, Ordering::SeqCst);
     let source = InProcessSource::generated(1_000, 10, |i| format!("k{i}"));
     let tally = source.tally();
     let drain = CancellationToken::new();
@@ -395,7 +257,7 @@ async fn nothing_is_acked_while_the_store_is_down_and_all_lands_when_it_returns(
     let task = tokio::spawn(run.run(drain.clone()));
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert!(
-        setup.store.failed_commits.load(Ordering::SeqCst) >= 2,
+        setup.faults.failed_commits.load(Ordering::SeqCst) >= 2,
         "commits were retried"
     );
     // The system lag grows while the commits fail: the oldest message waits.
@@ -407,7 +269,7 @@ async fn nothing_is_acked_while_the_store_is_down_and_all_lands_when_it_returns(
         0,
         "nothing acked during the outage"
     );
-    setup.store.unavailable.store(false, Ordering::SeqCst);
+    setup.faults.unavailable.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     drain.cancel();
     let end = task.await.unwrap().unwrap();
@@ -434,7 +296,7 @@ async fn nothing_is_acked_while_the_store_is_down_and_all_lands_when_it_returns(
 async fn a_commit_whose_reply_is_lost_is_decided_from_the_store_on_retry() {
     const LOST: u64 = 3;
     let setup = setup().await;
-    setup.store.lost_replies.store(LOST, Ordering::SeqCst);
+    setup.faults.lost_replies.store(LOST, Ordering::SeqCst);
     let source = InProcessSource::generated(1_000, 10, |i| format!("k{i}"));
     let tally = source.tally();
     let run = run_of(
@@ -448,11 +310,11 @@ async fn a_commit_whose_reply_is_lost_is_decided_from_the_store_on_retry() {
     let end = run.run(CancellationToken::new()).await.unwrap();
     assert_eq!(end.ended, Ended::Drained);
     assert_eq!(
-        setup.store.lost_replies.load(Ordering::SeqCst),
+        setup.faults.lost_replies.load(Ordering::SeqCst),
         0,
         "the replies of {LOST} commits were lost"
     );
-    let lost_entries = setup.store.lost_entries.load(Ordering::SeqCst);
+    let lost_entries = setup.faults.lost_entries.load(Ordering::SeqCst);
     assert!(lost_entries > 0);
     let table = table_name("p", "t").unwrap();
     assert_eq!(setup.store.count_rows(&table, None).await.unwrap(), 1_000);
@@ -490,7 +352,7 @@ async fn a_commit_whose_reply_is_lost_is_decided_from_the_store_on_retry() {
 #[tokio::test]
 async fn deliveries_held_past_the_commit_bound_are_nacked_not_committed() {
     let setup = setup().await;
-    setup.store.unavailable.store(true, Ordering::SeqCst);
+    setup.faults.unavailable.store(true, Ordering::SeqCst);
     let source = InProcessSource::generated(300, 10, |i| format!("k{i}"));
     let tally = source.tally();
     let drain = CancellationToken::new();
@@ -516,7 +378,7 @@ async fn deliveries_held_past_the_commit_bound_are_nacked_not_committed() {
     let counters = run.counters.clone();
     let task = tokio::spawn(run.run(drain.clone()));
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    setup.store.unavailable.store(false, Ordering::SeqCst);
+    setup.faults.unavailable.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     drain.cancel();
     task.await.unwrap().unwrap();
@@ -594,7 +456,7 @@ async fn a_ledger_duplicate_is_not_remembered_past_the_ledgers_window() {
 #[tokio::test]
 async fn giving_up_at_shutdown_nacks_instead_of_acking() {
     let setup = setup().await;
-    setup.store.unavailable.store(true, Ordering::SeqCst);
+    setup.faults.unavailable.store(true, Ordering::SeqCst);
     let source = InProcessSource::generated(300, 10, |i| format!("k{i}"));
     let tally = source.tally();
     let (drain, give_up) = (CancellationToken::new(), CancellationToken::new());
@@ -620,7 +482,7 @@ async fn giving_up_at_shutdown_nacks_instead_of_acking() {
 #[tokio::test]
 async fn a_message_the_store_keeps_rejecting_is_dead_lettered_and_the_rest_commit() {
     let setup = setup().await;
-    *setup.store.poison_key.lock().unwrap() = Some("k7".into());
+    *setup.faults.poison_key.lock().unwrap() = Some("k7".into());
     let source = InProcessSource::generated(50, 10, |i| format!("k{i}"));
     let tally = source.tally();
     let report = run_of(

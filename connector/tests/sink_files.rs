@@ -7,9 +7,8 @@
 use bytes::Bytes;
 use sluice_connector::JsonlSink;
 use sluice_dedup::DedupKey;
-use sluice_store::{
-    CommitBatch, CommitHook, Effect, Entry, Layout, MessageFields, SqliteStore, Store,
-};
+use sluice_store::{CommitBatch, CommitHook, Effect, Entry, Layout, MessageFields, SqliteStore};
+use sluice_store::{FlowStore, LedgerStore};
 use std::sync::Arc;
 
 fn entry(key: &str, effect: Effect) -> Entry {

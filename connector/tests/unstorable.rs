@@ -11,6 +11,7 @@ use sluice_connector::{
     InProcessSource, KeySource, RetrySettings, RunUntil, SkipCommitted, SourceMessage, TableStage,
 };
 use sluice_store::{FlowHandle, Layout, PostgresStore, ScratchDatabase, Store, table_name};
+use sluice_store::{FlowStore, Inspect};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //!
 //! # Guarantees
 //!
-//! [`Store::commit`] applies one [`CommitBatch`] in **one transaction**: for each entry it inserts
+//! [`LedgerStore::commit`] applies one [`CommitBatch`] in **one transaction**: for each entry it inserts
 //! the entry's dedup key into the ledger of its flow; only if the key was not there (or had
 //! expired) does it write the entry's target row or dead-letter row. Flow progress is updated in
 //! the same transaction. So for every key at most one effect is ever committed per flow within
@@ -26,9 +26,9 @@
 //! # Pool coordination
 //!
 //! Replicas find each other through the store, with no other service: heartbeats
-//! ([`Store::heartbeat`], [`Store::workers`]), leases for roles that must have one holder
-//! ([`Store::acquire_lease`]; at most one holder at a time, moved when the holder stops renewing;
-//! see [`LeaseRequest`]), and once-flow completion ([`Store::record_completion`]) that every
+//! ([`PoolStore::heartbeat`], [`PoolStore::workers`]), leases for roles that must have one holder
+//! ([`PoolStore::acquire_lease`]; at most one holder at a time, moved when the holder stops renewing;
+//! see [`LeaseRequest`]), and once-flow completion ([`FlowStore::record_completion`]) that every
 //! replica reads at start.
 
 mod drain;
@@ -38,8 +38,11 @@ mod model;
 mod pool;
 mod postgres;
 mod progress;
+mod roles;
 mod schema;
 mod sqlite;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod url;
 mod windows;
 
@@ -57,200 +60,10 @@ pub use postgres::{
 pub use progress::{
     BucketCounts, BucketMessage, MessageReport, PROGRESS_BUCKET_MS, WatermarkRecord,
 };
+#[cfg(feature = "testing")]
+pub use roles::Inspect;
+pub use roles::{FlowStore, LedgerStore, PoolStore, ProgressStore, Store, WindowStore};
 pub use schema::{is_identifier, table_name, window_table_name};
 pub use sqlite::SqliteStore;
 pub use url::{StoreUrl, open};
 pub use windows::{WindowEmission, WindowRows, WindowsEmitted};
-
-use async_trait::async_trait;
-
-/// The durable store behind every flow. Implementations are shared by all flows of a worker
-/// (`Arc<dyn Store>`).
-#[async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// Creates what `layout` needs (migrations, target tables, flow rows) if missing and returns
-    /// one handle per flow, in `layout.flows` order. Idempotent.
-    async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError>;
-
-    /// Commits one batch in one transaction; see the crate docs. The outcome lists, per entry
-    /// and in order, whether its effect was written (`true`) or it was a duplicate (`false`).
-    async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError>;
-
-    /// How many commits of one flow this store takes at once to advantage: SQLite has one
-    /// writer (1); a server store overlaps round trips and fsyncs (several).
-    fn commit_concurrency(&self) -> usize {
-        1
-    }
-
-    /// Rows of a target table committed by `flow` (all flows when `None`).
-    async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError>;
-
-    /// Distinct dedup keys in a target table and the number of keys that appear more than once.
-    async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError>;
-
-    /// Committed, duplicate and dead-lettered counts of a flow.
-    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError>;
-
-    /// Records that `flow`, a once flow, has drained its source completely. Every replica
-    /// sharing the store sees it (see [`Store::completions`]); recording twice is harmless.
-    async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError>;
-
-    /// Records this worker's part in draining the once flow `flow` (see [`DrainReport`]):
-    /// reading (`drained: false`) or found its source empty holding nothing (`true`).
-    async fn report_drain(
-        &self,
-        flow: &FlowHandle,
-        worker: &str,
-        drained: bool,
-    ) -> Result<(), StoreError>;
-
-    /// Removes this worker's drain report (it stopped cleanly, holding nothing).
-    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError>;
-
-    /// Every reader's drain report on `flow`, with its latest heartbeat, on the store's clock.
-    async fn drain_census(&self, flow: &FlowHandle) -> Result<DrainCensus, StoreError>;
-
-    /// Forgets what `flow` has done, in one transaction: its ledger keys, counters, completion,
-    /// sink commit marks, watermark buckets, watermark and window emission mark (the next
-    /// emission replaces the flow's count rows with counts of the rows it has then; see the
-    /// `windows` module docs), and those of its rows in `table` (the full name of its target
-    /// table, if it has one) and of its dead letters that `rows` says. Records its source gives
-    /// again are then written once again; rows it cannot give again stay. Handles of the flow
-    /// taken before are stale afterwards (PostgreSQL gives the flow a new id when every row
-    /// goes, leaving its old ledger keys to expire with their partitions): prepare again. Callers make sure no
-    /// worker is running the flow meanwhile (its memory tier would still remember keys).
-    async fn reset_flow(
-        &self,
-        flow: &FlowHandle,
-        table: Option<&str>,
-        rows: ResetRows,
-    ) -> Result<(), StoreError>;
-
-    /// For each of `keys`, whether `flow` has already committed an effect for it that is still
-    /// in the store: a row in `table` or a dead letter. Unlike the ledger this has no window,
-    /// so a bounded source (a file backfill) that is re-read after a crash skips what it wrote
-    /// before, however long ago.
-    async fn keys_present(
-        &self,
-        flow: &FlowHandle,
-        table: &str,
-        keys: &[String],
-    ) -> Result<Vec<bool>, StoreError>;
-
-    /// Whether a commit with this hook id ([`CommitHook::id`]) of `flow` was committed.
-    async fn commit_recorded(&self, flow: &FlowHandle, commit_id: &str)
-    -> Result<bool, StoreError>;
-
-    /// Up to `limit` rows of `table` (a full target table name) after `after`, in the order
-    /// `(flow, dedup_key, message_id)`: a `table` source pages through a target with it. Rows
-    /// committed meanwhile appear if they sort after the cursor.
-    async fn read_rows(
-        &self,
-        table: &str,
-        after: Option<&RowCursor>,
-        limit: usize,
-    ) -> Result<Vec<StoredRow>, StoreError>;
-
-    /// The flows of `pipeline` recorded complete, with when (ms since epoch, store clock), in
-    /// flow-name order. A restarted or newly started replica skips these once flows.
-    async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError>;
-
-    /// Keeps the dedup ledger small: SQLite deletes one chunk of expired keys (its writer also
-    /// purges by itself between commits); PostgreSQL creates the next ledger generations ahead of time and
-    /// drops whole generations no window can still need. Safe to call from several replicas at
-    /// once; in a pool one replica does it, under the `ledger_upkeep` lease.
-    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError>;
-
-    /// Records that `beat.worker` is alive (first call registers it).
-    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError>;
-
-    /// Removes `worker` from the pool's list at a clean stop (a dead worker drops out of
-    /// [`Store::workers`] when its heartbeats stop).
-    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError>;
-
-    /// Workers of `pipeline` heard of within `within` (by the store's clock).
-    async fn workers(
-        &self,
-        pipeline: &str,
-        within: std::time::Duration,
-    ) -> Result<Vec<WorkerRecord>, StoreError>;
-
-    /// Takes or renews a lease in one atomic step: granted only if it is free, expired or
-    /// already `request.holder`'s, so it has at most one holder at any instant of the store's
-    /// clock (see the [crate docs](crate#pool-coordination)).
-    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError>;
-
-    /// Gives a lease up at once if `holder` holds it (a clean shutdown hands the role over
-    /// without waiting for expiry).
-    async fn release_lease(
-        &self,
-        pipeline: &str,
-        role: &str,
-        holder: &str,
-    ) -> Result<(), StoreError>;
-
-    /// The leases of `pipeline`, expired ones included.
-    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError>;
-
-    /// Records `messages` toward `flow`'s watermark, in one transaction, once per message id
-    /// and bucket: a message reported tracked (or settled) again, as a redelivery is, changes
-    /// nothing. Reports of one message from the tracking reader and from the workers combine.
-    async fn add_bucket_messages(
-        &self,
-        flow: &FlowHandle,
-        messages: &[BucketMessage],
-    ) -> Result<(), StoreError>;
-
-    /// `flow`'s buckets starting at or after `from_ms` that hold a tracked message, in bucket
-    /// order: how many distinct messages were tracked, how many of those were settled, and
-    /// their smallest event time (see [`BucketCounts`]).
-    async fn bucket_counts(
-        &self,
-        flow: &FlowHandle,
-        from_ms: i64,
-    ) -> Result<Vec<BucketCounts>, StoreError>;
-
-    /// Forgets `flow`'s buckets starting before `before_ms`; returns how many message reports
-    /// went.
-    async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError>;
-
-    /// Moves `flow`'s watermark record forward: each field becomes the larger of the stored
-    /// and the offered value (a first call stores the offer). Returns the record now stored.
-    ///
-    /// Fenced by `fenced_by` (a worker id): the offer is taken only if that worker holds the
-    /// lease `watermark/<flow>` of the flow's pipeline, unexpired on the store's clock, checked
-    /// in the same statement; otherwise nothing is written and `None` is returned. A tracking
-    /// reader that lost its lease (paused past its expiry, say) can therefore never move the
-    /// watermark on the strength of a stream another reader now shares. `None`: unfenced.
-    async fn advance_watermark(
-        &self,
-        flow: &FlowHandle,
-        offer: &WatermarkRecord,
-        fenced_by: Option<&str>,
-    ) -> Result<Option<WatermarkRecord>, StoreError>;
-
-    /// Creates a `window` target's counts table if missing: `(window_start, window_end,
-    /// group_key, count, emitted_at)`, primary key `(window_start, window_end, group_key)`;
-    /// brings a counts table and marks of an older version up to date (rows kept). Idempotent;
-    /// called before [`Store::emit_windows`] into that table.
-    async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError>;
-
-    /// Emits `flow`'s windows that end at or before `emission.before_ms` and were not emitted
-    /// yet, in one transaction (see [`WindowEmission`] and the `windows` module docs): counts
-    /// per window and group of the base table's rows (`flow`'s, or all of them, as
-    /// `emission.rows` says), and the flow's emission mark moved to the end of the last window
-    /// emitted, recorded with the window size. Without a mark of this size (the first
-    /// emission, the first after a reset or a size change) it first deletes the table's count
-    /// rows of this size and starts at the window of the oldest row counted.
-    async fn emit_windows(
-        &self,
-        flow: &FlowHandle,
-        emission: &WindowEmission,
-    ) -> Result<WindowsEmitted, StoreError>;
-
-    /// The watermark records of `pipeline`'s flows that have one, in flow-name order.
-    async fn watermarks(
-        &self,
-        pipeline: &str,
-    ) -> Result<Vec<(String, WatermarkRecord)>, StoreError>;
-}

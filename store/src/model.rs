@@ -104,7 +104,7 @@ pub struct CommitBatch {
 /// and before the transaction commits: a sink writes its file (under a temporary name) here.
 ///
 /// The same transaction records [`CommitHook::id`] in `sluice_commit_marks`, so whoever finds
-/// the work's leftovers after a crash can ask [`crate::Store::commit_recorded`] whether they
+/// the work's leftovers after a crash can ask [`crate::LedgerStore::commit_recorded`] whether they
 /// belong to a committed batch (publish them) or not (discard them). An `Err` rolls the
 /// transaction back; the batch is retried like after a store outage.
 pub trait CommitHook: Send + Sync + std::fmt::Debug {
@@ -176,7 +176,7 @@ impl From<&StoredRow> for RowCursor {
 }
 
 /// Which of a flow's target rows and dead letters a reset deletes (see
-/// [`crate::Store::reset_flow`]).
+/// [`crate::FlowStore::reset_flow`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResetRows {
     /// None: the source cannot give them again (acked Pub/Sub messages, no seek).

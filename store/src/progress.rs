@@ -7,7 +7,7 @@
 //! a redelivery, reported again, changes nothing: a bucket counts as processed exactly when
 //! every message the tracking subscription saw in it was settled.
 //!
-//! A watermark record only moves forward: [`crate::Store::advance_watermark`] keeps the larger
+//! A watermark record only moves forward: [`crate::ProgressStore::advance_watermark`] keeps the larger
 //! of the stored and the offered value for each field, so two holders of the watermark role
 //! for a moment, or a restarted one with an older view, can never move it back.
 
@@ -15,7 +15,7 @@
 /// buckets.
 pub const PROGRESS_BUCKET_MS: i64 = 1_000;
 
-/// One publish-time bucket of a flow, as stored (see [`crate::Store::bucket_counts`]).
+/// One publish-time bucket of a flow, as stored (see [`crate::ProgressStore::bucket_counts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BucketCounts {
     /// Start of the bucket: publish time in ms since epoch, a multiple of the bucket width.

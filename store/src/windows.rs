@@ -7,7 +7,7 @@
 //!
 //! # Guarantees
 //!
-//! - **Once.** [`crate::Store::emit_windows`] computes the counts of every window that ends
+//! - **Once.** [`crate::WindowStore::emit_windows`] computes the counts of every window that ends
 //!   at or before `before_ms` and was not emitted yet from the committed rows, writes them and
 //!   moves the flow's emission mark, all in one transaction; emitting again, from any replica,
 //!   after any crash, starts at the moved mark and changes nothing. Rows committed later into
@@ -21,7 +21,7 @@
 //!   emission of the new size starts again at the flow's oldest row: every 10 s window is
 //!   emitted, and the 5 s rows stay beside them (`window_end - window_start` tells them
 //!   apart). Going back to 5 s counts the 5 s windows again the same way.
-//! - **A reset counts again.** [`crate::Store::reset_flow`] forgets the mark. The next
+//! - **A reset counts again.** [`crate::FlowStore::reset_flow`] forgets the mark. The next
 //!   emission, finding no mark of its size, deletes the count rows of that size, then counts
 //!   every window from the rows the flow has then, in the same transaction: a window emitted
 //!   before the reset is replaced, never counted twice or mixed with its old count, and a
@@ -29,7 +29,7 @@
 //!   before the reset.
 //!
 //! A store from before sizes were recorded is brought up to date by
-//! [`crate::Store::prepare_window_table`] (counts tables rekeyed, rows kept); a mark without a
+//! [`crate::WindowStore::prepare_window_table`] (counts tables rekeyed, rows kept); a mark without a
 //! size is taken by the size its count rows have.
 
 use crate::StoreError;

@@ -7,8 +7,9 @@ use bytes::Bytes;
 use sluice_dedup::DedupKey;
 use sluice_store::{
     CommitBatch, Effect, Entry, FlowHandle, Layout, MessageFields, PostgresStore, ScratchDatabase,
-    Store, table_name,
+    table_name,
 };
+use sluice_store::{FlowStore, Inspect, LedgerStore};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -4,10 +4,11 @@
 
 use bytes::Bytes;
 use sluice_dedup::DedupKey;
+use sluice_store::testing::InspectableStore;
 use sluice_store::{
     BucketCounts, BucketMessage, CommitBatch, Effect, Entry, FlowHandle, Layout, LeaseGrant,
     LeaseRequest, MessageFields, MessageReport, PostgresStore, ResetRows, ScratchDatabase,
-    SqliteStore, Store, StoreError, WatermarkRecord, WindowEmission, WindowRows, WindowsEmitted,
+    SqliteStore, StoreError, WatermarkRecord, WindowEmission, WindowRows, WindowsEmitted,
     WorkerBeat, table_name, window_table_name,
 };
 use std::sync::Arc;
@@ -90,7 +91,7 @@ impl Place {
         }
     }
 
-    fn open(&self) -> Arc<dyn Store> {
+    fn open(&self) -> Arc<dyn InspectableStore> {
         match self {
             Place::Sqlite(dir) => {
                 Arc::new(SqliteStore::open(&dir.path().join("nested/state.db")).unwrap())
@@ -222,7 +223,7 @@ async fn postgres_client(db: &ScratchDatabase) -> tokio_postgres::Client {
     client
 }
 
-async fn open(postgres: bool) -> (Place, Arc<dyn Store>, Vec<FlowHandle>) {
+async fn open(postgres: bool) -> (Place, Arc<dyn InspectableStore>, Vec<FlowHandle>) {
     let place = Place::new(postgres).await;
     let store = place.open();
     let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();

@@ -2,19 +2,17 @@
 //! are kept past the subscription's ack deadline, and once sluice gives the messages back they
 //! are all still deliverable to a plain client.
 //!
-//! The store here is a fault-injecting fake (every commit is "unavailable"): a real SQLite file
-//! cannot be made read-only for root, which these tests run as. Pub/Sub is the real emulator.
+//! The store here is a fault-injecting fake around a real SQLite file (every commit is
+//! "unavailable", `sluice_store::testing::FaultStore`): a real SQLite file cannot be made
+//! read-only for root, which these tests run as. Pub/Sub is the real emulator.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use async_trait::async_trait;
 use sluice_connector::{
     BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, KeySource,
     PubSubSource, RetrySettings, RunUntil, TableStage,
 };
-use sluice_store::{
-    CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerUpkeep, Store, StoreError, WorkerBeat, WorkerRecord,
-};
+use sluice_store::testing::{CommitFault, FaultStore};
+use sluice_store::{FlowHandle, SqliteStore, StoreError};
 use sluice_tests::{PubSub, event};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,138 +20,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 const MESSAGES: usize = 50;
-
-/// Every commit fails as if the database were unreachable.
-#[derive(Default)]
-struct DownStore {
-    commits: AtomicU64,
-}
-
-#[async_trait]
-impl Store for DownStore {
-    async fn prepare(&self, _: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn commit(&self, _: CommitBatch) -> Result<CommitOutcome, StoreError> {
-        self.commits.fetch_add(1, Ordering::SeqCst);
-        Err(StoreError::Unavailable(
-            "injected: database unreachable".into(),
-        ))
-    }
-    async fn count_rows(&self, _: &str, _: Option<&str>) -> Result<u64, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn key_census(&self, _: &str) -> Result<(u64, u64), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn flow_progress(&self, _: &FlowHandle) -> Result<FlowProgress, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn record_completion(&self, _: &FlowHandle) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn completions(&self, _: &str) -> Result<Vec<(String, i64)>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn reset_flow(
-        &self,
-        _: &FlowHandle,
-        _: Option<&str>,
-        _: sluice_store::ResetRows,
-    ) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn commit_recorded(&self, _: &FlowHandle, _: &str) -> Result<bool, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn read_rows(
-        &self,
-        _: &str,
-        _: Option<&sluice_store::RowCursor>,
-        _: usize,
-    ) -> Result<Vec<sluice_store::StoredRow>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn keys_present(
-        &self,
-        _: &FlowHandle,
-        _: &str,
-        _: &[String],
-    ) -> Result<Vec<bool>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn heartbeat(&self, _: &WorkerBeat) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn leave(&self, _: &str, _: &str) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn report_drain(&self, _: &FlowHandle, _: &str, _: bool) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn withdraw_drain(&self, _: &FlowHandle, _: &str) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn drain_census(&self, _: &FlowHandle) -> Result<sluice_store::DrainCensus, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn workers(&self, _: &str, _: Duration) -> Result<Vec<WorkerRecord>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn acquire_lease(&self, _: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn release_lease(&self, _: &str, _: &str, _: &str) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn leases(&self, _: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn add_bucket_messages(
-        &self,
-        _: &FlowHandle,
-        _: &[sluice_store::BucketMessage],
-    ) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn bucket_counts(
-        &self,
-        _: &FlowHandle,
-        _: i64,
-    ) -> Result<Vec<sluice_store::BucketCounts>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn prune_buckets(&self, _: &FlowHandle, _: i64) -> Result<u64, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn advance_watermark(
-        &self,
-        _: &FlowHandle,
-        _: &sluice_store::WatermarkRecord,
-        _: Option<&str>,
-    ) -> Result<Option<sluice_store::WatermarkRecord>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn watermarks(
-        &self,
-        _: &str,
-    ) -> Result<Vec<(String, sluice_store::WatermarkRecord)>, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn prepare_window_table(&self, _: &str) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-    async fn emit_windows(
-        &self,
-        _: &FlowHandle,
-        _: &sluice_store::WindowEmission,
-    ) -> Result<sluice_store::WindowsEmitted, StoreError> {
-        Err(StoreError::Unavailable("down".into()))
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn failing_commits_ack_nothing_and_messages_stay_deliverable() {
@@ -166,7 +32,20 @@ async fn failing_commits_ack_nothing_and_messages_stay_deliverable() {
         )
         .await;
 
-    let store = Arc::new(DownStore::default());
+    // A fake around a real SQLite store: every commit fails as if the database were unreachable.
+    let dir = tempfile::tempdir().unwrap();
+    let commits = Arc::new(AtomicU64::new(0));
+    let counted = commits.clone();
+    let store = Arc::new(
+        FaultStore::new(SqliteStore::open(&dir.path().join("s.db")).unwrap()).on_commit(
+            move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                CommitFault::Fail(StoreError::Unavailable(
+                    "injected: database unreachable".into(),
+                ))
+            },
+        ),
+    );
     let counters = Counters::new("test", "ingest");
     let give_up = CancellationToken::new();
     let run = FlowRun {
@@ -212,7 +91,7 @@ async fn failing_commits_ack_nothing_and_messages_stay_deliverable() {
         "leases were extended: no redelivery yet"
     );
     assert!(
-        store.commits.load(Ordering::SeqCst) >= 3,
+        commits.load(Ordering::SeqCst) >= 3,
         "the commit was retried"
     );
 

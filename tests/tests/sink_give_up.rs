@@ -8,7 +8,8 @@
 //! otherwise); the test proves its timing by the temporary file being there before the signal.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_store::{PostgresStore, ScratchDatabase, Store};
+use sluice_store::FlowStore;
+use sluice_store::{PostgresStore, ScratchDatabase};
 use sluice_tests::{PROJECT, PgDb, PubSub, Workdir, Worker, emulator, event, eventually};
 use std::path::Path;
 use std::time::Duration;

@@ -134,7 +134,7 @@ pub(super) async fn keys_present(
     Ok(keys.iter().map(|k| present.contains(k)).collect())
 }
 
-/// A page of `table` after `after` (see `Store::read_rows`).
+/// A page of `table` after `after` (see `FlowStore::read_rows`).
 pub(super) async fn read_rows(
     client: &Client,
     table: &str,

@@ -28,11 +28,14 @@ mod windows;
 pub use connect::PostgresOptions;
 pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 
-use crate::schema::{check_table, table_name};
+#[cfg(feature = "testing")]
+use crate::Inspect;
+use crate::schema::table_name;
 use crate::{
-    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout,
-    LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError,
-    StoredRow, WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, FlowStore,
+    Layout, LeaseGrant, LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore,
+    ProgressStore, ResetRows, RowCursor, StoreError, StoredRow, WatermarkRecord, WindowEmission,
+    WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -255,7 +258,102 @@ fn millis(duration: Duration) -> i64 {
 }
 
 #[async_trait]
-impl Store for PostgresStore {
+impl LedgerStore for PostgresStore {
+    async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
+        let (mut client, width) = self.ready().await?;
+        let shard = rand::random_range(0..commit::COUNTER_SHARDS);
+        let deadline = self.server_deadline(&client, &batch).await?;
+        let arguments = commit::Arguments::new(&batch, width, shard, deadline);
+        self.largest_window_ms
+            .fetch_max(arguments.window_ms(), Ordering::Relaxed);
+        if let Some(hook) = &batch.hook {
+            return self
+                .commit_with_hook(&mut client, width, &batch, &arguments, hook)
+                .await;
+        }
+        let fresh = match self.run_commit(&client, &batch, &arguments).await {
+            Err(error) if error::is_missing_generation(&error) => {
+                // The upkeep holder is late (or this is the first commit after a long pause):
+                // create what is missing and try once more.
+                ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+                self.run_commit(&client, &batch, &arguments).await?
+            }
+            other => other?,
+        }
+        .ok_or(StoreError::Stale)?;
+        Ok(CommitOutcome {
+            written: commit::outcome(&batch, &arguments.firsts, &fresh),
+        })
+    }
+
+    /// Half the pool: commits overlap their round trips and the server's fsyncs, and the
+    /// other half of the pool stays free for the other flows and for coordination.
+    fn commit_concurrency(&self) -> usize {
+        (self.options.pool_size / 2).max(1)
+    }
+
+    async fn keys_present(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        keys: &[String],
+    ) -> Result<Vec<bool>, StoreError> {
+        let (client, _) = self.ready().await?;
+        flows::keys_present(&client, flow, table, keys).await
+    }
+
+    async fn commit_recorded(
+        &self,
+        flow: &FlowHandle,
+        commit_id: &str,
+    ) -> Result<bool, StoreError> {
+        let (mut client, _) = self.ready().await?;
+        flows::commit_recorded(&mut client, flow, commit_id).await
+    }
+
+    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT COALESCE(sum(committed), 0)::int8, COALESCE(sum(duplicates), 0)::int8,
+                        COALESCE(sum(dead_lettered), 0)::int8, COALESCE(sum(batches), 0)::int8
+                 FROM sluice_flow_counters WHERE flow_id = $1",
+                &[&flow.id],
+            )
+            .await?;
+        let get = |i: usize| -> Result<u64, StoreError> {
+            Ok(u64::try_from(row.try_get::<_, i64>(i)?).unwrap_or_default())
+        };
+        Ok(FlowProgress {
+            committed: get(0)?,
+            duplicates: get(1)?,
+            dead_lettered: get(2)?,
+            batches: get(3)?,
+        })
+    }
+
+    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
+        let (mut client, width) = self.ready().await?;
+        let generations_created =
+            ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+        let generations_dropped = ledger::drop_expired(&mut client, width).await?;
+        // Workers that stopped beating a day ago are history.
+        client
+            .execute(
+                "DELETE FROM sluice_workers WHERE last_beat < now() - interval '1 day'",
+                &[],
+            )
+            .await?;
+        Ok(LedgerUpkeep {
+            keys_removed: 0,
+            generations_created,
+            generations_dropped,
+        })
+    }
+}
+
+#[async_trait]
+impl FlowStore for PostgresStore {
     async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
         let (mut client, width) = self.ready().await?;
         let mut ddl = schema::dead_letter_ddl(&layout.pipeline)?;
@@ -300,98 +398,6 @@ impl Store for PostgresStore {
         Ok(handles)
     }
 
-    async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
-        let (mut client, width) = self.ready().await?;
-        let shard = rand::random_range(0..commit::COUNTER_SHARDS);
-        let deadline = self.server_deadline(&client, &batch).await?;
-        let arguments = commit::Arguments::new(&batch, width, shard, deadline);
-        self.largest_window_ms
-            .fetch_max(arguments.window_ms(), Ordering::Relaxed);
-        if let Some(hook) = &batch.hook {
-            return self
-                .commit_with_hook(&mut client, width, &batch, &arguments, hook)
-                .await;
-        }
-        let fresh = match self.run_commit(&client, &batch, &arguments).await {
-            Err(error) if error::is_missing_generation(&error) => {
-                // The upkeep holder is late (or this is the first commit after a long pause):
-                // create what is missing and try once more.
-                ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
-                self.run_commit(&client, &batch, &arguments).await?
-            }
-            other => other?,
-        }
-        .ok_or(StoreError::Stale)?;
-        Ok(CommitOutcome {
-            written: commit::outcome(&batch, &arguments.firsts, &fresh),
-        })
-    }
-
-    /// Half the pool: commits overlap their round trips and the server's fsyncs, and the
-    /// other half of the pool stays free for the other flows and for coordination.
-    fn commit_concurrency(&self) -> usize {
-        (self.options.pool_size / 2).max(1)
-    }
-
-    async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
-        check_table(table)?;
-        let client = self.client().await?;
-        let count: i64 = match flow {
-            Some(flow) => client
-                .query_one(
-                    &format!("SELECT count(*) FROM \"{table}\" WHERE flow = $1"),
-                    &[&flow],
-                )
-                .await?
-                .try_get(0)?,
-            None => client
-                .query_one(&format!("SELECT count(*) FROM \"{table}\""), &[])
-                .await?
-                .try_get(0)?,
-        };
-        Ok(u64::try_from(count).unwrap_or_default())
-    }
-
-    async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
-        check_table(table)?;
-        let client = self.client().await?;
-        let row = client
-            .query_one(
-                &format!(
-                    "SELECT count(*), count(*) FILTER (WHERE n > 1) FROM
-                     (SELECT count(*) AS n FROM \"{table}\" GROUP BY flow, dedup_key) AS keys"
-                ),
-                &[],
-            )
-            .await?;
-        let (distinct, repeated): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-        Ok((
-            u64::try_from(distinct).unwrap_or_default(),
-            u64::try_from(repeated).unwrap_or_default(),
-        ))
-    }
-
-    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
-        let client = self.client().await?;
-        let row = client
-            .query_one(
-                "SELECT COALESCE(sum(committed), 0)::int8, COALESCE(sum(duplicates), 0)::int8,
-                        COALESCE(sum(dead_lettered), 0)::int8, COALESCE(sum(batches), 0)::int8
-                 FROM sluice_flow_counters WHERE flow_id = $1",
-                &[&flow.id],
-            )
-            .await?;
-        let get = |i: usize| -> Result<u64, StoreError> {
-            Ok(u64::try_from(row.try_get::<_, i64>(i)?).unwrap_or_default())
-        };
-        Ok(FlowProgress {
-            committed: get(0)?,
-            duplicates: get(1)?,
-            dead_lettered: get(2)?,
-            batches: get(3)?,
-        })
-    }
-
     async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
         let (client, _) = self.ready().await?;
         client
@@ -402,45 +408,6 @@ impl Store for PostgresStore {
             )
             .await?;
         Ok(())
-    }
-
-    async fn reset_flow(
-        &self,
-        flow: &FlowHandle,
-        table: Option<&str>,
-        rows: ResetRows,
-    ) -> Result<(), StoreError> {
-        let (mut client, _) = self.ready().await?;
-        flows::reset_flow(&mut client, flow, table, rows).await
-    }
-
-    async fn keys_present(
-        &self,
-        flow: &FlowHandle,
-        table: &str,
-        keys: &[String],
-    ) -> Result<Vec<bool>, StoreError> {
-        let (client, _) = self.ready().await?;
-        flows::keys_present(&client, flow, table, keys).await
-    }
-
-    async fn commit_recorded(
-        &self,
-        flow: &FlowHandle,
-        commit_id: &str,
-    ) -> Result<bool, StoreError> {
-        let (mut client, _) = self.ready().await?;
-        flows::commit_recorded(&mut client, flow, commit_id).await
-    }
-
-    async fn read_rows(
-        &self,
-        table: &str,
-        after: Option<&RowCursor>,
-        limit: usize,
-    ) -> Result<Vec<StoredRow>, StoreError> {
-        let client = self.client().await?;
-        flows::read_rows(&client, table, after, limit).await
     }
 
     async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
@@ -461,51 +428,35 @@ impl Store for PostgresStore {
             .collect()
     }
 
-    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
-        let (mut client, width) = self.ready().await?;
-        let generations_created =
-            ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
-        let generations_dropped = ledger::drop_expired(&mut client, width).await?;
-        // Workers that stopped beating a day ago are history.
-        client
-            .execute(
-                "DELETE FROM sluice_workers WHERE last_beat < now() - interval '1 day'",
-                &[],
-            )
-            .await?;
-        Ok(LedgerUpkeep {
-            keys_removed: 0,
-            generations_created,
-            generations_dropped,
-        })
+    async fn reset_flow(
+        &self,
+        flow: &FlowHandle,
+        table: Option<&str>,
+        rows: ResetRows,
+    ) -> Result<(), StoreError> {
+        let (mut client, _) = self.ready().await?;
+        flows::reset_flow(&mut client, flow, table, rows).await
     }
 
+    async fn read_rows(
+        &self,
+        table: &str,
+        after: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        let client = self.client().await?;
+        flows::read_rows(&client, table, after, limit).await
+    }
+}
+
+#[async_trait]
+impl PoolStore for PostgresStore {
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
         let (client, _) = self.ready().await?;
         pool::heartbeat(&client, beat).await?;
         // Each beat also renews the clock offset that commit deadlines are converted with.
         self.server_clock.measure(&client).await?;
         Ok(())
-    }
-
-    async fn report_drain(
-        &self,
-        flow: &FlowHandle,
-        worker: &str,
-        drained: bool,
-    ) -> Result<(), StoreError> {
-        let (client, _) = self.ready().await?;
-        pool::report_drain(&client, flow, worker, drained).await
-    }
-
-    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
-        let (client, _) = self.ready().await?;
-        pool::withdraw_drain(&client, flow, worker).await
-    }
-
-    async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
-        let (client, _) = self.ready().await?;
-        pool::drain_census(&client, flow).await
     }
 
     async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
@@ -542,6 +493,29 @@ impl Store for PostgresStore {
         pool::leases(&client, pipeline).await
     }
 
+    async fn report_drain(
+        &self,
+        flow: &FlowHandle,
+        worker: &str,
+        drained: bool,
+    ) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        pool::report_drain(&client, flow, worker, drained).await
+    }
+
+    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        pool::withdraw_drain(&client, flow, worker).await
+    }
+
+    async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
+        let (client, _) = self.ready().await?;
+        pool::drain_census(&client, flow).await
+    }
+}
+
+#[async_trait]
+impl ProgressStore for PostgresStore {
     async fn add_bucket_messages(
         &self,
         flow: &FlowHandle,
@@ -585,7 +559,10 @@ impl Store for PostgresStore {
         let (client, _) = self.ready().await?;
         progress::watermarks(&client, pipeline).await
     }
+}
 
+#[async_trait]
+impl WindowStore for PostgresStore {
     async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError> {
         let (mut client, _) = self.ready().await?;
         windows::prepare_window_table(&mut client, windows_table).await
@@ -598,5 +575,47 @@ impl Store for PostgresStore {
     ) -> Result<WindowsEmitted, StoreError> {
         let (mut client, _) = self.ready().await?;
         windows::emit_windows(&mut client, flow, emission).await
+    }
+}
+
+#[cfg(feature = "testing")]
+#[async_trait]
+impl Inspect for PostgresStore {
+    async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
+        crate::schema::check_table(table)?;
+        let client = self.client().await?;
+        let count: i64 = match flow {
+            Some(flow) => client
+                .query_one(
+                    &format!("SELECT count(*) FROM \"{table}\" WHERE flow = $1"),
+                    &[&flow],
+                )
+                .await?
+                .try_get(0)?,
+            None => client
+                .query_one(&format!("SELECT count(*) FROM \"{table}\""), &[])
+                .await?
+                .try_get(0)?,
+        };
+        Ok(u64::try_from(count).unwrap_or_default())
+    }
+
+    async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
+        crate::schema::check_table(table)?;
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT count(*), count(*) FILTER (WHERE n > 1) FROM
+                     (SELECT count(*) AS n FROM \"{table}\" GROUP BY flow, dedup_key) AS keys"
+                ),
+                &[],
+            )
+            .await?;
+        let (distinct, repeated): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        Ok((
+            u64::try_from(distinct).unwrap_or_default(),
+            u64::try_from(repeated).unwrap_or_default(),
+        ))
     }
 }

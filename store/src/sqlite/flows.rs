@@ -127,7 +127,7 @@ pub(crate) fn keys_present(
     Ok(keys.iter().map(|k| present.contains(k)).collect())
 }
 
-/// A page of `table` after `after` (see `Store::read_rows`).
+/// A page of `table` after `after` (see `FlowStore::read_rows`).
 pub(crate) fn read_rows(
     conn: &mut Connection,
     table: &str,
@@ -205,7 +205,8 @@ pub(super) fn completions(
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-/// Rows of `table`, of `flow` only when given (tests and benchmarks).
+/// Rows of `table`, of `flow` only when given (tests).
+#[cfg(feature = "testing")]
 pub(super) fn count_rows(
     conn: &Connection,
     table: &str,
@@ -226,6 +227,7 @@ pub(super) fn count_rows(
 }
 
 /// `(distinct keys, keys with more than one row)` of `table`, per flow (tests).
+#[cfg(feature = "testing")]
 pub(super) fn key_census(conn: &Connection, table: &str) -> Result<(u64, u64), StoreError> {
     check_table(table)?;
     let (distinct, repeated): (i64, i64) = conn.query_row(

@@ -13,11 +13,14 @@ mod progress;
 mod schema;
 mod windows;
 
+#[cfg(feature = "testing")]
+use crate::Inspect;
 use crate::local_clock::now_ms;
 use crate::{
-    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout,
-    LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, Store, StoreError,
-    StoredRow, WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, FlowStore,
+    Layout, LeaseGrant, LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore,
+    ProgressStore, ResetRows, RowCursor, StoreError, StoredRow, WatermarkRecord, WindowEmission,
+    WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use rusqlite::Connection;
@@ -42,8 +45,6 @@ type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 enum Command {
     Prepare(Layout, Reply<Vec<FlowHandle>>),
     Commit(Box<CommitBatch>, Reply<CommitOutcome>),
-    CountRows(String, Option<String>, Reply<u64>),
-    KeyCensus(String, Reply<(u64, u64)>),
     FlowProgress(i64, Reply<FlowProgress>),
     /// Anything else that needs the connection (coordination, upkeep): rare, so boxed.
     Call(Box<dyn FnOnce(&mut Connection) + Send>),
@@ -114,70 +115,9 @@ impl SqliteStore {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
-    async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
-        let layout = layout.clone();
-        self.ask(|reply| Command::Prepare(layout, reply)).await
-    }
-
+impl LedgerStore for SqliteStore {
     async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
         self.ask(|reply| Command::Commit(Box::new(batch), reply))
-            .await
-    }
-
-    async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
-        let (table, flow) = (table.to_owned(), flow.map(str::to_owned));
-        self.ask(|reply| Command::CountRows(table, flow, reply))
-            .await
-    }
-
-    async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
-        let table = table.to_owned();
-        self.ask(|reply| Command::KeyCensus(table, reply)).await
-    }
-
-    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
-        let id = flow.id;
-        self.ask(|reply| Command::FlowProgress(id, reply)).await
-    }
-
-    async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
-        let id = flow.id;
-        self.call(move |conn| flows::record_completion(conn, id, now_ms()))
-            .await
-    }
-
-    async fn report_drain(
-        &self,
-        flow: &FlowHandle,
-        worker: &str,
-        drained: bool,
-    ) -> Result<(), StoreError> {
-        let (id, worker) = (flow.id, worker.to_owned());
-        self.call(move |conn| pool::report_drain(conn, id, &worker, drained, now_ms()))
-            .await
-    }
-
-    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
-        let (id, worker) = (flow.id, worker.to_owned());
-        self.call(move |conn| pool::withdraw_drain(conn, id, &worker))
-            .await
-    }
-
-    async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
-        let flow = flow.clone();
-        self.call(move |conn| pool::drain_census(conn, &flow, now_ms()))
-            .await
-    }
-
-    async fn reset_flow(
-        &self,
-        flow: &FlowHandle,
-        table: Option<&str>,
-        rows: ResetRows,
-    ) -> Result<(), StoreError> {
-        let (flow, table) = (flow.clone(), table.map(str::to_owned));
-        self.call(move |conn| flows::reset_flow(conn, &flow, table.as_deref(), rows))
             .await
     }
 
@@ -202,21 +142,9 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn read_rows(
-        &self,
-        table: &str,
-        after: Option<&RowCursor>,
-        limit: usize,
-    ) -> Result<Vec<StoredRow>, StoreError> {
-        let (table, after) = (table.to_owned(), after.cloned());
-        self.call(move |conn| flows::read_rows(conn, &table, after.as_ref(), limit))
-            .await
-    }
-
-    async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
-        let pipeline = pipeline.to_owned();
-        self.call(move |conn| flows::completions(conn, &pipeline))
-            .await
+    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
+        let id = flow.id;
+        self.ask(|reply| Command::FlowProgress(id, reply)).await
     }
 
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
@@ -230,7 +158,52 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl FlowStore for SqliteStore {
+    async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
+        let layout = layout.clone();
+        self.ask(|reply| Command::Prepare(layout, reply)).await
+    }
+
+    async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
+        let id = flow.id;
+        self.call(move |conn| flows::record_completion(conn, id, now_ms()))
+            .await
+    }
+
+    async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| flows::completions(conn, &pipeline))
+            .await
+    }
+
+    async fn reset_flow(
+        &self,
+        flow: &FlowHandle,
+        table: Option<&str>,
+        rows: ResetRows,
+    ) -> Result<(), StoreError> {
+        let (flow, table) = (flow.clone(), table.map(str::to_owned));
+        self.call(move |conn| flows::reset_flow(conn, &flow, table.as_deref(), rows))
+            .await
+    }
+
+    async fn read_rows(
+        &self,
+        table: &str,
+        after: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        let (table, after) = (table.to_owned(), after.cloned());
+        self.call(move |conn| flows::read_rows(conn, &table, after.as_ref(), limit))
+            .await
+    }
+}
+
+#[async_trait]
+impl PoolStore for SqliteStore {
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
         let beat = beat.clone();
         self.call(move |conn| pool::heartbeat(conn, &beat, now_ms()))
@@ -275,6 +248,32 @@ impl Store for SqliteStore {
         self.call(move |conn| pool::leases(conn, &pipeline)).await
     }
 
+    async fn report_drain(
+        &self,
+        flow: &FlowHandle,
+        worker: &str,
+        drained: bool,
+    ) -> Result<(), StoreError> {
+        let (id, worker) = (flow.id, worker.to_owned());
+        self.call(move |conn| pool::report_drain(conn, id, &worker, drained, now_ms()))
+            .await
+    }
+
+    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
+        let (id, worker) = (flow.id, worker.to_owned());
+        self.call(move |conn| pool::withdraw_drain(conn, id, &worker))
+            .await
+    }
+
+    async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
+        let flow = flow.clone();
+        self.call(move |conn| pool::drain_census(conn, &flow, now_ms()))
+            .await
+    }
+}
+
+#[async_trait]
+impl ProgressStore for SqliteStore {
     async fn add_bucket_messages(
         &self,
         flow: &FlowHandle,
@@ -325,7 +324,10 @@ impl Store for SqliteStore {
         self.call(move |conn| progress::watermarks(conn, &pipeline))
             .await
     }
+}
 
+#[async_trait]
+impl WindowStore for SqliteStore {
     async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError> {
         let windows_table = windows_table.to_owned();
         self.call(move |conn| windows::prepare_window_table(conn, &windows_table))
@@ -340,6 +342,21 @@ impl Store for SqliteStore {
         let (flow, emission) = (flow.clone(), emission.clone());
         self.call(move |conn| windows::emit_windows(conn, &flow, &emission, now_ms()))
             .await
+    }
+}
+
+#[cfg(feature = "testing")]
+#[async_trait]
+impl Inspect for SqliteStore {
+    async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
+        let (table, flow) = (table.to_owned(), flow.map(str::to_owned));
+        self.call(move |conn| flows::count_rows(conn, &table, flow.as_deref()))
+            .await
+    }
+
+    async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
+        let table = table.to_owned();
+        self.call(move |conn| flows::key_census(conn, &table)).await
     }
 }
 
@@ -391,12 +408,6 @@ impl Writer {
             Command::Commit(batch, reply) => {
                 let _ = reply.send(self.commit(&batch));
             }
-            Command::CountRows(table, flow, reply) => {
-                let _ = reply.send(self.count_rows(&table, flow.as_deref()));
-            }
-            Command::KeyCensus(table, reply) => {
-                let _ = reply.send(self.key_census(&table));
-            }
             Command::FlowProgress(id, reply) => {
                 let _ = reply.send(self.flow_progress(id));
             }
@@ -410,14 +421,6 @@ impl Writer {
 
     fn commit(&mut self, batch: &CommitBatch) -> Result<CommitOutcome, StoreError> {
         commit::commit(&mut self.conn, batch)
-    }
-
-    fn count_rows(&mut self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
-        flows::count_rows(&self.conn, table, flow)
-    }
-
-    fn key_census(&mut self, table: &str) -> Result<(u64, u64), StoreError> {
-        flows::key_census(&self.conn, table)
     }
 
     fn flow_progress(&mut self, id: i64) -> Result<FlowProgress, StoreError> {

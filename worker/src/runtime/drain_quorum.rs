@@ -22,7 +22,8 @@
 use crate::runtime::membership::ALIVE_WITHIN;
 use async_trait::async_trait;
 use sluice_connector::DrainAgreement;
-use sluice_store::{DrainCensus, FlowHandle, Store};
+use sluice_store::PoolStore;
+use sluice_store::{DrainCensus, FlowHandle};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +37,7 @@ pub const REDELIVERY_WAIT: Duration = Duration::from_secs(240);
 
 /// The store-backed [`DrainAgreement`] of one once flow on one worker.
 pub struct StoreDrainQuorum {
-    store: Arc<dyn Store>,
+    store: Arc<dyn PoolStore>,
     flow: FlowHandle,
     worker: String,
     drain_idle: Duration,
@@ -45,7 +46,7 @@ pub struct StoreDrainQuorum {
 impl StoreDrainQuorum {
     /// The agreement of `worker` on `flow`, whose source drains after `drain_idle`.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn PoolStore>,
         flow: FlowHandle,
         worker: &str,
         drain_idle: Duration,

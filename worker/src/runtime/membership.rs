@@ -180,7 +180,7 @@ mod tests {
     }
 
     /// A fake store, not a real backend: it records membership's calls on tokio's clock and
-    /// keeps the lease by `Store::acquire_lease`'s rule (free, expired or already the asker's)
+    /// keeps the lease by `PoolStore::acquire_lease`'s rule (free, expired or already the asker's)
     /// on tokio's clock too, so paused time moves it. SQLite's lease expiry reads the wall
     /// clock; the real stores' leases are tested in store/tests/store_contract.rs and, moving
     /// between processes, in tests/tests/pool_lease.rs.
@@ -326,10 +326,82 @@ mod tests {
     }
 
     #[async_trait]
-    impl Store for FakeStore {
+    impl sluice_store::LedgerStore for FakeStore {
+        async fn commit(&self, _: CommitBatch) -> Result<CommitOutcome, StoreError> {
+            unused("commit")
+        }
+
+        async fn keys_present(
+            &self,
+            _: &FlowHandle,
+            _: &str,
+            _: &[String],
+        ) -> Result<Vec<bool>, StoreError> {
+            unused("keys_present")
+        }
+
+        async fn commit_recorded(&self, _: &FlowHandle, _: &str) -> Result<bool, StoreError> {
+            unused("commit_recorded")
+        }
+
+        async fn flow_progress(&self, _: &FlowHandle) -> Result<FlowProgress, StoreError> {
+            unused("flow_progress")
+        }
+
+        async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
+            self.record(Call::Upkeep);
+            Ok(LedgerUpkeep::default())
+        }
+    }
+
+    #[async_trait]
+    impl sluice_store::FlowStore for FakeStore {
+        // Not used by membership.
+        async fn prepare(&self, _: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
+            unused("prepare")
+        }
+
+        async fn record_completion(&self, _: &FlowHandle) -> Result<(), StoreError> {
+            unused("record_completion")
+        }
+
+        async fn completions(&self, _: &str) -> Result<Vec<(String, i64)>, StoreError> {
+            unused("completions")
+        }
+
+        async fn reset_flow(
+            &self,
+            _: &FlowHandle,
+            _: Option<&str>,
+            _: ResetRows,
+        ) -> Result<(), StoreError> {
+            unused("reset_flow")
+        }
+
+        async fn read_rows(
+            &self,
+            _: &str,
+            _: Option<&RowCursor>,
+            _: usize,
+        ) -> Result<Vec<StoredRow>, StoreError> {
+            unused("read_rows")
+        }
+    }
+
+    #[async_trait]
+    impl sluice_store::PoolStore for FakeStore {
         async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
             self.record(Call::Heartbeat(beat.worker.clone()));
             Ok(())
+        }
+
+        async fn leave(&self, _pipeline: &str, worker: &str) -> Result<(), StoreError> {
+            self.record(Call::Leave(worker.to_owned()));
+            Ok(())
+        }
+
+        async fn workers(&self, _: &str, _: Duration) -> Result<Vec<WorkerRecord>, StoreError> {
+            unused("workers")
         }
 
         async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
@@ -363,16 +435,6 @@ mod tests {
             Ok(grant)
         }
 
-        async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
-            self.record(Call::Upkeep);
-            Ok(LedgerUpkeep::default())
-        }
-
-        async fn leave(&self, _pipeline: &str, worker: &str) -> Result<(), StoreError> {
-            self.record(Call::Leave(worker.to_owned()));
-            Ok(())
-        }
-
         async fn release_lease(
             &self,
             _pipeline: &str,
@@ -387,70 +449,25 @@ mod tests {
             Ok(())
         }
 
-        // Not used by membership.
-        async fn prepare(&self, _: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
-            unused("prepare")
-        }
-        async fn commit(&self, _: CommitBatch) -> Result<CommitOutcome, StoreError> {
-            unused("commit")
-        }
-        async fn count_rows(&self, _: &str, _: Option<&str>) -> Result<u64, StoreError> {
-            unused("count_rows")
-        }
-        async fn key_census(&self, _: &str) -> Result<(u64, u64), StoreError> {
-            unused("key_census")
-        }
-        async fn flow_progress(&self, _: &FlowHandle) -> Result<FlowProgress, StoreError> {
-            unused("flow_progress")
-        }
-        async fn record_completion(&self, _: &FlowHandle) -> Result<(), StoreError> {
-            unused("record_completion")
-        }
-        async fn report_drain(&self, _: &FlowHandle, _: &str, _: bool) -> Result<(), StoreError> {
-            unused("report_drain")
-        }
-        async fn withdraw_drain(&self, _: &FlowHandle, _: &str) -> Result<(), StoreError> {
-            unused("withdraw_drain")
-        }
-        async fn drain_census(&self, _: &FlowHandle) -> Result<DrainCensus, StoreError> {
-            unused("drain_census")
-        }
-        async fn reset_flow(
-            &self,
-            _: &FlowHandle,
-            _: Option<&str>,
-            _: ResetRows,
-        ) -> Result<(), StoreError> {
-            unused("reset_flow")
-        }
-        async fn keys_present(
-            &self,
-            _: &FlowHandle,
-            _: &str,
-            _: &[String],
-        ) -> Result<Vec<bool>, StoreError> {
-            unused("keys_present")
-        }
-        async fn commit_recorded(&self, _: &FlowHandle, _: &str) -> Result<bool, StoreError> {
-            unused("commit_recorded")
-        }
-        async fn read_rows(
-            &self,
-            _: &str,
-            _: Option<&RowCursor>,
-            _: usize,
-        ) -> Result<Vec<StoredRow>, StoreError> {
-            unused("read_rows")
-        }
-        async fn completions(&self, _: &str) -> Result<Vec<(String, i64)>, StoreError> {
-            unused("completions")
-        }
-        async fn workers(&self, _: &str, _: Duration) -> Result<Vec<WorkerRecord>, StoreError> {
-            unused("workers")
-        }
         async fn leases(&self, _: &str) -> Result<Vec<LeaseRecord>, StoreError> {
             unused("leases")
         }
+
+        async fn report_drain(&self, _: &FlowHandle, _: &str, _: bool) -> Result<(), StoreError> {
+            unused("report_drain")
+        }
+
+        async fn withdraw_drain(&self, _: &FlowHandle, _: &str) -> Result<(), StoreError> {
+            unused("withdraw_drain")
+        }
+
+        async fn drain_census(&self, _: &FlowHandle) -> Result<DrainCensus, StoreError> {
+            unused("drain_census")
+        }
+    }
+
+    #[async_trait]
+    impl sluice_store::ProgressStore for FakeStore {
         async fn add_bucket_messages(
             &self,
             _: &FlowHandle,
@@ -458,6 +475,7 @@ mod tests {
         ) -> Result<(), StoreError> {
             unused("add_bucket_messages")
         }
+
         async fn bucket_counts(
             &self,
             _: &FlowHandle,
@@ -465,9 +483,11 @@ mod tests {
         ) -> Result<Vec<BucketCounts>, StoreError> {
             unused("bucket_counts")
         }
+
         async fn prune_buckets(&self, _: &FlowHandle, _: i64) -> Result<u64, StoreError> {
             unused("prune_buckets")
         }
+
         async fn advance_watermark(
             &self,
             _: &FlowHandle,
@@ -476,18 +496,24 @@ mod tests {
         ) -> Result<Option<WatermarkRecord>, StoreError> {
             unused("advance_watermark")
         }
+
+        async fn watermarks(&self, _: &str) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
+            unused("watermarks")
+        }
+    }
+
+    #[async_trait]
+    impl sluice_store::WindowStore for FakeStore {
         async fn prepare_window_table(&self, _: &str) -> Result<(), StoreError> {
             unused("prepare_window_table")
         }
+
         async fn emit_windows(
             &self,
             _: &FlowHandle,
             _: &WindowEmission,
         ) -> Result<WindowsEmitted, StoreError> {
             unused("emit_windows")
-        }
-        async fn watermarks(&self, _: &str) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
-            unused("watermarks")
         }
     }
 }

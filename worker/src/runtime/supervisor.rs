@@ -20,6 +20,7 @@ use crate::runtime::update::{self, Started, UpdateRequest, UpdateSender};
 use crate::serve::control::{self, ControlService};
 use crate::serve::observe;
 use sluice_pipeline::Pipeline;
+use sluice_store::FlowStore;
 use sluice_store::{Layout, Store, StoreError};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -186,7 +187,7 @@ async fn reread(
 
 /// Prepares the layout; returns the flow handles and the once flows recorded complete.
 async fn read_flows(
-    store: &dyn Store,
+    store: &dyn FlowStore,
     layout: &Layout,
 ) -> Result<(Vec<sluice_store::FlowHandle>, HashSet<String>), StoreError> {
     let handles = store.prepare(layout).await?;

@@ -19,7 +19,7 @@
 use crate::runtime::membership::ALIVE_WITHIN;
 use crate::runtime::refresh::{self, RefreshError};
 use sluice_pipeline::Pipeline;
-use sluice_store::Store;
+use sluice_store::PoolStore;
 use tokio::sync::{mpsc, oneshot};
 
 /// Requests waiting for the run loop, at most (a caller beyond that waits to be queued).
@@ -81,7 +81,7 @@ impl UpdateSender {
 /// longer holds).
 pub async fn check(
     pipeline: &Pipeline,
-    store: &dyn Store,
+    store: &dyn PoolStore,
     kind: &UpdateKind,
     caller: &str,
 ) -> Result<(), RefreshError> {

@@ -6,7 +6,7 @@
 //! * **A Pub/Sub flow with `watermark:`** writes its messages to the target's base table
 //!   (`<pipeline>__<target>`, like any table target). Every worker running the flow emits, each
 //!   [`EMIT_INTERVAL`], the windows whose end plus `allowed_lateness` the flow's watermark has
-//!   passed, into `<pipeline>__<target>__windows` ([`sluice_store::Store::emit_windows`]:
+//!   passed, into `<pipeline>__<target>__windows` ([`sluice_store::WindowStore::emit_windows`]:
 //!   computed from the committed rows, one transaction, each count row written once whichever
 //!   replica emits).
 //! * **A `table` source** ([`TableWindowPlan`], SPEC §4's example): the flow copies nothing; it

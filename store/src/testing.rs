@@ -1,0 +1,301 @@
+//! Test parts (the `testing` feature): [`FaultStore`], a real store with faults injected
+//! around it (an outage of every call, a commit refused or its reply lost), for what a real
+//! store cannot be made to do on demand. Tests that use it say it is a fake around a real one.
+
+use crate::{
+    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FlowHandle, FlowProgress,
+    FlowStore, Inspect, Layout, LeaseGrant, LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep,
+    PoolStore, ProgressStore, ResetRows, RowCursor, Store, StoreError, StoredRow, WatermarkRecord,
+    WindowEmission, WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
+};
+use async_trait::async_trait;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// What a commit through a [`FaultStore`] meets.
+#[derive(Debug)]
+pub enum CommitFault {
+    /// Committed by the real store.
+    Pass,
+    /// Refused with this error; the real store is not asked.
+    Fail(StoreError),
+    /// Committed by the real store, then answered with this error (a reply lost on the way).
+    LoseReply(StoreError),
+}
+
+/// Decides each commit's fault from its batch.
+type CommitRule = Box<dyn Fn(&CommitBatch) -> CommitFault + Send + Sync>;
+
+/// A real store with faults injected around it: while [`FaultStore::set_down`] holds, every
+/// call fails with `StoreError::Unavailable`; each commit meets what the commit rule decides.
+pub struct FaultStore<S> {
+    inner: S,
+    down: AtomicBool,
+    on_commit: CommitRule,
+}
+
+impl<S: Store + Inspect> FaultStore<S> {
+    /// `inner` with no fault.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            down: AtomicBool::new(false),
+            on_commit: Box::new(|_| CommitFault::Pass),
+        }
+    }
+
+    /// Decides each commit with `rule` (called before the real store is asked).
+    pub fn on_commit(
+        mut self,
+        rule: impl Fn(&CommitBatch) -> CommitFault + Send + Sync + 'static,
+    ) -> Self {
+        self.on_commit = Box::new(rule);
+        self
+    }
+
+    /// Starts (`true`) or ends an outage of every call.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// The real store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    fn check_up(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            Err(StoreError::Unavailable(
+                "injected: the store is down".into(),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl<S: Store + Inspect> LedgerStore for FaultStore<S> {
+    async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
+        self.check_up()?;
+        match (self.on_commit)(&batch) {
+            CommitFault::Pass => self.inner.commit(batch).await,
+            CommitFault::Fail(error) => Err(error),
+            CommitFault::LoseReply(error) => {
+                self.inner.commit(batch).await?;
+                Err(error)
+            }
+        }
+    }
+
+    fn commit_concurrency(&self) -> usize {
+        self.inner.commit_concurrency()
+    }
+
+    async fn keys_present(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        keys: &[String],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.check_up()?;
+        self.inner.keys_present(flow, table, keys).await
+    }
+
+    async fn commit_recorded(
+        &self,
+        flow: &FlowHandle,
+        commit_id: &str,
+    ) -> Result<bool, StoreError> {
+        self.check_up()?;
+        self.inner.commit_recorded(flow, commit_id).await
+    }
+
+    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
+        self.check_up()?;
+        self.inner.flow_progress(flow).await
+    }
+
+    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
+        self.check_up()?;
+        self.inner.ledger_upkeep().await
+    }
+}
+
+#[async_trait]
+impl<S: Store + Inspect> FlowStore for FaultStore<S> {
+    async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
+        self.check_up()?;
+        self.inner.prepare(layout).await
+    }
+
+    async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
+        self.check_up()?;
+        self.inner.record_completion(flow).await
+    }
+
+    async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        self.check_up()?;
+        self.inner.completions(pipeline).await
+    }
+
+    async fn reset_flow(
+        &self,
+        flow: &FlowHandle,
+        table: Option<&str>,
+        rows: ResetRows,
+    ) -> Result<(), StoreError> {
+        self.check_up()?;
+        self.inner.reset_flow(flow, table, rows).await
+    }
+
+    async fn read_rows(
+        &self,
+        table: &str,
+        after: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        self.check_up()?;
+        self.inner.read_rows(table, after, limit).await
+    }
+}
+
+#[async_trait]
+impl<S: Store + Inspect> PoolStore for FaultStore<S> {
+    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
+        self.check_up()?;
+        self.inner.heartbeat(beat).await
+    }
+
+    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
+        self.check_up()?;
+        self.inner.leave(pipeline, worker).await
+    }
+
+    async fn workers(
+        &self,
+        pipeline: &str,
+        within: std::time::Duration,
+    ) -> Result<Vec<WorkerRecord>, StoreError> {
+        self.check_up()?;
+        self.inner.workers(pipeline, within).await
+    }
+
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
+        self.check_up()?;
+        self.inner.acquire_lease(request).await
+    }
+
+    async fn release_lease(
+        &self,
+        pipeline: &str,
+        role: &str,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        self.check_up()?;
+        self.inner.release_lease(pipeline, role, holder).await
+    }
+
+    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.check_up()?;
+        self.inner.leases(pipeline).await
+    }
+
+    async fn report_drain(
+        &self,
+        flow: &FlowHandle,
+        worker: &str,
+        drained: bool,
+    ) -> Result<(), StoreError> {
+        self.check_up()?;
+        self.inner.report_drain(flow, worker, drained).await
+    }
+
+    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
+        self.check_up()?;
+        self.inner.withdraw_drain(flow, worker).await
+    }
+
+    async fn drain_census(&self, flow: &FlowHandle) -> Result<DrainCensus, StoreError> {
+        self.check_up()?;
+        self.inner.drain_census(flow).await
+    }
+}
+
+#[async_trait]
+impl<S: Store + Inspect> ProgressStore for FaultStore<S> {
+    async fn add_bucket_messages(
+        &self,
+        flow: &FlowHandle,
+        messages: &[BucketMessage],
+    ) -> Result<(), StoreError> {
+        self.check_up()?;
+        self.inner.add_bucket_messages(flow, messages).await
+    }
+
+    async fn bucket_counts(
+        &self,
+        flow: &FlowHandle,
+        from_ms: i64,
+    ) -> Result<Vec<BucketCounts>, StoreError> {
+        self.check_up()?;
+        self.inner.bucket_counts(flow, from_ms).await
+    }
+
+    async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError> {
+        self.check_up()?;
+        self.inner.prune_buckets(flow, before_ms).await
+    }
+
+    async fn advance_watermark(
+        &self,
+        flow: &FlowHandle,
+        offer: &WatermarkRecord,
+        fenced_by: Option<&str>,
+    ) -> Result<Option<WatermarkRecord>, StoreError> {
+        self.check_up()?;
+        self.inner.advance_watermark(flow, offer, fenced_by).await
+    }
+
+    async fn watermarks(
+        &self,
+        pipeline: &str,
+    ) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
+        self.check_up()?;
+        self.inner.watermarks(pipeline).await
+    }
+}
+
+#[async_trait]
+impl<S: Store + Inspect> WindowStore for FaultStore<S> {
+    async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError> {
+        self.check_up()?;
+        self.inner.prepare_window_table(windows_table).await
+    }
+
+    async fn emit_windows(
+        &self,
+        flow: &FlowHandle,
+        emission: &WindowEmission,
+    ) -> Result<WindowsEmitted, StoreError> {
+        self.check_up()?;
+        self.inner.emit_windows(flow, emission).await
+    }
+}
+
+#[async_trait]
+impl<S: Store + Inspect> Inspect for FaultStore<S> {
+    async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
+        self.check_up()?;
+        self.inner.count_rows(table, flow).await
+    }
+
+    async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
+        self.check_up()?;
+        self.inner.key_census(table).await
+    }
+}
+
+/// A store whose tables can be counted: every backend, and a [`FaultStore`] around one.
+pub trait InspectableStore: Store + Inspect {}
+
+impl<T: Store + Inspect + ?Sized> InspectableStore for T {}
