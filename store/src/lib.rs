@@ -21,7 +21,7 @@
 //!   statement per commit, a ledger partitioned by time and expired by dropping partitions,
 //!   decisions on the database server's clock. Not a shared SQLite file on a network volume.
 //!
-//! The same contract tests run against both (`store/tests/store_contract.rs`).
+//! The same contract tests run against both (`store/tests/*_contract.rs`, one file per role).
 //!
 //! # Pool coordination
 //!

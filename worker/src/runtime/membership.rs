@@ -182,7 +182,7 @@ mod tests {
     /// A fake store, not a real backend: it records membership's calls on tokio's clock and
     /// keeps the lease by `PoolStore::acquire_lease`'s rule (free, expired or already the asker's)
     /// on tokio's clock too, so paused time moves it. SQLite's lease expiry reads the wall
-    /// clock; the real stores' leases are tested in store/tests/store_contract.rs and, moving
+    /// clock; the real stores' leases are tested in store/tests/pool_contract.rs and, moving
     /// between processes, in tests/tests/pool_lease.rs.
     struct FakeStore {
         origin: Instant,

@@ -1,0 +1,136 @@
+//! The pool role (`PoolStore`): leases with one holder, heartbeats of live workers, drain
+//! reports with the readers' heartbeats.
+//! Each test runs on both backends (`contract/mod.rs`).
+#![allow(clippy::unwrap_used, missing_docs)]
+
+#[macro_use]
+mod contract;
+use contract::*;
+
+/// Drain reports are per flow and worker, last report wins, come with the reader's latest
+/// heartbeat (none once it left the pool), and go when withdrawn or when the flow is reset.
+async fn drain_reports_come_with_the_readers_heartbeats(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let beat = |worker: &str| WorkerBeat {
+        pipeline: "p".into(),
+        worker: worker.into(),
+        host: "h".into(),
+        pid: 1,
+    };
+    store.heartbeat(&beat("a")).await.unwrap();
+    store.report_drain(&flows[0], "a", false).await.unwrap();
+    store.report_drain(&flows[0], "b", false).await.unwrap();
+    store.report_drain(&flows[0], "a", true).await.unwrap();
+    store.report_drain(&flows[1], "c", false).await.unwrap();
+    let census = store.drain_census(&flows[0]).await.unwrap();
+    assert!(
+        (census.now_ms - now_ms()).abs() < 60_000,
+        "store clock {}",
+        census.now_ms
+    );
+    let seen: Vec<(&str, bool, bool)> = census
+        .reports
+        .iter()
+        .map(|r| (r.worker.as_str(), r.drained, r.last_beat_ms.is_some()))
+        .collect();
+    assert_eq!(seen, [("a", true, true), ("b", false, false)]);
+    assert!(census.reports[0].reported_at_ms <= census.now_ms);
+    store.withdraw_drain(&flows[0], "a").await.unwrap();
+    assert_eq!(
+        store.drain_census(&flows[0]).await.unwrap().reports.len(),
+        1
+    );
+    store
+        .reset_flow(&flows[1], Some("p__events"), ResetRows::All)
+        .await
+        .unwrap();
+    let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
+    assert!(
+        store
+            .drain_census(&flows[1])
+            .await
+            .unwrap()
+            .reports
+            .is_empty()
+    );
+}
+
+async fn leases_have_one_holder_and_move_when_they_expire(postgres: bool) {
+    let (_place, store, _flows) = open(postgres).await;
+    let grant = store.acquire_lease(&lease("w1", 700)).await.unwrap();
+    assert!(
+        matches!(grant, LeaseGrant::Held { taken: true, .. }),
+        "{grant:?}"
+    );
+    // Held: another worker is refused, the holder renews without "taking" it again.
+    assert_eq!(
+        store.acquire_lease(&lease("w2", 700)).await.unwrap(),
+        LeaseGrant::HeldBy("w1".into())
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let renewed = store.acquire_lease(&lease("w1", 700)).await.unwrap();
+    assert!(
+        matches!(renewed, LeaseGrant::Held { taken: false, .. }),
+        "{renewed:?}"
+    );
+    // The holder stops renewing: after the ttl, w2 takes it.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let taken = store.acquire_lease(&lease("w2", 700)).await.unwrap();
+    assert!(
+        matches!(taken, LeaseGrant::Held { taken: true, .. }),
+        "{taken:?}"
+    );
+    assert_eq!(
+        store.acquire_lease(&lease("w1", 700)).await.unwrap(),
+        LeaseGrant::HeldBy("w2".into())
+    );
+    // A clean release hands it over at once.
+    store
+        .release_lease("p", "ledger_upkeep", "w2")
+        .await
+        .unwrap();
+    let back = store.acquire_lease(&lease("w1", 700)).await.unwrap();
+    assert!(
+        matches!(back, LeaseGrant::Held { taken: true, .. }),
+        "{back:?}"
+    );
+    let leases = store.leases("p").await.unwrap();
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0].holder, "w1");
+}
+
+async fn heartbeats_list_live_workers(postgres: bool) {
+    let (_place, store, _flows) = open(postgres).await;
+    let beat = |worker: &str| WorkerBeat {
+        pipeline: "p".into(),
+        worker: worker.into(),
+        host: "h".into(),
+        pid: 7,
+    };
+    store.heartbeat(&beat("old")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    store.heartbeat(&beat("new")).await.unwrap();
+    let recent = store
+        .workers("p", Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert_eq!(
+        recent.iter().map(|w| w.worker.as_str()).collect::<Vec<_>>(),
+        vec!["new"]
+    );
+    let all = store.workers("p", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(all.len(), 2);
+    assert!(all.iter().all(|w| w.last_beat_ms >= w.started_at_ms));
+    store.leave("p", "new").await.unwrap();
+    let left = store.workers("p", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(
+        left.iter().map(|w| w.worker.as_str()).collect::<Vec<_>>(),
+        vec!["old"]
+    );
+}
+
+on_both_backends!(
+    drain_reports_come_with_the_readers_heartbeats,
+    leases_have_one_holder_and_move_when_they_expire,
+    heartbeats_list_live_workers,
+);
