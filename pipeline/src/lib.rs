@@ -34,6 +34,7 @@
 mod capabilities;
 mod convert;
 mod decode;
+pub mod defaults;
 mod errors;
 mod fields;
 pub mod graph;

@@ -1,8 +1,10 @@
 //! `flows[i]` and its `source:` (Pub/Sub, file, table) → [`Flow`], with every default of
 //! `source.pubsub` applied and each value checked on its own.
 
-use std::time::Duration;
-
+use crate::defaults::{
+    BATCH_MAX_DELAY, BATCH_MAX_MESSAGES, DEDUP_WINDOW, DRAIN_IDLE, MAX_ATTEMPTS,
+    MAX_OUTSTANDING_BYTES, MAX_OUTSTANDING_MESSAGES, MAX_STREAMS, STREAMS, WATERMARK_BAND,
+};
 use crate::errors::{Collector, ErrorCode};
 use crate::fields::{count, duration, non_empty, positive_duration, required, size};
 use crate::model::{
@@ -13,26 +15,6 @@ use crate::raw::{
     OneOrMany, RawDedup, RawDedupBy, RawEventTime, RawFlow, RawOnBadTimestamp, RawOnMissing,
     RawPubSub, RawSource, RawWatermark,
 };
-
-/// Default `dedup.window`.
-const DEDUP_WINDOW: Duration = Duration::from_secs(600);
-/// Default `watermark.band`.
-const WATERMARK_BAND: Duration = Duration::from_secs(10);
-/// Default `drain_idle`.
-const DRAIN_IDLE: Duration = Duration::from_secs(5);
-/// Default `batch.max_delay`.
-const BATCH_MAX_DELAY: Duration = Duration::from_millis(50);
-/// Default `batch.max_messages`.
-const BATCH_MAX_MESSAGES: usize = 1000;
-/// Default `flow_control.max_outstanding_messages`.
-const MAX_OUTSTANDING_MESSAGES: usize = 10_000;
-/// Default `flow_control.max_outstanding_bytes` (100 MiB).
-const MAX_OUTSTANDING_BYTES: u64 = 100 * 1024 * 1024;
-/// Default `max_attempts`.
-const MAX_ATTEMPTS: u32 = 5;
-/// Default and bounds of `streams`.
-const STREAMS: usize = 16;
-const MAX_STREAMS: i64 = 64;
 
 /// Converts `flows[i]`; `path` is `flows[i]`.
 pub(crate) fn flow(c: &mut Collector<'_>, raw: RawFlow, path: &str) -> Flow {

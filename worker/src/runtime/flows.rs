@@ -7,6 +7,7 @@ use sluice_connector::{
     KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil, SkipCommitted,
     SourceProgress, Stage, TableSource, TableStage, commit_bound, pause_threshold,
 };
+use sluice_pipeline::defaults;
 use sluice_pipeline::{
     DedupBy, Flow, Mode, OnBadTimestamp, OnMissingKey, Pipeline, Source, TargetKind,
 };
@@ -15,15 +16,12 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Settings of a file flow, which has no `pubsub:` section to take them from.
+/// Settings of a file or table flow, which has no `pubsub:` section to take them from: the
+/// pipeline file's defaults for one.
 const FILE_BATCH: BatchSettings = BatchSettings {
-    max_messages: 1000,
-    max_delay: Duration::from_millis(50),
+    max_messages: defaults::BATCH_MAX_MESSAGES,
+    max_delay: defaults::BATCH_MAX_DELAY,
 };
-const FILE_MAX_OUTSTANDING_MESSAGES: usize = 10_000;
-const FILE_MAX_OUTSTANDING_BYTES: u64 = 100 * 1024 * 1024;
-const FILE_MAX_ATTEMPTS: u32 = 5;
-const FILE_DEDUP_WINDOW: Duration = Duration::from_secs(600);
 
 /// Whether a target has a table in the store: `table` targets, and `foreach_batch` and `sink`
 /// targets (a row per record handed over and committed: the record of what they were given).
@@ -167,12 +165,15 @@ fn bounded_plan(
         source,
         dedup: DedupSettings {
             key: KeySource::MessageId,
-            window: FILE_DEDUP_WINDOW,
+            window: defaults::DEDUP_WINDOW,
         },
         batch: FILE_BATCH,
-        budget: Budget::new(FILE_MAX_OUTSTANDING_MESSAGES, FILE_MAX_OUTSTANDING_BYTES),
+        budget: Budget::new(
+            defaults::MAX_OUTSTANDING_MESSAGES,
+            defaults::MAX_OUTSTANDING_BYTES,
+        ),
         stage: TableStage::default(),
-        max_attempts: FILE_MAX_ATTEMPTS,
+        max_attempts: defaults::MAX_ATTEMPTS,
         // A bounded record is found again by re-reading, not redelivered: a nack would lose
         // it for this run.
         commit_bound: None,

@@ -1,0 +1,26 @@
+//! The file's defaults for a flow's source settings, in one place: what a Pub/Sub flow gets for
+//! a key the file leaves out, and what the worker gives a file or table flow, which has no
+//! `pubsub:` section to take them from.
+
+use std::time::Duration;
+
+/// Default `dedup.window`.
+pub const DEDUP_WINDOW: Duration = Duration::from_secs(600);
+/// Default `watermark.band`.
+pub const WATERMARK_BAND: Duration = Duration::from_secs(10);
+/// Default `drain_idle`.
+pub const DRAIN_IDLE: Duration = Duration::from_secs(5);
+/// Default `batch.max_delay`.
+pub const BATCH_MAX_DELAY: Duration = Duration::from_millis(50);
+/// Default `batch.max_messages`.
+pub const BATCH_MAX_MESSAGES: usize = 1000;
+/// Default `flow_control.max_outstanding_messages`.
+pub const MAX_OUTSTANDING_MESSAGES: usize = 10_000;
+/// Default `flow_control.max_outstanding_bytes` (100 MiB).
+pub const MAX_OUTSTANDING_BYTES: u64 = 100 * 1024 * 1024;
+/// Default `max_attempts`.
+pub const MAX_ATTEMPTS: u32 = 5;
+/// Default `streams`.
+pub const STREAMS: usize = 16;
+/// The most `streams` a flow may open.
+pub const MAX_STREAMS: i64 = 64;
