@@ -1,7 +1,9 @@
 //! The harness of sluice's end-to-end tests: one real Pub/Sub emulator for the whole run
 //! (started by `scripts/test` and named by `SLUICE_TEST_PUBSUB`, or else one per test process;
-//! fresh topic and subscription names per test), `sluice` worker processes, and direct reads of
-//! the SQLite store.
+//! fresh topic and subscription names per test), pipeline files ([`PipelineYaml`] and
+//! [`FlowYaml`] build them; [`Workdir::pipeline`] writes the common one-flow case), `sluice`
+//! worker processes ([`Worker`]), one-shot `sluice` commands ([`sluice_command`]), and direct
+//! reads of the SQLite and PostgreSQL stores ([`Db`], [`PgDb`]).
 //!
 //! The emulator stalls new streams on a subscription for two to three minutes after any stream
 //! on it closed (measured; see ARCHITECTURE.md). Tests that kill or stop a worker and need the
@@ -21,9 +23,13 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod command;
+pub mod pipeline_yaml;
 pub mod private_postgres;
 pub mod proxy;
 pub mod watermarks;
+pub use command::{COMMAND_TIMEOUT, CommandOutput, sluice_command, sluice_command_within};
+pub use pipeline_yaml::{FlowYaml, PipelineYaml};
 pub use private_postgres::PrivatePostgres;
 pub use proxy::FaultProxy;
 
@@ -297,55 +303,35 @@ impl Workdir {
         self.path().join(format!("{db}.db"))
     }
 
-    /// Writes a pipeline `test` with one table `events` and one flow `ingest`.
+    /// Writes a pipeline `test` with one table `events` and one flow `ingest` from
+    /// `options.subscription` (a [`PipelineYaml`]).
     pub fn pipeline(&self, file: &str, db: &str, options: &PipelineOptions) -> PathBuf {
-        let yaml = format!(
-            "pipeline: test
-mode: {mode}
-store: {store}
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-{metrics}{control}targets:
-  - {{ name: events, kind: table }}
-flows:
-  - name: ingest
-    target: events
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {dedup}
-        batch: {batch}
-        drain_idle: {drain_idle}
-        streams: {streams}
-{watermark}",
-            mode = options.mode,
-            store = options
-                .store
-                .clone()
-                .unwrap_or_else(|| format!("sqlite://{}", self.db(db).display())),
-            endpoint = emulator().endpoint(),
-            metrics = options
-                .metrics_listen
-                .as_ref()
-                .map(|listen| format!("metrics: {{ listen: \"{listen}\" }}\n"))
-                .unwrap_or_default(),
-            control = options
-                .control
-                .as_ref()
-                .map(|control| format!("control: {control}\n"))
-                .unwrap_or_default(),
-            subscription = options.subscription,
-            dedup = options.dedup,
-            batch = options.batch,
-            drain_idle = options.drain_idle,
-            streams = options.streams,
-            watermark = options
-                .watermark
-                .map(|w| format!("        watermark: {w}\n"))
-                .unwrap_or_default(),
-        );
-        let path = self.path().join(file);
-        std::fs::write(&path, yaml).unwrap();
-        path
+        let store = options
+            .store
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", self.db(db).display()));
+        let mut pipeline = PipelineYaml::new("test")
+            .mode(options.mode)
+            .store(&store)
+            .pubsub_emulator();
+        if let Some(listen) = &options.metrics_listen {
+            pipeline = pipeline.metrics(listen);
+        }
+        if let Some(control) = &options.control {
+            pipeline = pipeline.control(control);
+        }
+        let mut flow = FlowYaml::pubsub("ingest", "events", &options.subscription)
+            .setting("dedup", options.dedup)
+            .setting("batch", options.batch)
+            .drain_idle(options.drain_idle)
+            .streams(options.streams);
+        if let Some(watermark) = options.watermark {
+            flow = flow.setting("watermark", watermark);
+        }
+        pipeline
+            .target_table("events")
+            .flow(flow)
+            .write(self.path(), file)
     }
 }
 

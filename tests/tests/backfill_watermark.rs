@@ -1,6 +1,6 @@
 //! A bounded backfill beside a live flow holds the table's watermark back; `depends_on` does
-//! not (the scenario that motivates `depends_on` in Lakeflow's flow-ordering documentation,
-//! ../shared/reference/lakeflow-flow-ordering-depends_on.*). Real emulator, SQLite store.
+//! not (the scenario that motivates `depends_on` in Lakeflow's flow-ordering documentation
+//! of Databricks Lakeflow pipelines). Real emulator, SQLite store.
 //!
 //! One pipeline, run twice on fresh topics: `events_backfill` (once) reads a day of history
 //! from a file into `events`, `events_live` reads Pub/Sub (`watermark:`, band 10 s) into the
@@ -24,7 +24,7 @@ use google_cloud_pubsub::model::Message;
 use sluice_bench::free_port;
 use sluice_connector::pubsub::publish_all;
 use sluice_tests::{
-    Db, PROJECT, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms,
+    Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, eventually, flow_metric, now_ms,
 };
 use std::collections::HashMap;
 use std::io::Write;
@@ -79,49 +79,25 @@ async fn run(pubsub: &PubSub, ordered: bool) -> Figures {
     let db_path = dir.db("db");
     let db = Db(db_path.clone());
     let metrics_port = free_port().unwrap();
-    let file = dir.path().join("p.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-mode: continuous
-store: \"sqlite://{db}\"
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-metrics: {{ listen: \"127.0.0.1:{metrics_port}\" }}
-targets:
-  - {{ name: events, kind: table }}
-  - name: per_10s
-    kind: window
-    window: {{ size: 10s, group_by: \"attribute:region\", allowed_lateness: 0s }}
-flows:
-  - name: events_backfill
-    target: events
-    once: true
-    source: {{ file: {{ path: \"{history}\" }} }}
-  - name: events_live
-    target: events
-{depends_on}    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        event_time: {{ attribute: ts }}
-        watermark: {{ tracking_subscription: auto, band: 10s }}
-  - name: per_10s_counts
-    target: per_10s
-    source: {{ table: events }}
-",
-            db = db_path.display(),
-            endpoint = emulator().endpoint(),
-            history = history.display(),
-            subscription = subs[0],
-            depends_on = if ordered {
-                "    depends_on: events_backfill\n"
-            } else {
-                ""
-            },
-        ),
-    )
-    .unwrap();
+    let mut live = FlowYaml::pubsub("events_live", "events", &subs[0]);
+    if ordered {
+        live = live.depends_on(&["events_backfill"]);
+    }
+    let file = PipelineYaml::new("test")
+        .mode("continuous")
+        .sqlite(&db_path)
+        .pubsub_emulator()
+        .metrics(&format!("127.0.0.1:{metrics_port}"))
+        .target_table("events")
+        .target_window("per_10s", "10s", "attribute:region", "0s")
+        .flow(FlowYaml::file("events_backfill", "events", &history.display().to_string()).once())
+        .flow(
+            live.dedup_attribute("event_id")
+                .event_time_attribute("ts")
+                .watermark("auto", "10s"),
+        )
+        .flow(FlowYaml::table("per_10s_counts", "per_10s", "events"))
+        .write(dir.path(), "p.yaml");
     let worker = Worker::start(&file, if ordered { "ordered" } else { "beside" });
     // The worker creates the tracking subscription at start, before the live flow runs (with
     // `depends_on` that is after the backfill): what is published from now on is tracked.

@@ -2,19 +2,14 @@
 //! panics, retries logged once per backoff step.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_tests::{Workdir, Worker, sluice_bin};
-use std::process::Command;
+use sluice_tests::{FlowYaml, PipelineYaml, Workdir, Worker, sluice_command};
+use std::path::Path;
 use std::time::Duration;
 
-fn run_with(file: &std::path::Path) -> (i32, String) {
-    let out = Command::new(sluice_bin())
-        .args(["run", "-c", file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+/// `sluice run -c FILE` to its end: exit code and stderr.
+fn run_with(file: &Path) -> (i32, String) {
+    let out = sluice_command(&["run", "-c", file.to_str().unwrap()], None);
+    (out.code, out.stderr)
 }
 
 fn write(dir: &Workdir, name: &str, text: &str) -> std::path::PathBuf {
@@ -95,22 +90,19 @@ fn validate_reports_json_and_exit_codes() {
         "good.yaml",
         &format!("{HEADER}    source: {{ pubsub: {{ subscription: s }} }}\n"),
     );
-    let out = Command::new(sluice_bin())
-        .args(["validate", "-c", good.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
+    let out = sluice_command(&["validate", "-c", good.to_str().unwrap()], None);
+    assert_eq!(out.code, 0, "{}", out.stderr);
     let bad = write(
         &dir,
         "bad.yaml",
         &format!("{HEADER}    source: {{ pubsub: {{ subscription: s, window: 3 }} }}\n"),
     );
-    let out = Command::new(sluice_bin())
-        .args(["validate", "-c", bad.to_str().unwrap(), "--format", "json"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let out = sluice_command(
+        &["validate", "-c", bad.to_str().unwrap(), "--format", "json"],
+        None,
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    let stdout = out.stdout;
     assert!(
         stdout.contains("\"valid\":false") && stdout.contains("UNKNOWN_KEY"),
         "{stdout}"
@@ -138,17 +130,13 @@ fn unreachable_emulator_is_retried_with_backoff_not_a_panic() {
     // A port nothing listens on.
     let port = sluice_bench::emulator::free_port().unwrap();
     let metrics_port = sluice_bench::emulator::free_port().unwrap();
-    let file = write(
-        &dir,
-        "p.yaml",
-        &format!(
-            "pipeline: p\nstore: sqlite://{}/s.db\npubsub: {{ project: x, endpoint: \"http://127.0.0.1:{port}\" }}\n\
-         metrics: {{ listen: \"127.0.0.1:{metrics_port}\" }}\n\
-         targets: [ {{ name: events, kind: table }} ]\n\
-         flows:\n  - name: live\n    target: events\n    source: {{ pubsub: {{ subscription: s, streams: 1 }} }}\n",
-            dir.path().display()
-        ),
-    );
+    let file = PipelineYaml::new("p")
+        .sqlite(&dir.path().join("s.db"))
+        .pubsub("x", &format!("http://127.0.0.1:{port}"))
+        .metrics(&format!("127.0.0.1:{metrics_port}"))
+        .target_table("events")
+        .flow(FlowYaml::pubsub("live", "events", "s").streams(1))
+        .write(dir.path(), "p.yaml");
     let worker = Worker::start(&file, "w");
     std::thread::sleep(Duration::from_secs(8));
     // Alive, but not ready: its flow cannot start while Pub/Sub does not answer.
@@ -181,16 +169,12 @@ fn unreachable_store_is_retried_with_backoff_not_a_panic() {
     let dir = Workdir::new();
     // The store's folder cannot be created: a plain file stands where the folder should be.
     std::fs::write(dir.path().join("blocker"), "").unwrap();
-    let file = write(
-        &dir,
-        "p.yaml",
-        &format!(
-            "pipeline: p\nstore: sqlite://{}/blocker/s.db\npubsub: {{ project: x, endpoint: \"http://127.0.0.1:9\" }}\n\
-         targets: [ {{ name: events, kind: table }} ]\n\
-         flows:\n  - name: live\n    target: events\n    source: {{ pubsub: {{ subscription: s }} }}\n",
-            dir.path().display()
-        ),
-    );
+    let file = PipelineYaml::new("p")
+        .sqlite(&dir.path().join("blocker").join("s.db"))
+        .pubsub("x", "http://127.0.0.1:9")
+        .target_table("events")
+        .flow(FlowYaml::pubsub("live", "events", "s"))
+        .write(dir.path(), "p.yaml");
     let worker = Worker::start(&file, "w");
     std::thread::sleep(Duration::from_secs(5));
     worker.terminate();
@@ -243,27 +227,20 @@ fn a_listen_setting_that_is_not_an_address_exits_2_naming_it() {
 #[test]
 fn a_window_over_a_table_needs_its_live_writers_watermarks() {
     let dir = Workdir::new();
-    let file = write(
-        &dir,
-        "p.yaml",
-        &format!(
-            "pipeline: p\nstore: sqlite://{}/s.db\n\
-             pubsub: {{ project: x, endpoint: \"http://127.0.0.1:9\" }}\n\
-             targets:\n  - {{ name: events, kind: table }}\n  - name: per_minute\n    kind: window\n    window: {{ size: 1m, group_by: \"attribute:region\" }}\n\
-             flows:\n  - name: live\n    target: events\n    source: {{ pubsub: {{ subscription: s }} }}\n  \
-             - name: counts\n    target: per_minute\n    source: {{ table: events }}\n",
-            dir.path().display()
-        ),
-    );
-    let validated = Command::new(sluice_bin())
-        .args(["validate", "-c", file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        validated.status.success(),
-        "{}",
-        String::from_utf8_lossy(&validated.stderr)
-    );
+    let file = PipelineYaml::new("p")
+        .sqlite(&dir.path().join("s.db"))
+        .pubsub("x", "http://127.0.0.1:9")
+        .target_table("events")
+        .target(
+            "per_minute",
+            "window",
+            "{ size: 1m, group_by: \"attribute:region\" }",
+        )
+        .flow(FlowYaml::pubsub("live", "events", "s"))
+        .flow(FlowYaml::table("counts", "per_minute", "events"))
+        .write(dir.path(), "p.yaml");
+    let validated = sluice_command(&["validate", "-c", file.to_str().unwrap()], None);
+    assert_eq!(validated.code, 0, "{}", validated.stderr);
     let (code, stderr) = run_with(&file);
     assert_eq!(code, 2, "{stderr}");
     assert!(

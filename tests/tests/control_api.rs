@@ -14,7 +14,10 @@ use sluice_proto::v1::control_client::ControlClient;
 use sluice_proto::v1::{
     DrainRequest, GetStatusRequest, ListFlowsRequest, ResetFlowRequest, StartUpdateRequest,
 };
-use sluice_tests::{Db, PipelineOptions, PubSub, Workdir, Worker, event, eventually, sluice_bin};
+use sluice_tests::{
+    Db, FlowYaml, PipelineOptions, PipelineYaml, PubSub, Workdir, Worker, event, eventually,
+    sluice_command,
+};
 use std::time::Duration;
 
 async fn client(port: u16) -> ControlClient<tonic::transport::Channel> {
@@ -74,12 +77,12 @@ async fn status_and_drain_through_the_control_api() {
     assert_eq!(listed.flows, status.flows);
 
     // `sluice status` shows the live view when the worker answers.
-    let out = std::process::Command::new(sluice_bin())
-        .args(["status", "-c", file.to_str().unwrap(), "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = sluice_command(
+        &["status", "-c", file.to_str().unwrap(), "--format", "json"],
+        None,
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(json["source"], "control_api");
     assert_eq!(json["flows"][0]["state"], "RUNNING");
     assert_eq!(json["flows"][0]["rows"], 500);
@@ -88,11 +91,7 @@ async fn status_and_drain_through_the_control_api() {
     assert!(started > 1_700_000_000_000, "{json}");
     // This flow has no `watermark:`: none is shown.
     assert!(json["flows"][0]["watermark_ms"].is_null(), "{json}");
-    let text = std::process::Command::new(sluice_bin())
-        .args(["status", "-c", file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = sluice_command(&["status", "-c", file.to_str().unwrap()], None).stdout;
     assert!(
         text.lines()
             .next()
@@ -209,35 +208,19 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
         .collect();
     std::fs::write(&history, records).unwrap();
     let db_path = dir.db("db");
-    let file = dir.path().join("p.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-mode: continuous
-store: \"sqlite://{db}\"
-pubsub: {{ project: {project}, endpoint: \"{endpoint}\" }}
-control: {{ listen: \"127.0.0.1:{port}\" }}
-targets:
-  - {{ name: events, kind: table }}
-flows:
-  - {{ name: hist, target: events, once: true, source: {{ file: {{ path: \"{history}\" }} }} }}
-  - name: live
-    target: events
-    depends_on: hist
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-",
-            db = db_path.display(),
-            project = sluice_tests::PROJECT,
-            endpoint = sluice_tests::emulator().endpoint(),
-            history = history.display(),
-            subscription = subs[0],
-        ),
-    )
-    .unwrap();
+    let file = PipelineYaml::new("test")
+        .mode("continuous")
+        .sqlite(&db_path)
+        .pubsub_emulator()
+        .control(&format!("{{ listen: \"127.0.0.1:{port}\" }}"))
+        .target_table("events")
+        .flow(FlowYaml::file("hist", "events", &history.display().to_string()).once())
+        .flow(
+            FlowYaml::pubsub("live", "events", &subs[0])
+                .depends_on(&["hist"])
+                .dedup_attribute("event_id"),
+        )
+        .write(dir.path(), "p.yaml");
     let db = Db(db_path);
     let count = |flow: &str| {
         db.query(&format!(
@@ -336,7 +319,7 @@ flows:
     assert!(live_again, "{:?}", states(&mut client).await);
     // The live flow of the new update receives what is published now. (The emulator holds a
     // subscription's new streams back for up to about 3 minutes after a stream of it closed,
-    // ../shared/notes/pubsub-client.md gotcha 1.)
+    // ARCHITECTURE.md, "Pub/Sub client facts".)
     pubsub
         .publish(
             &topic,

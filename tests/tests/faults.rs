@@ -19,8 +19,8 @@ use sluice_bench::free_port;
 use sluice_connector::pubsub::publish_all;
 use sluice_tests::proxy::Fault;
 use sluice_tests::{
-    Db, FaultProxy, PROJECT, PgDb, PipelineOptions, PubSub, Workdir, Worker, emulator, event,
-    eventually, flow_metric,
+    Db, FaultProxy, FlowYaml, PROJECT, PgDb, PipelineOptions, PipelineYaml, PubSub, Workdir,
+    Worker, emulator, event, eventually, flow_metric,
 };
 use std::collections::HashSet;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -489,28 +489,19 @@ fn pipeline_through(
     subscription: &str,
     port: u16,
 ) -> PathBuf {
-    let yaml = format!(
-        "pipeline: test
-mode: continuous
-store: {store}
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-metrics: {{ listen: \"127.0.0.1:{port}\" }}
-targets:
-  - {{ name: events, kind: table }}
-flows:
-  - name: ingest
-    target: events
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        batch: {{ max_messages: 500, max_delay: 20ms }}
-        streams: 4
-"
-    );
-    let path = dir.join("p.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    path
+    PipelineYaml::new("test")
+        .mode("continuous")
+        .store(store)
+        .pubsub(PROJECT, endpoint)
+        .metrics(&format!("127.0.0.1:{port}"))
+        .target_table("events")
+        .flow(
+            FlowYaml::pubsub("ingest", "events", subscription)
+                .dedup_attribute("event_id")
+                .batch(500, "20ms")
+                .streams(4),
+        )
+        .write(dir, "p.yaml")
 }
 
 /// The worker's connections to Pub/Sub (its streams, acks, lease extensions and admin calls)

@@ -10,11 +10,10 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_tests::{
-    Db, PROJECT, PgDb, PubSub, Workdir, Worker, emulator, event, events_with_duplicates,
-    eventually, now_ms, sluice_bin, unique,
+    Db, FlowYaml, PgDb, PipelineYaml, PubSub, Workdir, Worker, event, events_with_duplicates,
+    eventually, now_ms, sluice_command, unique,
 };
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 /// Writes `files` JSONL files under `dir/sub` holding records `{prefix}0..{prefix}{n}` (split
@@ -54,18 +53,10 @@ fn history(
     folder.join("*.jsonl").display().to_string()
 }
 
+/// `sluice ARGS` run to its end in `dir`: exit code, stdout, stderr.
 fn sluice(args: &[&str], dir: &Path) -> (i32, String, String) {
-    let out = Command::new(sluice_bin())
-        .args(args)
-        .current_dir(dir)
-        .env_remove("PUBSUB_EMULATOR_HOST")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let out = sluice_command(args, Some(dir));
+    (out.code, out.stdout, out.stderr)
 }
 
 /// Stops a continuous worker with SIGTERM and returns its stdout (the flow outcome lines).
@@ -122,36 +113,20 @@ async fn backfill_then_live_restart_reset_and_full_refresh() {
         &["this is not json", r#"{"data":"bm8gaWQ="}"#],
     );
     let db = dir.db("order");
-    let file = dir.path().join("p.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-mode: continuous
-store: sqlite://{db}
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-targets:
-  - {{ name: events, kind: table }}
-flows:
-  - name: events_backfill
-    target: events
-    once: true
-    source: {{ file: {{ path: \"{glob}\" }} }}
-  - name: events_live
-    target: events
-    depends_on: events_backfill
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        batch: {{ max_messages: 500, max_delay: 20ms }}
-        streams: 2
-",
-            db = db.display(),
-            endpoint = emulator().endpoint(),
-        ),
-    )
-    .unwrap();
+    let file = PipelineYaml::new("test")
+        .mode("continuous")
+        .sqlite(&db)
+        .pubsub_emulator()
+        .target_table("events")
+        .flow(FlowYaml::file("events_backfill", "events", &glob).once())
+        .flow(
+            FlowYaml::pubsub("events_live", "events", &subscription)
+                .depends_on(&["events_backfill"])
+                .dedup_attribute("event_id")
+                .batch(500, "20ms")
+                .streams(2),
+        )
+        .write(dir.path(), "p.yaml");
     let store = Db(db.clone());
     let count = |flow: &str| {
         store.query(&format!(
@@ -242,7 +217,7 @@ flows:
         assert_eq!(store.distinct_keys(), 9_200);
     };
     // (Up to about 3 minutes: the emulator holds a subscription's new streams back after a
-    // stream of it closed, ../shared/notes/pubsub-client.md gotcha 1.)
+    // stream of it closed, ARCHITECTURE.md, "Pub/Sub client facts".)
     let worker = Worker::start(&file, "second");
     wait_for(&worker, Duration::from_secs(300), live_complete, rows).await;
     untouched_backfill(&stop(worker));
@@ -338,42 +313,28 @@ async fn parallel_then_chained_backfills_then_live() {
     let a = history(dir.path(), "a", "a", 3_000, 2, 0, &[]);
     let b = history(dir.path(), "b", "b", 3_000, 2, 0, &[]);
     let c = history(dir.path(), "c", "c", 3_000, 2, 50, &[]);
-    let file = dir.path().join("p.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-mode: triggered
-store: \"{store}\"
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-targets:
-  - {{ name: events, kind: table }}
-  - {{ name: events_copy, kind: table }}
-flows:
-  - {{ name: copy, target: events_copy, source: {{ table: events }} }}
-  - {{ name: hist_a, target: events, once: true, source: {{ file: {{ path: \"{a}\" }} }} }}
-  - {{ name: hist_b, target: events, once: true, source: {{ file: {{ path: \"{b}\" }} }} }}
-  - name: hist_c
-    target: events
-    once: true
-    depends_on: [hist_a, hist_b]
-    source: {{ file: {{ path: \"{c}\" }} }}
-  - name: live
-    target: events
-    depends_on: hist_c
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        drain_idle: 20s
-        streams: 2
-",
-            store = database.url(),
-            endpoint = emulator().endpoint(),
-            subscription = subs[0],
-        ),
-    )
-    .unwrap();
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .store(database.url())
+        .pubsub_emulator()
+        .target_table("events")
+        .target_table("events_copy")
+        .flow(FlowYaml::table("copy", "events_copy", "events"))
+        .flow(FlowYaml::file("hist_a", "events", &a).once())
+        .flow(FlowYaml::file("hist_b", "events", &b).once())
+        .flow(
+            FlowYaml::file("hist_c", "events", &c)
+                .once()
+                .depends_on(&["hist_a", "hist_b"]),
+        )
+        .flow(
+            FlowYaml::pubsub("live", "events", &subs[0])
+                .depends_on(&["hist_c"])
+                .dedup_attribute("event_id")
+                .drain_idle("20s")
+                .streams(2),
+        )
+        .write(dir.path(), "p.yaml");
     let worker = Worker::start(&file, "triggered");
     let status = worker.wait(Duration::from_secs(240));
     let output = std::fs::read_to_string(dir.path().join("triggered.out")).unwrap();
@@ -425,7 +386,7 @@ flows:
 
     // A second triggered run: the backfills are IDLE, the live flow drains what is new. The
     // emulator holds new streams of a subscription back for up to about 3 minutes after a
-    // stream of it closed (../shared/notes/pubsub-client.md, gotcha 1; a CI run saw 20 s of
+    // stream of it closed (ARCHITECTURE.md, "Pub/Sub client facts"; a CI run saw 20 s of
     // silence with half the new messages still held), so this run waits 200 s of quiet before
     // it calls the subscription drained.
     std::fs::write(
@@ -480,26 +441,16 @@ fn a_failing_flow_skips_its_dependents() {
     let good = history(dir.path(), "good", "g", 100, 1, 0, &[]);
     let missing = dir.path().join("missing").join("*.jsonl");
     let db: PathBuf = dir.db("fail");
-    let file = dir.path().join("p.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-mode: triggered
-store: sqlite://{db}
-targets:
-  - {{ name: events, kind: table }}
-flows:
-  - {{ name: broken, target: events, once: true, source: {{ file: {{ path: \"{missing}\" }} }} }}
-  - {{ name: after_broken, target: events, once: true, depends_on: broken, source: {{ file: {{ path: \"{good}\" }} }} }}
-  - {{ name: then_this, target: events, once: true, depends_on: after_broken, source: {{ file: {{ path: \"{good}\" }} }} }}
-  - {{ name: independent, target: events, once: true, source: {{ file: {{ path: \"{good}\" }} }} }}
-",
-            db = db.display(),
-            missing = missing.display(),
-        ),
-    )
-    .unwrap();
+    let good_file = |name: &str| FlowYaml::file(name, "events", &good).once();
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(&db)
+        .target_table("events")
+        .flow(FlowYaml::file("broken", "events", &missing.display().to_string()).once())
+        .flow(good_file("after_broken").depends_on(&["broken"]))
+        .flow(good_file("then_this").depends_on(&["after_broken"]))
+        .flow(good_file("independent"))
+        .write(dir.path(), "p.yaml");
     let (code, stdout, stderr) = sluice(&["run", "-c", file.to_str().unwrap()], dir.path());
     assert_eq!(code, 1, "{stdout}{stderr}");
     let broken = flow_line(&stdout, "broken");

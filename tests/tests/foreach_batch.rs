@@ -12,7 +12,7 @@
 use sluice_proto::v1::stage_server::{Stage, StageServer};
 use sluice_proto::v1::{ProcessRequest, ProcessResponse};
 use sluice_tests::{
-    Db, PROJECT, PubSub, Workdir, Worker, emulator, event, events_with_duplicates, eventually,
+    Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, event, events_with_duplicates, eventually,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -70,33 +70,21 @@ fn pipeline(
     db: &Path,
     stage: SocketAddr,
     subscription: &str,
-    batch: &str,
+    max_messages: usize,
+    max_delay: &str,
 ) -> std::path::PathBuf {
-    let file = dir.join("p.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-store: sqlite://{db}
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-targets:
-  - {{ name: enrich, kind: foreach_batch, foreach_batch: {{ endpoint: \"http://{stage}\" }} }}
-flows:
-  - name: live
-    target: enrich
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        batch: {batch}
-        streams: 1
-",
-            db = db.display(),
-            endpoint = emulator().endpoint(),
-        ),
-    )
-    .unwrap();
-    file
+    let stage = format!("{{ endpoint: \"http://{stage}\" }}");
+    PipelineYaml::new("test")
+        .sqlite(db)
+        .pubsub_emulator()
+        .target("enrich", "foreach_batch", &stage)
+        .flow(
+            FlowYaml::pubsub("live", "enrich", subscription)
+                .dedup_attribute("event_id")
+                .batch(max_messages, max_delay)
+                .streams(1),
+        )
+        .write(dir, "p.yaml")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,13 +94,7 @@ async fn every_record_reaches_the_stage_once_per_committed_batch() {
     let (topic, subs) = pubsub.topic_with("foreach", 1).await;
     let dir = Workdir::new();
     let db = dir.db("foreach");
-    let file = pipeline(
-        dir.path(),
-        &db,
-        stage,
-        &subs[0],
-        "{ max_messages: 200, max_delay: 20ms }",
-    );
+    let file = pipeline(dir.path(), &db, stage, &subs[0], 200, "20ms");
     let worker = Worker::start(&file, "worker");
     pubsub
         .publish(&topic, events_with_duplicates("e", 2_000, 200))
@@ -157,13 +139,7 @@ async fn a_crash_between_the_stage_answer_and_the_commit_resends_the_same_batch_
     let dir = Workdir::new();
     let db = dir.db("crash");
     // Exactly one batch of 50: it closes when its 50th message arrives, after the crash too.
-    let file = pipeline(
-        dir.path(),
-        &db,
-        stage,
-        &subs[0],
-        "{ max_messages: 50, max_delay: 30s }",
-    );
+    let file = pipeline(dir.path(), &db, stage, &subs[0], 50, "30s");
     let worker = Worker::start(&file, "first");
     let started = eventually(Duration::from_secs(60), || {
         worker.logs().contains("flow started")

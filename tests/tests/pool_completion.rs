@@ -7,35 +7,30 @@
 
 use sluice_store::ScratchDatabase;
 use sluice_tests::{
-    PROJECT, PgDb, PubSub, Workdir, Worker, emulator, event, eventually, sluice_bin,
+    FlowYaml, PgDb, PipelineYaml, PubSub, Workdir, Worker, event, eventually, sluice_command,
 };
 use std::time::Duration;
 
 fn pipeline(dir: &Workdir, store: &str, backfill: &str, live: &str) -> std::path::PathBuf {
-    let yaml = format!(
-        "pipeline: test
-mode: continuous
-store: {store}
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-targets:
-  - {{ name: events, kind: table }}
-flows:
-  - name: backfill
-    target: events
-    once: true
-    source:
-      pubsub: {{ subscription: {backfill}, dedup: {{ by: attribute, attribute: event_id }}, drain_idle: 3s, streams: 2 }}
-  - name: live
-    target: events
-    depends_on: backfill
-    source:
-      pubsub: {{ subscription: {live}, dedup: {{ by: attribute, attribute: event_id }}, streams: 2 }}
-",
-        endpoint = emulator().endpoint(),
-    );
-    let path = dir.path().join("p.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    path
+    PipelineYaml::new("test")
+        .mode("continuous")
+        .store(store)
+        .pubsub_emulator()
+        .target_table("events")
+        .flow(
+            FlowYaml::pubsub("backfill", "events", backfill)
+                .once()
+                .dedup_attribute("event_id")
+                .drain_idle("3s")
+                .streams(2),
+        )
+        .flow(
+            FlowYaml::pubsub("live", "events", live)
+                .depends_on(&["backfill"])
+                .dedup_attribute("event_id")
+                .streams(2),
+        )
+        .write(dir.path(), "p.yaml")
 }
 
 fn rows_of(db: &PgDb, flow: &str) -> i64 {
@@ -105,16 +100,12 @@ async fn a_drained_backfill_is_idle_for_every_replica_and_after_restart() {
     // `sluice status` reads the same from the store: counts, completion, the two live workers
     // and the upkeep lease.
     let status = |format: &str| {
-        let out = std::process::Command::new(sluice_bin())
-            .args(["status", "-c", file.to_str().unwrap(), "--format", format])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = sluice_command(
+            &["status", "-c", file.to_str().unwrap(), "--format", format],
+            None,
         );
-        String::from_utf8(out.stdout).unwrap()
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        out.stdout
     };
     let json: serde_json::Value = serde_json::from_str(&status("json")).unwrap();
     assert_eq!(json["flows"][0]["flow"], "backfill");

@@ -10,49 +10,43 @@
 use sluice_bench::free_port;
 use sluice_store::ScratchDatabase;
 use sluice_tests::{
-    PROJECT, PgDb, PubSub, Workdir, Worker, emulator, event, eventually, flow_metric,
+    FlowYaml, PgDb, PipelineYaml, PubSub, Workdir, Worker, event, eventually, flow_metric,
 };
 use std::time::Duration;
 
 const MESSAGES: usize = 500;
 
-/// A continuous pipeline whose only flow, `ingest`, is a once flow on `subscription`.
+/// A continuous pipeline whose only flow, `ingest`, is a once flow on `subscription`. With a
+/// `metrics_port` (the holder's) it batches for 60 s, so its messages stay uncommitted.
 fn pipeline(
     dir: &Workdir,
     file: &str,
     store: &str,
     subscription: &str,
-    extra: &str,
+    metrics_port: Option<u16>,
 ) -> std::path::PathBuf {
-    let yaml = format!(
-        "pipeline: test
-mode: continuous
-store: {store}
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-{extra}targets:
-  - {{ name: events, kind: table }}
-flows:
-  - name: ingest
-    target: events
-    once: true
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        drain_idle: 3s
-        streams: 2
-        batch: {batch}
-",
-        endpoint = emulator().endpoint(),
-        batch = if extra.is_empty() {
-            "{ max_messages: 500, max_delay: 20ms }"
-        } else {
-            "{ max_messages: 5000, max_delay: 60s }"
-        },
-    );
-    let path = dir.path().join(file);
-    std::fs::write(&path, yaml).unwrap();
-    path
+    let (max_messages, max_delay) = match metrics_port {
+        Some(_) => (5000, "60s"),
+        None => (500, "20ms"),
+    };
+    let mut pipeline = PipelineYaml::new("test")
+        .mode("continuous")
+        .store(store)
+        .pubsub_emulator();
+    if let Some(port) = metrics_port {
+        pipeline = pipeline.metrics(&format!("127.0.0.1:{port}"));
+    }
+    pipeline
+        .target_table("events")
+        .flow(
+            FlowYaml::pubsub("ingest", "events", subscription)
+                .once()
+                .dedup_attribute("event_id")
+                .drain_idle("3s")
+                .streams(2)
+                .batch(max_messages, max_delay),
+        )
+        .write(dir.path(), file)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -68,9 +62,9 @@ async fn a_once_flow_is_not_complete_while_a_crashed_replicas_messages_can_come_
         "holder.yaml",
         database.url(),
         &subscriptions[0],
-        &format!("metrics: {{ listen: \"127.0.0.1:{port}\" }}\n"),
+        Some(port),
     );
-    let other_file = pipeline(&dir, "other.yaml", database.url(), &subscriptions[0], "");
+    let other_file = pipeline(&dir, "other.yaml", database.url(), &subscriptions[0], None);
 
     let holder = Worker::start(&holder_file, "holder");
     let metric = |name: &str| flow_metric(port, name, "ingest").unwrap_or(-1.0);

@@ -7,27 +7,10 @@
 //! otherwise allowed), the `sluice` binary, a SQLite store.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_tests::{PipelineOptions, PubSub, Workdir, event, now_ms, sluice_bin, unique};
-use std::process::Command;
+use sluice_tests::{PipelineOptions, PubSub, Workdir, event, now_ms, sluice_command, unique};
 use std::time::Duration;
 
 const BACKLOG: usize = 100;
-
-fn sluice(args: &[&str]) -> (i32, String) {
-    let out = Command::new(sluice_bin())
-        .args(args)
-        .env_remove("PUBSUB_EMULATOR_HOST")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_seek_that_would_drop_an_unread_backlog_needs_drop_unread() {
@@ -56,9 +39,9 @@ async fn a_seek_that_would_drop_an_unread_backlog_needs_drop_unread() {
         vec!["reset", "ingest", "-c", file, "--seek", &after_backlog],
         vec!["full-refresh", "-c", file, "--seek", &after_backlog],
     ] {
-        let (code, output) = sluice(&args);
-        assert_eq!(code, 2, "{args:?} was not refused: {output}");
-        assert!(output.contains("--drop-unread"), "{output}");
+        let out = sluice_command(&args, None);
+        assert_eq!(out.code, 2, "{args:?} was not refused: {}", out.all());
+        assert!(out.all().contains("--drop-unread"), "{}", out.all());
     }
     // Refused before anything was done: the backlog is still there, unacked.
     let still = pubsub
@@ -67,14 +50,17 @@ async fn a_seek_that_would_drop_an_unread_backlog_needs_drop_unread() {
         .unwrap();
     assert_eq!(still.len(), BACKLOG, "the refused seeks dropped nothing");
 
-    let (code, output) = sluice(&[
-        "reset",
-        "ingest",
-        "-c",
-        file,
-        "--seek",
-        &after_backlog,
-        "--drop-unread",
-    ]);
-    assert_eq!(code, 0, "{output}");
+    let out = sluice_command(
+        &[
+            "reset",
+            "ingest",
+            "-c",
+            file,
+            "--seek",
+            &after_backlog,
+            "--drop-unread",
+        ],
+        None,
+    );
+    assert_eq!(out.code, 0, "{}", out.all());
 }

@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_tests::{
-    Db, PROJECT, PubSub, Workdir, Worker, emulator, events_with_duplicates, eventually,
+    Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, events_with_duplicates, eventually,
 };
 use std::collections::HashMap;
 use std::time::Duration;
@@ -22,32 +22,21 @@ async fn sink_files_hold_each_record_once_across_sigkills() {
     let dir = Workdir::new();
     let db = dir.db("sink");
     let out = dir.path().join("out");
-    let file = dir.path().join("p.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-store: sqlite://{db}
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-targets:
-  - {{ name: export, kind: sink, sink: {{ format: jsonl, path: \"{out}/events.jsonl\" }} }}
-flows:
-  - name: live
-    target: export
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        batch: {{ max_messages: 300, max_delay: 20ms }}
-        streams: 4
-",
-            db = db.display(),
-            endpoint = emulator().endpoint(),
-            out = out.display(),
-            subscription = subs[0],
-        ),
-    )
-    .unwrap();
+    let sink = format!(
+        "{{ format: jsonl, path: \"{}/events.jsonl\" }}",
+        out.display()
+    );
+    let file = PipelineYaml::new("test")
+        .sqlite(&db)
+        .pubsub_emulator()
+        .target("export", "sink", &sink)
+        .flow(
+            FlowYaml::pubsub("live", "export", &subs[0])
+                .dedup_attribute("event_id")
+                .batch(300, "20ms")
+                .streams(4),
+        )
+        .write(dir.path(), "p.yaml");
     let store = Db(db);
     let rows = || store.query("SELECT COUNT(*) FROM test__export");
 

@@ -10,7 +10,7 @@
 
 use sluice_store::FlowStore;
 use sluice_store::{PostgresStore, ScratchDatabase};
-use sluice_tests::{PROJECT, PgDb, PubSub, Workdir, Worker, emulator, event, eventually};
+use sluice_tests::{FlowYaml, PgDb, PipelineYaml, PubSub, Workdir, Worker, event, eventually};
 use std::path::Path;
 use std::time::Duration;
 
@@ -61,32 +61,21 @@ async fn a_give_up_during_a_slow_commit_still_publishes_the_committed_file() {
     let (topic, subs) = pubsub.topic_with("sinkgiveup", 1).await;
     let dir = Workdir::new();
     let out = dir.path().join("out");
-    let file = dir.path().join("p.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-store: {store}
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-targets:
-  - {{ name: export, kind: sink, sink: {{ format: jsonl, path: \"{out}/events.jsonl\" }} }}
-flows:
-  - name: live
-    target: export
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        batch: {{ max_messages: 100, max_delay: 200ms }}
-        streams: 1
-",
-            store = database.url(),
-            endpoint = emulator().endpoint(),
-            out = out.display(),
-            subscription = subs[0],
-        ),
-    )
-    .unwrap();
+    let sink = format!(
+        "{{ format: jsonl, path: \"{}/events.jsonl\" }}",
+        out.display()
+    );
+    let file = PipelineYaml::new("test")
+        .store(database.url())
+        .pubsub_emulator()
+        .target("export", "sink", &sink)
+        .flow(
+            FlowYaml::pubsub("live", "export", &subs[0])
+                .dedup_attribute("event_id")
+                .batch(100, "200ms")
+                .streams(1),
+        )
+        .write(dir.path(), "p.yaml");
     let worker = Worker::start(&file, "w");
     pubsub
         .publish(

@@ -6,11 +6,9 @@
 //! `sluice graph` on the backfill-then-live fixture `tests/data/backfill_then_live.yaml`.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_tests::{Workdir, sluice_bin};
-use std::io::Read;
+use sluice_tests::{CommandOutput, Workdir, sluice_command_within};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long one `sluice` command may take before the test gives up on it (none waits on
 /// anything: a hang means the file was not rejected up front).
@@ -222,66 +220,13 @@ fn case(code: &str) -> &'static Case {
     CASES.iter().find(|c| c.code == code).unwrap()
 }
 
-/// What a finished `sluice` command left.
-struct Outcome {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Outcome {
-    fn lines(&self) -> Vec<&str> {
-        self.stderr.lines().collect()
-    }
-}
-
-/// Runs `sluice ARGS` in `cwd`, without the emulator and log settings of the environment;
-/// kills it and panics past [`COMMAND_TIMEOUT`].
-fn sluice(args: &[&str], cwd: &Path) -> Outcome {
-    let mut child = Command::new(sluice_bin())
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("PUBSUB_EMULATOR_HOST")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let read = |mut from: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            from.read_to_string(&mut text).unwrap();
-            text
-        })
-    };
-    let stdout = read(Box::new(child.stdout.take().unwrap()));
-    let stderr = read(Box::new(child.stderr.take().unwrap()));
-    let deadline = Instant::now() + COMMAND_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!(
-                "`sluice {}` did not exit within {COMMAND_TIMEOUT:?}; stderr:\n{}",
-                args.join(" "),
-                stderr.join().unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Outcome {
-        code: status.code(),
-        stdout: stdout.join().unwrap(),
-        stderr: stderr.join().unwrap(),
-    }
+/// Runs `sluice ARGS` in `cwd`; panics past [`COMMAND_TIMEOUT`].
+fn sluice(args: &[&str], cwd: &Path) -> CommandOutput {
+    sluice_command_within(args, Some(cwd), COMMAND_TIMEOUT)
 }
 
 /// `sluice validate -c FILE [--format json]` in a scratch folder.
-fn validate(file: &Path, json: bool) -> Outcome {
+fn validate(file: &Path, json: bool) -> CommandOutput {
     let dir = Workdir::new();
     let mut args = vec!["validate", "-c", file.to_str().unwrap()];
     if json {
@@ -308,13 +253,13 @@ fn check(case: &Case) -> Vec<String> {
     let file = fixture(case.code);
     let mut wrong = Vec::new();
     let out = validate(&file, false);
-    if out.code != Some(2) {
+    if out.code != 2 {
         wrong.push(format!("exit code {:?}, expected 2", out.code));
     }
     if !out.stdout.is_empty() {
         wrong.push(format!("stdout is not empty: {:?}", out.stdout));
     }
-    let lines = out.lines();
+    let lines = out.stderr.lines().collect::<Vec<_>>();
     if lines.len() != 1 + case.along_with.len() {
         wrong.push(format!(
             "{} error lines, expected {}",
@@ -397,7 +342,7 @@ fn check_json(code: &str) {
     let case = case(code);
     let file = fixture(code);
     let out = validate(&file, true);
-    assert_eq!(out.code, Some(2), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
     assert_eq!(
         out.stdout.lines().count(),
         1,
@@ -435,7 +380,7 @@ fn validate_json_reports_an_unknown_key() {
 #[test]
 fn validate_json_of_a_valid_file() {
     let out = validate(&data().join("backfill_then_live.yaml"), true);
-    assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(report, serde_json::json!({ "valid": true, "errors": [] }));
 }
@@ -444,7 +389,7 @@ fn validate_json_of_a_valid_file() {
 fn several_problems_are_reported_at_once_in_file_order() {
     let file = data().join("invalid").join(SEVERAL_PROBLEMS);
     let out = validate(&file, false);
-    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert_eq!(out.code, 2, "{}", out.stderr);
     let expected = [
         (4, 11, "INVALID_IDENTIFIER", "pipeline", "`Orders`"),
         (15, 13, "UNKNOWN_TARGET", "flows[1].target", "`evnts`"),
@@ -470,7 +415,7 @@ fn several_problems_are_reported_at_once_in_file_order() {
             "`events_live`",
         ),
     ];
-    let lines = out.lines();
+    let lines = out.stderr.lines().collect::<Vec<_>>();
     assert_eq!(
         lines.len(),
         expected.len(),
@@ -492,7 +437,7 @@ fn a_live_predecessor_is_rejected_in_continuous_mode_and_accepted_in_triggered_m
     let text = std::fs::read_to_string(&continuous).unwrap();
     assert!(text.contains("\nmode: continuous\n"), "{text}");
     let out = validate(&continuous, false);
-    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(
         out.stderr
             .contains("DEPENDS_ON_PREDECESSOR_MUST_BE_ONCE: flows[1].depends_on: "),
@@ -508,7 +453,7 @@ fn a_live_predecessor_is_rejected_in_continuous_mode_and_accepted_in_triggered_m
     )
     .unwrap();
     let out = validate(&triggered, false);
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(
         out.stdout,
         format!("{}: valid (2 targets, 2 flows)\n", triggered.display())
@@ -521,12 +466,12 @@ fn run_refuses_an_invalid_graph_before_anything_runs() {
     for code in GRAPH_CODES {
         let file = fixture(code);
         let expected = validate(&file, false);
-        assert_eq!(expected.code, Some(2), "{}", expected.stderr);
+        assert_eq!(expected.code, 2, "{}", expected.stderr);
         // The store is `sqlite://state/orders.db`, relative to the working directory: running
         // anything would create `state/` there.
         let cwd = Workdir::new();
         let out = sluice(&["run", "-c", file.to_str().unwrap()], cwd.path());
-        assert_eq!(out.code, Some(2), "{code}: {}", out.stderr);
+        assert_eq!(out.code, 2, "{code}: {}", out.stderr);
         assert_eq!(
             out.stderr, expected.stderr,
             "{code}: the errors of `validate`"
@@ -577,7 +522,7 @@ events_live [continuous -> events] <- events_backfill (depends_on)
             &["graph", "-c", file.to_str().unwrap(), "--format", format],
             cwd.path(),
         );
-        assert_eq!(out.code, Some(0), "{format}: {}", out.stderr);
+        assert_eq!(out.code, 0, "{format}: {}", out.stderr);
         assert_eq!(out.stdout, drawing, "{format}");
         assert!(
             !cwd.path().join("state").exists(),
@@ -586,7 +531,7 @@ events_live [continuous -> events] <- events_backfill (depends_on)
     }
     // Text is the default.
     let out = sluice(&["graph", "-c", file.to_str().unwrap()], cwd.path());
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(out.stdout, expected[0].1);
     let left: Vec<_> = std::fs::read_dir(cwd.path())
         .unwrap()

@@ -15,7 +15,7 @@
 //!    no new message (its reader's probes). (The backlog flow is new at the restart rather
 //!    than restarted: the emulator trickles a subscription's backlog to new streams for
 //!    minutes after a stream of it closed, a stall that Pub/Sub itself does not have,
-//!    ../shared/notes/pubsub-client.md gotcha 1. A flow
+//!    ARCHITECTURE.md, "Pub/Sub client facts we build on". A flow
 //!    that had a watermark already past an hour ago would find such messages late by
 //!    definition: the watermark never goes back.)
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -25,7 +25,8 @@ use sluice_bench::free_port;
 use sluice_connector::pubsub::publish_all;
 use sluice_tests::watermarks::{WatermarkHistory, WatermarkedPipeline, timed_event};
 use sluice_tests::{
-    Db, PROJECT, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms, sluice_bin,
+    Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms,
+    sluice_command,
 };
 use std::time::{Duration, Instant};
 
@@ -148,12 +149,12 @@ async fn shuffled_live_then_idle_then_backlog_never_late() {
     assert!(gauge * 1000.0 >= (last_publish - 30_000) as f64, "{gauge}");
 
     // `sluice status` (from the store: this worker has no control API) shows it too.
-    let out = std::process::Command::new(sluice_bin())
-        .args(["status", "-c", file.to_str().unwrap(), "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = sluice_command(
+        &["status", "-c", file.to_str().unwrap(), "--format", "json"],
+        None,
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let status: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     let shown = status["flows"][0]["watermark_ms"].as_i64().unwrap();
     assert!(shown > 0 && shown <= watermark(&db, "ingest"), "{status}");
     assert!(
@@ -162,11 +163,7 @@ async fn shuffled_live_then_idle_then_backlog_never_late() {
             .unwrap()
             < 60.0
     );
-    let text = std::process::Command::new(sluice_bin())
-        .args(["status", "-c", file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = sluice_command(&["status", "-c", file.to_str().unwrap()], None).stdout;
     assert!(text.contains("WATERMARK AGE"), "{text}");
 
     // 2. Backlog: stop, publish an hour of event times, restart.
@@ -203,7 +200,7 @@ async fn shuffled_live_then_idle_then_backlog_never_late() {
     publish_all(&old_publisher, backlog).await.unwrap();
     let worker = Worker::start(&file, "second");
     // (The emulator holds a subscription's new streams back for up to about 3 minutes after a
-    // stream of it closed: ../shared/notes/pubsub-client.md, gotcha 1.)
+    // stream of it closed: ARCHITECTURE.md, "Pub/Sub client facts".)
     assert!(
         eventually(Duration::from_secs(400), || db.rows() == 33_600).await,
         "rows {}; logs:\n{}",
@@ -272,35 +269,19 @@ async fn window_counts_equal_what_was_published() {
     let db_path = dir.db("db");
     let db = Db(db_path.clone());
     let metrics_port = free_port().unwrap();
-    let file = dir.path().join("p.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-mode: continuous
-store: \"sqlite://{db}\"
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-metrics: {{ listen: \"127.0.0.1:{metrics_port}\" }}
-targets:
-  - name: per5s
-    kind: window
-    window: {{ size: 5s, group_by: \"attribute:region\", allowed_lateness: 2s }}
-flows:
-  - name: counts
-    target: per5s
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        event_time: {{ attribute: ts }}
-        watermark: {{ tracking_subscription: auto, band: 10s }}
-",
-            db = db_path.display(),
-            endpoint = emulator().endpoint(),
-            subscription = subs[0],
-        ),
-    )
-    .unwrap();
+    let file = PipelineYaml::new("test")
+        .mode("continuous")
+        .sqlite(&db_path)
+        .pubsub_emulator()
+        .metrics(&format!("127.0.0.1:{metrics_port}"))
+        .target_window("per5s", "5s", "attribute:region", "2s")
+        .flow(
+            FlowYaml::pubsub("counts", "per5s", &subs[0])
+                .dedup_attribute("event_id")
+                .event_time_attribute("ts")
+                .watermark("auto", "10s"),
+        )
+        .write(dir.path(), "p.yaml");
     let worker = Worker::start(&file, "w");
     pubsub
         .wait_until_exists(&format!("{}-tracking", subs[0]), Duration::from_secs(60))

@@ -11,7 +11,7 @@
 //!
 //! Real: the emulator (subscriptions that retain acked messages), `sluice` workers, SQLite.
 //! The emulator holds a subscription's messages back for minutes after its streams closed
-//! (`../shared/notes/pubsub-client.md`, gotcha 1), so the replay comes slowly.
+//! (ARCHITECTURE.md, "Pub/Sub client facts we build on"), so the replay comes slowly.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_bench::free_port;
@@ -19,7 +19,7 @@ use sluice_tests::watermarks::{
     WatermarkHistory, WatermarkedPipeline, publish_steadily, rows_behind,
 };
 use sluice_tests::{
-    Db, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms, sluice_bin, unique,
+    Db, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms, sluice_command, unique,
 };
 use std::path::Path;
 use std::time::Duration;
@@ -79,17 +79,20 @@ async fn a_seek_replays_tracked_and_nothing_is_late() {
     assert!(first.wait(Duration::from_secs(30)).success());
 
     let seek = (started + 5_000).to_string();
-    let out = std::process::Command::new(sluice_bin())
-        .args(["reset", "ingest", "-c", file.to_str().unwrap()])
-        .args(["--seek", &seek, "--drop-unread"])
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let out = sluice_command(
+        &[
+            "reset",
+            "ingest",
+            "-c",
+            file.to_str().unwrap(),
+            "--seek",
+            &seek,
+            "--drop-unread",
+        ],
+        None,
     );
-    assert!(out.status.success(), "reset --seek failed: {said}");
+    let said = out.all();
+    assert_eq!(out.code, 0, "reset --seek failed: {said}");
     assert!(said.contains("-tracking seeked"), "{said}");
     let kept = db.rows();
     println!("{said}; {kept} rows kept of {before}");

@@ -12,7 +12,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use google_cloud_pubsub::model::Message;
-use sluice_tests::{PROJECT, PgDb, PubSub, Workdir, Worker, emulator, now_ms};
+use sluice_tests::{FlowYaml, PROJECT, PgDb, PipelineYaml, PubSub, Workdir, Worker, now_ms};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
@@ -87,39 +87,22 @@ async fn a_drained_pubsub_flow_emits_every_window() {
         .collect();
     pubsub.publish(&topic, messages).await;
     let dir = Workdir::new();
-    let file = dir.path().join("p.yaml");
     // `once: true`: the worker takes a drained flow's input as ended (every window emitted)
     // only for a once flow; without it the last emission is the watermark's.
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-mode: triggered
-store: \"{store}\"
-pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
-targets:
-  - name: per10s
-    kind: window
-    window: {{ size: 10s, group_by: \"attribute:region\", allowed_lateness: 0s }}
-flows:
-  - name: counts
-    target: per10s
-    once: true
-    source:
-      pubsub:
-        subscription: {subscription}
-        dedup: {{ by: attribute, attribute: event_id }}
-        event_time: {{ attribute: ts }}
-        drain_idle: 3s
-        watermark: {{ tracking_subscription: {tracking}, band: 10s }}
-",
-            store = database.url(),
-            endpoint = emulator().endpoint(),
-            subscription = subs[0],
-            tracking = subs[1],
-        ),
-    )
-    .unwrap();
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .store(database.url())
+        .pubsub_emulator()
+        .target_window("per10s", "10s", "attribute:region", "0s")
+        .flow(
+            FlowYaml::pubsub("counts", "per10s", &subs[0])
+                .once()
+                .dedup_attribute("event_id")
+                .event_time_attribute("ts")
+                .drain_idle("3s")
+                .watermark(&subs[1], "10s"),
+        )
+        .write(dir.path(), "p.yaml");
     let output = run_to_end(&file);
     assert_eq!(
         db.query("SELECT count(*) FROM test__per10s"),
@@ -154,28 +137,19 @@ async fn a_window_over_a_file_flows_table_emits_every_window() {
         .unwrap();
     }
     lines.flush().unwrap();
-    let file = dir.path().join("p.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "pipeline: test
-mode: triggered
-store: \"{store}\"
-pubsub: {{ project: {PROJECT}, endpoint: \"http://127.0.0.1:9\" }}
-targets:
-  - {{ name: events, kind: table }}
-  - name: per10s
-    kind: window
-    window: {{ size: 10s, group_by: \"attribute:region\", allowed_lateness: 2s }}
-flows:
-  - {{ name: backfill, target: events, source: {{ file: {{ path: \"{history}\" }} }} }}
-  - {{ name: counts, target: per10s, source: {{ table: events }} }}
-",
-            store = database.url(),
-            history = history.display(),
-        ),
-    )
-    .unwrap();
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .store(database.url())
+        .pubsub(PROJECT, "http://127.0.0.1:9")
+        .target_table("events")
+        .target_window("per10s", "10s", "attribute:region", "2s")
+        .flow(FlowYaml::file(
+            "backfill",
+            "events",
+            &history.display().to_string(),
+        ))
+        .flow(FlowYaml::table("counts", "per10s", "events"))
+        .write(dir.path(), "p.yaml");
     let output = run_to_end(&file);
     assert_eq!(db.rows(), 500, "{output}");
     assert_eq!(emitted(&db, "per10s"), expected, "{output}");
