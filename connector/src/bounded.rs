@@ -4,10 +4,11 @@
 //! # Guarantees
 //!
 //! * **Re-reading writes only what is missing.** With [`SkipCommitted`], each chunk is checked
-//!   against the flow's rows and dead letters in the store ([`sluice_store::LedgerLedgerStore::keys_present`],
-//!   which has no window) and what is there is skipped, so a bounded flow re-read after a crash,
-//!   however much later, writes only what it had not; records in flight at the crash are caught
-//!   by the dedup ledger like any redelivery. A store outage while asking is waited out with
+//!   against the flow's rows and dead letters in the store
+//!   ([`sluice_store::LedgerStore::keys_present`], which has no window) and what is there is
+//!   skipped, so a bounded flow re-read after a crash, however much later, writes only what
+//!   it had not; records in flight at the crash are caught by the dedup ledger like any
+//!   redelivery. A store outage while asking is waited out with
 //!   backoff; nothing is delivered unchecked.
 //! * **No ack is needed.** A bounded record is found again by re-reading its source, so its ack
 //!   handle does nothing; the flow's completion (recorded only when everything delivered was

@@ -11,8 +11,8 @@
 //!    (an advisory lock the operating system drops when the process dies). If the store
 //!    reports an error after the hook ran, the commit may have landed all the same (a lost
 //!    answer): once the batch settles, the writer asks the store
-//!    ([`sluice_store::LedgerLedgerStore::commit_recorded`], which answers only once that transaction has
-//!    ended, even if it is still committing on the server) and publishes or deletes the file.
+//!    ([`sluice_store::LedgerStore::commit_recorded`], which answers only once that transaction
+//!    has ended, even if it is still committing on the server) and publishes or deletes the file.
 //!    A rename that fails is retried until it succeeds; the batch is acked only after it.
 //! 3. After a crash, [`JsonlSink::recover`] (run before the flow starts, IDLE flows included)
 //!    looks at the flow's temporary files that nobody holds locked: one whose commit id is

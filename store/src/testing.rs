@@ -1,6 +1,6 @@
-//! Test parts (the `testing` feature): [`FaultStore`], a real store with faults injected
-//! around it (an outage of every call, a commit refused or its reply lost), for what a real
-//! store cannot be made to do on demand. Tests that use it say it is a fake around a real one.
+//! Test parts (the `testing` feature): [`FaultStore`], a real store with faults injected into
+//! its commits (a commit refused, or committed and its reply lost), for what a real store
+//! cannot be made to do on demand. Tests that use it say it is a fake around a real one.
 
 use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FlowHandle, FlowProgress,
@@ -9,7 +9,6 @@ use crate::{
     WindowEmission, WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What a commit through a [`FaultStore`] meets.
 #[derive(Debug)]
@@ -25,11 +24,10 @@ pub enum CommitFault {
 /// Decides each commit's fault from its batch.
 type CommitRule = Box<dyn Fn(&CommitBatch) -> CommitFault + Send + Sync>;
 
-/// A real store with faults injected around it: while [`FaultStore::set_down`] holds, every
-/// call fails with `StoreError::Unavailable`; each commit meets what the commit rule decides.
+/// A real store whose commits meet what a commit rule decides; every other call goes to the
+/// real store as it is.
 pub struct FaultStore<S> {
     inner: S,
-    down: AtomicBool,
     on_commit: CommitRule,
 }
 
@@ -38,12 +36,13 @@ impl<S: Store + Inspect> FaultStore<S> {
     pub fn new(inner: S) -> Self {
         Self {
             inner,
-            down: AtomicBool::new(false),
             on_commit: Box::new(|_| CommitFault::Pass),
         }
     }
 
-    /// Decides each commit with `rule` (called before the real store is asked).
+    /// Decides each commit with `rule`, called before the real store is asked (so a rule that
+    /// counts lost replies counts one even if the real commit then fails: its error is returned
+    /// instead).
     pub fn on_commit(
         mut self,
         rule: impl Fn(&CommitBatch) -> CommitFault + Send + Sync + 'static,
@@ -52,31 +51,15 @@ impl<S: Store + Inspect> FaultStore<S> {
         self
     }
 
-    /// Starts (`true`) or ends an outage of every call.
-    pub fn set_down(&self, down: bool) {
-        self.down.store(down, Ordering::SeqCst);
-    }
-
     /// The real store.
     pub fn inner(&self) -> &S {
         &self.inner
-    }
-
-    fn check_up(&self) -> Result<(), StoreError> {
-        if self.down.load(Ordering::SeqCst) {
-            Err(StoreError::Unavailable(
-                "injected: the store is down".into(),
-            ))
-        } else {
-            Ok(())
-        }
     }
 }
 
 #[async_trait]
 impl<S: Store + Inspect> LedgerStore for FaultStore<S> {
     async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
-        self.check_up()?;
         match (self.on_commit)(&batch) {
             CommitFault::Pass => self.inner.commit(batch).await,
             CommitFault::Fail(error) => Err(error),
@@ -97,7 +80,6 @@ impl<S: Store + Inspect> LedgerStore for FaultStore<S> {
         table: &str,
         keys: &[String],
     ) -> Result<Vec<bool>, StoreError> {
-        self.check_up()?;
         self.inner.keys_present(flow, table, keys).await
     }
 
@@ -106,17 +88,14 @@ impl<S: Store + Inspect> LedgerStore for FaultStore<S> {
         flow: &FlowHandle,
         commit_id: &str,
     ) -> Result<bool, StoreError> {
-        self.check_up()?;
         self.inner.commit_recorded(flow, commit_id).await
     }
 
     async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
-        self.check_up()?;
         self.inner.flow_progress(flow).await
     }
 
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
-        self.check_up()?;
         self.inner.ledger_upkeep().await
     }
 }
@@ -124,17 +103,14 @@ impl<S: Store + Inspect> LedgerStore for FaultStore<S> {
 #[async_trait]
 impl<S: Store + Inspect> FlowStore for FaultStore<S> {
     async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
-        self.check_up()?;
         self.inner.prepare(layout).await
     }
 
     async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
-        self.check_up()?;
         self.inner.record_completion(flow).await
     }
 
     async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
-        self.check_up()?;
         self.inner.completions(pipeline).await
     }
 
@@ -144,7 +120,6 @@ impl<S: Store + Inspect> FlowStore for FaultStore<S> {
         table: Option<&str>,
         rows: ResetRows,
     ) -> Result<(), StoreError> {
-        self.check_up()?;
         self.inner.reset_flow(flow, table, rows).await
     }
 
@@ -154,7 +129,6 @@ impl<S: Store + Inspect> FlowStore for FaultStore<S> {
         after: Option<&RowCursor>,
         limit: usize,
     ) -> Result<Vec<StoredRow>, StoreError> {
-        self.check_up()?;
         self.inner.read_rows(table, after, limit).await
     }
 }
@@ -162,12 +136,10 @@ impl<S: Store + Inspect> FlowStore for FaultStore<S> {
 #[async_trait]
 impl<S: Store + Inspect> PoolStore for FaultStore<S> {
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
-        self.check_up()?;
         self.inner.heartbeat(beat).await
     }
 
     async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
-        self.check_up()?;
         self.inner.leave(pipeline, worker).await
     }
 
@@ -176,12 +148,10 @@ impl<S: Store + Inspect> PoolStore for FaultStore<S> {
         pipeline: &str,
         within: std::time::Duration,
     ) -> Result<Vec<WorkerRecord>, StoreError> {
-        self.check_up()?;
         self.inner.workers(pipeline, within).await
     }
 
     async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
-        self.check_up()?;
         self.inner.acquire_lease(request).await
     }
 
@@ -191,12 +161,10 @@ impl<S: Store + Inspect> PoolStore for FaultStore<S> {
         role: &str,
         holder: &str,
     ) -> Result<(), StoreError> {
-        self.check_up()?;
         self.inner.release_lease(pipeline, role, holder).await
     }
 
     async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.check_up()?;
         self.inner.leases(pipeline).await
     }
 
@@ -206,17 +174,14 @@ impl<S: Store + Inspect> PoolStore for FaultStore<S> {
         worker: &str,
         drained: bool,
     ) -> Result<(), StoreError> {
-        self.check_up()?;
         self.inner.report_drain(flow, worker, drained).await
     }
 
     async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
-        self.check_up()?;
         self.inner.withdraw_drain(flow, worker).await
     }
 
     async fn drain_census(&self, flow: &FlowHandle) -> Result<DrainCensus, StoreError> {
-        self.check_up()?;
         self.inner.drain_census(flow).await
     }
 }
@@ -228,7 +193,6 @@ impl<S: Store + Inspect> ProgressStore for FaultStore<S> {
         flow: &FlowHandle,
         messages: &[BucketMessage],
     ) -> Result<(), StoreError> {
-        self.check_up()?;
         self.inner.add_bucket_messages(flow, messages).await
     }
 
@@ -237,12 +201,10 @@ impl<S: Store + Inspect> ProgressStore for FaultStore<S> {
         flow: &FlowHandle,
         from_ms: i64,
     ) -> Result<Vec<BucketCounts>, StoreError> {
-        self.check_up()?;
         self.inner.bucket_counts(flow, from_ms).await
     }
 
     async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError> {
-        self.check_up()?;
         self.inner.prune_buckets(flow, before_ms).await
     }
 
@@ -252,7 +214,6 @@ impl<S: Store + Inspect> ProgressStore for FaultStore<S> {
         offer: &WatermarkRecord,
         fenced_by: Option<&str>,
     ) -> Result<Option<WatermarkRecord>, StoreError> {
-        self.check_up()?;
         self.inner.advance_watermark(flow, offer, fenced_by).await
     }
 
@@ -260,7 +221,6 @@ impl<S: Store + Inspect> ProgressStore for FaultStore<S> {
         &self,
         pipeline: &str,
     ) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
-        self.check_up()?;
         self.inner.watermarks(pipeline).await
     }
 }
@@ -268,7 +228,6 @@ impl<S: Store + Inspect> ProgressStore for FaultStore<S> {
 #[async_trait]
 impl<S: Store + Inspect> WindowStore for FaultStore<S> {
     async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError> {
-        self.check_up()?;
         self.inner.prepare_window_table(windows_table).await
     }
 
@@ -277,7 +236,6 @@ impl<S: Store + Inspect> WindowStore for FaultStore<S> {
         flow: &FlowHandle,
         emission: &WindowEmission,
     ) -> Result<WindowsEmitted, StoreError> {
-        self.check_up()?;
         self.inner.emit_windows(flow, emission).await
     }
 }
@@ -285,12 +243,10 @@ impl<S: Store + Inspect> WindowStore for FaultStore<S> {
 #[async_trait]
 impl<S: Store + Inspect> Inspect for FaultStore<S> {
     async fn count_rows(&self, table: &str, flow: Option<&str>) -> Result<u64, StoreError> {
-        self.check_up()?;
         self.inner.count_rows(table, flow).await
     }
 
     async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
-        self.check_up()?;
         self.inner.key_census(table).await
     }
 }

@@ -1,5 +1,5 @@
 //! A bounded backfill beside a live flow holds the table's watermark back; `depends_on` does
-//! not (the scenario that motivates `depends_on` in Lakeflow's flow-ordering documentation
+//! not (the scenario that motivates `depends_on` in the flow-ordering documentation
 //! of Databricks Lakeflow pipelines). Real emulator, SQLite store.
 //!
 //! One pipeline, run twice on fresh topics: `events_backfill` (once) reads a day of history

@@ -319,7 +319,7 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
     assert!(live_again, "{:?}", states(&mut client).await);
     // The live flow of the new update receives what is published now. (The emulator holds a
     // subscription's new streams back for up to about 3 minutes after a stream of it closed,
-    // ARCHITECTURE.md, "Pub/Sub client facts".)
+    // ARCHITECTURE.md, "Pub/Sub client facts we build on".)
     pubsub
         .publish(
             &topic,

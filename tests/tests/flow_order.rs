@@ -217,7 +217,7 @@ async fn backfill_then_live_restart_reset_and_full_refresh() {
         assert_eq!(store.distinct_keys(), 9_200);
     };
     // (Up to about 3 minutes: the emulator holds a subscription's new streams back after a
-    // stream of it closed, ARCHITECTURE.md, "Pub/Sub client facts".)
+    // stream of it closed, ARCHITECTURE.md, "Pub/Sub client facts we build on".)
     let worker = Worker::start(&file, "second");
     wait_for(&worker, Duration::from_secs(300), live_complete, rows).await;
     untouched_backfill(&stop(worker));
@@ -386,8 +386,8 @@ async fn parallel_then_chained_backfills_then_live() {
 
     // A second triggered run: the backfills are IDLE, the live flow drains what is new. The
     // emulator holds new streams of a subscription back for up to about 3 minutes after a
-    // stream of it closed (ARCHITECTURE.md, "Pub/Sub client facts"; a CI run saw 20 s of
-    // silence with half the new messages still held), so this run waits 200 s of quiet before
+    // stream of it closed (ARCHITECTURE.md, "Pub/Sub client facts we build on"; a CI run saw
+    // 20 s of silence with half the new messages still held), so this run waits 200 s of quiet before
     // it calls the subscription drained.
     std::fs::write(
         &file,

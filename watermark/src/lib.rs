@@ -10,8 +10,8 @@
 //! processed counts compared with the tracked counts (the first bucket not fully processed). The estimator ([`SluiceEstimator`]) is
 //! a pure function of these, the band and the clock, plus the last watermark it gave (it never
 //! goes back). This is Dataflow's design for Pub/Sub watermarks (Google Cloud's Dataflow
-//! documentation, "Stream messages from Pub/Sub by using Dataflow"); the baseline to beat is the open-source Beam reader, the minimum
-//! event time seen in the last minute ([`BeamStyleEstimator`]).
+//! documentation, "Stream messages from Pub/Sub by using Dataflow"); the baseline to beat is
+//! the open-source Beam reader, the minimum event time seen in the last minute ([`BeamStyleEstimator`]).
 //!
 //! # The guarantee
 //!
