@@ -62,7 +62,7 @@ impl FlowDedup {
             Admission::Parked => None,
             Admission::Committed(duplicate) => {
                 self.counters.duplicate_in_memory(1);
-                ack_after_report(&self.counters, vec![duplicate]);
+                ack_after_report(&self.counters, [duplicate]);
                 None
             }
         }
@@ -72,13 +72,20 @@ impl FlowDedup {
 /// Acks `deliveries`, counted; for a flow with a watermark, only once their settled reports
 /// are stored (the tracker's next tick), so a crash in between leaves them to be redelivered
 /// and reported again.
-fn ack_after_report(counters: &Counters, deliveries: Vec<Delivery>) {
-    if deliveries.is_empty() {
+fn ack_after_report<I>(counters: &Counters, deliveries: I)
+where
+    I: IntoIterator<Item = Delivery>,
+    I::IntoIter: ExactSizeIterator,
+{
+    let deliveries = deliveries.into_iter();
+    if deliveries.len() == 0 {
         return;
     }
     let Some(watermark) = counters.watermark() else {
         return ack_now(counters, deliveries);
     };
+    // Only a flow with a watermark keeps them (until its reports are stored).
+    let deliveries: Vec<Delivery> = deliveries.collect();
     watermark.settled(
         deliveries
             .iter()
@@ -89,7 +96,12 @@ fn ack_after_report(counters: &Counters, deliveries: Vec<Delivery>) {
 }
 
 /// Acks `deliveries` now, counted.
-fn ack_now(counters: &Counters, deliveries: Vec<Delivery>) {
+fn ack_now<I>(counters: &Counters, deliveries: I)
+where
+    I: IntoIterator<Item = Delivery>,
+    I::IntoIter: ExactSizeIterator,
+{
+    let deliveries = deliveries.into_iter();
     counters.acked(deliveries.len() as u64);
     for delivery in deliveries {
         counters.ack_latency(delivery.ack().elapsed().as_secs_f64());
@@ -437,7 +449,8 @@ impl Batch {
             ack_after_report(&counters, parked);
             ack_now(&counters, deliveries);
         } else {
-            ack_after_report(&counters, deliveries.into_iter().chain(parked).collect());
+            ack_after_report(&counters, deliveries);
+            ack_after_report(&counters, parked);
         }
         acked + parked_duplicates
     }

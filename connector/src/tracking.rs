@@ -496,22 +496,28 @@ impl WatermarkTracker {
         while let Ok(received) = reading.intake.try_recv() {
             let message = &received.message;
             if let Some(probe) = message.attributes.get(PROBE_ATTRIBUTE) {
-                let own = probe
-                    .strip_prefix(reading.probe_prefix.as_str())
-                    .and_then(|seq| seq.parse::<u64>().ok());
-                match own {
-                    Some(seq) => reading
-                        .horizon
-                        .probe_delivered(seq, message.publish_time_ms, now),
-                    None => reading.horizon.delivered(message.publish_time_ms, now),
-                }
-                // Another reader's probe (one that took the lease meanwhile, or another
-                // deployment on this subscription) goes back for it while it may still wait
-                // for it; a stale one is dropped.
-                if own.is_none() && message.publish_time_ms >= now - FOREIGN_PROBE_MS {
-                    received.handle.nack();
-                } else {
-                    received.handle.ack();
+                let fate = classify_probe(
+                    probe,
+                    &reading.probe_prefix,
+                    &self.settings.worker,
+                    message.publish_time_ms,
+                    now,
+                );
+                match fate {
+                    Probe::Own(seq) => {
+                        reading
+                            .horizon
+                            .probe_delivered(seq, message.publish_time_ms, now);
+                        received.handle.ack();
+                    }
+                    Probe::Other { give_back } => {
+                        reading.horizon.delivered(message.publish_time_ms, now);
+                        if give_back {
+                            received.handle.nack();
+                        } else {
+                            received.handle.ack();
+                        }
+                    }
                 }
                 continue;
             }
@@ -740,6 +746,44 @@ fn stalled_buckets(buckets: &[BucketCounts]) -> Vec<i64> {
     stalled
 }
 
+/// A probe the tracking reader was handed.
+#[derive(Debug, PartialEq, Eq)]
+enum Probe {
+    /// One of this reading's, with its sequence number.
+    Own(u64),
+    /// Another reading's: given back (nacked) only while another reader may still wait for it,
+    /// so not when it is one of this worker's earlier readings (its own seek replayed it, or a
+    /// reopened stream left it: nobody waits for it, and a nack would hand it straight back
+    /// here) and not when it is stale.
+    Other {
+        /// Nack it rather than ack it.
+        give_back: bool,
+    },
+}
+
+/// What `probe` (the attribute's value) is to the reading whose probes start with
+/// `probe_prefix` (`<worker>/<start>/`), on `worker`.
+fn classify_probe(
+    probe: &str,
+    probe_prefix: &str,
+    worker: &str,
+    publish_ms: i64,
+    now: i64,
+) -> Probe {
+    if let Some(seq) = probe
+        .strip_prefix(probe_prefix)
+        .and_then(|seq| seq.parse::<u64>().ok())
+    {
+        return Probe::Own(seq);
+    }
+    let earlier_own = probe
+        .strip_prefix(worker)
+        .is_some_and(|rest| rest.starts_with('/'));
+    Probe::Other {
+        give_back: !earlier_own && publish_ms >= now - FOREIGN_PROBE_MS,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -769,5 +813,33 @@ mod tests {
         assert_eq!(first_unprocessed(&filling), Some(2_000));
         assert!(stalled_buckets(&filling).is_empty());
         assert_eq!(first_unprocessed(&[bucket(1_000, 2, 2)]), None);
+    }
+
+    #[test]
+    fn only_another_workers_fresh_probes_are_given_back() {
+        let (prefix, worker, now) = ("w1/1000/", "w1", 1_000_000);
+        assert_eq!(
+            classify_probe("w1/1000/7", prefix, worker, now, now),
+            Probe::Own(7)
+        );
+        // This worker's earlier reading, replayed by its own seek: nobody waits for it.
+        assert_eq!(
+            classify_probe("w1/500/3", prefix, worker, now - 1_000, now),
+            Probe::Other { give_back: false }
+        );
+        // Another worker's, fresh: it may still wait for it; stale: dropped.
+        assert_eq!(
+            classify_probe("w2/900/3", prefix, worker, now - 1_000, now),
+            Probe::Other { give_back: true }
+        );
+        assert_eq!(
+            classify_probe("w2/900/3", prefix, worker, now - FOREIGN_PROBE_MS - 1, now),
+            Probe::Other { give_back: false }
+        );
+        // A worker whose id merely starts with this one's is another worker.
+        assert_eq!(
+            classify_probe("w10/900/3", prefix, worker, now - 1_000, now),
+            Probe::Other { give_back: true }
+        );
     }
 }

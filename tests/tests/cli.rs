@@ -253,3 +253,38 @@ fn a_window_over_a_table_needs_its_live_writers_watermarks() {
     );
     assert!(!dir.path().join("s.db").exists(), "nothing was created");
 }
+
+/// A `schedule:` is valid (`validate` accepts it) but schedules are not built: `run` refuses the
+/// file with exit 2 and a located `NOT_BUILT` error, and reads nothing. (The code before ran one
+/// update and ignored the schedule: exit 0, rows written.)
+#[test]
+fn run_refuses_a_schedule_until_schedules_are_built() {
+    let dir = Workdir::new();
+    std::fs::write(
+        dir.path().join("h.jsonl"),
+        "{\"id\":\"a\",\"data\":{\"n\":1},\"event_time\":1700000000000}\n",
+    )
+    .unwrap();
+    let file = write(
+        &dir,
+        "p.yaml",
+        &format!(
+            "pipeline: p\nmode: triggered\nstore: \"sqlite://{db}\"\n\
+             schedule: {{ cron: \"*/15 * * * *\" }}\n\
+             targets:\n  - {{ name: events, kind: table }}\n\
+             flows:\n  - name: backfill\n    target: events\n    once: true\n    \
+             source: {{ file: {{ path: \"{glob}\" }} }}\n",
+            db = dir.path().join("s.db").display(),
+            glob = dir.path().join("*.jsonl").display(),
+        ),
+    );
+    let validated = sluice_command(&["validate", "-c", file.to_str().unwrap()], None);
+    assert_eq!(validated.code, 0, "{}", validated.stderr);
+    let (code, stderr) = run_with(&file);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("p.yaml:4:") && stderr.contains("NOT_BUILT") && stderr.contains("schedule"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("s.db").exists(), "nothing was created");
+}

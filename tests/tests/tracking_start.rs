@@ -80,6 +80,29 @@ async fn a_new_tracking_subscription_starts_from_a_snapshot_of_the_base() {
     );
     let again = start(&pubsub, &subs[0], &tracking).await;
     assert_eq!(again, TrackingStart::Existing);
+    // It keeps acked messages (a start seeks it back), and keeps messages as long as the base:
+    // a tracking reader down for longer than a shorter retention would lose what the base holds.
+    let mut found = Vec::new();
+    for name in [&subs[0], &tracking] {
+        let path = pubsub.config.subscription_path(name).unwrap();
+        found.push(
+            raw.get_subscription()
+                .set_subscription(path)
+                .send()
+                .await
+                .unwrap(),
+        );
+    }
+    let (base_sub, tracking_sub) = (&found[0], &found[1]);
+    assert!(tracking_sub.retain_acked_messages);
+    let seconds = |d: Option<google_cloud_wkt::Duration>| d.map_or(7 * 24 * 3600, |d| d.seconds());
+    assert!(
+        seconds(tracking_sub.message_retention_duration)
+            >= seconds(base_sub.message_retention_duration),
+        "tracking retention {:?}, base {:?}",
+        tracking_sub.message_retention_duration,
+        base_sub.message_retention_duration
+    );
 
     let after: Vec<String> = pubsub
         .publish(&topic, (0..200).map(|i| event(&format!("n{i}"))).collect())

@@ -284,15 +284,12 @@ impl Admin {
             .set_topic(found.topic)
             .set_filter(tracking_filter(&found.filter))
             .set_ack_deadline_seconds(found.ack_deadline_seconds.max(10))
-            // Replayable as far back as `base` (so `reset --seek` replays both alike), and at
-            // least for Pub/Sub's minimum of 10 minutes: a reader that starts seeks it back to
-            // the stored horizon.
+            // Keeps messages as long as `base` does (unacked ones too: a tracking reader down
+            // longer than a shorter retention would lose what the base still holds, and the
+            // watermark would pass it), and keeps acked ones, so a reader that starts seeks it
+            // back to the stored horizon and `reset --seek` replays both alike.
             .set_retain_acked_messages(true)
-            .set_or_clear_message_retention_duration(if found.retain_acked_messages {
-                found.message_retention_duration
-            } else {
-                Some(google_cloud_wkt::Duration::clamp(MIN_RETENTION_S, 0))
-            })
+            .set_or_clear_message_retention_duration(found.message_retention_duration)
             .send()
             .await;
         match created {
@@ -437,10 +434,6 @@ impl Admin {
             .map_err(|e| SourceError::Client(e.to_string()))
     }
 }
-
-/// Pub/Sub's shortest message retention, which `auto` tracking subscriptions keep acked
-/// messages for at least.
-const MIN_RETENTION_S: i64 = 600;
 
 /// The filter of a tracking subscription for a base subscription with `base_filter`: the same
 /// messages, and the tracking reader's probes ([`super::PROBE_ATTRIBUTE`]) whatever the base
