@@ -91,6 +91,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             hook: None,
             watermark_progress: false,
             commit_by_ms: None,
+            position: None,
         };
         match store.commit(commit).await {
             // Committed: now, and only now, ack (duplicates included).

@@ -418,6 +418,7 @@ async fn a_ledger_duplicate_is_not_remembered_past_the_ledgers_window() {
             hook: None,
             watermark_progress: false,
             commit_by_ms: None,
+            position: None,
         })
         .await
         .unwrap();

@@ -64,6 +64,7 @@ async fn committed_batches_become_files_and_crash_leftovers_are_resolved() {
         hook: Some(hook),
         watermark_progress: false,
         commit_by_ms: None,
+        position: None,
     };
 
     // A normal batch: committed, then published.

@@ -27,6 +27,10 @@ pub enum StoreError {
     /// replica committed meanwhile.
     #[error("too late to commit: the batch is past its commit deadline")]
     Stale,
+    /// A reading flow's position is no longer the version the change named (another replica
+    /// moved it, or the flow was reset): nothing was written. The reader reloads its position.
+    #[error("the read position moved: another reader or a reset changed it")]
+    Moved,
 }
 
 impl StoreError {

@@ -33,6 +33,7 @@
 
 mod drain;
 mod error;
+mod feed;
 mod local_clock;
 mod model;
 mod pool;
@@ -48,6 +49,7 @@ mod windows;
 
 pub use drain::{DrainCensus, DrainReport};
 pub use error::StoreError;
+pub use feed::{FeedLag, FeedRow, PositionAdvance, RangeCursor, ReadPosition};
 pub use model::{
     CommitBatch, CommitHook, CommitOutcome, Effect, Entry, FlowHandle, FlowProgress, Layout,
     MessageFields, ResetRows, RowCursor, StoredRow,
@@ -62,7 +64,7 @@ pub use progress::{
 };
 #[cfg(feature = "testing")]
 pub use roles::Inspect;
-pub use roles::{FlowStore, LedgerStore, PoolStore, ProgressStore, Store, WindowStore};
+pub use roles::{FeedStore, FlowStore, LedgerStore, PoolStore, ProgressStore, Store, WindowStore};
 pub use schema::{is_identifier, table_name, window_table_name};
 pub use sqlite::SqliteStore;
 pub use url::{StoreUrl, open};

@@ -98,6 +98,9 @@ pub struct CommitBatch {
     /// message as settled in its publish-time bucket ([`crate::MessageReport::Settled`]), so a
     /// crash right after the commit cannot lose that report.
     pub watermark_progress: bool,
+    /// For a flow reading a table: the page this batch holds is done, recorded in the same
+    /// transaction (refused with [`crate::StoreError::Moved`] if the position moved meanwhile).
+    pub position: Option<crate::PositionAdvance>,
 }
 
 /// Work done inside a commit's transaction, after the ledger has said which entries are new

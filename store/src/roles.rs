@@ -1,12 +1,13 @@
 //! The store's roles, one trait each: committing against the ledger, a pipeline's flows,
-//! the pool's coordination, watermark progress and windows. [`Store`] is all of them (every
+//! tables read as feeds, the pool's coordination, watermark progress and windows. [`Store`] is all of them (every
 //! backend implements each); a caller takes the narrowest role it needs (`&dyn PoolStore`,
 //! `Arc<dyn LedgerStore>`), and an `Arc<dyn Store>` coerces to any of them.
 
 use crate::{
-    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FlowHandle, FlowProgress,
-    Layout, LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, ResetRows, RowCursor, StoreError,
-    StoredRow, WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FeedLag, FeedRow,
+    FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep,
+    ReadPosition, ResetRows, RowCursor, StoreError, StoredRow, WatermarkRecord, WindowEmission,
+    WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 
@@ -214,6 +215,42 @@ pub trait WindowStore: Send + Sync + 'static {
     ) -> Result<WindowsEmitted, StoreError>;
 }
 
+/// Target tables read as feeds by the flows downstream of them (see the `feed` module docs):
+/// positions, planned ranges and pages.
+#[async_trait]
+pub trait FeedStore: Send + Sync + 'static {
+    /// `flow`'s position in `table` (a full target table name); version 0 when none is
+    /// recorded.
+    async fn read_position(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+    ) -> Result<ReadPosition, StoreError>;
+
+    /// Starts `flow`'s next range of `table`: from the end of `at`'s range (the beginning at
+    /// version 0) to the table's commits now, with nothing of it committed. Refused with
+    /// [`StoreError::Moved`] unless the stored position is still `at`'s version. Call it only
+    /// once everything of `at`'s range is committed. Returns the position stored.
+    async fn plan_range(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        at: &ReadPosition,
+    ) -> Result<ReadPosition, StoreError>;
+
+    /// Up to `limit` rows of `at`'s range after `at.after`, in the range's order. The same
+    /// position and limit always give the same rows.
+    async fn read_range(
+        &self,
+        table: &str,
+        at: &ReadPosition,
+        limit: usize,
+    ) -> Result<Vec<FeedRow>, StoreError>;
+
+    /// The committed rows of `table` after `at` (in its range or after it).
+    async fn feed_lag(&self, table: &str, at: &ReadPosition) -> Result<FeedLag, StoreError>;
+}
+
 #[cfg(feature = "testing")]
 /// Counting what a table holds, for tests (the `testing` feature).
 #[async_trait]
@@ -227,9 +264,12 @@ pub trait Inspect: Send + Sync + 'static {
 
 /// The durable store behind every flow: every role. Implementations are shared by all flows
 /// of a worker (`Arc<dyn Store>`).
-pub trait Store: LedgerStore + FlowStore + PoolStore + ProgressStore + WindowStore {}
+pub trait Store:
+    LedgerStore + FlowStore + FeedStore + PoolStore + ProgressStore + WindowStore
+{
+}
 
 impl<T> Store for T where
-    T: LedgerStore + FlowStore + PoolStore + ProgressStore + WindowStore + ?Sized
+    T: LedgerStore + FlowStore + FeedStore + PoolStore + ProgressStore + WindowStore + ?Sized
 {
 }

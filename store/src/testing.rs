@@ -3,10 +3,11 @@
 //! cannot be made to do on demand. Tests that use it say it is a fake around a real one.
 
 use crate::{
-    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FlowHandle, FlowProgress,
-    FlowStore, Inspect, Layout, LeaseGrant, LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep,
-    PoolStore, ProgressStore, ResetRows, RowCursor, Store, StoreError, StoredRow, WatermarkRecord,
-    WindowEmission, WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FeedLag, FeedRow,
+    FeedStore, FlowHandle, FlowProgress, FlowStore, Inspect, Layout, LeaseGrant, LeaseRecord,
+    LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore, ProgressStore, ReadPosition, ResetRows,
+    RowCursor, Store, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore,
+    WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 
@@ -130,6 +131,39 @@ impl<S: Store + Inspect> FlowStore for FaultStore<S> {
         limit: usize,
     ) -> Result<Vec<StoredRow>, StoreError> {
         self.inner.read_rows(table, after, limit).await
+    }
+}
+
+#[async_trait]
+impl<S: Store + Inspect> FeedStore for FaultStore<S> {
+    async fn read_position(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+    ) -> Result<ReadPosition, StoreError> {
+        self.inner.read_position(flow, table).await
+    }
+
+    async fn plan_range(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        at: &ReadPosition,
+    ) -> Result<ReadPosition, StoreError> {
+        self.inner.plan_range(flow, table, at).await
+    }
+
+    async fn read_range(
+        &self,
+        table: &str,
+        at: &ReadPosition,
+        limit: usize,
+    ) -> Result<Vec<FeedRow>, StoreError> {
+        self.inner.read_range(table, at, limit).await
+    }
+
+    async fn feed_lag(&self, table: &str, at: &ReadPosition) -> Result<FeedLag, StoreError> {
+        self.inner.feed_lag(table, at).await
     }
 }
 

@@ -90,6 +90,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
     let (_place, store, flows) = open(postgres).await;
     let late = CommitBatch {
         commit_by_ms: Some(now_ms() - 1_000),
+        position: None,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };
     let refused = store.commit(late).await;
@@ -98,6 +99,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
     assert_eq!(store.flow_progress(&flows[0]).await.unwrap().batches, 0);
     let in_time = CommitBatch {
         commit_by_ms: Some(now_ms() + 60_000),
+        position: None,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };
     let out = store.commit(in_time).await.unwrap();

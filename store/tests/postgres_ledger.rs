@@ -39,6 +39,7 @@ fn batch(flow: &FlowHandle, keys: &[&str], window_ms: i64) -> CommitBatch {
         hook: None,
         watermark_progress: false,
         commit_by_ms: None,
+        position: None,
     }
 }
 

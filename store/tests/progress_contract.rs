@@ -161,6 +161,7 @@ async fn a_commit_records_its_messages_settled(postgres: bool) {
     let watermarked = |flow: &FlowHandle, entries| CommitBatch {
         watermark_progress: true,
         commit_by_ms: None,
+        position: None,
         ..batch(flow, entries)
     };
     let mut late = row("c");

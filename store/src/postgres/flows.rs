@@ -40,6 +40,7 @@ pub(super) async fn reset_flow(
         "sluice_watermark_messages",
         "sluice_watermarks",
         "sluice_window_marks",
+        "sluice_read_positions",
     ] {
         tx.execute(
             &format!("DELETE FROM {state} WHERE flow_id = $1"),

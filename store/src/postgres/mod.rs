@@ -17,6 +17,7 @@ mod clock;
 mod commit;
 mod connect;
 mod error;
+mod feed;
 mod flows;
 mod ledger;
 mod pool;
@@ -32,10 +33,11 @@ pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 use crate::Inspect;
 use crate::schema::table_name;
 use crate::{
-    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, FlowStore,
-    Layout, LeaseGrant, LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore,
-    ProgressStore, ResetRows, RowCursor, StoreError, StoredRow, WatermarkRecord, WindowEmission,
-    WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FeedLag, FeedRow, FeedStore,
+    FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord, LeaseRequest,
+    LedgerStore, LedgerUpkeep, PoolStore, ProgressStore, ReadPosition, ResetRows, RowCursor,
+    StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted,
+    WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -151,27 +153,33 @@ impl PostgresStore {
             .saturating_add(ledger::AHEAD_MS)
     }
 
-    /// A commit whose hook must run inside the transaction: the statement, the hook and the
-    /// commit mark in one explicit transaction (two more round trips than a plain commit), which
-    /// holds the attempt's advisory lock until it ends (see `flows::commit_recorded`).
-    async fn commit_with_hook(
+    /// A commit that must do more inside its transaction: move a reading flow's position
+    /// (first, so a reader whose position moved writes nothing), and run a hook (a sink's file)
+    /// with its commit mark. One explicit transaction (a few more round trips than a plain
+    /// commit), which holds a hook attempt's advisory lock until it ends (see
+    /// `flows::commit_recorded`).
+    async fn commit_in_transaction(
         &self,
         client: &mut Client,
         width: i64,
         batch: &CommitBatch,
         arguments: &commit::Arguments<'_>,
-        hook: &Arc<dyn crate::CommitHook>,
     ) -> Result<CommitOutcome, StoreError> {
         let mut attempts_left = 2;
         loop {
             attempts_left -= 1;
             let tx = client.transaction().await?;
-            // Held until this transaction ends: `commit_recorded` waits for it.
-            tx.execute(
-                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-                &[&flows::COMMIT_ATTEMPT_LOCK, &hook.id()],
-            )
-            .await?;
+            if let Some(advance) = &batch.position {
+                feed::advance(&tx, batch.flow.id, advance).await?;
+            }
+            if let Some(hook) = &batch.hook {
+                // Held until this transaction ends: `commit_recorded` waits for it.
+                tx.execute(
+                    "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                    &[&flows::COMMIT_ATTEMPT_LOCK, &hook.id()],
+                )
+                .await?;
+            }
             let fresh = match self.run_commit(&tx, batch, arguments).await {
                 Err(error) if error::is_missing_generation(&error) && attempts_left > 0 => {
                     drop(tx);
@@ -180,22 +188,25 @@ impl PostgresStore {
                 }
                 other => other?.ok_or(StoreError::Stale)?,
             };
-            let written = commit::outcome(batch, &arguments.firsts, &fresh);
-            // The hook writes and syncs a file: off the async threads, which other commits
-            // need meanwhile.
-            let (work, id) = (hook.clone(), hook.id().to_owned());
-            let done =
-                tokio::task::spawn_blocking(move || work.before_commit(&written).map(|()| written))
-                    .await
-                    .map_err(|e| format!("panicked: {e}"))
-                    .and_then(|result| result);
-            let written =
-                done.map_err(|e| StoreError::Unavailable(format!("commit hook {id}: {e}")))?;
-            tx.execute(
-                "INSERT INTO sluice_commit_marks (flow_id, commit_id) VALUES ($1, $2)",
-                &[&batch.flow.id, &hook.id()],
-            )
-            .await?;
+            let mut written = commit::outcome(batch, &arguments.firsts, &fresh);
+            if let Some(hook) = &batch.hook {
+                // The hook writes and syncs a file: off the async threads, which other commits
+                // need meanwhile.
+                let (work, id) = (hook.clone(), hook.id().to_owned());
+                let done = tokio::task::spawn_blocking(move || {
+                    work.before_commit(&written).map(|()| written)
+                })
+                .await
+                .map_err(|e| format!("panicked: {e}"))
+                .and_then(|result| result);
+                written =
+                    done.map_err(|e| StoreError::Unavailable(format!("commit hook {id}: {e}")))?;
+                tx.execute(
+                    "INSERT INTO sluice_commit_marks (flow_id, commit_id) VALUES ($1, $2)",
+                    &[&batch.flow.id, &hook.id()],
+                )
+                .await?;
+            }
             tx.commit().await?;
             return Ok(CommitOutcome { written });
         }
@@ -266,9 +277,9 @@ impl LedgerStore for PostgresStore {
         let arguments = commit::Arguments::new(&batch, width, shard, deadline);
         self.largest_window_ms
             .fetch_max(arguments.window_ms(), Ordering::Relaxed);
-        if let Some(hook) = &batch.hook {
+        if batch.hook.is_some() || batch.position.is_some() {
             return self
-                .commit_with_hook(&mut client, width, &batch, &arguments, hook)
+                .commit_in_transaction(&mut client, width, &batch, &arguments)
                 .await;
         }
         let fresh = match self.run_commit(&client, &batch, &arguments).await {
@@ -369,6 +380,9 @@ impl FlowStore for PostgresStore {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&schema::DDL_LOCK])
             .await?;
         tx.batch_execute(&ddl).await?;
+        for target in &layout.tables {
+            schema::upgrade_target(&tx, &table_name(&layout.pipeline, target)?).await?;
+        }
         let mut handles = Vec::with_capacity(layout.flows.len());
         let pipeline: Arc<str> = Arc::from(layout.pipeline.as_str());
         for flow in &layout.flows {
@@ -446,6 +460,43 @@ impl FlowStore for PostgresStore {
     ) -> Result<Vec<StoredRow>, StoreError> {
         let client = self.client().await?;
         flows::read_rows(&client, table, after, limit).await
+    }
+}
+
+#[async_trait]
+impl FeedStore for PostgresStore {
+    async fn read_position(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+    ) -> Result<ReadPosition, StoreError> {
+        let (client, _) = self.ready().await?;
+        feed::read_position(&client, flow, table).await
+    }
+
+    async fn plan_range(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        at: &ReadPosition,
+    ) -> Result<ReadPosition, StoreError> {
+        let (client, _) = self.ready().await?;
+        feed::plan_range(&client, flow, table, at).await
+    }
+
+    async fn read_range(
+        &self,
+        table: &str,
+        at: &ReadPosition,
+        limit: usize,
+    ) -> Result<Vec<FeedRow>, StoreError> {
+        let (client, _) = self.ready().await?;
+        feed::read_range(&client, table, at, limit).await
+    }
+
+    async fn feed_lag(&self, table: &str, at: &ReadPosition) -> Result<FeedLag, StoreError> {
+        let (client, _) = self.ready().await?;
+        feed::feed_lag(&client, table, at).await
     }
 }
 

@@ -160,6 +160,24 @@ CREATE TABLE sluice_drains (
 ALTER TABLE sluice_window_marks ADD COLUMN size_ms BIGINT;
 ",
     ),
+    (
+        9,
+        "
+-- Where each flow reading a table stands (feed.rs): a range of the table's commits between
+-- two snapshots, and the last row of it the flow committed; version fences every change.
+CREATE TABLE sluice_read_positions (
+    flow_id    BIGINT NOT NULL,
+    source     TEXT NOT NULL,
+    version    BIGINT NOT NULL,
+    range_from TEXT NOT NULL,
+    range_to   TEXT NOT NULL,
+    after_a    BIGINT,
+    after_b    BIGINT,
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (flow_id, source)
+);
+",
+    ),
 ];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms
@@ -213,7 +231,8 @@ pub(crate) async fn migrate(
     })
 }
 
-/// DDL of a target table (`<pipeline>__<target>`) and its `(flow, dedup_key)` index.
+/// DDL of a target table (`<pipeline>__<target>`) and its `(flow, dedup_key)` index. Each row
+/// records its writer's transaction and a number within it: the feed order (see `feed.rs`).
 pub(crate) fn target_ddl(table: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS \"{table}\" (
@@ -224,10 +243,44 @@ pub(crate) fn target_ddl(table: &str) -> String {
             attributes   JSONB NOT NULL,
             data         BYTEA NOT NULL,
             flow         TEXT NOT NULL,
-            committed_at TIMESTAMPTZ NOT NULL
+            committed_at TIMESTAMPTZ NOT NULL,
+            writer_xid   xid8 NOT NULL DEFAULT pg_current_xact_id(),
+            seq          BIGINT GENERATED ALWAYS AS IDENTITY
         );
         CREATE INDEX IF NOT EXISTS \"{table}_flow_key\" ON \"{table}\" (flow, dedup_key);"
     )
+}
+
+/// Brings a target table created before feeds up to date (under the DDL lock): its rows get a
+/// writer older than every snapshot (`1`), so a reader's first range holds them all, and new
+/// rows their own; then the feed-order index. Checked first, since `ALTER TABLE` would lock
+/// the table against its writers even when there is nothing to add.
+pub(crate) async fn upgrade_target(
+    tx: &deadpool_postgres::Transaction<'_>,
+    table: &str,
+) -> Result<(), StoreError> {
+    let has_feed_columns: bool = tx
+        .query_one(
+            "SELECT count(*) = 2 FROM information_schema.columns
+             WHERE table_schema = current_schema() AND table_name = $1
+               AND column_name IN ('writer_xid', 'seq')",
+            &[&table],
+        )
+        .await?
+        .try_get(0)?;
+    if !has_feed_columns {
+        tx.batch_execute(&format!(
+            "ALTER TABLE \"{table}\" ADD COLUMN IF NOT EXISTS writer_xid xid8 NOT NULL DEFAULT '1';
+             ALTER TABLE \"{table}\" ALTER COLUMN writer_xid SET DEFAULT pg_current_xact_id();
+             ALTER TABLE \"{table}\" ADD COLUMN IF NOT EXISTS seq BIGINT GENERATED ALWAYS AS IDENTITY;"
+        ))
+        .await?;
+    }
+    tx.batch_execute(&format!(
+        "CREATE INDEX IF NOT EXISTS \"{table}_feed\" ON \"{table}\" (writer_xid, seq);"
+    ))
+    .await?;
+    Ok(())
 }
 
 /// DDL of a pipeline's dead-letter table.

@@ -2,7 +2,9 @@
 //! the ledger itself says which keys are new), then target rows for the new keys only, then dead
 //! letters and flow counters, and, for a flow with a watermark, its messages settled. Multi-row
 //! statements amortise SQLite's per-statement cost, which dominates at these row sizes. A batch
-//! past its `commit_by_ms` is refused (`StoreError::Stale`) once the write lock is held.
+//! past its `commit_by_ms` is refused (`StoreError::Stale`) once the write lock is held, and a
+//! reading flow's batch whose position moved (`StoreError::Moved`) before anything is written.
+//! Target rows are numbered in commit order (`seq`, see `feed.rs`).
 
 use crate::schema::table_name;
 use crate::{CommitBatch, CommitOutcome, Effect, PROGRESS_BUCKET_MS, StoreError};
@@ -34,6 +36,9 @@ pub(crate) fn commit(
         .is_some_and(|by| crate::local_clock::now_ms() > by)
     {
         return Err(StoreError::Stale);
+    }
+    if let Some(advance) = &batch.position {
+        super::feed::advance(&tx, batch.flow.id, advance)?;
     }
     let entries = &batch.entries;
     let mut written = vec![false; entries.len()];
@@ -81,12 +86,25 @@ pub(crate) fn commit(
             Effect::DeadLetter { .. } => None,
         })
         .collect();
+    // Numbered in commit order: this transaction is the only writer meanwhile.
+    let mut seq = if new_rows.is_empty() {
+        0
+    } else {
+        let count = new_rows.len() as i64;
+        let last: i64 = tx.query_row(
+            "INSERT INTO sluice_table_seqs (table_name, last) VALUES (?1, ?2)
+             ON CONFLICT (table_name) DO UPDATE SET last = last + excluded.last RETURNING last",
+            params![&*batch.table, count],
+            |row| row.get(0),
+        )?;
+        last - count
+    };
     for chunk in new_rows.chunks(ROWS_PER_STATEMENT) {
         let sql = format!(
             "INSERT INTO \"{}\" (dedup_key, message_id, publish_time, event_time, attributes,
-             data, flow, committed_at) VALUES {}",
+             data, flow, committed_at, seq) VALUES {}",
             batch.table,
-            placeholders(chunk.len(), 8)
+            placeholders(chunk.len(), 9)
         );
         let flow: &str = &batch.flow.name;
         let keys: Vec<&str> = chunk
@@ -97,8 +115,17 @@ pub(crate) fn commit(
             .iter()
             .map(|(i, _)| &entries[*i].message.data[..])
             .collect();
-        let mut values: Vec<&dyn ToSql> = Vec::with_capacity(chunk.len() * 8);
-        for (((i, event_time_ms), key), data) in chunk.iter().zip(&keys).zip(&data) {
+        let seqs: Vec<i64> = chunk
+            .iter()
+            .map(|_| {
+                seq += 1;
+                seq
+            })
+            .collect();
+        let mut values: Vec<&dyn ToSql> = Vec::with_capacity(chunk.len() * 9);
+        for ((((i, event_time_ms), key), data), seq) in
+            chunk.iter().zip(&keys).zip(&data).zip(&seqs)
+        {
             let m = &entries[*i].message;
             values.extend([
                 key as &dyn ToSql,
@@ -109,6 +136,7 @@ pub(crate) fn commit(
                 data,
                 &flow,
                 &batch.now_ms,
+                seq,
             ]);
         }
         tx.prepare_cached(&sql)?.execute(values.as_slice())?;

@@ -6,6 +6,7 @@
 
 mod commit;
 mod error;
+mod feed;
 mod flows;
 mod ledger;
 mod pool;
@@ -17,10 +18,11 @@ mod windows;
 use crate::Inspect;
 use crate::local_clock::now_ms;
 use crate::{
-    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FlowHandle, FlowProgress, FlowStore,
-    Layout, LeaseGrant, LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore,
-    ProgressStore, ResetRows, RowCursor, StoreError, StoredRow, WatermarkRecord, WindowEmission,
-    WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FeedLag, FeedRow, FeedStore,
+    FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord, LeaseRequest,
+    LedgerStore, LedgerUpkeep, PoolStore, ProgressStore, ReadPosition, ResetRows, RowCursor,
+    StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted,
+    WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use rusqlite::Connection;
@@ -198,6 +200,47 @@ impl FlowStore for SqliteStore {
     ) -> Result<Vec<StoredRow>, StoreError> {
         let (table, after) = (table.to_owned(), after.cloned());
         self.call(move |conn| flows::read_rows(conn, &table, after.as_ref(), limit))
+            .await
+    }
+}
+
+#[async_trait]
+impl FeedStore for SqliteStore {
+    async fn read_position(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+    ) -> Result<ReadPosition, StoreError> {
+        let (flow, table) = (flow.clone(), table.to_owned());
+        self.call(move |conn| feed::read_position(conn, &flow, &table))
+            .await
+    }
+
+    async fn plan_range(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        at: &ReadPosition,
+    ) -> Result<ReadPosition, StoreError> {
+        let (flow, table, at) = (flow.clone(), table.to_owned(), at.clone());
+        self.call(move |conn| feed::plan_range(conn, &flow, &table, &at))
+            .await
+    }
+
+    async fn read_range(
+        &self,
+        table: &str,
+        at: &ReadPosition,
+        limit: usize,
+    ) -> Result<Vec<FeedRow>, StoreError> {
+        let (table, at) = (table.to_owned(), at.clone());
+        self.call(move |conn| feed::read_range(conn, &table, &at, limit))
+            .await
+    }
+
+    async fn feed_lag(&self, table: &str, at: &ReadPosition) -> Result<FeedLag, StoreError> {
+        let (table, at) = (table.to_owned(), at.clone());
+        self.call(move |conn| feed::feed_lag(conn, &table, &at))
             .await
     }
 }

@@ -76,6 +76,20 @@ CREATE TABLE IF NOT EXISTS sluice_watermarks (
     horizon_ms    INTEGER NOT NULL,
     updated_at_ms INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS sluice_table_seqs (
+    table_name TEXT PRIMARY KEY,
+    last       INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sluice_read_positions (
+    flow_id    INTEGER NOT NULL,
+    source     TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    range_from TEXT NOT NULL,
+    range_to   TEXT NOT NULL,
+    after_a    INTEGER,
+    after_b    INTEGER,
+    PRIMARY KEY (flow_id, source)
+);
 CREATE TABLE IF NOT EXISTS sluice_window_marks (
     flow_id        INTEGER PRIMARY KEY,
     emitted_before INTEGER NOT NULL,
@@ -83,7 +97,7 @@ CREATE TABLE IF NOT EXISTS sluice_window_marks (
 );
 ";
 
-/// DDL of a target table and its `(flow, dedup_key)` index.
+/// DDL of a target table. `seq` numbers its rows in commit order (see `feed.rs`).
 pub(super) fn target_ddl(table: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS \"{table}\" (
@@ -94,10 +108,44 @@ pub(super) fn target_ddl(table: &str) -> String {
             attributes   TEXT NOT NULL,
             data         BLOB NOT NULL,
             flow         TEXT NOT NULL,
-            committed_at INTEGER NOT NULL
-        );
-        CREATE INDEX IF NOT EXISTS \"{table}_flow_key\" ON \"{table}\" (flow, dedup_key);"
+            committed_at INTEGER NOT NULL,
+            seq          INTEGER
+        );"
     )
+}
+
+/// A target table's indexes: `(flow, dedup_key)` and the feed order `seq`.
+fn target_indexes(table: &str) -> String {
+    format!(
+        "CREATE INDEX IF NOT EXISTS \"{table}_flow_key\" ON \"{table}\" (flow, dedup_key);
+         CREATE INDEX IF NOT EXISTS \"{table}_seq\" ON \"{table}\" (seq);"
+    )
+}
+
+/// Brings a target table created before feeds up to date: its rows numbered in the order they
+/// were inserted (SQLite commits one transaction at a time, and rowids grew with them), and
+/// its counter started after them (never behind the table's rows).
+fn upgrade_target(tx: &rusqlite::Transaction<'_>, table: &str) -> Result<(), StoreError> {
+    let has_seq: bool = tx.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info(?1) WHERE name = 'seq'",
+        params![table],
+        |row| row.get(0),
+    )?;
+    if !has_seq {
+        tx.execute_batch(&format!(
+            "ALTER TABLE \"{table}\" ADD COLUMN seq INTEGER;
+             UPDATE \"{table}\" SET seq = rowid;"
+        ))?;
+    }
+    tx.execute(
+        &format!(
+            "INSERT INTO sluice_table_seqs (table_name, last)
+             SELECT ?1, COALESCE(MAX(seq), 0) FROM \"{table}\" WHERE true
+             ON CONFLICT (table_name) DO UPDATE SET last = max(last, excluded.last)"
+        ),
+        params![table],
+    )?;
+    Ok(())
 }
 
 /// DDL of a pipeline's dead-letter table.
@@ -133,7 +181,10 @@ pub(super) fn prepare(
                 "a table target may not be named dead_letter".to_owned(),
             ));
         }
-        tx.execute_batch(&target_ddl(&table_name(&layout.pipeline, target)?))?;
+        let table = table_name(&layout.pipeline, target)?;
+        tx.execute_batch(&target_ddl(&table))?;
+        upgrade_target(&tx, &table)?;
+        tx.execute_batch(&target_indexes(&table))?;
     }
     tx.execute_batch(&dead_letter_ddl(&dead_letter))?;
     let pipeline: Arc<str> = Arc::from(layout.pipeline.as_str());

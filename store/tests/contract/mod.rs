@@ -63,6 +63,7 @@ pub fn batch_with_window(flow: &FlowHandle, entries: Vec<Entry>, window_ms: i64)
         hook: None,
         watermark_progress: false,
         commit_by_ms: None,
+        position: None,
     }
 }
 

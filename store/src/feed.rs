@@ -1,0 +1,82 @@
+//! A target table read as a feed: every committed row delivered once to a reading flow, in
+//! commit order, with the flow's position committed in the same transaction as its effects.
+//!
+//! # The position
+//!
+//! A reading flow's [`ReadPosition`] is a *range* of the table's commits planned in advance
+//! (`range_from`, `range_to`: two points of the table's commit history) and how far into that
+//! range the flow has committed (`after`, a row's place in the range's order). A row belongs to
+//! exactly one range: the one whose start it was committed after and whose end it was committed
+//! before. The points are chosen so that this holds even when writers commit out of order:
+//!
+//! * **SQLite**: one write transaction at a time (also across processes sharing the file), so
+//!   a counter taken inside the writer's transaction (`sluice_table_seqs`) numbers rows in
+//!   commit order; a point is a counter value, and a range is `(from, to]`.
+//! * **PostgreSQL**: transactions commit concurrently and in any order, so a number taken inside
+//!   one (an identity, a sequence, `max(id)`) can be committed after a larger one was read: a
+//!   reader keeping "the highest id seen" skips it. Each row records its writer's transaction
+//!   id (`writer_xid`), a point is a snapshot (`pg_current_snapshot()`), and a range holds the
+//!   rows whose writer is visible in `to` and not in `from`: exactly the transactions that
+//!   committed between the two snapshots, whatever their ids. Within a range rows are ordered
+//!   by `(writer_xid, seq)`.
+//!
+//! Because a range's end is fixed before any of its rows is read ([`FeedStore::plan_range`])
+//! and rows of committed transactions never change, a page read from a position always holds
+//! the same rows: a replay after a crash reads the same pages as the attempt it replaces.
+//!
+//! # Fencing
+//!
+//! Every change of a position names the version it changes ([`PositionAdvance::expected_version`],
+//! [`FeedStore::plan_range`]'s `at`) and is refused with [`crate::StoreError::Moved`] if the
+//! stored version differs: a reader that lost its turn to another replica, or whose flow was
+//! reset meanwhile, can never move the position, and the transaction that tried writes nothing.
+
+use crate::StoredRow;
+use std::sync::Arc;
+
+/// A place in a range's order: SQLite `(seq, 0)`, PostgreSQL `(writer_xid, seq)`.
+pub type RangeCursor = (i64, i64);
+
+/// Where a flow reading a table stands (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReadPosition {
+    /// Changes made to this position so far; 0: none recorded (read from the beginning).
+    pub version: i64,
+    /// Start of the current range, exclusive; empty: the table's beginning.
+    pub range_from: String,
+    /// End of the current range, inclusive; empty only at version 0.
+    pub range_to: String,
+    /// The last row of the range the flow committed; `None`: none yet.
+    pub after: Option<RangeCursor>,
+}
+
+/// A position change committed with a reading flow's batch: the page it read is done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositionAdvance {
+    /// The table read (full name).
+    pub table: Arc<str>,
+    /// The version this change applies to; the stored one becomes `expected_version + 1`.
+    pub expected_version: i64,
+    /// The last row of the page, now committed.
+    pub after: RangeCursor,
+}
+
+/// A row read from a feed, with its place in the range.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeedRow {
+    /// The row.
+    pub row: StoredRow,
+    /// Its place in the range's order.
+    pub cursor: RangeCursor,
+    /// When its writer committed it, ms since the epoch (store clock).
+    pub committed_at_ms: i64,
+}
+
+/// How far a reading flow is behind its table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FeedLag {
+    /// Committed rows of the table the flow has not committed yet.
+    pub rows_behind: u64,
+    /// Commit time of the oldest of them, ms since the epoch; `None` when there is none.
+    pub oldest_unread_ms: Option<i64>,
+}
