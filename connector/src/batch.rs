@@ -115,6 +115,8 @@ pub struct BatchSource {
     key: KeySource,
     batch: BatchSettings,
     next_id: u64,
+    /// The source hands over pages ([`MessageSource::paged`]).
+    paged: bool,
 }
 
 impl BatchSource {
@@ -137,7 +139,13 @@ impl BatchSource {
                 max_delay: batch.max_delay,
             },
             next_id: 0,
+            paged: false,
         }
+    }
+
+    /// Whether its source hands over pages: its batches then commit one at a time, in order.
+    pub fn paged(&self) -> bool {
+        self.paged
     }
 
     /// Starts `source` within `budget` and returns a batcher over it, with the source's handle
@@ -152,8 +160,11 @@ impl BatchSource {
         stop: CancellationToken,
     ) -> Result<(Self, Box<dyn SourceHandle>), SourceError> {
         let (intake_tx, intake) = mpsc::channel(INTAKE_CAPACITY);
+        let paged = source.paged();
         let handle = source.start(intake_tx, budget, stop).await?;
-        Ok((Self::new(intake, dedup, batch, counters), handle))
+        let mut batcher = Self::new(intake, dedup, batch, counters);
+        batcher.paged = paged;
+        Ok((batcher, handle))
     }
 
     /// The next batch; `None` once the intake has closed (the source stopped) and is empty.
@@ -188,19 +199,13 @@ impl BatchSource {
             deliveries: Vec::new(),
             dedup: self.dedup.clone(),
             tracked_since: None,
+            page: None,
         };
+        if self.paged {
+            return self.next_page(batch, idle).await;
+        }
         while batch.deliveries.is_empty() {
-            let received = match idle {
-                None => self.intake.recv().await,
-                Some(idle) => match timeout(idle, self.intake.recv()).await {
-                    Ok(received) => received,
-                    // Drained only when nothing is in flight either: a full budget held by
-                    // batches still committing also leaves the intake empty.
-                    Err(_) if self.dedup.window.in_flight() == 0 => return Err(Idle),
-                    Err(_) => continue,
-                },
-            };
-            let Some(received) = received else {
+            let Some(received) = self.receive(idle).await? else {
                 return Ok(None);
             };
             if let Some(delivery) = self.admit(received) {
@@ -224,6 +229,51 @@ impl BatchSource {
         }
         self.next_id += 1;
         Ok(Some(batch))
+    }
+
+    /// A paged source's next batch: one whole page, up to the mark that follows its records,
+    /// whatever the batch bounds say (the source keeps pages within the budget). A page cut
+    /// short by the end of the intake is given back; so is a page whose every record was a
+    /// duplicate in memory... except its mark, which still commits (an empty batch).
+    async fn next_page(
+        &mut self,
+        mut batch: Batch,
+        idle: Option<Duration>,
+    ) -> Result<Option<Batch>, Idle> {
+        loop {
+            let Some(mut received) = self.receive(idle).await? else {
+                return Ok(None);
+            };
+            // The mark comes on its own, after the page's records.
+            if let Some(page) = received.page.take() {
+                batch.page = Some(page);
+                self.next_id += 1;
+                return Ok(Some(batch));
+            }
+            if let Some(delivery) = self.admit(received) {
+                if batch.deliveries.is_empty() {
+                    batch.track(delivery.received_at);
+                }
+                batch.deliveries.push(delivery);
+            }
+        }
+    }
+
+    /// The next received message; `Ok(None)` once the intake closed; `Err(Idle)` when nothing
+    /// arrived for `idle` and no key is in flight.
+    async fn receive(&mut self, idle: Option<Duration>) -> Result<Option<Received>, Idle> {
+        let Some(idle) = idle else {
+            return Ok(self.intake.recv().await);
+        };
+        loop {
+            match timeout(idle, self.intake.recv()).await {
+                Ok(received) => return Ok(received),
+                // Drained only when nothing is in flight either: a full budget held by
+                // batches still committing also leaves the intake empty.
+                Err(_) if self.dedup.window.in_flight() == 0 => return Err(Idle),
+                Err(_) => continue,
+            }
+        }
     }
 
     fn admit(&self, received: Received) -> Option<Delivery> {
@@ -279,6 +329,8 @@ pub struct Batch {
     /// Receive instant of the first (oldest) delivery while the batch is tracked for the
     /// system-lag gauge; taken when the batch settles.
     tracked_since: Option<std::time::Instant>,
+    /// For a batch of a paged source: its page's position change (see `page.rs`).
+    page: Option<crate::page::PageMark>,
 }
 
 impl Batch {
@@ -301,13 +353,18 @@ impl Batch {
         self.dedup.counters.clone()
     }
 
+    /// The position change this batch commits, for a batch of a table source's page.
+    pub(crate) fn position(&self) -> Option<&sluice_store::PositionAdvance> {
+        self.page.as_ref().map(crate::page::PageMark::advance)
+    }
+
     /// The flow's event-time watermark now (ms since epoch), for flows that estimate one;
     /// `None` otherwise or until the tracking reader gave one. A message of this batch whose
     /// event time is below it is late (and counted so when committed).
     pub fn watermark_ms(&self) -> Option<i64> {
         self.dedup
             .counters
-            .watermark()
+            .shown_watermark()
             .and_then(crate::FlowWatermark::current)
     }
 
@@ -382,10 +439,11 @@ impl Batch {
     }
 
     /// Splits into one batch per delivery (to isolate a message that makes a batch fail).
+    /// A page's position change goes with the last single, so it commits after the rest.
     pub(crate) fn into_singles(mut self) -> Vec<Batch> {
         let id = self.id;
         self.untrack();
-        std::mem::take(&mut self.deliveries)
+        let mut singles: Vec<Batch> = std::mem::take(&mut self.deliveries)
             .into_iter()
             .map(|delivery| {
                 let mut single = Batch {
@@ -393,12 +451,17 @@ impl Batch {
                     deliveries: Vec::with_capacity(1),
                     dedup: self.dedup.clone(),
                     tracked_since: None,
+                    page: None,
                 };
                 single.track(delivery.received_at);
                 single.deliveries.push(delivery);
                 single
             })
-            .collect()
+            .collect();
+        if let Some(last) = singles.last_mut() {
+            last.page = self.page.take();
+        }
+        singles
     }
 
     /// Call only after the batch's effects committed: acks every delivery and every
@@ -427,6 +490,9 @@ impl Batch {
 
     fn settle(mut self, written: Option<&[bool]>, commit_recorded_progress: bool) -> u64 {
         self.untrack();
+        if let Some(page) = self.page.take() {
+            page.committed();
+        }
         let counters = self.dedup.counters.clone();
         let deliveries = std::mem::take(&mut self.deliveries);
         let parked = self

@@ -112,7 +112,7 @@ impl Deliverer {
 
     /// Which records of the chunk the flow has committed before, asking the store until it
     /// answers (an outage is waited out with backoff); `None` when stopped meanwhile.
-    async fn already_committed(&self, chunk: &[SourceMessage]) -> Option<Vec<bool>> {
+    pub(crate) async fn already_committed(&self, chunk: &[SourceMessage]) -> Option<Vec<bool>> {
         let Some(skip) = &self.skip else {
             return Some(vec![false; chunk.len()]);
         };

@@ -15,7 +15,10 @@
 //! * a delivery held longer than the flow's commit bound ([`RetrySettings::commit_bound`], the
 //!   dedup window minus a margin, see `commit_bound.rs`): given back (nacked), never committed,
 //!   whether the committer finds it so before staging or the store finds the batch past its
-//!   deadline inside the transaction ([`StoreError::Stale`]: then the whole batch is nacked).
+//!   deadline inside the transaction ([`StoreError::Stale`]: then the whole batch is nacked);
+//! * a table source's page whose position moved meanwhile ([`StoreError::Moved`]: another
+//!   replica reads the table now, or the flow was reset): given back whole, nothing written;
+//!   the source reads on from the stored position.
 
 use crate::backoff::Backoff;
 use crate::batch::Batch;
@@ -174,6 +177,9 @@ impl CommitThenAck {
                 _ => None,
             };
             let effects = match exhausted {
+                // A table source's page whose records were all duplicates in memory: only its
+                // position change commits.
+                None if batch.is_empty() => Ok(Vec::new()),
                 Some(single) => Ok(vec![Effect::DeadLetter {
                     reason: "max_attempts".to_owned(),
                     error: single.last_error.clone().unwrap_or_default(),
@@ -269,6 +275,15 @@ impl CommitThenAck {
                 }
                 Err(failure) => failure,
             };
+            if matches!(failure, Failure::Store(StoreError::Moved)) {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id,
+                    "the table source's position moved (another replica reads it, or a reset); \
+                     giving the page back");
+                batch.counters().commit_failed("moved");
+                report.abandoned += batch.len() as u64;
+                batch.abandon();
+                return None;
+            }
             if matches!(failure, Failure::Store(StoreError::Stale)) {
                 tracing::warn!(flow = %self.flow.name, batch = batch.id,
                     "the store found the batch past its commit deadline; giving it back");
@@ -279,6 +294,7 @@ impl CommitThenAck {
             batch.counters().commit_failed(match &failure {
                 Failure::Store(StoreError::Rejected(_)) => "rejected",
                 Failure::Store(StoreError::Config(_)) => "config",
+                Failure::Store(StoreError::Moved) => "moved",
                 Failure::Store(_) => "unavailable",
                 Failure::Stage(_) => "stage",
                 Failure::StageUnavailable(_) => "stage_unavailable",
@@ -409,6 +425,7 @@ impl CommitThenAck {
                 .clone()
                 .map(|s| s as Arc<dyn sluice_store::CommitHook>),
             watermark_progress: batch.counters().watermark().is_some(),
+            position: batch.position().cloned(),
         };
         (commit, sink_commit)
     }

@@ -46,6 +46,7 @@ mod event_time;
 mod file;
 mod foreach;
 mod inprocess;
+mod page;
 pub mod pubsub;
 mod runner;
 mod sink;
@@ -75,7 +76,7 @@ pub use sink::{JsonlSink, SinkCommit};
 pub use source::{INTAKE_CAPACITY, MessageSource, Received, SourceError, SourceHandle};
 pub use stage::{Stage, StageError, TableStage};
 pub use storable::UNSTORABLE;
-pub use table::TableSource;
+pub use table::{DEFAULT_POLL, PAGE_ROWS, ReaderTurn, TURN_TTL, TableSource, TableWatermark};
 pub use telemetry::{COMMIT_ERROR_KINDS, Counters, DEAD_LETTER_REASONS, Snapshot};
 pub use time::now_ms;
 pub use tracking::{

@@ -24,6 +24,9 @@ pub struct Received {
     pub handle: Box<dyn AckHandle>,
     pub(crate) permits: Permits,
     pub(crate) received_at: Instant,
+    /// After the records of a table source's page, on its own (its message is empty and never
+    /// batched): the page's position change.
+    pub(crate) page: Option<crate::page::PageMark>,
 }
 
 impl Received {
@@ -38,7 +41,14 @@ impl Received {
             handle,
             permits,
             received_at: Instant::now(),
+            page: None,
         }
+    }
+
+    /// Makes this the end of a page, carrying its mark instead of a record.
+    pub(crate) fn ending_page(mut self, page: crate::page::PageMark) -> Self {
+        self.page = Some(page);
+        self
     }
 }
 
@@ -75,6 +85,15 @@ pub trait MessageSource: Send + 'static {
         budget: Budget,
         stop: CancellationToken,
     ) -> Result<Box<dyn SourceHandle>, SourceError>;
+
+    /// Whether the source hands over pages (a table source): then each batch is exactly one
+    /// page, closed at the [`crate::page::PageMark`] that follows its records, whatever the batch
+    /// bounds, a page cut short by a stop is given back whole, and the flow's batches commit
+    /// one at a time, in order, since each moves the source's position from where the one
+    /// before left it.
+    fn paged(&self) -> bool {
+        false
+    }
 }
 
 /// A running source.

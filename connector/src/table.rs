@@ -1,52 +1,148 @@
-//! A bounded source reading a target table of the same pipeline (`source: { table: X }`).
+//! A source reading a target table of the same pipeline (`source: { table: X }`) as a feed:
+//! what is committed to the table, in commit order, from where the reading flow left off.
 //!
 //! # Guarantees
 //!
-//! * **Every row once.** The table is read in pages in `(flow, dedup_key, message_id)` order
-//!   ([`sluice_store::FlowStore::read_rows`]); a record's message id (hence its dedup key in the
-//!   reading flow) is `<writer flow>/<dedup key>`, so the same record is the same key however
-//!   often the table is read, and the guarantees of [`crate::SkipCommitted`] and the ledger make
-//!   each land once in the reading flow's target.
-//! * **A finished table, then the end.** Rows are read in pages until a page comes back empty.
-//!   The pages are separate reads, so a row committed meanwhile may be missed: the table must
-//!   not be written while it is read. The worker ensures it: a table flow starts after every
-//!   writer of its table completed (a data edge), and a table that live flows write cannot be
-//!   read in a continuous pipeline.
+//! * **Every committed row once, none skipped.** The reading flow's position
+//!   ([`sluice_store::ReadPosition`], see the store's `feed` module) is a planned range of the
+//!   table's commits and the last row of it the flow committed; a row committed by a
+//!   transaction that finished after a later one began still falls in the range of its own
+//!   commit, so writers committing out of order (several batches of a flow at once on
+//!   PostgreSQL, several replicas) never make the reader skip it.
+//! * **The position commits with the effects.** Each page of the table is one batch of the
+//!   reading flow, and that batch's commit moves the position past the page in the same
+//!   transaction as its rows and dead letters. A crash anywhere replays only pages that did not
+//!   commit; a row is keyed `<writer flow>/<dedup key>` in the reading flow, so the ledger
+//!   catches anything a replay brings twice.
+//! * **A replay is the same batch.** A range's end is fixed in the store before any of its rows
+//!   is read, and a page is the first rows after the position (at most [`PAGE_ROWS`], cut
+//!   deterministically to a quarter of the byte budget), so the page a replay reads holds the
+//!   same records as the attempt it replaces: a `foreach_batch` handler or a sink gets the same
+//!   batch id (derived from the page's keys) with the same records.
+//! * **Pages commit in order, one reader at a time.** The flow's batches commit one after the
+//!   other. In a pool, only the holder of the lease `feed/<flow>` reads (one replica at a time;
+//!   it changes hands within [`TURN_TTL`] of its holder's death), and every position change is
+//!   fenced by version, so a reader that lost its turn can never move the position: its pages
+//!   are given back and it reads on from the stored position once it holds the lease again.
+//! * **Following or catching up.** Following ([`TableSource::follow`], continuous pipelines),
+//!   the source polls for new commits and never ends by itself; otherwise it reads up to the
+//!   table's commits at its start and ends (triggered runs read what is new since the last
+//!   run; once flows read the table as it is).
+//! * **The table's watermark travels on.** With [`TableSource::with_watermark`], the
+//!   watermark of the table's live writers is read before each range is planned and becomes
+//!   the reading flow's own (stored, so flows further down take it over in turn) once the
+//!   range is committed: every row committed before the range's end is then in the flow's
+//!   target, and any row committed to the table later was late there already.
 //! * Event time and attributes carry over from the row; its publish time too.
 
-use crate::bounded::{CHUNK, Deliverer, Running, SkipCommitted, SourceProgress};
+use crate::backoff::Backoff;
+use crate::bounded::{Deliverer, Running, SkipCommitted, SourceProgress};
 use crate::budget::Budget;
-use crate::delivery::SourceMessage;
+use crate::delivery::{AckHandle, SourceMessage};
+use crate::page::{PageMark, PageTracker};
 use crate::source::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
+use crate::telemetry::Counters;
+use crate::watermark::FlowWatermark;
 use async_trait::async_trait;
-use sluice_store::FlowStore;
-use sluice_store::{RowCursor, StoredRow};
+use sluice_store::{
+    FeedLag, FeedRow, FeedStore, FlowHandle, LeaseGrant, LeaseRequest, PoolStore, PositionAdvance,
+    ProgressStore, ReadPosition, StoreError, StoredRow, WatermarkRecord,
+};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// Reads a target table once.
+/// Rows per page at most (a quarter of the message budget if that is smaller).
+pub const PAGE_ROWS: usize = 500;
+/// How long a reader's turn (`feed/<flow>` lease) lasts unless renewed.
+pub const TURN_TTL: Duration = Duration::from_secs(10);
+/// How often a following source looks for new commits by default.
+pub const DEFAULT_POLL: Duration = Duration::from_millis(100);
+/// How often the lag gauges are refreshed while reading.
+const LAG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The lease that makes one replica at a time read a table for a flow.
+#[derive(Clone)]
+pub struct ReaderTurn {
+    /// The pool's store.
+    pub pool: Arc<dyn PoolStore>,
+    /// This worker's id.
+    pub holder: String,
+}
+
+/// Where the table's watermark comes from and where the flow's goes.
+#[derive(Clone)]
+pub struct TableWatermark {
+    /// The store holding the writers' watermark records (and the flow's).
+    pub store: Arc<dyn ProgressStore>,
+    /// The table's live writers: its watermark is the smallest of theirs, none while one of
+    /// them has none.
+    pub writers: Vec<String>,
+    /// The flow's watermark as this worker shows it.
+    pub watermark: FlowWatermark,
+}
+
+/// Reads a target table as a feed (see the module docs).
 pub struct TableSource {
-    store: Arc<dyn FlowStore>,
-    table: String,
+    feed: Arc<dyn FeedStore>,
+    flow: FlowHandle,
+    table: Arc<str>,
+    follow: Option<Duration>,
+    turn: Option<ReaderTurn>,
+    watermark: Option<TableWatermark>,
     skip: Option<SkipCommitted>,
+    counters: Option<Counters>,
     progress: Arc<SourceProgress>,
 }
 
 impl TableSource {
-    /// A source of the rows of `table` (a full table name, `<pipeline>__<target>`).
-    pub fn new(store: Arc<dyn FlowStore>, table: impl Into<String>) -> Self {
+    /// A source of the rows of `table` (a full table name, `<pipeline>__<target>`) for `flow`,
+    /// which catches up with the table and ends.
+    pub fn new(feed: Arc<dyn FeedStore>, flow: FlowHandle, table: impl Into<Arc<str>>) -> Self {
         Self {
-            store,
+            feed,
+            flow,
             table: table.into(),
+            follow: None,
+            turn: None,
+            watermark: None,
             skip: None,
+            counters: None,
             progress: Arc::new(SourceProgress::default()),
         }
     }
 
-    /// Skips rows the reading flow has already committed (see [`SkipCommitted`]).
+    /// Follows the table, looking for new commits every `poll`, and never ends by itself.
+    pub fn follow(mut self, poll: Duration) -> Self {
+        self.follow = Some(poll);
+        self
+    }
+
+    /// Reads only while this worker holds the flow's `feed/<flow>` lease.
+    pub fn in_pool(mut self, turn: ReaderTurn) -> Self {
+        self.turn = Some(turn);
+        self
+    }
+
+    /// Takes the table's watermark over as the flow's (see the module docs).
+    pub fn with_watermark(mut self, watermark: TableWatermark) -> Self {
+        self.watermark = Some(watermark);
+        self
+    }
+
+    /// Publishes the flow's feed lag gauges on `counters`.
+    pub fn with_counters(mut self, counters: Counters) -> Self {
+        self.counters = Some(counters);
+        self
+    }
+
+    /// Skips rows the reading flow committed before it had a position (a flow that read the
+    /// table in full before feeds existed; see [`SkipCommitted`]), on its first range only.
     pub fn skip_committed(mut self, skip: SkipCommitted) -> Self {
         self.skip = Some(skip);
         self
@@ -85,6 +181,21 @@ fn message(row: StoredRow) -> SourceMessage {
     }
 }
 
+/// The first rows of a page that fit in `max_bytes` (at least one): the same rows always give
+/// the same cut.
+fn cut_to_bytes(mut rows: Vec<FeedRow>, max_bytes: usize) -> Vec<FeedRow> {
+    let mut total = 0usize;
+    let keep = rows
+        .iter()
+        .position(|r| {
+            total = total.saturating_add(r.row.data.len() + r.row.attributes_json.len());
+            total > max_bytes
+        })
+        .map_or(rows.len(), |at| at.max(1));
+    rows.truncate(keep);
+    rows
+}
+
 #[async_trait]
 impl MessageSource for TableSource {
     async fn start(
@@ -93,52 +204,489 @@ impl MessageSource for TableSource {
         budget: Budget,
         stop: CancellationToken,
     ) -> Result<Box<dyn SourceHandle>, SourceError> {
-        let deliverer = Deliverer {
-            skip: self.skip,
-            progress: self.progress.clone(),
-            intake,
-            budget,
-            stop: stop.clone(),
+        let (max_messages, max_bytes) = budget.limits();
+        let progress = self.progress.clone();
+        let reader = Reader {
+            page_rows: PAGE_ROWS.min((max_messages / 4).max(1)),
+            page_bytes: (max_bytes / 4).max(1),
+            deliverer: Deliverer {
+                skip: self.skip.clone(),
+                progress: progress.clone(),
+                intake,
+                budget,
+                stop: stop.clone(),
+            },
+            tracker: PageTracker::new(),
+            source: *self,
+            turn_renewed: None,
+            lag_published: None,
         };
-        let (store, table) = (self.store, self.table);
-        let task = tokio::spawn(async move {
-            let mut cursor: Option<RowCursor> = None;
-            let mut backoff = crate::backoff::Backoff::default();
-            loop {
-                let page = match store.read_rows(&table, cursor.as_ref(), CHUNK).await {
-                    Ok(page) => page,
-                    Err(error) if error.is_transient() => {
-                        let delay = backoff.next_delay();
-                        tracing::warn!(%table, step = backoff.step(), %error,
-                            "cannot read the source table; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(delay) => continue,
-                            _ = deliverer.stop.cancelled() => return,
-                        }
-                    }
-                    Err(error) => {
-                        deliverer
-                            .progress
-                            .fail(format!("cannot read table {table}: {error}"));
-                        return;
-                    }
-                };
-                let Some(last) = page.last() else {
-                    return;
-                };
-                cursor = Some(RowCursor::from(last));
-                if !deliverer
-                    .deliver(page.into_iter().map(message).collect())
-                    .await
-                {
-                    return;
-                }
-            }
-        });
+        let task = tokio::spawn(reader.run());
         Ok(Box::new(Running {
             stop,
             task,
-            progress: self.progress,
+            progress,
         }))
+    }
+
+    fn paged(&self) -> bool {
+        true
+    }
+}
+
+/// Why a reading epoch ended.
+enum Interrupted {
+    /// Stopped, caught up (not following), or the flow's run went away: the source ends.
+    End,
+    /// The position moved, a page was given back or the turn was lost: read the position
+    /// again (once holding the turn).
+    Restart,
+}
+
+/// The reading task.
+struct Reader {
+    source: TableSource,
+    deliverer: Deliverer,
+    tracker: Arc<PageTracker>,
+    page_rows: usize,
+    page_bytes: usize,
+    turn_renewed: Option<Instant>,
+    lag_published: Option<Instant>,
+}
+
+impl Reader {
+    async fn run(mut self) {
+        loop {
+            let interrupted = self.epoch().await;
+            // Pages in flight settle (commit, or are given back) before anyone reads on.
+            self.settled().await;
+            if matches!(interrupted, Interrupted::End) || self.stopped() {
+                break;
+            }
+        }
+        self.leave_turn().await;
+    }
+
+    fn stopped(&self) -> bool {
+        self.deliverer.stop.is_cancelled()
+    }
+
+    /// Waits for the pages in flight to settle; the state then.
+    async fn settled(&self) -> crate::page::PageState {
+        self.tracker.settled().await
+    }
+
+    /// Reads from the stored position until stopped, caught up (not following), or
+    /// interrupted.
+    async fn epoch(&mut self) -> Interrupted {
+        if !self.take_turn().await {
+            return Interrupted::End;
+        }
+        let (feed, flow, table) = (
+            self.source.feed.clone(),
+            self.source.flow.clone(),
+            self.source.table.clone(),
+        );
+        let Some(mut at) = self
+            .retry("read the position", || feed.read_position(&flow, &table))
+            .await
+        else {
+            return Interrupted::End;
+        };
+        self.tracker.restart(at.version);
+        // Only a flow without a position may have rows from before feeds existed.
+        if at.version > 0 {
+            self.deliverer.skip = None;
+        }
+        let mut range_done = at.version == 0;
+        let mut planned = false;
+        let mut pending_watermark: Option<i64> = None;
+        loop {
+            if self.stopped() {
+                return Interrupted::End;
+            }
+            if !self.keep_turn().await {
+                return Interrupted::Restart;
+            }
+            self.publish_lag(&at, false).await;
+            if range_done {
+                let state = tokio::select! {
+                    state = self.tracker.settled() => state,
+                    _ = self.deliverer.stop.cancelled() => return Interrupted::End,
+                };
+                if state.broken {
+                    return Interrupted::Restart;
+                }
+                // Every page handed over committed: `at` is what the store holds.
+                if let Some(watermark) = pending_watermark.take() {
+                    self.offer_watermark(watermark).await;
+                }
+                self.deliverer.skip = None;
+                if self.source.follow.is_none() && planned {
+                    return Interrupted::End;
+                }
+                if let Some(poll) = self.source.follow
+                    && at.version > 0
+                    && !self.has_news(&at).await
+                {
+                    tokio::select! {
+                        _ = tokio::time::sleep(poll) => {}
+                        _ = self.deliverer.stop.cancelled() => return Interrupted::End,
+                    }
+                    continue;
+                }
+                let watermark = self.table_watermark().await;
+                let planning = self
+                    .retry_or_moved("plan a range", || feed.plan_range(&flow, &table, &at))
+                    .await;
+                at = match planning {
+                    Ok(Some(planned)) => planned,
+                    Ok(None) => return Interrupted::End,
+                    Err(Moved) => return Interrupted::Restart,
+                };
+                self.tracker.restart(at.version);
+                pending_watermark = watermark;
+                planned = true;
+                range_done = false;
+                continue;
+            }
+            let limit = self.page_rows;
+            let Some(rows) = self
+                .retry("read a page", || feed.read_range(&table, &at, limit))
+                .await
+            else {
+                return Interrupted::End;
+            };
+            let read = rows.len();
+            let rows = cut_to_bytes(rows, self.page_bytes);
+            range_done = read < limit && rows.len() == read;
+            let Some(last) = rows.last().map(|r| r.cursor) else {
+                continue;
+            };
+            let mark = self.tracker.mark(PositionAdvance {
+                table: table.clone(),
+                expected_version: at.version,
+                after: last,
+            });
+            at.version += 1;
+            at.after = Some(last);
+            if !self.hand_over(rows, mark).await {
+                return Interrupted::End;
+            }
+        }
+    }
+
+    /// Hands a page over whole (a stop waits for the page's end), then its mark.
+    async fn hand_over(&self, rows: Vec<FeedRow>, mark: PageMark) -> bool {
+        let messages: Vec<SourceMessage> = rows.into_iter().map(|r| message(r.row)).collect();
+        let Some(present) = self.deliverer.already_committed(&messages).await else {
+            return false;
+        };
+        let budget = &self.deliverer.budget;
+        for (message, present) in messages.into_iter().zip(present) {
+            if present {
+                self.deliverer
+                    .progress
+                    .skipped
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let Some(permit) = budget.reserve_message().await else {
+                return false;
+            };
+            let permits = budget.reserve_bytes(permit, message.size()).await;
+            let received = Received::new(message, Box::new(NoAck), permits);
+            if self.deliverer.intake.send(received).await.is_err() {
+                return false;
+            }
+            self.deliverer
+                .progress
+                .delivered
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let Some(permit) = budget.reserve_message().await else {
+            return false;
+        };
+        let end = Received::new(
+            SourceMessage {
+                message_id: String::new(),
+                publish_time_ms: 0,
+                attributes: BTreeMap::new(),
+                data: bytes::Bytes::new(),
+                event_time_ms: None,
+                problem: None,
+            },
+            Box::new(NoAck),
+            budget.reserve_bytes(permit, 0).await,
+        )
+        .ending_page(mark);
+        self.deliverer.intake.send(end).await.is_ok()
+    }
+
+    /// Whether the table has commits after `at` (and refreshes the lag gauges with them).
+    async fn has_news(&mut self, at: &ReadPosition) -> bool {
+        match self.lag(at).await {
+            Some(lag) => {
+                self.show_lag(lag);
+                lag.rows_behind > 0
+            }
+            None => false,
+        }
+    }
+
+    async fn lag(&self, at: &ReadPosition) -> Option<FeedLag> {
+        match self.source.feed.feed_lag(&self.source.table, at).await {
+            Ok(lag) => Some(lag),
+            Err(error) => {
+                tracing::debug!(table = %self.source.table, %error, "cannot measure the feed lag");
+                None
+            }
+        }
+    }
+
+    fn show_lag(&mut self, lag: FeedLag) {
+        self.lag_published = Some(Instant::now());
+        if let Some(counters) = &self.source.counters {
+            let age_ms = lag.oldest_unread_ms.map_or(0, |oldest| {
+                crate::time::now_ms().saturating_sub(oldest).max(0)
+            });
+            counters.publish_feed_lag(lag.rows_behind, age_ms as f64 / 1000.0);
+        }
+    }
+
+    /// Refreshes the lag gauges if they are due.
+    async fn publish_lag(&mut self, at: &ReadPosition, now: bool) {
+        if self.source.counters.is_none()
+            || (!now
+                && self
+                    .lag_published
+                    .is_some_and(|t| t.elapsed() < LAG_INTERVAL))
+        {
+            return;
+        }
+        if let Some(lag) = self.lag(at).await {
+            self.show_lag(lag);
+        }
+    }
+
+    /// The table's watermark now: the smallest of its live writers' stored ones.
+    async fn table_watermark(&self) -> Option<i64> {
+        let plan = self.source.watermark.as_ref()?;
+        let records = match plan.store.watermarks(&self.source.flow.pipeline).await {
+            Ok(records) => records,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the table's watermark; trying next range");
+                return None;
+            }
+        };
+        plan.writers
+            .iter()
+            .map(|writer| {
+                records
+                    .iter()
+                    .find(|(flow, _)| flow == writer)
+                    .map(|(_, record)| record.watermark_ms)
+            })
+            .try_fold(i64::MAX, |lowest, w| w.map(|w| lowest.min(w)))
+            .filter(|w| *w != i64::MAX)
+    }
+
+    /// Makes `watermark_ms` the flow's watermark, here and in the store.
+    async fn offer_watermark(&self, watermark_ms: i64) {
+        let Some(plan) = &self.source.watermark else {
+            return;
+        };
+        plan.watermark.advance(watermark_ms);
+        let offer = WatermarkRecord {
+            watermark_ms,
+            horizon_ms: watermark_ms,
+            updated_at_ms: crate::time::now_ms(),
+        };
+        if let Err(error) = plan
+            .store
+            .advance_watermark(&self.source.flow, &offer, None)
+            .await
+        {
+            tracing::debug!(%error, "cannot store the flow's watermark; the next range will");
+        }
+        if let Some(counters) = &self.source.counters {
+            counters.publish_watermark();
+        }
+    }
+
+    /// Waits until this worker holds the flow's turn; `false` once stopped.
+    async fn take_turn(&mut self) -> bool {
+        let Some(turn) = self.source.turn.clone() else {
+            return true;
+        };
+        let request = self.turn_request(&turn);
+        let mut waiting_logged = false;
+        loop {
+            match turn.pool.acquire_lease(&request).await {
+                Ok(LeaseGrant::Held { .. }) => {
+                    self.turn_renewed = Some(Instant::now());
+                    tracing::info!(flow = %self.source.flow.name, table = %self.source.table,
+                        "reading the table (this worker's turn)");
+                    return true;
+                }
+                Ok(LeaseGrant::HeldBy(holder)) if !waiting_logged => {
+                    waiting_logged = true;
+                    tracing::info!(flow = %self.source.flow.name, %holder,
+                        "another worker reads the table for this flow; waiting for its turn");
+                }
+                Ok(LeaseGrant::HeldBy(_)) => {}
+                Err(error) => {
+                    tracing::warn!(flow = %self.source.flow.name, %error,
+                        "cannot ask for the reader's turn; retrying");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(TURN_TTL / 4) => {}
+                _ = self.deliverer.stop.cancelled() => return false,
+            }
+        }
+    }
+
+    /// Renews the turn when due; `false` if another worker has it now.
+    async fn keep_turn(&mut self) -> bool {
+        let Some(turn) = self.source.turn.clone() else {
+            return true;
+        };
+        if self
+            .turn_renewed
+            .is_some_and(|at| at.elapsed() < TURN_TTL / 4)
+        {
+            return true;
+        }
+        match turn.pool.acquire_lease(&self.turn_request(&turn)).await {
+            Ok(LeaseGrant::Held { .. }) => {
+                self.turn_renewed = Some(Instant::now());
+                true
+            }
+            Ok(LeaseGrant::HeldBy(holder)) => {
+                tracing::warn!(flow = %self.source.flow.name, %holder,
+                    "lost the reader's turn; giving the pages in flight back");
+                false
+            }
+            // An outage: the fenced position keeps a late commit out; renewal is retried.
+            Err(error) => {
+                tracing::debug!(%error, "cannot renew the reader's turn; retrying");
+                true
+            }
+        }
+    }
+
+    async fn leave_turn(&self) {
+        if let Some(turn) = &self.source.turn {
+            let request = self.turn_request(turn);
+            if let Err(error) = turn
+                .pool
+                .release_lease(&request.pipeline, &request.role, &request.holder)
+                .await
+            {
+                tracing::debug!(%error, "cannot release the reader's turn; it expires");
+            }
+        }
+    }
+
+    fn turn_request(&self, turn: &ReaderTurn) -> LeaseRequest {
+        LeaseRequest {
+            pipeline: self.source.flow.pipeline.to_string(),
+            role: format!("feed/{}", self.source.flow.name),
+            holder: turn.holder.clone(),
+            ttl: TURN_TTL,
+        }
+    }
+
+    /// Asks the store until it answers (an outage is waited out with backoff); `None` when
+    /// stopped meanwhile, or on an error retrying cannot mend (the flow fails).
+    async fn retry<T, F, Fut>(&self, what: &str, mut ask: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        match self.retry_or_moved(what, &mut ask).await {
+            Ok(answer) => answer,
+            Err(Moved) => {
+                self.deliverer.progress.fail(format!(
+                    "cannot {what} of table {}: the position moved",
+                    self.source.table
+                ));
+                None
+            }
+        }
+    }
+
+    /// As [`Reader::retry`], telling a moved position apart.
+    async fn retry_or_moved<T, F, Fut>(&self, what: &str, mut ask: F) -> Result<Option<T>, Moved>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let mut backoff = Backoff::default();
+        loop {
+            let error = match ask().await {
+                Ok(answer) => return Ok(Some(answer)),
+                Err(StoreError::Moved) => return Err(Moved),
+                Err(error) => error,
+            };
+            if !error.is_transient() {
+                self.deliverer.progress.fail(format!(
+                    "cannot {what} of table {}: {error}",
+                    self.source.table
+                ));
+                return Ok(None);
+            }
+            let delay = backoff.next_delay();
+            tracing::warn!(table = %self.source.table, step = backoff.step(), %error,
+                "cannot {what} of the source table; retrying");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.deliverer.stop.cancelled() => return Ok(None),
+            }
+        }
+    }
+}
+
+/// The position moved under the reader.
+struct Moved;
+
+/// The ack handle of a table record: a page is found again by its position, not redelivered.
+struct NoAck;
+
+impl AckHandle for NoAck {
+    fn ack(self: Box<Self>) {}
+
+    fn nack(self: Box<Self>) {}
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn row(bytes: usize) -> FeedRow {
+        FeedRow {
+            row: StoredRow {
+                flow: "f".into(),
+                dedup_key: "k".into(),
+                message_id: "m".into(),
+                publish_time_ms: 0,
+                event_time_ms: 0,
+                attributes_json: String::new(),
+                data: bytes::Bytes::from(vec![0u8; bytes]),
+            },
+            cursor: (0, 0),
+            committed_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn pages_are_cut_to_the_byte_bound_keeping_at_least_one_row() {
+        let rows = || vec![row(40), row(40), row(40)];
+        assert_eq!(cut_to_bytes(rows(), 100).len(), 2);
+        assert_eq!(cut_to_bytes(rows(), 120).len(), 3);
+        assert_eq!(cut_to_bytes(rows(), 10).len(), 1);
+        assert_eq!(cut_to_bytes(Vec::new(), 10).len(), 0);
     }
 }

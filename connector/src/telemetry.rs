@@ -21,9 +21,10 @@ pub const DEAD_LETTER_REASONS: [&str; 6] = [
 
 /// The kinds of failed commit attempts (`sluice_commit_errors_total{kind}`), exported at 0 from
 /// a flow's start.
-pub const COMMIT_ERROR_KINDS: [&str; 7] = [
+pub const COMMIT_ERROR_KINDS: [&str; 8] = [
     "config",
     "gave_up",
+    "moved",
     "rejected",
     "stage",
     "stage_unavailable",
@@ -65,6 +66,11 @@ struct Inner {
     /// The watermark gauges, made when the flow first has a watermark: until then they are
     /// absent from `/metrics` (a 0 would read as "perfectly fresh").
     watermark_gauges: OnceLock<(Gauge, Gauge)>,
+    /// Set once, for flows reading a table: the watermark that travels down from the table's
+    /// writers (shown and counted against like `watermark`, with no tracker behind it).
+    feed_watermark: OnceLock<FlowWatermark>,
+    /// `sluice_feed_rows_behind` and `sluice_feed_lag_seconds`, made for flows reading a table.
+    feed_gauges: OnceLock<(Gauge, Gauge)>,
 }
 
 struct Tally {
@@ -152,6 +158,8 @@ impl Counters {
                 late: Tally::new(metrics::counter!("sluice_messages_late_total", &labels)),
                 watermark: OnceLock::new(),
                 watermark_gauges: OnceLock::new(),
+                feed_watermark: OnceLock::new(),
+                feed_gauges: OnceLock::new(),
             }),
             pipeline: Arc::from(pipeline),
             flow: Arc::from(flow),
@@ -261,10 +269,40 @@ impl Counters {
         self.inner.watermark.get()
     }
 
+    /// Gives a flow reading a table the watermark it takes over from the table (see
+    /// [`crate::TableSource`]): shown by the watermark gauges and counted against for late
+    /// rows, but with no reports to store before acks. Only the first call counts.
+    pub fn attach_feed_watermark(&self, watermark: FlowWatermark) {
+        let _ = self.inner.feed_watermark.set(watermark);
+    }
+
+    /// The watermark the flow shows: its own, or the one taken over from its table.
+    pub fn shown_watermark(&self) -> Option<&FlowWatermark> {
+        self.watermark().or(self.inner.feed_watermark.get())
+    }
+
+    /// Sets `sluice_feed_rows_behind` (committed rows of the table not yet committed by this
+    /// flow) and `sluice_feed_lag_seconds` (age of the oldest of them), for a flow reading a
+    /// table.
+    pub(crate) fn publish_feed_lag(&self, rows_behind: u64, lag_seconds: f64) {
+        let (rows, lag) = self.inner.feed_gauges.get_or_init(|| {
+            let labels = [
+                ("pipeline", self.pipeline.to_string()),
+                ("flow", self.flow.to_string()),
+            ];
+            (
+                metrics::gauge!("sluice_feed_rows_behind", &labels),
+                metrics::gauge!("sluice_feed_lag_seconds", &labels),
+            )
+        });
+        rows.set(rows_behind as f64);
+        lag.set(lag_seconds);
+    }
+
     /// Sets `sluice_watermark_timestamp_seconds` and `sluice_data_watermark_age_seconds`, which
     /// exist only once the flow has a watermark.
     pub fn publish_watermark(&self) {
-        if let Some(ms) = self.watermark().and_then(FlowWatermark::current) {
+        if let Some(ms) = self.shown_watermark().and_then(FlowWatermark::current) {
             let (timestamp, age) = self.inner.watermark_gauges.get_or_init(|| {
                 let labels = [
                     ("pipeline", self.pipeline.to_string()),

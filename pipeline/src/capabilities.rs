@@ -22,9 +22,7 @@ pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
         );
     }
     for (i, flow) in p.flows.iter().enumerate() {
-        let source_path = format!("flows[{i}].source");
         let target_path = format!("flows[{i}].target");
-        let bounded = flow.once || p.mode == Mode::Triggered;
         let kind = p
             .targets
             .iter()
@@ -36,40 +34,6 @@ pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
         {
             // A window over a table copies nothing: the table's watermark closes its windows.
             window_over_table(p, c, i, flow, target);
-        } else if let Source::Table { target } = &flow.source {
-            if !bounded {
-                c.push(
-                    ErrorCode::NotBuilt,
-                    &source_path,
-                    format!(
-                        "flow {:?} reads a table in a continuous pipeline without `once: true`; \
-                         following a table as it grows is not built yet (read it once, or use \
-                         `mode: triggered`)",
-                        flow.name
-                    ),
-                );
-            }
-            // A read in pages sees a table that still grows only in part, so every writer must
-            // have finished first: in continuous mode that means once writers only.
-            let live_writers: Vec<&str> = p
-                .flows
-                .iter()
-                .filter(|w| &w.target == target && !w.once && p.mode == Mode::Continuous)
-                .map(|w| w.name.as_str())
-                .collect();
-            if !live_writers.is_empty() {
-                c.push(
-                    ErrorCode::NotBuilt,
-                    &source_path,
-                    format!(
-                        "flow {:?} reads table {target:?}, which live flows write ({}); reading a \
-                         table that is still being written is not built yet (use `mode: \
-                         triggered`)",
-                        flow.name,
-                        live_writers.join(", ")
-                    ),
-                );
-            }
         }
         match kind {
             Some(TargetKind::Table | TargetKind::ForeachBatch { .. }) => {}
@@ -151,21 +115,36 @@ pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
     }
 }
 
+/// Whether `table` has a watermark: each of its live writers has one, a Pub/Sub flow with
+/// `watermark:` or a flow reading a table that has one (which hands it down). `depth` stops
+/// a cycle, which validation reports anyway.
+fn has_watermark(p: &Pipeline, table: &str, depth: usize) -> bool {
+    depth <= p.flows.len()
+        && p.live_writers(table).iter().all(|w| match &w.source {
+            Source::PubSub(s) => s.watermark.is_some(),
+            Source::Table { target } => has_watermark(p, target, depth + 1),
+            Source::File { .. } => false,
+        })
+}
+
 /// Why a window over `table` cannot run: a live writer of the table without a watermark (the
 /// table would have none), or a `once` window flow that live writers would never let end.
 fn window_over_table(p: &Pipeline, c: &mut Collector<'_>, i: usize, flow: &Flow, table: &str) {
     let source_path = format!("flows[{i}].source");
     let live = p.live_writers(table);
-    for writer in live
-        .iter()
-        .filter(|w| !matches!(&w.source, Source::PubSub(s) if s.watermark.is_some()))
-    {
+    for writer in live.iter().filter(|w| match &w.source {
+        Source::PubSub(s) => s.watermark.is_none(),
+        Source::Table { target } => !has_watermark(p, target, 0),
+        Source::File { .. } => true,
+    }) {
         c.push(
             ErrorCode::NotBuilt,
             &source_path,
             format!(
                 "window flow {:?} reads table {table:?}, whose windows close when the watermark \
-                 of every live writer has passed them; live writer {:?} has no `watermark:`",
+                 of every live writer has passed them; live writer {:?} has no watermark (a \
+                 Pub/Sub flow needs `watermark:`, a flow reading a table one whose own writers \
+                 have watermarks)",
                 flow.name, writer.name
             ),
         );
@@ -174,7 +153,7 @@ fn window_over_table(p: &Pipeline, c: &mut Collector<'_>, i: usize, flow: &Flow,
         .flows
         .iter()
         .filter(|w| w.target == table && !w.once && p.mode == Mode::Continuous)
-        .filter(|w| !matches!(w.source, Source::PubSub(_)))
+        .filter(|w| matches!(w.source, Source::File { .. }))
         .map(|w| w.name.as_str())
         .collect();
     if !unbounded_file_writers.is_empty() {
@@ -183,7 +162,7 @@ fn window_over_table(p: &Pipeline, c: &mut Collector<'_>, i: usize, flow: &Flow,
             &source_path,
             format!(
                 "window flow {:?} reads table {table:?}, which flows without `once: true` write \
-                 from files or tables in a continuous pipeline ({}); their rows have no watermark \
+                 from files in a continuous pipeline ({}); their rows have no watermark \
                  (make them `once: true`, so the window waits for them)",
                 flow.name,
                 unbounded_file_writers.join(", ")

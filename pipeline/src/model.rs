@@ -33,12 +33,17 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// The flows that write `table` without end: live Pub/Sub flows (not `once`), whose
-    /// watermarks close the windows of a window over that table.
+    /// The flows that write `table` without end: live flows (not `once`) reading Pub/Sub or
+    /// another table, whose watermarks bound the table's (they close the windows of a window
+    /// over it, and travel on to the flows that read it).
     pub fn live_writers(&self, table: &str) -> Vec<&Flow> {
         self.flows
             .iter()
-            .filter(|w| w.target == table && !w.once && matches!(w.source, Source::PubSub(_)))
+            .filter(|w| {
+                w.target == table
+                    && !w.once
+                    && matches!(w.source, Source::PubSub(_) | Source::Table { .. })
+            })
             .collect()
     }
 }

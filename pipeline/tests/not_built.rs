@@ -92,16 +92,33 @@ fn views_other_sinks_and_windows_without_a_watermark_do_not_run() {
 }
 
 #[test]
-fn a_table_read_while_live_flows_write_it_does_not_run() {
+fn tables_read_while_live_flows_write_them_run_in_chains() {
+    // bronze <- Pub/Sub (live); silver <- bronze (live, follows); copy <- bronze (once, reads
+    // what is there); export <- silver (live).
     let file = "pipeline: p\nstore: sqlite://s.db\n\
-        targets:\n  - { name: events, kind: table }\n  - { name: copy, kind: table }\n\
-        flows:\n  - { name: live, target: events, source: { pubsub: { subscription: s } } }\n  - { name: c, target: copy, once: true, source: { table: events } }\n";
+        targets:\n  - { name: bronze, kind: table }\n  - { name: silver, kind: table }\n  - { name: copy, kind: table }\n  - { name: export, kind: foreach_batch, foreach_batch: { endpoint: \"http://127.0.0.1:1\" } }\n\
+        flows:\n  - { name: live, target: bronze, source: { pubsub: { subscription: s } } }\n  - { name: refine, target: silver, source: { table: bronze } }\n  - { name: c, target: copy, once: true, source: { table: bronze } }\n  - { name: out, target: export, source: { table: silver } }\n";
     let found = not_built(file);
+    assert!(found.is_empty(), "{found:?}");
+}
+
+#[test]
+fn a_window_down_a_chain_needs_a_watermark_at_its_head() {
+    let chain = |watermark: &str| {
+        format!(
+            "pipeline: p\nstore: sqlite://s.db\n\
+             targets:\n  - {{ name: bronze, kind: table }}\n  - {{ name: silver, kind: table }}\n  - name: w\n    kind: window\n    window: {{ size: 1m, group_by: \"attribute:region\" }}\n\
+             flows:\n  - {{ name: live, target: bronze, source: {{ pubsub: {{ subscription: s{watermark} }} }} }}\n  - {{ name: refine, target: silver, source: {{ table: bronze }} }}\n  - {{ name: counts, target: w, source: {{ table: silver }} }}\n"
+        )
+    };
+    let found = not_built(&chain(""));
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(
-        found[0].contains("flows[1].source") && found[0].contains("(live)"),
+        found[0].contains("flows[2].source") && found[0].contains("\"refine\""),
         "{found:?}"
     );
+    let found = not_built(&chain(", watermark: { tracking_subscription: auto }"));
+    assert!(found.is_empty(), "{found:?}");
 }
 
 #[test]

@@ -27,6 +27,7 @@ pub mod command;
 pub mod pipeline_yaml;
 pub mod private_postgres;
 pub mod proxy;
+pub mod stage_server;
 pub mod watermarks;
 pub use command::{COMMAND_TIMEOUT, CommandOutput, sluice_command, sluice_command_within};
 pub use pipeline_yaml::{FlowYaml, PipelineYaml};

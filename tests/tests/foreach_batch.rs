@@ -9,61 +9,14 @@
 //!   same batch id with the same records again, and the table holds each record once.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_proto::v1::stage_server::{Stage, StageServer};
-use sluice_proto::v1::{ProcessRequest, ProcessResponse};
+use sluice_tests::stage_server::{StageCall, stage_server};
 use sluice_tests::{
     Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, event, events_with_duplicates, eventually,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// One call the Stage server received.
-#[derive(Debug, Clone)]
-struct Call {
-    flow: String,
-    batch_id: String,
-    keys: Vec<String>,
-}
-
-#[derive(Default, Clone)]
-struct Recorder {
-    calls: Arc<Mutex<Vec<Call>>>,
-}
-
-#[tonic::async_trait]
-impl Stage for Recorder {
-    async fn process(
-        &self,
-        request: tonic::Request<ProcessRequest>,
-    ) -> Result<tonic::Response<ProcessResponse>, tonic::Status> {
-        let request = request.into_inner();
-        self.calls.lock().unwrap().push(Call {
-            flow: request.flow,
-            batch_id: request.batch_id,
-            keys: request.records.into_iter().map(|r| r.key).collect(),
-        });
-        Ok(tonic::Response::new(ProcessResponse {}))
-    }
-}
-
-/// Serves a Stage recording its calls on a free loopback port.
-async fn stage_server() -> (SocketAddr, Recorder) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let recorder = Recorder::default();
-    let incoming = futures::stream::unfold(listener, |listener| async move {
-        let accepted = listener.accept().await.map(|(stream, _)| stream);
-        Some((accepted, listener))
-    });
-    let server = tonic::transport::Server::builder()
-        .add_service(StageServer::new(recorder.clone()))
-        .serve_with_incoming(incoming);
-    tokio::spawn(server);
-    (address, recorder)
-}
 
 fn pipeline(
     dir: &Path,
@@ -110,7 +63,7 @@ async fn every_record_reaches_the_stage_once_per_committed_batch() {
         store.query("SELECT COUNT(DISTINCT dedup_key) FROM test__enrich"),
         2_000
     );
-    let calls = recorder.calls.lock().unwrap().clone();
+    let calls = recorder.calls();
     let mut times_seen: HashMap<String, usize> = HashMap::new();
     for call in &calls {
         assert_eq!(call.flow, "live");
@@ -153,16 +106,13 @@ async fn a_crash_between_the_stage_answer_and_the_commit_resends_the_same_batch_
     pubsub
         .publish(&topic, (0..50).map(|i| event(&format!("c{i}"))).collect())
         .await;
-    let answered = eventually(Duration::from_secs(60), || {
-        !recorder.calls.lock().unwrap().is_empty()
-    })
-    .await;
+    let answered = eventually(Duration::from_secs(60), || !recorder.calls().is_empty()).await;
     assert!(
         answered,
         "the stage was never called; logs:\n{}",
         worker.logs()
     );
-    let first = recorder.calls.lock().unwrap()[0].clone();
+    let first = recorder.calls()[0].clone();
     assert_eq!(first.keys.len(), 50, "{first:?}");
     // The stage answered; the commit is stuck behind the lock. Crash now.
     worker.kill9();
@@ -174,7 +124,7 @@ async fn a_crash_between_the_stage_answer_and_the_commit_resends_the_same_batch_
         0,
         "nothing was committed"
     );
-    let calls_before = recorder.calls.lock().unwrap().len();
+    let calls_before = recorder.calls().len();
 
     let worker = Worker::start(&file, "second");
     let rows = || store.query("SELECT COUNT(*) FROM test__enrich");
@@ -183,8 +133,8 @@ async fn a_crash_between_the_stage_answer_and_the_commit_resends_the_same_batch_
     worker.terminate();
     assert!(worker.wait(Duration::from_secs(60)).success());
 
-    let calls = recorder.calls.lock().unwrap().clone();
-    let after: Vec<&Call> = calls[calls_before..].iter().collect();
+    let calls = recorder.calls();
+    let after: Vec<&StageCall> = calls[calls_before..].iter().collect();
     assert!(!after.is_empty(), "the batch was not sent again");
     let first_keys: BTreeSet<&String> = first.keys.iter().collect();
     for call in &after {

@@ -1,5 +1,6 @@
 //! `sluice status -c FILE`: what the store says about a pipeline: each flow's committed counts,
-//! watermark and completion, the workers alive and who holds each lease. Read from the store, so it works
+//! watermark and completion, how far a flow reading a table is behind it (rows and the age of
+//! the oldest unread one), the workers alive and who holds each lease. Read from the store, so it works
 //! whether or not a worker runs. When the file sets `control.listen` and a worker answers there,
 //! its live view is shown instead (flow states, counters since it started, late rows, system
 //! lag, watermark age, when each flow's run started).
@@ -7,7 +8,7 @@
 use crate::runtime::flows;
 use crate::runtime::membership::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
 use clap::ValueEnum;
-use sluice_connector::{TRACKER_LEASE_TTL, TRACKER_TICK};
+use sluice_connector::{TRACKER_LEASE_TTL, TRACKER_TICK, TURN_TTL};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -25,6 +26,10 @@ struct FlowLine {
     completed_at_ms: Option<i64>,
     watermark_ms: Option<i64>,
     watermark_age_seconds: Option<f64>,
+    /// For a flow reading a table: committed rows of the table it has not committed yet.
+    rows_behind: Option<u64>,
+    /// ...and the age of the oldest of them (0 when none).
+    feed_lag_seconds: Option<f64>,
 }
 
 /// Output format of `status`.
@@ -216,6 +221,14 @@ async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_s
         let watermark_ms = watermarks.get(&flow.name).map(|w| w.watermark_ms);
         let progress = store.flow_progress(handle).await?;
         let completed_at_ms = completions.get(&flow.name).copied();
+        let feed = match &flow.source {
+            sluice_pipeline::Source::Table { target } => {
+                let table = sluice_store::table_name(&pipeline.name, target)?;
+                let at = store.read_position(handle, &table).await?;
+                Some(store.feed_lag(&table, &at).await?)
+            }
+            _ => None,
+        };
         lines.push(FlowLine {
             flow: flow.name.clone(),
             once: flow.once,
@@ -231,6 +244,11 @@ async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_s
             completed_at_ms,
             watermark_ms,
             watermark_age_seconds: watermark_ms.map(|w| (now - w).max(0) as f64 / 1000.0),
+            rows_behind: feed.map(|lag| lag.rows_behind),
+            feed_lag_seconds: feed.map(|lag| {
+                lag.oldest_unread_ms
+                    .map_or(0.0, |oldest| (now - oldest).max(0) as f64 / 1000.0)
+            }),
         });
     }
     let workers = store.workers(&pipeline.name, ALIVE_WITHIN).await?;
@@ -272,6 +290,8 @@ fn text(
         "COMMITS",
         "WATERMARK",
         "WATERMARK AGE",
+        "BEHIND",
+        "FEED LAG",
         "COMPLETED AT",
     ];
     let rows: Vec<Vec<String>> = lines
@@ -288,6 +308,12 @@ fn text(
                     .map(rfc3339)
                     .unwrap_or_else(|| "-".to_owned()),
                 l.watermark_age_seconds
+                    .map(|age| format!("{age:.1}s"))
+                    .unwrap_or_else(|| "-".to_owned()),
+                l.rows_behind
+                    .map(|rows| rows.to_string())
+                    .unwrap_or_else(|| "-".to_owned()),
+                l.feed_lag_seconds
                     .map(|age| format!("{age:.1}s"))
                     .unwrap_or_else(|| "-".to_owned()),
                 l.completed_at_ms
@@ -313,6 +339,8 @@ fn text(
         // The tracking reader renews its lease at every tracker tick, the others at every beat.
         let (renewed, lasts) = if lease.role.starts_with("watermark/") {
             (TRACKER_TICK, TRACKER_LEASE_TTL)
+        } else if lease.role.starts_with("feed/") {
+            (TURN_TTL / 4, TURN_TTL)
         } else {
             (BEAT_INTERVAL, LEASE_TTL)
         };

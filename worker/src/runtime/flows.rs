@@ -3,9 +3,10 @@
 //! ledger.
 
 use sluice_connector::{
-    BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FileSource, FlowRun, JsonlSink,
-    KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil, SkipCommitted,
-    SourceProgress, Stage, TableSource, TableStage, commit_bound, pause_threshold,
+    BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, DedupSettings, FileSource,
+    FlowRun, FlowWatermark, JsonlSink, KeySource, MessageSource, PubSubConfig, PubSubSource,
+    ReaderTurn, RetrySettings, RunUntil, SkipCommitted, SourceProgress, Stage, TableSource,
+    TableStage, TableWatermark, commit_bound, pause_threshold,
 };
 use sluice_pipeline::defaults;
 use sluice_pipeline::{
@@ -183,12 +184,58 @@ fn bounded_plan(
     }
 }
 
-/// Builds the run of one flow.
+/// A flow reading a table: it follows the table in a continuous pipeline (unless `once`) and
+/// catches up with it otherwise; one replica at a time reads it (this worker, `worker`, when it
+/// holds the flow's turn); a table with live writers hands their watermark down.
+fn table_source(
+    pipeline: &Pipeline,
+    flow: &Flow,
+    read: &str,
+    store: &Arc<dyn Store>,
+    handle: &FlowHandle,
+    worker: &str,
+    counters: &Counters,
+) -> Result<TableSource, String> {
+    let table = table_name(&pipeline.name, read).map_err(|e| e.to_string())?;
+    let mut source = TableSource::new(store.clone(), handle.clone(), table.as_str())
+        .in_pool(ReaderTurn {
+            pool: store.clone(),
+            holder: worker.to_owned(),
+        })
+        .with_counters(counters.clone());
+    if follows(pipeline, flow) {
+        source = source.follow(DEFAULT_POLL);
+    }
+    let writers: Vec<String> = pipeline
+        .live_writers(read)
+        .into_iter()
+        .map(|w| w.name.clone())
+        .collect();
+    if pipeline.mode == Mode::Continuous && !writers.is_empty() {
+        let watermark = FlowWatermark::new();
+        counters.attach_feed_watermark(watermark.clone());
+        source = source.with_watermark(TableWatermark {
+            store: store.clone(),
+            writers,
+            watermark,
+        });
+    }
+    Ok(source)
+}
+
+/// Whether a flow reading a table follows it as it grows (a live flow of a continuous
+/// pipeline) rather than catching up with it and ending.
+pub fn follows(pipeline: &Pipeline, flow: &Flow) -> bool {
+    matches!(flow.source, Source::Table { .. }) && pipeline.mode == Mode::Continuous && !flow.once
+}
+
+/// Builds the run of one flow; `worker` is this worker's id in the pool.
 pub fn build(
     pipeline: &Pipeline,
     flow: &Flow,
     store: Arc<dyn Store>,
     handle: FlowHandle,
+    worker: &str,
     give_up: CancellationToken,
 ) -> Result<BuiltFlow, String> {
     let table: Arc<str> = Arc::from(
@@ -201,6 +248,7 @@ pub fn build(
         flow: handle.clone(),
         table: table.clone(),
     };
+    let counters = Counters::new(&pipeline.name, &flow.name);
     let plan = match &flow.source {
         Source::PubSub(settings) => pubsub_plan(pipeline, flow, settings)?,
         Source::File { path } => {
@@ -209,13 +257,16 @@ pub fn build(
             bounded_plan(Box::new(source), progress, true)
         }
         Source::Table { target } => {
-            let read = table_name(&pipeline.name, target).map_err(|e| e.to_string())?;
-            let source = TableSource::new(store.clone(), read).skip_committed(skip);
+            let source = table_source(pipeline, flow, target, &store, &handle, worker, &counters)?
+                .skip_committed(skip);
             let progress = source.progress();
-            bounded_plan(Box::new(source), progress, false)
+            let mut plan = bounded_plan(Box::new(source), progress, false);
+            if follows(pipeline, flow) {
+                plan.until = RunUntil::Drained;
+            }
+            plan
         }
     };
-    let counters = Counters::new(&pipeline.name, &flow.name);
     let watermark = crate::runtime::watermarks::plan(pipeline, flow, &counters);
     let windows = watermark
         .as_ref()

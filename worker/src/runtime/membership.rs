@@ -389,6 +389,43 @@ mod tests {
     }
 
     #[async_trait]
+    impl sluice_store::FeedStore for FakeStore {
+        async fn read_position(
+            &self,
+            _: &FlowHandle,
+            _: &str,
+        ) -> Result<sluice_store::ReadPosition, StoreError> {
+            unused("read_position")
+        }
+
+        async fn plan_range(
+            &self,
+            _: &FlowHandle,
+            _: &str,
+            _: &sluice_store::ReadPosition,
+        ) -> Result<sluice_store::ReadPosition, StoreError> {
+            unused("plan_range")
+        }
+
+        async fn read_range(
+            &self,
+            _: &str,
+            _: &sluice_store::ReadPosition,
+            _: usize,
+        ) -> Result<Vec<sluice_store::FeedRow>, StoreError> {
+            unused("read_range")
+        }
+
+        async fn feed_lag(
+            &self,
+            _: &str,
+            _: &sluice_store::ReadPosition,
+        ) -> Result<sluice_store::FeedLag, StoreError> {
+            unused("feed_lag")
+        }
+    }
+
+    #[async_trait]
     impl sluice_store::PoolStore for FakeStore {
         async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
             self.record(Call::Heartbeat(beat.worker.clone()));

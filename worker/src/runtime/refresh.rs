@@ -12,9 +12,12 @@
 //!   committed message whose ack was lost, or a publisher's later copy of a kept record, is
 //!   still a duplicate when it comes. Rows other flows wrote to the same table stay. A sink
 //!   flow's files go when all its rows go (a sink flow reading Pub/Sub cannot be seeked).
-//! * **Only what was asked.** `reset FLOW` touches that flow alone: upstream once flows stay
-//!   drained (IDLE) and are not re-read. `full-refresh` resets every flow, so the next run
-//!   starts the chain from the beginning, in `depends_on` order.
+//! * **Only what was asked, and what reads it.** `reset FLOW` touches that flow, and, when the
+//!   reset deletes rows that its source then writes again (a file or table flow, or a seek),
+//!   the flows that read its table, directly or further down: their rows, ledgers and read
+//!   positions go, so they read the table again from its start and hold each record once.
+//!   Upstream once flows stay drained (IDLE) and are not re-read. `full-refresh` resets every
+//!   flow, so the next run starts the chain from the beginning, in `depends_on` order.
 //! * **Never under a running worker.** A worker keeps recent keys in memory; resetting beneath
 //!   it could let it drop a record the store no longer holds. These commands refuse while any
 //!   worker of the pipeline has beaten within the last 15 s.
@@ -238,13 +241,61 @@ pub async fn reset(
 ) -> Result<String, RefreshError> {
     let seeks = reset_seeks(pipeline, flow, seek).await?;
     let seek_ms = seeks.first().map(|(_, ms)| *ms);
-    refresh(pipeline, &[flow.to_owned()], seek_ms, caller).await?;
+    // A reset that deletes rows (all of them, or those since a seek) makes them come again:
+    // the flows reading the table are reset with it, so they read it again from its start.
+    let deletes_rows = seek_ms.is_some()
+        || pipeline
+            .flows
+            .iter()
+            .any(|f| f.name == flow && !matches!(f.source, Source::PubSub(_)));
+    let downstream = if deletes_rows {
+        downstream_of(pipeline, flow)
+    } else {
+        Vec::new()
+    };
+    let names: Vec<String> = std::iter::once(flow.to_owned())
+        .chain(downstream.iter().cloned())
+        .collect();
+    refresh(pipeline, &names, seek_ms, caller).await?;
     let mut done = format!("flow {flow} reset");
+    if !downstream.is_empty() {
+        done.push_str(&format!(
+            "; with the flows that read its table, which read it again from its start: {}",
+            downstream.join(", ")
+        ));
+    }
     for (subscription, ms) in seeks {
         seek_subscription(pipeline, &subscription, ms).await?;
         done.push_str(&format!("; {subscription} seeked to {ms} ms"));
     }
     Ok(done)
+}
+
+/// The flows that read, directly or through other tables, the table `flow` writes, in file
+/// order (validation rules out cycles).
+pub fn downstream_of(pipeline: &Pipeline, flow: &str) -> Vec<String> {
+    let mut tables: Vec<&str> = pipeline
+        .flows
+        .iter()
+        .filter(|f| f.name == flow)
+        .map(|f| f.target.as_str())
+        .collect();
+    let mut found: Vec<String> = Vec::new();
+    while let Some(table) = tables.pop() {
+        for reader in &pipeline.flows {
+            let reads = matches!(&reader.source, Source::Table { target } if target == table);
+            if reads && reader.name != flow && !found.contains(&reader.name) {
+                found.push(reader.name.clone());
+                tables.push(&reader.target);
+            }
+        }
+    }
+    pipeline
+        .flows
+        .iter()
+        .filter(|f| found.contains(&f.name))
+        .map(|f| f.name.clone())
+        .collect()
 }
 
 /// Checks a reset of `flow` with `seek` without doing it: the flow exists, and the seek (if
@@ -339,4 +390,23 @@ pub async fn refresh(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::downstream_of;
+    use std::path::Path;
+
+    #[test]
+    fn a_reset_reaches_every_flow_down_the_tables() {
+        let file = "pipeline: p\nstore: sqlite://s.db\n\
+            targets:\n  - { name: bronze, kind: table }\n  - { name: silver, kind: table }\n  - { name: gold, kind: table }\n  - { name: side, kind: table }\n\
+            flows:\n  - { name: gold_up, target: gold, source: { table: silver } }\n  - { name: ingest, target: bronze, source: { pubsub: { subscription: s } } }\n  - { name: refine, target: silver, source: { table: bronze } }\n  - { name: other, target: side, source: { pubsub: { subscription: t } } }\n";
+        let pipeline = sluice_pipeline::parse_for_run(file, Path::new("p.yaml")).unwrap();
+        assert_eq!(downstream_of(&pipeline, "ingest"), ["gold_up", "refine"]);
+        assert_eq!(downstream_of(&pipeline, "refine"), ["gold_up"]);
+        assert!(downstream_of(&pipeline, "gold_up").is_empty());
+        assert!(downstream_of(&pipeline, "other").is_empty());
+    }
 }

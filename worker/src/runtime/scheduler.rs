@@ -201,6 +201,7 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         flow,
         ctx.store.clone(),
         handle.clone(),
+        &ctx.worker,
         ctx.shutdown.give_up.clone(),
     ) {
         Ok(built) => built,

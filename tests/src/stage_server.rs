@@ -1,0 +1,63 @@
+//! A real gRPC Stage server (tonic) on a free loopback port, recording every call in the
+//! order it arrived: what `foreach_batch` targets hand their batches to.
+
+use sluice_proto::v1::stage_server::{Stage, StageServer};
+use sluice_proto::v1::{ProcessRequest, ProcessResponse};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+/// One call the Stage server received.
+#[derive(Debug, Clone)]
+pub struct StageCall {
+    /// The flow that sent it.
+    pub flow: String,
+    /// Its batch id.
+    pub batch_id: String,
+    /// The records' keys, in order.
+    pub keys: Vec<String>,
+}
+
+/// The calls received so far, in arrival order.
+#[derive(Default, Clone)]
+pub struct StageRecorder {
+    calls: Arc<Mutex<Vec<StageCall>>>,
+}
+
+impl StageRecorder {
+    /// A copy of the calls so far.
+    pub fn calls(&self) -> Vec<StageCall> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+#[tonic::async_trait]
+impl Stage for StageRecorder {
+    async fn process(
+        &self,
+        request: tonic::Request<ProcessRequest>,
+    ) -> Result<tonic::Response<ProcessResponse>, tonic::Status> {
+        let request = request.into_inner();
+        self.calls.lock().unwrap().push(StageCall {
+            flow: request.flow,
+            batch_id: request.batch_id,
+            keys: request.records.into_iter().map(|r| r.key).collect(),
+        });
+        Ok(tonic::Response::new(ProcessResponse {}))
+    }
+}
+
+/// Serves a Stage recording its calls; its address and the recorder.
+pub async fn stage_server() -> (SocketAddr, StageRecorder) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let recorder = StageRecorder::default();
+    let incoming = futures::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    });
+    let server = tonic::transport::Server::builder()
+        .add_service(StageServer::new(recorder.clone()))
+        .serve_with_incoming(incoming);
+    tokio::spawn(server);
+    (address, recorder)
+}
