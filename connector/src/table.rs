@@ -32,7 +32,8 @@
 //!   watermark of the table's live writers is read before each range is planned and becomes
 //!   the reading flow's own (stored, so flows further down take it over in turn) once the
 //!   range is committed: every row committed before the range's end is then in the flow's
-//!   target, and any row committed to the table later was late there already.
+//!   target, and any row committed to the table later was late there already. A source that
+//!   has caught up hands the watermark it read before finding nothing new on at once.
 //! * Event time and attributes carry over from the row; its publish time too.
 
 use crate::backoff::Backoff;
@@ -325,17 +326,22 @@ impl Reader {
                 if self.source.follow.is_none() && planned {
                     return Interrupted::End;
                 }
+                // Read before the table is looked at: then it holds for every row up to there.
+                let watermark = self.table_watermark().await;
                 if let Some(poll) = self.source.follow
                     && at.version > 0
                     && !self.has_news(&at).await
                 {
+                    // Caught up: the table's watermark holds for this flow's rows already.
+                    if let Some(watermark) = watermark {
+                        self.offer_watermark(watermark).await;
+                    }
                     tokio::select! {
                         _ = tokio::time::sleep(poll) => {}
                         _ = self.deliverer.stop.cancelled() => return Interrupted::End,
                     }
                     continue;
                 }
-                let watermark = self.table_watermark().await;
                 let planning = self
                     .retry_or_moved("plan a range", || feed.plan_range(&flow, &table, &at))
                     .await;
@@ -491,11 +497,18 @@ impl Reader {
             .filter(|w| *w != i64::MAX)
     }
 
-    /// Makes `watermark_ms` the flow's watermark, here and in the store.
+    /// Makes `watermark_ms` the flow's watermark, here and in the store (only when it moves).
     async fn offer_watermark(&self, watermark_ms: i64) {
         let Some(plan) = &self.source.watermark else {
             return;
         };
+        if plan
+            .watermark
+            .current()
+            .is_some_and(|shown| shown >= watermark_ms)
+        {
+            return;
+        }
         plan.watermark.advance(watermark_ms);
         let offer = WatermarkRecord {
             watermark_ms,

@@ -328,3 +328,95 @@ async fn a_triggered_update_reads_only_what_is_new() {
         1_900
     );
 }
+
+/// The table's watermark travels down a chain: `ingest` (Pub/Sub with `watermark:`) writes
+/// `bronze`, `refine` follows it into `silver`, and a window over `silver` is closed by the
+/// watermark `refine` takes over from `bronze`. Every record lands in exactly one window count,
+/// and no row of `silver` was committed after its window was emitted (the handed-down
+/// watermark never ran ahead of `refine`'s rows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_down_a_chain_closes_with_the_watermark_handed_down() {
+    const WINDOW_MS: i64 = 10_000;
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("chain-window", 1).await;
+    let dir = Workdir::new();
+    let db = dir.db("window");
+    let file = PipelineYaml::new("test")
+        .sqlite(&db)
+        .pubsub_emulator()
+        .target_table("bronze")
+        .target_table("silver")
+        .target_window("per10s", "10s", "attribute:region", "0s")
+        .flow(
+            FlowYaml::pubsub("ingest", "bronze", &subs[0])
+                .dedup_attribute("event_id")
+                .event_time_attribute("ts")
+                .watermark("auto", "10s"),
+        )
+        .flow(FlowYaml::table("refine", "silver", "bronze"))
+        .flow(FlowYaml::table("counts", "per10s", "silver"))
+        .write(dir.path(), "p.yaml");
+    let worker = Worker::start(&file, "worker");
+    pubsub
+        .wait_until_exists(&format!("{}-tracking", subs[0]), Duration::from_secs(60))
+        .await;
+    let mut expected: HashMap<(i64, String), i64> = HashMap::new();
+    let mut total = 0;
+    for wave in 0..10 {
+        let messages: Vec<_> = (0..60)
+            .map(|i| {
+                let ts = sluice_tests::now_ms() - rand::random_range(0..3_000);
+                let region = format!("r{}", i % 3);
+                *expected
+                    .entry((ts - ts.rem_euclid(WINDOW_MS), region.clone()))
+                    .or_default() += 1;
+                google_cloud_pubsub::model::Message::new()
+                    .set_data(bytes::Bytes::from_static(b"{}"))
+                    .set_attributes([
+                        ("event_id", format!("e{wave}-{i}")),
+                        ("ts", ts.to_string()),
+                        ("region", region),
+                    ])
+            })
+            .collect();
+        total += messages.len() as i64;
+        pubsub.publish(&topic, messages).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let store = Db(db);
+    let counted = || store.query("SELECT COALESCE(SUM(count), 0) FROM test__per10s__windows");
+    let done = eventually(Duration::from_secs(300), || counted() == total).await;
+    assert!(
+        done,
+        "counted {} of {total}; logs:\n{}",
+        counted(),
+        worker.logs()
+    );
+    let logs = worker.logs();
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");
+    for ((start, region), count) in &expected {
+        assert_eq!(
+            store.query(&format!(
+                "SELECT count FROM test__per10s__windows
+                 WHERE window_start = {start} AND group_key = '{region}'"
+            )),
+            *count,
+            "window {start} {region}"
+        );
+    }
+    assert_eq!(
+        store.query(
+            "SELECT COUNT(*) FROM test__silver s JOIN test__per10s__windows w
+                 ON w.window_start = s.event_time - (s.event_time % 10000)
+                AND w.group_key = json_extract(s.attributes, '$.region')
+             WHERE s.committed_at > w.emitted_at"
+        ),
+        0,
+        "rows of silver committed after their window was emitted"
+    );
+    assert!(
+        store.query("SELECT COUNT(*) FROM sluice_watermarks w JOIN sluice_flows f USING (flow_id) WHERE f.flow = 'refine'") == 1,
+        "refine stores the watermark it takes over"
+    );
+}
