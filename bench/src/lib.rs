@@ -4,11 +4,15 @@
 //! Benchmarks report ratios against a baseline measured in the same run, on the same emulator,
 //! because these machines are noisy; absolute figures are printed for context only.
 
+mod chain;
 mod cpu;
 pub mod emulator;
+mod stores;
 mod throughput;
 mod watermark;
 
+pub use chain::{ChainArgs, chain};
 pub use emulator::{Emulator, EmulatorError, free_port};
+pub use stores::StoreChoice;
 pub use throughput::{BenchError, ThroughputArgs, throughput};
 pub use watermark::{WatermarkArgs, watermark};

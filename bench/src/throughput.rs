@@ -14,6 +14,7 @@
 
 use crate::cpu::process_cpu_time;
 use crate::emulator::{Emulator, EmulatorError};
+use crate::stores::{Backend, FreshStore, StoreChoice};
 use bytes::Bytes;
 use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
@@ -24,7 +25,7 @@ use sluice_connector::{
     TableStage,
 };
 use sluice_store::LedgerStore;
-use sluice_store::{Layout, PostgresStore, ScratchDatabase, SqliteStore, Store, table_name};
+use sluice_store::{Layout, table_name};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -70,37 +71,9 @@ pub struct ThroughputArgs {
     pub postgres: String,
 }
 
-/// `--store`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum StoreChoice {
-    /// SQLite only.
-    Sqlite,
-    /// PostgreSQL and SQLite.
-    Postgres,
-}
-
-/// A store a drain commits into.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-impl Backend {
-    fn name(self) -> &'static str {
-        match self {
-            Backend::Sqlite => "SQLite",
-            Backend::Postgres => "PostgreSQL",
-        }
-    }
-}
-
 impl ThroughputArgs {
     fn backends(&self) -> Vec<Backend> {
-        match self.store {
-            StoreChoice::Sqlite => vec![Backend::Sqlite],
-            StoreChoice::Postgres => vec![Backend::Sqlite, Backend::Postgres],
-        }
+        self.store.backends()
     }
 }
 
@@ -389,23 +362,8 @@ async fn sluice_drain(
     progress: Progress,
 ) -> Result<Measured, BenchError> {
     let store_error = |e: sluice_store::StoreError| BenchError::Store(e.to_string());
-    let dir = tempfile::tempdir().map_err(|e| BenchError::Store(e.to_string()))?;
-    let mut scratch = None;
-    let mut postgres = None;
-    let store: Arc<dyn Store> = match backend {
-        Backend::Sqlite => {
-            Arc::new(SqliteStore::open(&dir.path().join("bench.db")).map_err(store_error)?)
-        }
-        Backend::Postgres => {
-            let database = ScratchDatabase::create_on(postgres_server)
-                .await
-                .map_err(store_error)?;
-            let store = Arc::new(PostgresStore::open(database.url()).map_err(store_error)?);
-            scratch = Some(database);
-            postgres = Some(store.clone());
-            store
-        }
-    };
+    let fresh = FreshStore::open(backend, postgres_server).await?;
+    let (store, postgres) = (fresh.store.clone(), fresh.postgres.clone());
     let flow = store
         .prepare(&Layout {
             pipeline: "bench".into(),
@@ -498,7 +456,7 @@ async fn sluice_drain(
         }
         _ => None,
     };
-    drop(scratch);
+    drop(fresh);
     Ok(Measured {
         wall,
         cpu,

@@ -200,6 +200,7 @@ impl BatchSource {
             dedup: self.dedup.clone(),
             tracked_since: None,
             page: None,
+            page_part: None,
         };
         if self.paged {
             return self.next_page(batch, idle).await;
@@ -331,6 +332,9 @@ pub struct Batch {
     tracked_since: Option<std::time::Instant>,
     /// For a batch of a paged source: its page's position change (see `page.rs`).
     page: Option<crate::page::PageMark>,
+    /// For a part of a page split into singles, other than the last: the version check its
+    /// commit makes (the last part carries the mark and moves the position).
+    page_part: Option<sluice_store::PositionAdvance>,
 }
 
 impl Batch {
@@ -353,9 +357,13 @@ impl Batch {
         self.dedup.counters.clone()
     }
 
-    /// The position change this batch commits, for a batch of a table source's page.
+    /// The position change this batch commits, for a batch of a table source's page (a
+    /// version check only for a part of a split page but its last).
     pub(crate) fn position(&self) -> Option<&sluice_store::PositionAdvance> {
-        self.page.as_ref().map(crate::page::PageMark::advance)
+        self.page
+            .as_ref()
+            .map(crate::page::PageMark::advance)
+            .or(self.page_part.as_ref())
     }
 
     /// The flow's event-time watermark now (ms since epoch), for flows that estimate one;
@@ -439,10 +447,17 @@ impl Batch {
     }
 
     /// Splits into one batch per delivery (to isolate a message that makes a batch fail).
-    /// A page's position change goes with the last single, so it commits after the rest.
+    /// A page's position change goes with the last single, so it commits after the rest; the
+    /// others check the position's version (a reader whose position moved commits none).
     pub(crate) fn into_singles(mut self) -> Vec<Batch> {
         let id = self.id;
         self.untrack();
+        let part = self
+            .position()
+            .map(|advance| sluice_store::PositionAdvance {
+                after: None,
+                ..advance.clone()
+            });
         let mut singles: Vec<Batch> = std::mem::take(&mut self.deliveries)
             .into_iter()
             .map(|delivery| {
@@ -452,14 +467,16 @@ impl Batch {
                     dedup: self.dedup.clone(),
                     tracked_since: None,
                     page: None,
+                    page_part: part.clone(),
                 };
                 single.track(delivery.received_at);
                 single.deliveries.push(delivery);
                 single
             })
             .collect();
-        if let Some(last) = singles.last_mut() {
+        if let Some(last) = singles.last_mut().filter(|_| self.page.is_some()) {
             last.page = self.page.take();
+            last.page_part = None;
         }
         singles
     }

@@ -17,6 +17,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// Messages delivered together by a paced [`InProcessSource`] ([`InProcessSource::with_rate`]).
+pub const PACE_STEP: usize = 50;
+
 /// Acks and nacks received by an [`InProcessSource`]'s messages.
 #[derive(Debug, Default)]
 pub struct InProcessTally {
@@ -35,6 +38,8 @@ pub struct InProcessSource {
     messages: Vec<SourceMessage>,
     /// How long to wait before delivering each message (missing: no wait).
     gaps: Vec<std::time::Duration>,
+    /// Messages per second at most, counted from the start (`None`: as fast as it can).
+    rate: Option<f64>,
     tally: Arc<InProcessTally>,
 }
 
@@ -44,8 +49,16 @@ impl InProcessSource {
         Self {
             messages,
             gaps: Vec::new(),
+            rate: None,
             tally: Arc::new(InProcessTally::default()),
         }
+    }
+
+    /// Delivers at most `per_second` messages a second, in steps of [`PACE_STEP`] messages,
+    /// on a clock started with the source (a late step is not made up by a burst beyond it).
+    pub fn with_rate(mut self, per_second: f64) -> Self {
+        self.rate = Some(per_second).filter(|r| *r > 0.0);
+        self
     }
 
     /// Waits `gaps[i]` before delivering message `i` (for tests of timing: a redelivery that
@@ -101,7 +114,17 @@ impl MessageSource for InProcessSource {
         let task_stop = stop.clone();
         let tally = self.tally.clone();
         let task = tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
             for (i, message) in self.messages.into_iter().enumerate() {
+                if let Some(rate) = self.rate
+                    && i % PACE_STEP == 0
+                {
+                    let due = started + std::time::Duration::from_secs_f64(i as f64 / rate);
+                    tokio::select! {
+                        _ = task_stop.cancelled() => return,
+                        _ = tokio::time::sleep_until(due) => {}
+                    }
+                }
                 if let Some(gap) = self.gaps.get(i) {
                     tokio::select! {
                         _ = task_stop.cancelled() => return,

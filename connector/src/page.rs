@@ -109,7 +109,7 @@ mod tests {
         PositionAdvance {
             table: Arc::from("p__t"),
             expected_version: version,
-            after: (version, 0),
+            after: Some((version, 0)),
         }
     }
 

@@ -59,7 +59,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Rows per page at most (a quarter of the message budget if that is smaller).
-pub const PAGE_ROWS: usize = 500;
+pub const PAGE_ROWS: usize = 1_000;
 /// How long a reader's turn (`feed/<flow>` lease) lasts unless renewed.
 pub const TURN_TTL: Duration = Duration::from_secs(10);
 /// How often a following source looks for new commits by default.
@@ -219,7 +219,7 @@ impl MessageSource for TableSource {
             },
             tracker: PageTracker::new(),
             source: *self,
-            turn_renewed: None,
+            keeper: None,
             lag_published: None,
         };
         let task = tokio::spawn(reader.run());
@@ -251,7 +251,7 @@ struct Reader {
     tracker: Arc<PageTracker>,
     page_rows: usize,
     page_bytes: usize,
-    turn_renewed: Option<Instant>,
+    keeper: Option<TurnKeeper>,
     lag_published: Option<Instant>,
 }
 
@@ -270,6 +270,16 @@ impl Reader {
 
     fn stopped(&self) -> bool {
         self.deliverer.stop.is_cancelled()
+    }
+
+    /// Only the first range can hold rows the flow committed before it had a position (it
+    /// read the table in full before feeds existed): checked against its target there only.
+    fn skip_in(&mut self, at: &ReadPosition) {
+        self.deliverer.skip = if at.range_from.is_empty() {
+            self.source.skip.clone()
+        } else {
+            None
+        };
     }
 
     /// Waits for the pages in flight to settle; the state then.
@@ -295,10 +305,7 @@ impl Reader {
             return Interrupted::End;
         };
         self.tracker.restart(at.version);
-        // Only a flow without a position may have rows from before feeds existed.
-        if at.version > 0 {
-            self.deliverer.skip = None;
-        }
+        self.skip_in(&at);
         let mut range_done = at.version == 0;
         let mut planned = false;
         let mut pending_watermark: Option<i64> = None;
@@ -306,7 +313,7 @@ impl Reader {
             if self.stopped() {
                 return Interrupted::End;
             }
-            if !self.keep_turn().await {
+            if !self.keep_turn() {
                 return Interrupted::Restart;
             }
             self.publish_lag(&at, false).await;
@@ -322,7 +329,6 @@ impl Reader {
                 if let Some(watermark) = pending_watermark.take() {
                     self.offer_watermark(watermark).await;
                 }
-                self.deliverer.skip = None;
                 if self.source.follow.is_none() && planned {
                     return Interrupted::End;
                 }
@@ -351,6 +357,7 @@ impl Reader {
                     Err(Moved) => return Interrupted::Restart,
                 };
                 self.tracker.restart(at.version);
+                self.skip_in(&at);
                 pending_watermark = watermark;
                 planned = true;
                 range_done = false;
@@ -372,7 +379,7 @@ impl Reader {
             let mark = self.tracker.mark(PositionAdvance {
                 table: table.clone(),
                 expected_version: at.version,
-                after: last,
+                after: Some(last),
             });
             at.version += 1;
             at.after = Some(last);
@@ -429,14 +436,16 @@ impl Reader {
         self.deliverer.intake.send(end).await.is_ok()
     }
 
-    /// Whether the table has commits after `at` (and refreshes the lag gauges with them).
+    /// Whether the table has commits after `at` (and refreshes the lag gauges with them); when
+    /// the store cannot say, there may be: the reader plans a range (which waits the store out)
+    /// rather than take itself for caught up.
     async fn has_news(&mut self, at: &ReadPosition) -> bool {
         match self.lag(at).await {
             Some(lag) => {
                 self.show_lag(lag);
                 lag.rows_behind > 0
             }
-            None => false,
+            None => true,
         }
     }
 
@@ -444,7 +453,7 @@ impl Reader {
         match self.source.feed.feed_lag(&self.source.table, at).await {
             Ok(lag) => Some(lag),
             Err(error) => {
-                tracing::debug!(table = %self.source.table, %error, "cannot measure the feed lag");
+                tracing::warn!(table = %self.source.table, %error, "cannot measure the feed lag");
                 None
             }
         }
@@ -527,19 +536,21 @@ impl Reader {
         }
     }
 
-    /// Waits until this worker holds the flow's turn; `false` once stopped.
+    /// Waits until this worker holds the flow's turn, then keeps renewing it in the background
+    /// (the reader may wait longer than the lease lasts, for budget or for its pages to
+    /// commit); `false` once stopped.
     async fn take_turn(&mut self) -> bool {
         let Some(turn) = self.source.turn.clone() else {
             return true;
         };
-        let request = self.turn_request(&turn);
+        let request = turn_request(&self.source.flow, &turn);
         let mut waiting_logged = false;
         loop {
             match turn.pool.acquire_lease(&request).await {
                 Ok(LeaseGrant::Held { .. }) => {
-                    self.turn_renewed = Some(Instant::now());
                     tracing::info!(flow = %self.source.flow.name, table = %self.source.table,
                         "reading the table (this worker's turn)");
+                    self.keeper = Some(TurnKeeper::start(turn.pool.clone(), request));
                     return true;
                 }
                 Ok(LeaseGrant::HeldBy(holder)) if !waiting_logged => {
@@ -560,38 +571,21 @@ impl Reader {
         }
     }
 
-    /// Renews the turn when due; `false` if another worker has it now.
-    async fn keep_turn(&mut self) -> bool {
-        let Some(turn) = self.source.turn.clone() else {
-            return true;
-        };
-        if self
-            .turn_renewed
-            .is_some_and(|at| at.elapsed() < TURN_TTL / 4)
-        {
-            return true;
+    /// `false` if another worker has the turn now.
+    fn keep_turn(&mut self) -> bool {
+        let lost = self.keeper.as_ref().is_some_and(TurnKeeper::lost);
+        if lost {
+            tracing::warn!(flow = %self.source.flow.name,
+                "lost the reader's turn; reading on once it is this worker's again");
+            self.keeper = None;
         }
-        match turn.pool.acquire_lease(&self.turn_request(&turn)).await {
-            Ok(LeaseGrant::Held { .. }) => {
-                self.turn_renewed = Some(Instant::now());
-                true
-            }
-            Ok(LeaseGrant::HeldBy(holder)) => {
-                tracing::warn!(flow = %self.source.flow.name, %holder,
-                    "lost the reader's turn; giving the pages in flight back");
-                false
-            }
-            // An outage: the fenced position keeps a late commit out; renewal is retried.
-            Err(error) => {
-                tracing::debug!(%error, "cannot renew the reader's turn; retrying");
-                true
-            }
-        }
+        !lost
     }
 
-    async fn leave_turn(&self) {
+    async fn leave_turn(&mut self) {
+        self.keeper = None;
         if let Some(turn) = &self.source.turn {
-            let request = self.turn_request(turn);
+            let request = turn_request(&self.source.flow, turn);
             if let Err(error) = turn
                 .pool
                 .release_lease(&request.pipeline, &request.role, &request.holder)
@@ -599,15 +593,6 @@ impl Reader {
             {
                 tracing::debug!(%error, "cannot release the reader's turn; it expires");
             }
-        }
-    }
-
-    fn turn_request(&self, turn: &ReaderTurn) -> LeaseRequest {
-        LeaseRequest {
-            pipeline: self.source.flow.pipeline.to_string(),
-            role: format!("feed/{}", self.source.flow.name),
-            holder: turn.holder.clone(),
-            ttl: TURN_TTL,
         }
     }
 
@@ -663,6 +648,57 @@ impl Reader {
 
 /// The position moved under the reader.
 struct Moved;
+
+/// The lease request of a flow's reader.
+fn turn_request(flow: &FlowHandle, turn: &ReaderTurn) -> LeaseRequest {
+    LeaseRequest {
+        pipeline: flow.pipeline.to_string(),
+        role: format!("feed/{}", flow.name),
+        holder: turn.holder.clone(),
+        ttl: TURN_TTL,
+    }
+}
+
+/// Renews a held turn every quarter of its life, until dropped or until another worker holds
+/// it; a renewal the store cannot answer is tried again at the next (the fenced position keeps
+/// a late reader's commits out meanwhile).
+struct TurnKeeper {
+    lost: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TurnKeeper {
+    fn start(pool: Arc<dyn PoolStore>, request: LeaseRequest) -> Self {
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = lost.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(TURN_TTL / 4).await;
+                match pool.acquire_lease(&request).await {
+                    Ok(LeaseGrant::Held { .. }) => {}
+                    Ok(LeaseGrant::HeldBy(_)) => {
+                        flag.store(true, Ordering::Release);
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "cannot renew the reader's turn; retrying");
+                    }
+                }
+            }
+        });
+        Self { lost, task }
+    }
+
+    fn lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for TurnKeeper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
 
 /// The ack handle of a table record: a page is found again by its position, not redelivered.
 struct NoAck;

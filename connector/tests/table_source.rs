@@ -268,3 +268,67 @@ async fn a_page_refused_because_the_position_moved_is_given_back_and_read_again(
     assert_eq!(end.report.rows, 1_000);
     assert!(end.report.abandoned >= 500, "{:?}", end.report);
 }
+
+#[tokio::test]
+async fn a_reader_from_before_feeds_skips_what_it_copied_across_a_restart() {
+    let page_commits = Arc::new(AtomicU64::new(0));
+    let counted = page_commits.clone();
+    // The second page's commit is refused (position moved): the source starts its first range
+    // again, and must still skip what the flow had copied before it had a position.
+    let setup = setup(move |batch| {
+        if batch.position.is_some() && counted.fetch_add(1, Ordering::SeqCst) == 1 {
+            return CommitFault::Fail(StoreError::Moved);
+        }
+        CommitFault::Pass
+    })
+    .await;
+    write(&setup, 0, 1_500).await;
+    // What the reader copied before feeds existed: the first 700 rows, long ago.
+    let now = sluice_connector::now_ms();
+    let copied: Vec<Entry> = (0..700)
+        .map(|i| Entry {
+            key: DedupKey::new(format!("writer/k{i:05}")),
+            message: MessageFields {
+                message_id: format!("writer/k{i:05}"),
+                publish_time_ms: 1_000,
+                attributes_json: "{}".into(),
+                data: bytes::Bytes::from(format!("row {i}")),
+            },
+            effect: Effect::Row { event_time_ms: 5 },
+        })
+        .collect();
+    setup
+        .store
+        .commit(CommitBatch {
+            flow: setup.reader.clone(),
+            table: Arc::from(COPIES),
+            entries: copied,
+            now_ms: now,
+            // Expired: only the check against the target can catch them.
+            expires_at_ms: now + 1,
+            commit_by_ms: None,
+            hook: None,
+            watermark_progress: false,
+            position: None,
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let source = source(&setup).skip_committed(sluice_connector::SkipCommitted {
+        store: setup.store.clone(),
+        flow: setup.reader.clone(),
+        table: Arc::from(COPIES),
+    });
+    let progress = source.progress();
+    let end = run(&setup, source, RunUntil::Exhausted)
+        .run(CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(end.ended, Ended::Drained);
+    assert_eq!(copies(&setup).await, (1_500, 1_500));
+    assert!(
+        progress.skipped.load(Ordering::Relaxed) >= 700,
+        "skipped {}",
+        progress.skipped.load(Ordering::Relaxed)
+    );
+}

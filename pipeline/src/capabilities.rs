@@ -115,11 +115,12 @@ pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
     }
 }
 
-/// Whether `table` has a watermark: each of its live writers has one, a Pub/Sub flow with
-/// `watermark:` or a flow reading a table that has one (which hands it down). `depth` stops
-/// a cycle, which validation reports anyway.
+/// Whether `table` has a watermark: no file flow writes it without end, and each of its live
+/// writers has one, a Pub/Sub flow with `watermark:` or a flow reading a table that has one
+/// (which hands it down). `depth` stops a cycle, which validation reports anyway.
 fn has_watermark(p: &Pipeline, table: &str, depth: usize) -> bool {
     depth <= p.flows.len()
+        && p.unbounded_file_writers(table).is_empty()
         && p.live_writers(table).iter().all(|w| match &w.source {
             Source::PubSub(s) => s.watermark.is_some(),
             Source::Table { target } => has_watermark(p, target, depth + 1),
@@ -150,10 +151,8 @@ fn window_over_table(p: &Pipeline, c: &mut Collector<'_>, i: usize, flow: &Flow,
         );
     }
     let unbounded_file_writers: Vec<&str> = p
-        .flows
+        .unbounded_file_writers(table)
         .iter()
-        .filter(|w| w.target == table && !w.once && p.mode == Mode::Continuous)
-        .filter(|w| matches!(w.source, Source::File { .. }))
         .map(|w| w.name.as_str())
         .collect();
     if !unbounded_file_writers.is_empty() {

@@ -33,6 +33,20 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// The flows that write `table` from files without `once` in a continuous pipeline: their
+    /// rows have no watermark, so neither has the table, nor any table fed from it.
+    pub fn unbounded_file_writers(&self, table: &str) -> Vec<&Flow> {
+        self.flows
+            .iter()
+            .filter(|w| {
+                w.target == table
+                    && !w.once
+                    && self.mode == Mode::Continuous
+                    && matches!(w.source, Source::File { .. })
+            })
+            .collect()
+    }
+
     /// The flows that write `table` without end: live flows (not `once`) reading Pub/Sub or
     /// another table, whose watermarks bound the table's (they close the windows of a window
     /// over it, and travel on to the flows that read it).

@@ -119,6 +119,14 @@ fn a_window_down_a_chain_needs_a_watermark_at_its_head() {
     );
     let found = not_built(&chain(", watermark: { tracking_subscription: auto }"));
     assert!(found.is_empty(), "{found:?}");
+    // A file flow writing bronze without end: bronze has no watermark, nor has silver.
+    let with_files = chain(", watermark: { tracking_subscription: auto }").replace(
+        "flows:\n",
+        "flows:\n  - { name: files, target: bronze, source: { file: { path: \"in/*.jsonl\" } } }\n",
+    );
+    let found = not_built(&with_files);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("\"refine\""), "{found:?}");
 }
 
 #[test]

@@ -57,8 +57,10 @@ pub struct PositionAdvance {
     pub table: Arc<str>,
     /// The version this change applies to; the stored one becomes `expected_version + 1`.
     pub expected_version: i64,
-    /// The last row of the page, now committed.
-    pub after: RangeCursor,
+    /// The last row of the page, now committed; `None`: the batch is a part of a page (split
+    /// to find a failing record) and only checks that the position is still at
+    /// `expected_version`, changing nothing (the page's last part moves it).
+    pub after: Option<RangeCursor>,
 }
 
 /// A row read from a feed, with its place in the range.

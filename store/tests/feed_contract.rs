@@ -39,7 +39,7 @@ async fn commit_page(
     commit.position = Some(PositionAdvance {
         table: Arc::from(TABLE),
         expected_version: at.version,
-        after: page.last().unwrap().cursor,
+        after: Some(page.last().unwrap().cursor),
     });
     store.commit(commit).await?;
     Ok(ReadPosition {
@@ -162,7 +162,7 @@ async fn stale_position_changes_are_refused(postgres: bool) {
     stale.position = Some(PositionAdvance {
         table: Arc::from(TABLE),
         expected_version: planned.version,
-        after: page[0].cursor,
+        after: Some(page[0].cursor),
     });
     assert!(matches!(store.commit(stale).await, Err(StoreError::Moved)));
     assert_eq!(store.count_rows(TABLE, Some("reader")).await.unwrap(), 0);
@@ -171,6 +171,25 @@ async fn stale_position_changes_are_refused(postgres: bool) {
         Err(StoreError::Moved)
     ));
     assert_eq!(store.read_position(reader, TABLE).await.unwrap(), done);
+
+    // A part of a page (split to find a failing record) only checks the version: at the
+    // stored one its rows commit and the position stays; at an older one nothing is written.
+    let part = |version: i64, key: &str| {
+        let mut part = batch(reader, vec![row(key)]);
+        part.position = Some(PositionAdvance {
+            table: Arc::from(TABLE),
+            expected_version: version,
+            after: None,
+        });
+        part
+    };
+    store.commit(part(done.version, "part")).await.unwrap();
+    assert_eq!(store.read_position(reader, TABLE).await.unwrap(), done);
+    assert!(matches!(
+        store.commit(part(planned.version, "stale part")).await,
+        Err(StoreError::Moved)
+    ));
+    assert_eq!(store.count_rows(TABLE, Some("reader")).await.unwrap(), 1);
 
     store
         .reset_flow(reader, None, ResetRows::All)
@@ -296,8 +315,19 @@ async fn tables_from_before_feeds_are_upgraded(postgres: bool) {
         .commit(batch(&flows[0], vec![row("new")]))
         .await
         .unwrap();
+    // A row inserted as an older binary sharing the store would, without the feed columns.
+    place
+        .execute(&format!(
+            "INSERT INTO p__events (dedup_key, message_id, publish_time, event_time, attributes,
+                 data, flow, committed_at)
+             VALUES ('old3', 'm3', {now}, {now}, {attrs}, {data}, 'live', {now});"
+        ))
+        .await;
     let (seen, _) = drain(&store, &flows[2], ReadPosition::default(), 10).await;
-    assert_eq!(keys(&seen), ["live/old1", "live/old2", "live/new"]);
+    assert_eq!(
+        keys(&seen),
+        ["live/old1", "live/old2", "live/new", "live/old3"]
+    );
 }
 
 on_both_backends!(

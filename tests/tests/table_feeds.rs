@@ -286,7 +286,8 @@ fn rows_read(stdout: &str, flow: &str) -> u64 {
 }
 
 /// Triggered updates read a table incrementally: after a first update copied N rows, a
-/// second one over N + M rows reads the M new ones only. (The table is loaded from files: the
+/// second one over N + M rows reads the M new ones only; refreshing the writer resets the
+/// reader with it. (The table is loaded from files: the
 /// emulator would stall the second update's stream on the same subscription for minutes.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_triggered_update_reads_only_what_is_new() {
@@ -321,6 +322,37 @@ async fn a_triggered_update_reads_only_what_is_new() {
     std::fs::write(dir.path().join("in/part-1.jsonl"), more).unwrap();
     run(400);
     run(0);
+    // Refreshing the writer rewrites its rows as new commits: the reader is reset with it,
+    // reads the table again from its start and writes each record once (not 1 900 duplicates
+    // caught by its ledger, nor 1 900 rows twice once that ledger forgot them).
+    let again = sluice_command(
+        &[
+            "run",
+            "--config",
+            file.to_str().unwrap(),
+            "--refresh",
+            "load",
+        ],
+        Some(dir.path()),
+    );
+    assert_eq!(again.code, 0, "{again:?}");
+    assert!(
+        again.stdout.contains("cleared before the run: load, copy"),
+        "{}",
+        again.stdout
+    );
+    assert_eq!(
+        number_after(&again.stdout, "flow copy:", "rows "),
+        1_900,
+        "{}",
+        again.stdout
+    );
+    assert_eq!(
+        number_after(&again.stdout, "flow copy:", "duplicates "),
+        0,
+        "{}",
+        again.stdout
+    );
     let store = Db(db);
     assert_eq!(store.query("SELECT COUNT(*) FROM inc__copies"), 1_900);
     assert_eq!(

@@ -187,20 +187,27 @@ pub(super) async fn advance(
     flow_id: i64,
     advance: &PositionAdvance,
 ) -> Result<(), StoreError> {
-    let changed = tx
-        .execute(
-            "UPDATE sluice_read_positions SET version = version + 1, after_a = $3, after_b = $4,
-                 updated_at = now()
-             WHERE flow_id = $1 AND source = $2 AND version = $5",
-            &[
-                &flow_id,
-                &&*advance.table,
-                &advance.after.0,
-                &advance.after.1,
-                &advance.expected_version,
-            ],
-        )
-        .await?;
+    let table: &str = &advance.table;
+    let changed = match advance.after {
+        Some((a, b)) => {
+            tx.execute(
+                "UPDATE sluice_read_positions SET version = version + 1, after_a = $3,
+                     after_b = $4, updated_at = now()
+                 WHERE flow_id = $1 AND source = $2 AND version = $5",
+                &[&flow_id, &table, &a, &b, &advance.expected_version],
+            )
+            .await?
+        }
+        // Locked until this transaction ends: nobody moves it meanwhile.
+        None => {
+            tx.execute(
+                "SELECT 1 FROM sluice_read_positions
+                 WHERE flow_id = $1 AND source = $2 AND version = $3 FOR UPDATE",
+                &[&flow_id, &table, &advance.expected_version],
+            )
+            .await?
+        }
+    };
     if changed == 0 {
         return Err(StoreError::Moved);
     }

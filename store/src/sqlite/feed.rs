@@ -143,17 +143,20 @@ pub(crate) fn advance(
     flow_id: i64,
     advance: &PositionAdvance,
 ) -> Result<(), StoreError> {
-    let changed = tx.execute(
-        "UPDATE sluice_read_positions SET version = version + 1, after_a = ?3, after_b = ?4
-         WHERE flow_id = ?1 AND source = ?2 AND version = ?5",
-        params![
-            flow_id,
-            &*advance.table,
-            advance.after.0,
-            advance.after.1,
-            advance.expected_version
-        ],
-    )?;
+    let changed = match advance.after {
+        Some((a, b)) => tx.execute(
+            "UPDATE sluice_read_positions SET version = version + 1, after_a = ?3, after_b = ?4
+             WHERE flow_id = ?1 AND source = ?2 AND version = ?5",
+            params![flow_id, &*advance.table, a, b, advance.expected_version],
+        )?,
+        // The write lock is held: nobody moves it before this transaction ends.
+        None => tx.query_row(
+            "SELECT COUNT(*) FROM sluice_read_positions
+             WHERE flow_id = ?1 AND source = ?2 AND version = ?3",
+            params![flow_id, &*advance.table, advance.expected_version],
+            |row| row.get::<_, usize>(0),
+        )?,
+    };
     if changed == 0 {
         return Err(StoreError::Moved);
     }

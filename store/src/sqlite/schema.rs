@@ -114,11 +114,20 @@ pub(super) fn target_ddl(table: &str) -> String {
     )
 }
 
-/// A target table's indexes: `(flow, dedup_key)` and the feed order `seq`.
+/// A target table's indexes, `(flow, dedup_key)` and the feed order `seq`, and the trigger
+/// that numbers a row inserted without `seq` (by a binary from before feeds sharing the file,
+/// or by hand) inside its own transaction, so feeds read it too, in commit order.
 fn target_indexes(table: &str) -> String {
     format!(
         "CREATE INDEX IF NOT EXISTS \"{table}_flow_key\" ON \"{table}\" (flow, dedup_key);
-         CREATE INDEX IF NOT EXISTS \"{table}_seq\" ON \"{table}\" (seq);"
+         CREATE INDEX IF NOT EXISTS \"{table}_seq\" ON \"{table}\" (seq);
+         CREATE TRIGGER IF NOT EXISTS \"{table}_seq\" AFTER INSERT ON \"{table}\"
+         WHEN NEW.seq IS NULL BEGIN
+             UPDATE sluice_table_seqs SET last = last + 1 WHERE table_name = '{table}';
+             UPDATE \"{table}\" SET seq = (SELECT last FROM sluice_table_seqs
+                                            WHERE table_name = '{table}')
+             WHERE rowid = NEW.rowid;
+         END;"
     )
 }
 

@@ -1,4 +1,4 @@
-//! `sluice bench throughput|watermark`: the benchmarks of BENCHMARKS.md, run from the worker
+//! `sluice bench throughput|watermark|chain`: the benchmarks of BENCHMARKS.md, run from the worker
 //! binary (the harness is the `sluice-bench` crate).
 
 use clap::Subcommand;
@@ -11,6 +11,8 @@ pub enum BenchCommand {
     Throughput(sluice_bench::ThroughputArgs),
     /// sluice's watermark estimator and a Beam-style baseline on the same simulated streams.
     Watermark(sluice_bench::WatermarkArgs),
+    /// A flow following a table against the ingest it follows: rate and downstream lag.
+    Chain(sluice_bench::ChainArgs),
 }
 
 /// Runs one benchmark; exit 1 when it could not run.
@@ -20,6 +22,13 @@ pub async fn bench(which: BenchCommand) -> ExitCode {
             sluice_bench::watermark(&args);
             ExitCode::SUCCESS
         }
+        BenchCommand::Chain(args) => match sluice_bench::chain(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("sluice bench: {error}");
+                ExitCode::from(1)
+            }
+        },
         BenchCommand::Throughput(args) => match sluice_bench::throughput(args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {

@@ -30,11 +30,19 @@ pub async fn run_file(path: &Path, refresh: Refresh) -> ExitCode {
         Refresh::Flows(flows) => flows,
     };
     if !flows.is_empty() {
-        if let Err(error) = refresh::refresh(&pipeline, &flows, None, None).await {
-            eprintln!("{}: {error}", path.display());
-            return error.exit_code();
-        }
-        println!("cleared before the run: {}", flows.join(", "));
+        let downstream = match refresh::refresh(&pipeline, &flows, None, None).await {
+            Ok(downstream) => downstream,
+            Err(error) => {
+                eprintln!("{}: {error}", path.display());
+                return error.exit_code();
+            }
+        };
+        let cleared: Vec<&str> = flows
+            .iter()
+            .chain(&downstream)
+            .map(String::as_str)
+            .collect();
+        println!("cleared before the run: {}", cleared.join(", "));
     }
     let shutdown = match signals::install() {
         Ok(shutdown) => shutdown,

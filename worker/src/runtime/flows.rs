@@ -211,7 +211,11 @@ fn table_source(
         .into_iter()
         .map(|w| w.name.clone())
         .collect();
-    if pipeline.mode == Mode::Continuous && !writers.is_empty() {
+    // A table that a file flow writes without end has no watermark to hand down.
+    if pipeline.mode == Mode::Continuous
+        && !writers.is_empty()
+        && pipeline.unbounded_file_writers(read).is_empty()
+    {
         let watermark = FlowWatermark::new();
         counters.attach_feed_watermark(watermark.clone());
         source = source.with_watermark(TableWatermark {

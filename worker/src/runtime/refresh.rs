@@ -241,22 +241,7 @@ pub async fn reset(
 ) -> Result<String, RefreshError> {
     let seeks = reset_seeks(pipeline, flow, seek).await?;
     let seek_ms = seeks.first().map(|(_, ms)| *ms);
-    // A reset that deletes rows (all of them, or those since a seek) makes them come again:
-    // the flows reading the table are reset with it, so they read it again from its start.
-    let deletes_rows = seek_ms.is_some()
-        || pipeline
-            .flows
-            .iter()
-            .any(|f| f.name == flow && !matches!(f.source, Source::PubSub(_)));
-    let downstream = if deletes_rows {
-        downstream_of(pipeline, flow)
-    } else {
-        Vec::new()
-    };
-    let names: Vec<String> = std::iter::once(flow.to_owned())
-        .chain(downstream.iter().cloned())
-        .collect();
-    refresh(pipeline, &names, seek_ms, caller).await?;
+    let downstream = refresh(pipeline, &[flow.to_owned()], seek_ms, caller).await?;
     let mut done = format!("flow {flow} reset");
     if !downstream.is_empty() {
         done.push_str(&format!(
@@ -327,21 +312,42 @@ pub async fn reset_seeks(
     seekable(pipeline, &[flow.to_owned()], seek_ms, drop_unread).await
 }
 
+/// What a reset of `flow` deletes: the rows its source gives again.
+fn rows_reset(flow: &sluice_pipeline::Flow, seek_ms: Option<i64>) -> ResetRows {
+    match (&flow.source, seek_ms) {
+        (Source::PubSub(_), Some(ms)) => ResetRows::PublishedSince(ms),
+        (Source::PubSub(_), None) => ResetRows::Keep,
+        _ => ResetRows::All,
+    }
+}
+
 /// Resets the named flows (their store state) after checking no worker is running (`caller`,
 /// the worker asking with its flows stopped, aside). Rows go where the source gives them
 /// again: all of a file or table flow's; of a Pub/Sub flow, those published since `seek_ms`
-/// (none without a seek).
+/// (none without a seek). A named flow whose rows go takes the flows downstream of its table
+/// with it (their rows would come again as new commits): returns those not named.
 pub async fn refresh(
     pipeline: &Pipeline,
     names: &[String],
     seek_ms: Option<i64>,
     caller: Option<&str>,
-) -> Result<(), RefreshError> {
+) -> Result<Vec<String>, RefreshError> {
     for name in names {
         if !pipeline.flows.iter().any(|f| &f.name == name) {
             return Err(RefreshError::Invalid(format!("no flow named `{name}`")));
         }
     }
+    let mut downstream: Vec<String> = Vec::new();
+    for flow in pipeline.flows.iter().filter(|f| names.contains(&f.name)) {
+        if rows_reset(flow, seek_ms) != ResetRows::Keep {
+            for reader in downstream_of(pipeline, &flow.name) {
+                if !names.contains(&reader) && !downstream.contains(&reader) {
+                    downstream.push(reader);
+                }
+            }
+        }
+    }
+    let names: Vec<String> = names.iter().chain(&downstream).cloned().collect();
     let failed = |e: sluice_store::StoreError| RefreshError::Failed(format!("store: {e}"));
     let store: Arc<dyn Store> = sluice_store::open(&pipeline.store).map_err(failed)?;
     let handles = store
@@ -367,11 +373,7 @@ pub async fn refresh(
     for (flow, handle) in pipeline.flows.iter().zip(&handles) {
         if names.contains(&flow.name) {
             let table = flows::target_table(pipeline, flow);
-            let rows = match (&flow.source, seek_ms) {
-                (Source::PubSub(_), Some(ms)) => ResetRows::PublishedSince(ms),
-                (Source::PubSub(_), None) => ResetRows::Keep,
-                _ => ResetRows::All,
-            };
+            let rows = rows_reset(flow, seek_ms);
             store
                 .reset_flow(handle, table.as_deref(), rows)
                 .await
@@ -389,7 +391,7 @@ pub async fn refresh(
             tracing::info!(flow = %flow.name, "flow reset");
         }
     }
-    Ok(())
+    Ok(downstream)
 }
 
 #[cfg(test)]

@@ -133,8 +133,16 @@ pub async fn clear(
             Ok("nothing cleared; the chain runs again".to_owned())
         }
         UpdateKind::Refresh(names) => {
-            refresh::refresh(pipeline, names, None, Some(caller)).await?;
-            Ok(format!("cleared: {}", names.join(", ")))
+            let downstream = refresh::refresh(pipeline, names, None, Some(caller)).await?;
+            let cleared: Vec<&String> = names.iter().chain(&downstream).collect();
+            Ok(format!(
+                "cleared: {}",
+                cleared
+                    .iter()
+                    .map(|n| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
         }
         UpdateKind::Reset { flow, seek } => {
             refresh::reset(pipeline, flow, seek.as_ref(), Some(caller)).await
