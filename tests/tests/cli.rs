@@ -248,7 +248,9 @@ fn a_window_over_a_table_needs_its_live_writers_watermarks() {
             && stderr.contains("p.yaml:")
             && stderr.contains("flows[1].source")
             && stderr.contains("reads table \"events\"")
-            && stderr.contains("live writer \"live\" has no `watermark:`"),
+            && stderr.contains(
+                "live writer \"live\" has no watermark (a Pub/Sub flow needs `watermark:`"
+            ),
         "{stderr}"
     );
     assert!(!dir.path().join("s.db").exists(), "nothing was created");
