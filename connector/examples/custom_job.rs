@@ -92,6 +92,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             watermark_progress: false,
             commit_by_ms: None,
             position: None,
+            position_gate: None,
         };
         match store.commit(commit).await {
             // Committed: now, and only now, ack (duplicates included).

@@ -333,8 +333,8 @@ pub struct Batch {
     /// For a batch of a paged source: its page's position change (see `page.rs`).
     page: Option<crate::page::PageMark>,
     /// For a part of a page split into singles, other than the last: the version check its
-    /// commit makes (the last part carries the mark and moves the position).
-    page_part: Option<sluice_store::PositionAdvance>,
+    /// commit makes (the last part carries the mark and moves the position), and the gate.
+    page_part: Option<(sluice_store::PositionAdvance, Arc<crate::page::PageTracker>)>,
 }
 
 impl Batch {
@@ -363,7 +363,17 @@ impl Batch {
         self.page
             .as_ref()
             .map(crate::page::PageMark::advance)
-            .or(self.page_part.as_ref())
+            .or(self.page_part.as_ref().map(|(advance, _)| advance))
+    }
+
+    /// What this batch's commit waits for before it moves the position (see `page.rs`).
+    pub(crate) fn position_gate(&self) -> Option<Arc<dyn sluice_store::PositionGate>> {
+        let gate = match (&self.page, &self.page_part) {
+            (Some(page), _) => page.gate(),
+            (None, Some((_, gate))) => gate.clone(),
+            (None, None) => return None,
+        };
+        Some(gate)
     }
 
     /// The flow's event-time watermark now (ms since epoch), for flows that estimate one;
@@ -452,12 +462,13 @@ impl Batch {
     pub(crate) fn into_singles(mut self) -> Vec<Batch> {
         let id = self.id;
         self.untrack();
-        let part = self
-            .position()
-            .map(|advance| sluice_store::PositionAdvance {
+        let part = self.page.as_ref().map(|page| {
+            let check = sluice_store::PositionAdvance {
                 after: None,
-                ..advance.clone()
-            });
+                ..page.advance().clone()
+            };
+            (check, page.gate())
+        });
         let mut singles: Vec<Batch> = std::mem::take(&mut self.deliveries)
             .into_iter()
             .map(|delivery| {

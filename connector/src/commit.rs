@@ -426,6 +426,7 @@ impl CommitThenAck {
                 .map(|s| s as Arc<dyn sluice_store::CommitHook>),
             watermark_progress: batch.counters().watermark().is_some(),
             position: batch.position().cloned(),
+            position_gate: batch.position_gate(),
         };
         (commit, sink_commit)
     }

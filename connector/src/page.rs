@@ -7,6 +7,11 @@
 //! source's [`PageTracker`]; dropping it uncommitted (given back, refused because the position
 //! moved, abandoned at shutdown) tells it the pages after it can no longer commit: the source
 //! then waits for every page in flight to settle and reads on from the stored position.
+//!
+//! Pages may commit several at a time (as many as the store takes): each commit's transaction
+//! does its work, then waits on the tracker ([`sluice_store::PositionGate`]) for the page
+//! before it to have committed, and only then moves the position and commits; if a page before
+//! it was given back, it writes nothing.
 
 use sluice_store::PositionAdvance;
 use std::sync::Arc;
@@ -65,6 +70,19 @@ impl PageTracker {
     }
 }
 
+#[async_trait::async_trait]
+impl sluice_store::PositionGate for PageTracker {
+    /// Until the pages before `version`'s committed, or one of them was given back.
+    async fn wait(&self, version: i64) -> bool {
+        let mut state = self.state.subscribe();
+        let reached = state
+            .wait_for(|s| s.committed_version >= version || s.broken)
+            .await
+            .map(|s| s.committed_version >= version);
+        reached.unwrap_or(false)
+    }
+}
+
 /// The position change of one page, travelling with its batch.
 #[derive(Debug)]
 pub(crate) struct PageMark {
@@ -76,6 +94,11 @@ pub(crate) struct PageMark {
 impl PageMark {
     pub(crate) fn advance(&self) -> &PositionAdvance {
         &self.advance
+    }
+
+    /// What the page's commit waits for before it moves the position.
+    pub(crate) fn gate(&self) -> Arc<PageTracker> {
+        self.tracker.clone()
     }
 
     /// The page's batch committed (its position change with it).

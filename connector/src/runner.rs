@@ -153,12 +153,7 @@ impl FlowRun {
                 }
             })
         };
-        // A paged source's batches each move its position from where the one before left it.
-        let committers = if batches.paged() {
-            1
-        } else {
-            self.committer.concurrency().max(1)
-        };
+        let committers = self.committer.concurrency().max(1);
         let (ready_tx, ready) = mpsc::channel(COMMIT_QUEUE + committers);
         let ready = Arc::new(tokio::sync::Mutex::new(ready));
         let committer = Arc::new(self.committer);

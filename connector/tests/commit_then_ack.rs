@@ -419,6 +419,7 @@ async fn a_ledger_duplicate_is_not_remembered_past_the_ledgers_window() {
             watermark_progress: false,
             commit_by_ms: None,
             position: None,
+            position_gate: None,
         })
         .await
         .unwrap();

@@ -65,6 +65,7 @@ async fn committed_batches_become_files_and_crash_leftovers_are_resolved() {
         watermark_progress: false,
         commit_by_ms: None,
         position: None,
+        position_gate: None,
     };
 
     // A normal batch: committed, then published.

@@ -87,6 +87,7 @@ async fn write(setup: &Setup, from: usize, to: usize) {
                 hook: None,
                 watermark_progress: false,
                 position: None,
+                position_gate: None,
             })
             .await
             .unwrap();
@@ -310,6 +311,7 @@ async fn a_reader_from_before_feeds_skips_what_it_copied_across_a_restart() {
             hook: None,
             watermark_progress: false,
             position: None,
+            position_gate: None,
         })
         .await
         .unwrap();

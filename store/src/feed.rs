@@ -63,6 +63,17 @@ pub struct PositionAdvance {
     pub after: Option<RangeCursor>,
 }
 
+/// Orders the commits of a reading flow's pages when several are in flight at once: a page's
+/// transaction does its work, then waits here for the page before it to have committed before
+/// it moves the position and commits (so the pages' work overlaps, their position changes do
+/// not). `wait(version)` returns once the position reached `version` (`true`), or once a page
+/// before it was given back (`false`: this one cannot commit either, and writes nothing).
+#[async_trait::async_trait]
+pub trait PositionGate: Send + Sync + std::fmt::Debug {
+    /// Waits until the position is at `version`, or cannot get there.
+    async fn wait(&self, version: i64) -> bool;
+}
+
 /// A row read from a feed, with its place in the range.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeedRow {

@@ -49,7 +49,7 @@ mod windows;
 
 pub use drain::{DrainCensus, DrainReport};
 pub use error::StoreError;
-pub use feed::{FeedLag, FeedRow, PositionAdvance, RangeCursor, ReadPosition};
+pub use feed::{FeedLag, FeedRow, PositionAdvance, PositionGate, RangeCursor, ReadPosition};
 pub use model::{
     CommitBatch, CommitHook, CommitOutcome, Effect, Entry, FlowHandle, FlowProgress, Layout,
     MessageFields, ResetRows, RowCursor, StoredRow,

@@ -101,6 +101,10 @@ pub struct CommitBatch {
     /// For a flow reading a table: the page this batch holds is done, recorded in the same
     /// transaction (refused with [`crate::StoreError::Moved`] if the position moved meanwhile).
     pub position: Option<crate::PositionAdvance>,
+    /// With `position`, when the flow's pages commit several at a time: what the transaction
+    /// waits for before it moves the position (see [`crate::PositionGate`]); `None`: the
+    /// caller commits one page at a time.
+    pub position_gate: Option<Arc<dyn crate::PositionGate>>,
 }
 
 /// Work done inside a commit's transaction, after the ledger has said which entries are new

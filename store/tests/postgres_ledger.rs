@@ -40,6 +40,7 @@ fn batch(flow: &FlowHandle, keys: &[&str], window_ms: i64) -> CommitBatch {
         watermark_progress: false,
         commit_by_ms: None,
         position: None,
+        position_gate: None,
     }
 }
 

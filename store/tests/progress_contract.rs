@@ -162,6 +162,7 @@ async fn a_commit_records_its_messages_settled(postgres: bool) {
         watermark_progress: true,
         commit_by_ms: None,
         position: None,
+        position_gate: None,
         ..batch(flow, entries)
     };
     let mut late = row("c");

@@ -153,9 +153,9 @@ impl PostgresStore {
             .saturating_add(ledger::AHEAD_MS)
     }
 
-    /// A commit that must do more inside its transaction: move a reading flow's position
-    /// (first, so a reader whose position moved writes nothing), and run a hook (a sink's file)
-    /// with its commit mark. One explicit transaction (a few more round trips than a plain
+    /// A commit that must do more inside its transaction: run a hook (a sink's file) with its
+    /// commit mark, and move a reading flow's position (last, after waiting for the page before
+    /// it; refused, the whole transaction rolls back). One explicit transaction (a few more round trips than a plain
     /// commit), which holds a hook attempt's advisory lock until it ends (see
     /// `flows::commit_recorded`).
     async fn commit_in_transaction(
@@ -169,9 +169,6 @@ impl PostgresStore {
         loop {
             attempts_left -= 1;
             let tx = client.transaction().await?;
-            if let Some(advance) = &batch.position {
-                feed::advance(&tx, batch.flow.id, advance).await?;
-            }
             if let Some(hook) = &batch.hook {
                 // Held until this transaction ends: `commit_recorded` waits for it.
                 tx.execute(
@@ -206,6 +203,16 @@ impl PostgresStore {
                     &[&batch.flow.id, &hook.id()],
                 )
                 .await?;
+            }
+            // Last, so that pages in flight together overlap their work and move the position
+            // in order, each after the one before it committed.
+            if let Some(advance) = &batch.position {
+                if let Some(gate) = &batch.position_gate
+                    && !gate.wait(advance.expected_version).await
+                {
+                    return Err(StoreError::Moved);
+                }
+                feed::advance(&tx, batch.flow.id, advance).await?;
             }
             tx.commit().await?;
             return Ok(CommitOutcome { written });
@@ -272,7 +279,17 @@ fn millis(duration: Duration) -> i64 {
 impl LedgerStore for PostgresStore {
     async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
         let (mut client, width) = self.ready().await?;
-        let shard = rand::random_range(0..commit::COUNTER_SHARDS);
+        // Pages of a reading flow in flight together take different shards: a page waiting for
+        // the one before it must not hold a counter row that one needs.
+        let shard = match &batch.position {
+            Some(advance) => i32::try_from(
+                advance
+                    .expected_version
+                    .rem_euclid(commit::COUNTER_SHARDS.into()),
+            )
+            .unwrap_or_default(),
+            None => rand::random_range(0..commit::COUNTER_SHARDS),
+        };
         let deadline = self.server_deadline(&client, &batch).await?;
         let arguments = commit::Arguments::new(&batch, width, shard, deadline);
         self.largest_window_ms
