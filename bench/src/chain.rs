@@ -5,16 +5,21 @@
 //!    `events`) and by the chain (the ingest flow plus a flow following `events` into
 //!    `copies`, both running); the chain's time ends when the last record is in `copies`.
 //!    Rounds alternate which runs first; each reports the chain's rate as a ratio to the
-//!    baseline's.
+//!    baseline's. With `--emulator` the backlogs are on a Pub/Sub emulator, as a deployed
+//!    chain is fed (the source is then the bottleneck, as it is in production); without, the
+//!    in-process source drives each store at its saturation, where the chain does twice the
+//!    store's work of the ingest alone.
 //! 2. **Downstream lag** at a steady rate (`--lag-rate`, 5 000 msg/s by default): for every
 //!    record, its commit time in `copies` minus its commit time in `events`, as each store
 //!    records them (the committing batch's time), p50 and p99.
 
 use crate::BenchError;
 use crate::stores::{Backend, FreshStore, StoreChoice};
+use sluice_connector::pubsub::Admin;
 use sluice_connector::{
     BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, DedupSettings, FlowRun,
-    InProcessSource, KeySource, MessageSource, RetrySettings, RunUntil, TableSource, TableStage,
+    InProcessSource, KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil,
+    TableSource, TableStage,
 };
 use sluice_store::{FlowHandle, Layout, ReadPosition, Store, table_name};
 use std::collections::HashMap;
@@ -50,7 +55,90 @@ pub struct ChainArgs {
     /// Administrative URL of the PostgreSQL server that holds the scratch databases.
     #[arg(long, default_value = sluice_store::DEFAULT_SCRATCH_SERVER)]
     pub postgres: String,
+    /// Feed the rate measurement from Pub/Sub backlogs on an emulator (started here, or
+    /// `PUBSUB_EMULATOR_HOST`; 16 streams), as a deployed chain is fed, instead of the
+    /// in-process source (which measures the stores at saturation).
+    #[arg(long)]
+    pub emulator: bool,
 }
+
+/// Where the rate measurement's messages come from.
+enum Feed {
+    InProcess,
+    Emulator {
+        admin: Admin,
+        config: PubSubConfig,
+        run_id: u32,
+        _emulator: Option<crate::Emulator>,
+    },
+}
+
+impl Feed {
+    async fn open(args: &ChainArgs) -> Result<Self, BenchError> {
+        if !args.emulator {
+            return Ok(Feed::InProcess);
+        }
+        let (emulator, endpoint) = match std::env::var("PUBSUB_EMULATOR_HOST") {
+            Ok(host) => (None, format!("http://{host}")),
+            Err(_) => {
+                let emulator = crate::Emulator::start()?;
+                let endpoint = emulator.endpoint();
+                (Some(emulator), endpoint)
+            }
+        };
+        let config = PubSubConfig {
+            project: Some(crate::throughput::PROJECT.to_owned()),
+            endpoint: Some(endpoint),
+        };
+        let admin = Admin::connect(&config).await?;
+        let run_id: u32 = rand::random();
+        let warm = crate::throughput::backlog(
+            &admin,
+            &format!("chain-warm-{run_id}"),
+            crate::throughput::WARM_UP_MESSAGES,
+            args.size,
+        )
+        .await?;
+        crate::throughput::raw_drain(&config, &warm, crate::throughput::WARM_UP_MESSAGES, STREAMS)
+            .await?;
+        Ok(Feed::Emulator {
+            admin,
+            config,
+            run_id,
+            _emulator: emulator,
+        })
+    }
+
+    /// A source of `n` messages: generated, or a fresh backlog on the emulator (every key
+    /// distinct there: the ledger sees only redeliveries).
+    async fn source(
+        &self,
+        name: &str,
+        n: usize,
+        size: usize,
+    ) -> Result<(Box<dyn MessageSource>, u64), BenchError> {
+        match self {
+            Feed::InProcess => Ok((
+                Box::new(InProcessSource::generated(n, size, key_of)),
+                distinct(n),
+            )),
+            Feed::Emulator {
+                admin,
+                config,
+                run_id,
+                ..
+            } => {
+                let subscription =
+                    crate::throughput::backlog(admin, &format!("{name}-{run_id}"), n, size).await?;
+                let source = PubSubSource::new(config.clone(), &subscription, STREAMS)?;
+                Ok((Box::new(source), n as u64))
+            }
+        }
+    }
+}
+
+/// Streaming-pull streams of the emulator feed.
+const STREAMS: usize = 16;
 
 /// Every tenth message repeats an earlier key, as a publisher retry would.
 fn key_of(i: usize) -> String {
@@ -72,6 +160,7 @@ pub async fn chain(args: ChainArgs) -> Result<(), BenchError> {
         "messages {} x {} B (10 % duplicate keys), rounds {}, lag at {:.0} msg/s for {} s",
         args.messages, args.size, args.rounds, args.lag_rate, args.lag_seconds
     );
+    let feed = Feed::open(&args).await?;
     for backend in args.store.backends() {
         println!();
         println!(
@@ -85,8 +174,21 @@ pub async fn chain(args: ChainArgs) -> Result<(), BenchError> {
             let mut chained = Duration::ZERO;
             let chain_first = round % 2 == 0;
             for chain in [chain_first, !chain_first] {
-                let source = InProcessSource::generated(args.messages, args.size, key_of);
-                let took = drain(backend, &args.postgres, source, args.messages, chain).await?;
+                let name = format!(
+                    "chain-{}-{round}-{}",
+                    backend.name().to_lowercase(),
+                    if chain { "chain" } else { "ingest" }
+                );
+                let (source, wanted) = feed.source(&name, args.messages, args.size).await?;
+                let took = drain(
+                    backend,
+                    &args.postgres,
+                    source,
+                    args.messages,
+                    wanted,
+                    chain,
+                )
+                .await?;
                 if chain {
                     chained = took.wall;
                 } else {
@@ -109,8 +211,9 @@ pub async fn chain(args: ChainArgs) -> Result<(), BenchError> {
             backend.name()
         );
         let n = (args.lag_rate * args.lag_seconds as f64) as usize;
-        let source = InProcessSource::generated(n, args.size, key_of).with_rate(args.lag_rate);
-        let measured = drain(backend, &args.postgres, source, n, true).await?;
+        let source =
+            Box::new(InProcessSource::generated(n, args.size, key_of).with_rate(args.lag_rate));
+        let measured = drain(backend, &args.postgres, source, n, distinct(n), true).await?;
         let mut lags = measured.lags_ms;
         lags.sort_unstable();
         let at = |q: f64| lags.get(((lags.len() as f64 - 1.0) * q) as usize).copied();
@@ -134,13 +237,15 @@ struct Drained {
     lags_ms: Vec<i64>,
 }
 
-/// Drains `source` (`n` messages) into a fresh store: the ingest flow alone, or with a flow
-/// following its table (`chain`); ends when the last record is in the last table.
+/// Drains `source` (`n` messages, `wanted` distinct keys) into a fresh store: the ingest flow
+/// alone, or with a flow following its table (`chain`); ends when the last message is acked,
+/// or for a chain when the last record is in the last table.
 async fn drain(
     backend: Backend,
     postgres_server: &str,
-    source: InProcessSource,
+    source: Box<dyn MessageSource>,
     n: usize,
+    wanted: u64,
     chain: bool,
 ) -> Result<Drained, BenchError> {
     let store_error = |e: sluice_store::StoreError| BenchError::Store(e.to_string());
@@ -162,7 +267,7 @@ async fn drain(
     let started = Instant::now();
     let mut runs = vec![tokio::spawn(
         flow_run(
-            Box::new(source),
+            source,
             KeySource::Attribute {
                 name: "key".into(),
                 dead_letter_if_missing: false,
@@ -189,7 +294,6 @@ async fn drain(
             .run(stop.clone()),
         ));
     }
-    let wanted = distinct(n);
     let finished = loop {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let done = if chain {

@@ -32,11 +32,11 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// Project the benchmark's topics live in.
-const PROJECT: &str = "sluice-bench";
+pub(crate) const PROJECT: &str = "sluice-bench";
 /// Messages published per publish call group (keeps memory of pending futures bounded).
 const PUBLISH_CHUNK: usize = 10_000;
 /// Messages drained to warm the emulator up before measuring.
-const WARM_UP_MESSAGES: usize = 20_000;
+pub(crate) const WARM_UP_MESSAGES: usize = 20_000;
 /// Give up on a drain that makes no progress for this long.
 const STALL_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -253,7 +253,12 @@ fn rate(messages: usize, took: Duration) -> f64 {
 
 /// Creates a topic and subscription and publishes `n` messages of `size` bytes to it; returns
 /// the subscription's path.
-async fn backlog(admin: &Admin, name: &str, n: usize, size: usize) -> Result<String, BenchError> {
+pub(crate) async fn backlog(
+    admin: &Admin,
+    name: &str,
+    n: usize,
+    size: usize,
+) -> Result<String, BenchError> {
     admin.create_topic(name).await?;
     let subscription = admin
         .create_subscription(&format!("{name}-sub"), name, 60)
@@ -275,7 +280,7 @@ async fn backlog(admin: &Admin, name: &str, n: usize, size: usize) -> Result<Str
 }
 
 /// The official client alone: `streams` streams, ack every message at once, until `n` acked.
-async fn raw_drain(
+pub(crate) async fn raw_drain(
     config: &PubSubConfig,
     subscription: &str,
     n: usize,

@@ -143,7 +143,8 @@ impl BatchSource {
         }
     }
 
-    /// Whether its source hands over pages: its batches then commit one at a time, in order.
+    /// Whether its source hands over pages: its batches then move the source's position in
+    /// order (see `page.rs`).
     pub fn paged(&self) -> bool {
         self.paged
     }

@@ -88,9 +88,9 @@ pub trait MessageSource: Send + 'static {
 
     /// Whether the source hands over pages (a table source): then each batch is exactly one
     /// page, closed at the [`crate::page::PageMark`] that follows its records, whatever the batch
-    /// bounds, a page cut short by a stop is given back whole, and the flow's batches commit
-    /// one at a time, in order, since each moves the source's position from where the one
-    /// before left it.
+    /// bounds, and a page cut short by a stop is given back whole. Its batches may commit
+    /// several at a time, but each moves the source's position from where the one before left
+    /// it, so their commits move it in order (see `page.rs`).
     fn paged(&self) -> bool {
         false
     }

@@ -19,8 +19,9 @@
 //!   deterministically to a quarter of the byte budget), so the page a replay reads holds the
 //!   same records as the attempt it replaces: a `foreach_batch` handler or a sink gets the same
 //!   batch id (derived from the page's keys) with the same records.
-//! * **Pages commit in order, one reader at a time.** The flow's batches commit one after the
-//!   other. In a pool, only the holder of the lease `feed/<flow>` reads (one replica at a time;
+//! * **Pages commit in order, one reader at a time.** The flow's batches may commit several at
+//!   a time (PostgreSQL), but each waits for the one before it to have committed before it
+//!   moves the position (`page.rs`). In a pool, only the holder of the lease `feed/<flow>` reads (one replica at a time;
 //!   it changes hands within [`TURN_TTL`] of its holder's death), and every position change is
 //!   fenced by version, so a reader that lost its turn can never move the position: its pages
 //!   are given back and it reads on from the stored position once it holds the lease again.

@@ -103,7 +103,8 @@ pub struct CommitBatch {
     pub position: Option<crate::PositionAdvance>,
     /// With `position`, when the flow's pages commit several at a time: what the transaction
     /// waits for before it moves the position (see [`crate::PositionGate`]); `None`: the
-    /// caller commits one page at a time.
+    /// caller commits one page at a time. SQLite, which commits one batch at a time, has no use
+    /// for it.
     pub position_gate: Option<Arc<dyn crate::PositionGate>>,
 }
 
