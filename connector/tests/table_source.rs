@@ -57,41 +57,70 @@ async fn setup(rule: impl Fn(&CommitBatch) -> CommitFault + Send + Sync + 'stati
     }
 }
 
+/// A row entry of key `key` (the message id too) for record `i`.
+fn entry(key: String, i: usize) -> Entry {
+    Entry {
+        key: DedupKey::new(key.as_str()),
+        message: MessageFields {
+            message_id: key,
+            publish_time_ms: 1_000,
+            attributes_json: "{}".into(),
+            data: bytes::Bytes::from(format!("row {i}")),
+        },
+        effect: Effect::Row { event_time_ms: 5 },
+    }
+}
+
+/// Commits `entries` of `flow` into `table`, their ledger keys kept for `window_ms`.
+async fn commit(
+    setup: &Setup,
+    flow: &FlowHandle,
+    table: &str,
+    entries: Vec<Entry>,
+    window_ms: i64,
+) {
+    let now = sluice_connector::now_ms();
+    setup
+        .store
+        .commit(CommitBatch {
+            flow: flow.clone(),
+            table: Arc::from(table),
+            entries,
+            now_ms: now,
+            expires_at_ms: now + window_ms,
+            commit_by_ms: None,
+            hook: None,
+            watermark_progress: false,
+            position: None,
+            position_gate: None,
+        })
+        .await
+        .unwrap();
+}
+
 /// Commits rows `from..to` of the writer into the source table, 100 per batch.
 async fn write(setup: &Setup, from: usize, to: usize) {
     let keys: Vec<usize> = (from..to).collect();
     for chunk in keys.chunks(100) {
         let entries = chunk
             .iter()
-            .map(|i| Entry {
-                key: DedupKey::new(format!("k{i:05}")),
-                message: MessageFields {
-                    message_id: format!("m{i}"),
-                    publish_time_ms: 1_000,
-                    attributes_json: "{}".into(),
-                    data: bytes::Bytes::from(format!("row {i}")),
-                },
-                effect: Effect::Row { event_time_ms: 5 },
-            })
+            .map(|i| entry(format!("k{i:05}"), *i))
             .collect();
-        let now = sluice_connector::now_ms();
-        setup
-            .store
-            .commit(CommitBatch {
-                flow: setup.writer.clone(),
-                table: Arc::from(SOURCE),
-                entries,
-                now_ms: now,
-                expires_at_ms: now + 600_000,
-                commit_by_ms: None,
-                hook: None,
-                watermark_progress: false,
-                position: None,
-                position_gate: None,
-            })
-            .await
-            .unwrap();
+        commit(setup, &setup.writer, SOURCE, entries, 600_000).await;
     }
+}
+
+/// A setup whose store answers the `nth` commit that moves a reading flow's position (from 0)
+/// with `fault`, and every other commit as the real store.
+async fn setup_failing_page(nth: u64, fault: fn() -> CommitFault) -> Setup {
+    let page_commits = Arc::new(AtomicU64::new(0));
+    setup(move |batch| {
+        if batch.position.is_some() && page_commits.fetch_add(1, Ordering::SeqCst) == nth {
+            return fault();
+        }
+        CommitFault::Pass
+    })
+    .await
 }
 
 fn run(setup: &Setup, source: TableSource, until: RunUntil) -> FlowRun {
@@ -182,13 +211,8 @@ async fn catching_up_reads_every_row_once_a_batch_per_page() {
 
 #[tokio::test]
 async fn a_lost_reply_on_a_page_gives_it_back_and_reads_on() {
-    let page_commits = Arc::new(AtomicU64::new(0));
-    let counted = page_commits.clone();
-    let setup = setup(move |batch| {
-        if batch.position.is_some() && counted.fetch_add(1, Ordering::SeqCst) == 1 {
-            return CommitFault::LoseReply(StoreError::Unavailable("reply lost".into()));
-        }
-        CommitFault::Pass
+    let setup = setup_failing_page(1, || {
+        CommitFault::LoseReply(StoreError::Unavailable("reply lost".into()))
     })
     .await;
     write(&setup, 0, 1_600).await;
@@ -248,17 +272,9 @@ async fn following_reads_rows_as_they_are_committed_until_stopped() {
 
 #[tokio::test]
 async fn a_page_refused_because_the_position_moved_is_given_back_and_read_again() {
-    let page_commits = Arc::new(AtomicU64::new(0));
-    let counted = page_commits.clone();
     // The store refuses the first page's position change, as it does when another replica
     // or a reset moved the position meanwhile.
-    let setup = setup(move |batch| {
-        if batch.position.is_some() && counted.fetch_add(1, Ordering::SeqCst) == 0 {
-            return CommitFault::Fail(StoreError::Moved);
-        }
-        CommitFault::Pass
-    })
-    .await;
+    let setup = setup_failing_page(0, || CommitFault::Fail(StoreError::Moved)).await;
     write(&setup, 0, 1_000).await;
     let end = run(&setup, source(&setup), RunUntil::Exhausted)
         .run(CancellationToken::new())
@@ -272,49 +288,16 @@ async fn a_page_refused_because_the_position_moved_is_given_back_and_read_again(
 
 #[tokio::test]
 async fn a_reader_from_before_feeds_skips_what_it_copied_across_a_restart() {
-    let page_commits = Arc::new(AtomicU64::new(0));
-    let counted = page_commits.clone();
     // The second page's commit is refused (position moved): the source starts its first range
     // again, and must still skip what the flow had copied before it had a position.
-    let setup = setup(move |batch| {
-        if batch.position.is_some() && counted.fetch_add(1, Ordering::SeqCst) == 1 {
-            return CommitFault::Fail(StoreError::Moved);
-        }
-        CommitFault::Pass
-    })
-    .await;
+    let setup = setup_failing_page(1, || CommitFault::Fail(StoreError::Moved)).await;
     write(&setup, 0, 1_500).await;
-    // What the reader copied before feeds existed: the first 700 rows, long ago.
-    let now = sluice_connector::now_ms();
-    let copied: Vec<Entry> = (0..700)
-        .map(|i| Entry {
-            key: DedupKey::new(format!("writer/k{i:05}")),
-            message: MessageFields {
-                message_id: format!("writer/k{i:05}"),
-                publish_time_ms: 1_000,
-                attributes_json: "{}".into(),
-                data: bytes::Bytes::from(format!("row {i}")),
-            },
-            effect: Effect::Row { event_time_ms: 5 },
-        })
+    // What the reader copied before feeds existed: the first 700 rows, long ago (their ledger
+    // keys expired: only the check against the target can catch them).
+    let copied = (0..700)
+        .map(|i| entry(format!("writer/k{i:05}"), i))
         .collect();
-    setup
-        .store
-        .commit(CommitBatch {
-            flow: setup.reader.clone(),
-            table: Arc::from(COPIES),
-            entries: copied,
-            now_ms: now,
-            // Expired: only the check against the target can catch them.
-            expires_at_ms: now + 1,
-            commit_by_ms: None,
-            hook: None,
-            watermark_progress: false,
-            position: None,
-            position_gate: None,
-        })
-        .await
-        .unwrap();
+    commit(&setup, &setup.reader, COPIES, copied, 1).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
     let source = source(&setup).skip_committed(sluice_connector::SkipCommitted {
         store: setup.store.clone(),

@@ -594,6 +594,25 @@ impl PostgresPipeline {
     }
 }
 
+/// Publishes `messages` to `topic` in the background, `chunk` at a time with `pause` after
+/// each: traffic that goes on while a test kills workers.
+pub async fn publish_in_chunks(
+    topic: &str,
+    messages: Vec<Message>,
+    chunk: usize,
+    pause: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let pubsub = PubSub::connect().await;
+    let topic = topic.to_owned();
+    let chunks: Vec<Vec<Message>> = messages.chunks(chunk).map(<[Message]>::to_vec).collect();
+    tokio::spawn(async move {
+        for chunk in chunks {
+            pubsub.publish(&topic, chunk).await;
+            tokio::time::sleep(pause).await;
+        }
+    })
+}
+
 /// Sends SIGTERM to every worker, asserts that each drains and exits 0 within a minute, and
 /// returns their logs.
 pub fn stop_all(workers: Vec<Worker>) -> Vec<String> {

@@ -21,7 +21,7 @@
 use sluice_tests::stage_server::stage_server;
 use sluice_tests::{
     FlowYaml, PgDb, PipelineYaml, PubSub, Workdir, Worker, events_with_duplicates, eventually,
-    stop_all,
+    publish_in_chunks, stop_all,
 };
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
@@ -58,17 +58,7 @@ async fn a_chain_in_a_pool_under_sigkill_lands_every_record_once_at_every_stage(
         .map(|i| Worker::start(&file, &format!("w{i}-0")))
         .collect();
     let messages = events_with_duplicates("c", DISTINCT, DUPLICATES);
-    let publisher = {
-        let pubsub = PubSub::connect().await;
-        let topic = topic.clone();
-        let chunks: Vec<_> = messages.chunks(5_000).map(|c| c.to_vec()).collect();
-        tokio::spawn(async move {
-            for chunk in chunks {
-                pubsub.publish(&topic, chunk).await;
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        })
-    };
+    let publisher = publish_in_chunks(&topic, messages, 5_000, Duration::from_millis(500)).await;
     let holder = |role: &str| {
         db.text(&format!(
             "SELECT holder FROM sluice_leases WHERE pipeline = 'test' AND role = '{role}'

@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_tests::{
-    PostgresPipeline, PubSub, Worker, events_with_duplicates, eventually, stop_all,
+    PostgresPipeline, Worker, events_with_duplicates, eventually, publish_in_chunks, stop_all,
 };
 use std::time::Duration;
 
@@ -32,17 +32,7 @@ async fn three_workers_killed_at_random_land_every_key_exactly_once() {
         .map(|i| Worker::start(&file, &format!("w{i}-0")))
         .collect();
     let messages = events_with_duplicates("p", DISTINCT, DUPLICATES);
-    let publisher = {
-        let pubsub = PubSub::connect().await;
-        let topic = topic.clone();
-        let chunks: Vec<_> = messages.chunks(5_000).map(|c| c.to_vec()).collect();
-        tokio::spawn(async move {
-            for chunk in chunks {
-                pubsub.publish(&topic, chunk).await;
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        })
-    };
+    let publisher = publish_in_chunks(&topic, messages, 5_000, Duration::from_millis(500)).await;
     for kill in 1..=KILLS {
         tokio::time::sleep(Duration::from_millis(rand::random_range(2_000..5_000))).await;
         let victim = rand::random_range(0..workers.len());
