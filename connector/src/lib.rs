@@ -69,7 +69,7 @@ pub use delivery::{AckHandle, Delivery, SourceMessage, SourceProblem};
 pub use event_time::{EventTimeError, parse_event_time};
 pub use file::FileSource;
 pub use foreach::{BatchHandler, ForeachBatchStage, StageRecord, StagedBatch, batch_id};
-pub use inprocess::{InProcessAck, InProcessSource, InProcessTally};
+pub use inprocess::{InProcessAck, InProcessSource, InProcessTally, PACE_STEP};
 pub use pubsub::{PubSubConfig, PubSubSource};
 pub use runner::{COMMIT_QUEUE, DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
 pub use sink::{JsonlSink, SinkCommit};

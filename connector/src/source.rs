@@ -87,7 +87,7 @@ pub trait MessageSource: Send + 'static {
     ) -> Result<Box<dyn SourceHandle>, SourceError>;
 
     /// Whether the source hands over pages (a table source): then each batch is exactly one
-    /// page, closed at the [`crate::page::PageMark`] that follows its records, whatever the batch
+    /// page, closed at the page mark that follows its records, whatever the batch
     /// bounds, and a page cut short by a stop is given back whole. Its batches may commit
     /// several at a time, but each moves the source's position from where the one before left
     /// it, so their commits move it in order (see `page.rs`).
