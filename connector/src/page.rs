@@ -61,11 +61,6 @@ impl PageTracker {
         }
     }
 
-    /// The state now, without waiting.
-    pub(crate) fn now(&self) -> PageState {
-        *self.state.borrow()
-    }
-
     /// Starts again from a position read from the store at `version` (no page in flight).
     pub(crate) fn restart(&self, version: i64) {
         self.state.send_modify(|s| {
@@ -138,7 +133,6 @@ mod tests {
             table: Arc::from("p__t"),
             expected_version: version,
             after: Some((version, 0)),
-            enters_next: false,
         }
     }
 

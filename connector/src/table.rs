@@ -15,8 +15,7 @@
 //!   commit; a row is keyed `<writer flow>/<dedup key>` in the reading flow, so the ledger
 //!   catches anything a replay brings twice.
 //! * **A replay is the same batch.** A range's end is fixed in the store before any of its rows
-//!   is read (when following, the next range's end is fixed while the pages of the current one
-//!   still commit, so reading never waits between ranges), and a page is the first rows after the position (at most [`PAGE_ROWS`], cut
+//!   is read, and a page is the first rows after the position (at most [`PAGE_ROWS`], cut
 //!   deterministically to a quarter of the byte budget), so the page a replay reads holds the
 //!   same records as the attempt it replaces: a `foreach_batch` handler or a sink gets the same
 //!   batch id (derived from the page's keys) with the same records.
@@ -310,12 +309,7 @@ impl Reader {
         self.skip_in(&at);
         let mut range_done = at.version == 0;
         let mut planned = false;
-        // The first page of a range planned while the one before still commits enters it.
-        let mut entering = false;
-        // The table's watermark read before the current range was planned, and watermarks
-        // waiting for the version their range ends at to commit.
-        let mut range_watermark: Option<i64> = None;
-        let mut due: Vec<(i64, i64)> = Vec::new();
+        let mut pending_watermark: Option<i64> = None;
         loop {
             if self.stopped() {
                 return Interrupted::End;
@@ -323,57 +317,8 @@ impl Reader {
             if !self.keep_turn() {
                 return Interrupted::Restart;
             }
-            let state = self.tracker.now();
-            if state.broken {
-                return Interrupted::Restart;
-            }
-            self.offer_due(&mut due, state.committed_version).await;
             self.publish_lag(&at, false).await;
             if range_done {
-                if let Some(watermark) = range_watermark.take() {
-                    due.push((at.version, watermark));
-                }
-                // Read before the table is looked at: then it holds for every row up to there.
-                let watermark = self.table_watermark().await;
-                if self.source.follow.is_some() && at.version > 0 {
-                    if self.has_news(&at).await {
-                        // Planned while this range's pages commit: no bubble between ranges.
-                        let planning = self
-                            .retry_or_moved("plan a range", || feed.plan_next(&flow, &table, &at))
-                            .await;
-                        at = match planning {
-                            Ok(Some(next)) => next,
-                            Ok(None) => return Interrupted::End,
-                            Err(Moved) => return Interrupted::Restart,
-                        };
-                        self.skip_in(&at);
-                        entering = true;
-                        range_watermark = watermark;
-                        range_done = false;
-                        continue;
-                    }
-                    // Caught up: once everything handed over committed, the table's
-                    // watermark holds for this flow's rows.
-                    let state = tokio::select! {
-                        state = self.tracker.settled() => state,
-                        _ = self.deliverer.stop.cancelled() => return Interrupted::End,
-                    };
-                    if state.broken {
-                        return Interrupted::Restart;
-                    }
-                    self.offer_due(&mut due, state.committed_version).await;
-                    if let Some(watermark) = watermark {
-                        self.offer_watermark(watermark).await;
-                    }
-                    let poll = self.source.follow.unwrap_or(DEFAULT_POLL);
-                    tokio::select! {
-                        _ = tokio::time::sleep(poll) => {}
-                        _ = self.deliverer.stop.cancelled() => return Interrupted::End,
-                    }
-                    continue;
-                }
-                // Catching up (or the first range): the range after this one starts once
-                // every page of this one committed.
                 let state = tokio::select! {
                     state = self.tracker.settled() => state,
                     _ = self.deliverer.stop.cancelled() => return Interrupted::End,
@@ -381,9 +326,28 @@ impl Reader {
                 if state.broken {
                     return Interrupted::Restart;
                 }
-                self.offer_due(&mut due, state.committed_version).await;
+                // Every page handed over committed: `at` is what the store holds.
+                if let Some(watermark) = pending_watermark.take() {
+                    self.offer_watermark(watermark).await;
+                }
                 if self.source.follow.is_none() && planned {
                     return Interrupted::End;
+                }
+                // Read before the table is looked at: then it holds for every row up to there.
+                let watermark = self.table_watermark().await;
+                if let Some(poll) = self.source.follow
+                    && at.version > 0
+                    && !self.has_news(&at).await
+                {
+                    // Caught up: the table's watermark holds for this flow's rows already.
+                    if let Some(watermark) = watermark {
+                        self.offer_watermark(watermark).await;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(poll) => {}
+                        _ = self.deliverer.stop.cancelled() => return Interrupted::End,
+                    }
+                    continue;
                 }
                 let planning = self
                     .retry_or_moved("plan a range", || feed.plan_range(&flow, &table, &at))
@@ -395,7 +359,7 @@ impl Reader {
                 };
                 self.tracker.restart(at.version);
                 self.skip_in(&at);
-                range_watermark = watermark;
+                pending_watermark = watermark;
                 planned = true;
                 range_done = false;
                 continue;
@@ -411,59 +375,18 @@ impl Reader {
             let rows = cut_to_bytes(rows, self.page_bytes);
             range_done = read < limit && rows.len() == read;
             let Some(last) = rows.last().map(|r| r.cursor) else {
-                if std::mem::take(&mut entering) {
-                    // A planned range with nothing in it has no first page to enter it: start
-                    // it once everything before it committed, so the one after can be planned.
-                    let state = tokio::select! {
-                        state = self.tracker.settled() => state,
-                        _ = self.deliverer.stop.cancelled() => return Interrupted::End,
-                    };
-                    if state.broken {
-                        return Interrupted::Restart;
-                    }
-                    let stored = ReadPosition {
-                        range_from: String::new(),
-                        range_to: String::new(),
-                        ..at.clone()
-                    };
-                    let planning = self
-                        .retry_or_moved("plan a range", || feed.plan_range(&flow, &table, &stored))
-                        .await;
-                    at = match planning {
-                        Ok(Some(planned)) => planned,
-                        Ok(None) => return Interrupted::End,
-                        Err(Moved) => return Interrupted::Restart,
-                    };
-                    self.tracker.restart(at.version);
-                }
                 continue;
             };
             let mark = self.tracker.mark(PositionAdvance {
                 table: table.clone(),
                 expected_version: at.version,
                 after: Some(last),
-                enters_next: std::mem::take(&mut entering),
             });
             at.version += 1;
             at.after = Some(last);
             if !self.hand_over(rows, mark).await {
                 return Interrupted::End;
             }
-        }
-    }
-
-    /// Offers the watermarks whose ranges committed up to `committed_version`.
-    async fn offer_due(&self, due: &mut Vec<(i64, i64)>, committed_version: i64) {
-        let mut highest = None;
-        due.retain(|(version, watermark)| {
-            let ready = *version <= committed_version;
-            if ready {
-                highest = highest.max(Some(*watermark));
-            }
-            !ready
-        });
-        if let Some(watermark) = highest {
-            self.offer_watermark(watermark).await;
         }
     }
 
@@ -515,15 +438,23 @@ impl Reader {
     }
 
     /// Whether the table has commits after `at` (and refreshes the lag gauges with them); when
-    /// the store cannot say, there may be: the reader plans a range (which waits the store out)
-    /// rather than take itself for caught up.
+    /// the store cannot say, there may be: after a poll's wait (no tight loop while it keeps
+    /// failing) the reader plans a range, which waits the store out, rather than take itself
+    /// for caught up.
     async fn has_news(&mut self, at: &ReadPosition) -> bool {
         match self.lag(at).await {
             Some(lag) => {
                 self.show_lag(lag);
                 lag.rows_behind > 0
             }
-            None => true,
+            None => {
+                let poll = self.source.follow.unwrap_or(DEFAULT_POLL);
+                tokio::select! {
+                    _ = tokio::time::sleep(poll) => {}
+                    _ = self.deliverer.stop.cancelled() => {}
+                }
+                true
+            }
         }
     }
 

@@ -20,9 +20,8 @@
 //!   committed between the two snapshots, whatever their ids. Within a range rows are ordered
 //!   by `(writer_xid, seq)`.
 //!
-//! Because a range's end is fixed before any of its rows is read ([`FeedStore::plan_range`],
-//! or [`FeedStore::plan_next`] while the range before it still commits, which
-//! [`FeedStore::plan_range`] then takes up) and rows of committed transactions never change, a page read from a position always holds
+//! Because a range's end is fixed before any of its rows is read ([`FeedStore::plan_range`])
+//! and rows of committed transactions never change, a page read from a position always holds
 //! the same rows: a replay after a crash reads the same pages as the attempt it replaces.
 //!
 //! # Fencing
@@ -49,11 +48,6 @@ pub struct ReadPosition {
     pub range_to: String,
     /// The last row of the range the flow committed; `None`: none yet.
     pub after: Option<RangeCursor>,
-    /// The end of the range after this one, when it was planned already (while this one's
-    /// pages were still committing, see [`FeedStore::plan_next`]); empty: not yet.
-    ///
-    /// [`FeedStore::plan_next`]: crate::FeedStore::plan_next
-    pub next_to: String,
 }
 
 /// A position change committed with a reading flow's batch: the page it read is done.
@@ -67,9 +61,6 @@ pub struct PositionAdvance {
     /// to find a failing record) and only checks that the position is still at
     /// `expected_version`, changing nothing (the page's last part moves it).
     pub after: Option<RangeCursor>,
-    /// The page is the first of the range planned next ([`ReadPosition::next_to`]): moving the
-    /// position also makes that range the current one.
-    pub enters_next: bool,
 }
 
 /// Orders the commits of a reading flow's pages when several are in flight at once: a page's

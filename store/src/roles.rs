@@ -228,24 +228,10 @@ pub trait FeedStore: Send + Sync + 'static {
     ) -> Result<ReadPosition, StoreError>;
 
     /// Starts `flow`'s next range of `table`: from the end of `at`'s range (the beginning at
-    /// version 0) to the end [`FeedStore::plan_next`] recorded, or else the table's commits now,
-    /// with nothing of it committed. Refused with
+    /// version 0) to the table's commits now, with nothing of it committed. Refused with
     /// [`StoreError::Moved`] unless the stored position is still `at`'s version. Call it only
     /// once everything of `at`'s range is committed. Returns the position stored.
     async fn plan_range(
-        &self,
-        flow: &FlowHandle,
-        table: &str,
-        at: &ReadPosition,
-    ) -> Result<ReadPosition, StoreError>;
-
-    /// Plans the range after `at`'s while `at`'s pages may still be committing: records the
-    /// table's commits now as its end ([`ReadPosition::next_to`]; one recorded already is
-    /// kept, so a replay reads the same range), and returns it as a position of version
-    /// `at.version` with nothing of it committed; its first page's commit enters it
-    /// ([`crate::PositionAdvance::enters_next`]). Refused with [`StoreError::Moved`] unless the
-    /// stored position's range is still `at`'s.
-    async fn plan_next(
         &self,
         flow: &FlowHandle,
         table: &str,

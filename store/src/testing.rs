@@ -153,15 +153,6 @@ impl<S: Store + Inspect> FeedStore for FaultStore<S> {
         self.inner.plan_range(flow, table, at).await
     }
 
-    async fn plan_next(
-        &self,
-        flow: &FlowHandle,
-        table: &str,
-        at: &ReadPosition,
-    ) -> Result<ReadPosition, StoreError> {
-        self.inner.plan_next(flow, table, at).await
-    }
-
     async fn read_range(
         &self,
         table: &str,

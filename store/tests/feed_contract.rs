@@ -40,7 +40,6 @@ async fn commit_page(
         table: Arc::from(TABLE),
         expected_version: at.version,
         after: Some(page.last().unwrap().cursor),
-        enters_next: false,
     });
     store.commit(commit).await?;
     Ok(ReadPosition {
@@ -164,7 +163,6 @@ async fn stale_position_changes_are_refused(postgres: bool) {
         table: Arc::from(TABLE),
         expected_version: planned.version,
         after: Some(page[0].cursor),
-        enters_next: false,
     });
     assert!(matches!(store.commit(stale).await, Err(StoreError::Moved)));
     assert_eq!(store.count_rows(TABLE, Some("reader")).await.unwrap(), 0);
@@ -182,7 +180,6 @@ async fn stale_position_changes_are_refused(postgres: bool) {
             table: Arc::from(TABLE),
             expected_version: version,
             after: None,
-            enters_next: false,
         });
         part
     };
@@ -333,76 +330,7 @@ async fn tables_from_before_feeds_are_upgraded(postgres: bool) {
     );
 }
 
-/// The next range is planned while the current one's pages are not committed yet: its end is
-/// recorded once (a second plan, as a replay makes, gets the same end), the first page of it
-/// enters it in the commit that moves the position, and a plan of a range the store is not at
-/// is refused; a range planned so but never entered is what `plan_range` starts next.
-async fn the_next_range_is_planned_while_pages_commit(postgres: bool) {
-    let (_place, store, flows) = open_feed(postgres).await;
-    let (live, reader) = (&flows[0], &flows[2]);
-    store
-        .commit(batch(live, vec![row("a"), row("b")]))
-        .await
-        .unwrap();
-    let first = store
-        .plan_range(reader, TABLE, &ReadPosition::default())
-        .await
-        .unwrap();
-    let page = store.read_range(TABLE, &first, 10).await.unwrap();
-    // The page is handed over, not committed yet; new rows come; the next range is planned.
-    let after_page = ReadPosition {
-        version: first.version + 1,
-        after: Some(page.last().unwrap().cursor),
-        ..first.clone()
-    };
-    store.commit(batch(live, vec![row("c")])).await.unwrap();
-    let next = store.plan_next(reader, TABLE, &after_page).await.unwrap();
-    store.commit(batch(live, vec![row("d")])).await.unwrap();
-    assert_eq!(
-        store.plan_next(reader, TABLE, &after_page).await.unwrap(),
-        next,
-        "planned once: the same range again"
-    );
-    assert_eq!(next.range_from, first.range_to);
-    assert_eq!(next.version, after_page.version);
-    let second = store.read_range(TABLE, &next, 10).await.unwrap();
-    assert_eq!(keys(&second), ["live/c"], "d came after the plan");
-    // The first page commits, then the next range's first page enters it.
-    commit_page(&store, reader, &first, &page).await.unwrap();
-    let mut entering = batch(reader, Vec::new());
-    entering.position = Some(PositionAdvance {
-        table: Arc::from(TABLE),
-        expected_version: next.version,
-        after: Some(second[0].cursor),
-        enters_next: true,
-    });
-    store.commit(entering).await.unwrap();
-    let stored = store.read_position(reader, TABLE).await.unwrap();
-    assert_eq!(
-        (
-            &stored.range_from,
-            &stored.range_to,
-            stored.next_to.as_str()
-        ),
-        (&next.range_from, &next.range_to, "")
-    );
-    assert!(matches!(
-        store.plan_next(reader, TABLE, &after_page).await,
-        Err(StoreError::Moved)
-    ));
-    // Planned and never entered: plan_range starts that range, not a new one.
-    let third = store.plan_next(reader, TABLE, &stored).await.unwrap();
-    store.commit(batch(live, vec![row("e")])).await.unwrap();
-    let started = store.plan_range(reader, TABLE, &stored).await.unwrap();
-    assert_eq!(started.range_to, third.range_to);
-    assert_eq!(
-        keys(&store.read_range(TABLE, &started, 10).await.unwrap()),
-        ["live/d"]
-    );
-}
-
 on_both_backends!(
-    the_next_range_is_planned_while_pages_commit,
     every_committed_row_once_in_commit_order,
     stale_position_changes_are_refused,
     tables_from_before_feeds_are_upgraded,

@@ -7,7 +7,7 @@ use crate::schema::check_table;
 use crate::{FeedLag, FeedRow, FlowHandle, PositionAdvance, ReadPosition, StoreError, StoredRow};
 use deadpool_postgres::{Client, GenericClient};
 
-const RETURNING: &str = "RETURNING version, range_from, range_to, after_a, after_b, next_to";
+const RETURNING: &str = "RETURNING version, range_from, range_to, after_a, after_b";
 
 fn position(row: &tokio_postgres::Row) -> Result<ReadPosition, tokio_postgres::Error> {
     let after: (Option<i64>, Option<i64>) = (row.try_get(3)?, row.try_get(4)?);
@@ -16,7 +16,6 @@ fn position(row: &tokio_postgres::Row) -> Result<ReadPosition, tokio_postgres::E
         range_from: row.try_get(1)?,
         range_to: row.try_get(2)?,
         after: after.0.zip(after.1),
-        next_to: row.try_get(5)?,
     })
 }
 
@@ -27,8 +26,8 @@ pub(super) async fn read_position(
 ) -> Result<ReadPosition, StoreError> {
     let row = client
         .query_opt(
-            "SELECT version, range_from, range_to, after_a, after_b, next_to
-             FROM sluice_read_positions WHERE flow_id = $1 AND source = $2",
+            "SELECT version, range_from, range_to, after_a, after_b FROM sluice_read_positions
+             WHERE flow_id = $1 AND source = $2",
             &[&flow.id, &table],
         )
         .await?;
@@ -59,10 +58,8 @@ pub(super) async fn plan_range(
             .query_opt(
                 &format!(
                     "UPDATE sluice_read_positions SET version = version + 1,
-                         range_from = range_to,
-                         range_to = CASE WHEN next_to = '' THEN pg_current_snapshot()::text
-                                         ELSE next_to END,
-                         next_to = '', after_a = NULL, after_b = NULL, updated_at = now()
+                         range_from = range_to, range_to = pg_current_snapshot()::text,
+                         after_a = NULL, after_b = NULL, updated_at = now()
                      WHERE flow_id = $1 AND source = $2 AND version = $3 {RETURNING}"
                 ),
                 &[&flow.id, &table, &at.version],
@@ -73,35 +70,6 @@ pub(super) async fn plan_range(
         Some(row) => Ok(position(&row)?),
         None => Err(StoreError::Moved),
     }
-}
-
-pub(super) async fn plan_next(
-    client: &Client,
-    flow: &FlowHandle,
-    table: &str,
-    at: &ReadPosition,
-) -> Result<ReadPosition, StoreError> {
-    check_table(table)?;
-    let row = client
-        .query_opt(
-            "UPDATE sluice_read_positions
-             SET next_to = CASE WHEN next_to = '' THEN pg_current_snapshot()::text
-                                ELSE next_to END
-             WHERE flow_id = $1 AND source = $2 AND range_to = $3 AND version > 0
-             RETURNING next_to",
-            &[&flow.id, &table, &at.range_to],
-        )
-        .await?;
-    let Some(row) = row else {
-        return Err(StoreError::Moved);
-    };
-    Ok(ReadPosition {
-        version: at.version,
-        range_from: at.range_to.clone(),
-        range_to: row.try_get(0)?,
-        after: None,
-        next_to: String::new(),
-    })
 }
 
 /// The rows of `at`'s range that it has not committed: writer visible in the range's end,
@@ -221,16 +189,6 @@ pub(super) async fn advance(
 ) -> Result<(), StoreError> {
     let table: &str = &advance.table;
     let changed = match advance.after {
-        Some((a, b)) if advance.enters_next => {
-            tx.execute(
-                "UPDATE sluice_read_positions SET version = version + 1, range_from = range_to,
-                     range_to = next_to, next_to = '', after_a = $3, after_b = $4,
-                     updated_at = now()
-                 WHERE flow_id = $1 AND source = $2 AND version = $5 AND next_to <> ''",
-                &[&flow_id, &table, &a, &b, &advance.expected_version],
-            )
-            .await?
-        }
         Some((a, b)) => {
             tx.execute(
                 "UPDATE sluice_read_positions SET version = version + 1, after_a = $3,

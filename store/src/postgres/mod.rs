@@ -501,16 +501,6 @@ impl FeedStore for PostgresStore {
         feed::plan_range(&client, flow, table, at).await
     }
 
-    async fn plan_next(
-        &self,
-        flow: &FlowHandle,
-        table: &str,
-        at: &ReadPosition,
-    ) -> Result<ReadPosition, StoreError> {
-        let (client, _) = self.ready().await?;
-        feed::plan_next(&client, flow, table, at).await
-    }
-
     async fn read_range(
         &self,
         table: &str,

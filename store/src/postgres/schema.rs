@@ -164,8 +164,7 @@ ALTER TABLE sluice_window_marks ADD COLUMN size_ms BIGINT;
         9,
         "
 -- Where each flow reading a table stands (feed.rs): a range of the table's commits between
--- two snapshots, the last row of it the flow committed, and the next range's end once planned;
--- version fences every change.
+-- two snapshots, and the last row of it the flow committed; version fences every change.
 CREATE TABLE sluice_read_positions (
     flow_id    BIGINT NOT NULL,
     source     TEXT NOT NULL,
@@ -174,7 +173,6 @@ CREATE TABLE sluice_read_positions (
     range_to   TEXT NOT NULL,
     after_a    BIGINT,
     after_b    BIGINT,
-    next_to    TEXT NOT NULL DEFAULT '',
     updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (flow_id, source)
 );

@@ -29,8 +29,8 @@ pub(crate) fn read_position(
 ) -> Result<ReadPosition, StoreError> {
     let stored = conn
         .query_row(
-            "SELECT version, range_from, range_to, after_a, after_b, next_to
-             FROM sluice_read_positions WHERE flow_id = ?1 AND source = ?2",
+            "SELECT version, range_from, range_to, after_a, after_b FROM sluice_read_positions
+             WHERE flow_id = ?1 AND source = ?2",
             params![flow.id, table],
             |row| {
                 let after: (Option<i64>, Option<i64>) = (row.get(3)?, row.get(4)?);
@@ -39,7 +39,6 @@ pub(crate) fn read_position(
                     range_from: row.get(1)?,
                     range_to: row.get(2)?,
                     after: after.0.zip(after.1),
-                    next_to: row.get(5)?,
                 })
             },
         )
@@ -55,7 +54,15 @@ pub(crate) fn plan_range(
 ) -> Result<ReadPosition, StoreError> {
     check_table(table)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let to = table_end(&tx, table)?;
+    let end: i64 = tx
+        .query_row(
+            "SELECT last FROM sluice_table_seqs WHERE table_name = ?1",
+            params![table],
+            |row| row.get(0),
+        )
+        .optional()?
+        .unwrap_or(0);
+    let to = end.to_string();
     let changed = if at.version == 0 {
         tx.execute(
             "INSERT INTO sluice_read_positions (flow_id, source, version, range_from, range_to)
@@ -63,11 +70,9 @@ pub(crate) fn plan_range(
             params![flow.id, table, to],
         )?
     } else {
-        // A range planned already (`plan_next`) is the one started.
         tx.execute(
             "UPDATE sluice_read_positions SET version = version + 1, range_from = range_to,
-                 range_to = CASE WHEN next_to = '' THEN ?3 ELSE next_to END, next_to = '',
-                 after_a = NULL, after_b = NULL
+                 range_to = ?3, after_a = NULL, after_b = NULL
              WHERE flow_id = ?1 AND source = ?2 AND version = ?4",
             params![flow.id, table, to, at.version],
         )?
@@ -78,51 +83,6 @@ pub(crate) fn plan_range(
     let planned = read_position(&tx, flow, table)?;
     tx.commit()?;
     Ok(planned)
-}
-
-/// The table's commits now: its counter.
-fn table_end(tx: &Transaction<'_>, table: &str) -> Result<String, StoreError> {
-    let end: i64 = tx
-        .query_row(
-            "SELECT last FROM sluice_table_seqs WHERE table_name = ?1",
-            params![table],
-            |row| row.get(0),
-        )
-        .optional()?
-        .unwrap_or(0);
-    Ok(end.to_string())
-}
-
-pub(crate) fn plan_next(
-    conn: &mut Connection,
-    flow: &FlowHandle,
-    table: &str,
-    at: &ReadPosition,
-) -> Result<ReadPosition, StoreError> {
-    check_table(table)?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let to = table_end(&tx, table)?;
-    let next: Option<String> = tx
-        .query_row(
-            "UPDATE sluice_read_positions
-             SET next_to = CASE WHEN next_to = '' THEN ?3 ELSE next_to END
-             WHERE flow_id = ?1 AND source = ?2 AND range_to = ?4 AND version > 0
-             RETURNING next_to",
-            params![flow.id, table, to, at.range_to],
-            |row| row.get(0),
-        )
-        .optional()?;
-    let Some(next) = next else {
-        return Err(StoreError::Moved);
-    };
-    tx.commit()?;
-    Ok(ReadPosition {
-        version: at.version,
-        range_from: at.range_to.clone(),
-        range_to: next,
-        after: None,
-        next_to: String::new(),
-    })
 }
 
 pub(crate) fn read_range(
@@ -184,12 +144,6 @@ pub(crate) fn advance(
     advance: &PositionAdvance,
 ) -> Result<(), StoreError> {
     let changed = match advance.after {
-        Some((a, b)) if advance.enters_next => tx.execute(
-            "UPDATE sluice_read_positions SET version = version + 1, range_from = range_to,
-                 range_to = next_to, next_to = '', after_a = ?3, after_b = ?4
-             WHERE flow_id = ?1 AND source = ?2 AND version = ?5 AND next_to <> ''",
-            params![flow_id, &*advance.table, a, b, advance.expected_version],
-        )?,
         Some((a, b)) => tx.execute(
             "UPDATE sluice_read_positions SET version = version + 1, after_a = ?3, after_b = ?4
              WHERE flow_id = ?1 AND source = ?2 AND version = ?5",

@@ -227,17 +227,6 @@ impl FeedStore for SqliteStore {
             .await
     }
 
-    async fn plan_next(
-        &self,
-        flow: &FlowHandle,
-        table: &str,
-        at: &ReadPosition,
-    ) -> Result<ReadPosition, StoreError> {
-        let (flow, table, at) = (flow.clone(), table.to_owned(), at.clone());
-        self.call(move |conn| feed::plan_next(conn, &flow, &table, &at))
-            .await
-    }
-
     async fn read_range(
         &self,
         table: &str,

@@ -88,7 +88,6 @@ CREATE TABLE IF NOT EXISTS sluice_read_positions (
     range_to   TEXT NOT NULL,
     after_a    INTEGER,
     after_b    INTEGER,
-    next_to    TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (flow_id, source)
 );
 CREATE TABLE IF NOT EXISTS sluice_window_marks (

@@ -407,15 +407,6 @@ mod tests {
             unused("plan_range")
         }
 
-        async fn plan_next(
-            &self,
-            _: &FlowHandle,
-            _: &str,
-            _: &sluice_store::ReadPosition,
-        ) -> Result<sluice_store::ReadPosition, StoreError> {
-            unused("plan_next")
-        }
-
         async fn read_range(
             &self,
             _: &str,
