@@ -39,8 +39,10 @@ async fn a_chain_in_a_pool_under_sigkill_lands_every_record_once_at_every_stage(
     let pubsub = PubSub::connect().await;
     let (topic, subs) = pubsub.topic_with("chain-pool", 1).await;
     let dir = Workdir::new();
+    // A small connection pool: this test runs beside the `postgres-workers` group.
+    let store_url = format!("{}?pool_size=4", database.url());
     let file = PipelineYaml::new("test")
-        .store(database.url())
+        .store(&store_url)
         .pubsub_emulator()
         .target_table("bronze")
         .target_table("silver")
