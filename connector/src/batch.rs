@@ -143,12 +143,6 @@ impl BatchSource {
         }
     }
 
-    /// Whether its source hands over pages: its batches then move the source's position in
-    /// order (see `page.rs`).
-    pub fn paged(&self) -> bool {
-        self.paged
-    }
-
     /// Starts `source` within `budget` and returns a batcher over it, with the source's handle
     /// (close it after the last batch is settled). Cancelling `stop` stops the source asking
     /// for messages; [`BatchSource::next_batch`] returns `None` once what it had is batched.
