@@ -191,7 +191,16 @@ pub enum ResetRows {
     Keep,
     /// Every one: the source gives them all again (files, tables).
     All,
-    /// Those published at or after this time (ms): a Pub/Sub subscription seeked to it gives
+    /// Those published at or after `since_ms`: a Pub/Sub subscription seeked to it gives
     /// exactly those again.
-    PublishedSince(i64),
+    PublishedSince {
+        /// The seek's time, ms since the epoch.
+        since_ms: i64,
+        /// The flow has a watermark: each deleted row is recorded as a message tracked (with
+        /// its event time) and not settled, as are the messages from then on that were tracked
+        /// and not settled yet, so the watermark holds at the oldest of them until the replay
+        /// settles them again, in whatever order Pub/Sub hands the replay to the tracking
+        /// subscription.
+        hold_watermark: bool,
+    },
 }

@@ -15,6 +15,13 @@
 /// buckets.
 pub const PROGRESS_BUCKET_MS: i64 = 1_000;
 
+/// The start of the first bucket that holds no message published before `ms`.
+pub(crate) fn first_whole_bucket_from(ms: i64) -> i64 {
+    ms.div_euclid(PROGRESS_BUCKET_MS)
+        .saturating_add(i64::from(ms.rem_euclid(PROGRESS_BUCKET_MS) != 0))
+        .saturating_mul(PROGRESS_BUCKET_MS)
+}
+
 /// One publish-time bucket of a flow, as stored (see [`crate::ProgressStore::bucket_counts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BucketCounts {

@@ -51,7 +51,14 @@ async fn reset_forgets_one_flow_only(postgres: bool) {
     // Rows published before the seek point stay (the subscription cannot give them again);
     // the ledger, counters and completion go all the same.
     store
-        .reset_flow(live, Some("p__events"), ResetRows::PublishedSince(2_000))
+        .reset_flow(
+            live,
+            Some("p__events"),
+            ResetRows::PublishedSince {
+                since_ms: 2_000,
+                hold_watermark: false,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(

@@ -61,7 +61,10 @@ async fn a_reset_keeps_the_ledger_keys_of_the_rows_it_keeps(postgres: bool) {
         .reset_flow(
             &flows[0],
             Some("p__events"),
-            ResetRows::PublishedSince(3_000),
+            ResetRows::PublishedSince {
+                since_ms: 3_000,
+                hold_watermark: false,
+            },
         )
         .await
         .unwrap();

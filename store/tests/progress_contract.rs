@@ -447,7 +447,114 @@ async fn reset_forgets_buckets_and_watermark(postgres: bool) {
     );
 }
 
+/// A row of `key` published at `publish_ms` with event time `event_ms`.
+fn row_at(key: &str, publish_ms: i64, event_ms: i64) -> Entry {
+    let mut entry = entry(
+        key,
+        Effect::Row {
+            event_time_ms: event_ms,
+        },
+    );
+    entry.message.publish_time_ms = publish_ms;
+    entry
+}
+
+/// A reset with a seek of a watermarked flow (`PublishedSince { hold_watermark: true }`)
+/// records the rows it deletes as tracked and not settled, and keeps what was tracked and not
+/// settled in the whole buckets after the seek time (both come back with the replay), so the
+/// watermark holds at them until the replay settles them, whatever the tracking subscription
+/// hands back first; everything else of the flow's progress goes. Without the hold nothing
+/// stays (a flow without a watermark has no reader to prune it).
+async fn a_reset_with_a_seek_holds_the_watermark_at_the_replay(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let (live, plain) = (&flows[0], &flows[1]);
+    for flow in [live, plain] {
+        let mut commit = batch(
+            flow,
+            vec![row_at("old", 1_200, 900), row_at("new", 3_500, 3_100)],
+        );
+        commit.watermark_progress = true;
+        store.commit(commit).await.unwrap();
+        store
+            .add_bucket_messages(
+                flow,
+                &[
+                    tracked(1_000, "m-old", Some(900)),
+                    tracked(3_000, "m-new", Some(3_100)),
+                    // Published in the seek's own bucket, maybe before it: not replayed.
+                    tracked(2_000, "m-unsure", Some(2_000)),
+                    // In flight when the worker stopped: the replay brings it.
+                    tracked(4_000, "m-flying", Some(4_200)),
+                    // A duplicate settled without a row.
+                    tracked(4_000, "m-dup", Some(4_100)),
+                    settled(4_000, "m-dup"),
+                ],
+            )
+            .await
+            .unwrap();
+        store
+            .advance_watermark(flow, &mark(2_000, 3_000, 3_000), None)
+            .await
+            .unwrap();
+    }
+    store
+        .reset_flow(
+            live,
+            Some("p__events"),
+            ResetRows::PublishedSince {
+                since_ms: 2_500,
+                hold_watermark: true,
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .reset_flow(
+            plain,
+            Some("p__events"),
+            ResetRows::PublishedSince {
+                since_ms: 2_500,
+                hold_watermark: false,
+            },
+        )
+        .await
+        .unwrap();
+
+    assert_eq!(
+        store.bucket_counts(live, i64::MIN).await.unwrap(),
+        [
+            bucket(3_000, 1, 0, Some(3_100)),
+            bucket(4_000, 1, 0, Some(4_200))
+        ],
+        "the deleted row and the message in flight hold the watermark"
+    );
+    assert!(
+        store
+            .bucket_counts(plain, i64::MIN)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.watermarks("p").await.unwrap().is_empty());
+    // The replay settles them (the row committed again), and the buckets are processed.
+    let mut replay = batch(live, vec![row_at("new", 3_500, 3_100)]);
+    replay.watermark_progress = true;
+    store.commit(replay).await.unwrap();
+    store
+        .add_bucket_messages(live, &[settled(4_000, "m-flying")])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.bucket_counts(live, i64::MIN).await.unwrap(),
+        [
+            bucket(3_000, 1, 1, Some(3_100)),
+            bucket(4_000, 1, 1, Some(4_200))
+        ]
+    );
+}
+
 on_both_backends!(
+    a_reset_with_a_seek_holds_the_watermark_at_the_replay,
     bucket_counts_count_each_message_once,
     a_commit_records_its_messages_settled,
     a_fenced_watermark_needs_the_readers_lease,

@@ -588,7 +588,14 @@ async fn a_reset_counts_the_flows_windows_again(postgres: bool) {
     // Rows published since 5 s go (s3, s4) and the source gives some again (s3) and a new one:
     // the counts are of the rows now, window 20 s (s4's) is gone, nothing is counted twice.
     store
-        .reset_flow(live, Some("p__events"), ResetRows::PublishedSince(5_000))
+        .reset_flow(
+            live,
+            Some("p__events"),
+            ResetRows::PublishedSince {
+                since_ms: 5_000,
+                hold_watermark: false,
+            },
+        )
         .await
         .unwrap();
     let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();

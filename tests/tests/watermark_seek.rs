@@ -9,6 +9,16 @@
 //! new reader, tracking only what was published after the reset, let the watermark move with
 //! the clock over the replay, and the replayed rows were late.)
 //!
+//! In both tests a plain client holds the base subscription's replay for 45 s before the new
+//! worker gets it (a loaded emulator hands a replay back slowly), so the watermark has time to
+//! pass it if anything lets it. The second test also takes the tracking subscription's replay
+//! away (a seek to now right after the reset): the replay is tracked only through the reset
+//! itself, which records the rows it deletes as tracked and not settled. Pub/Sub may hand a
+//! replay to the tracking subscription in any order and with pauses (a loaded emulator did: CI
+//! saw 215 rows late in the first test when the watermark rested on the tracking replay
+//! alone); the second test is that case at its worst, and failed on the code before the reset
+//! recorded the rows.
+//!
 //! Real: the emulator (subscriptions that retain acked messages), `sluice` workers, SQLite.
 //! The emulator holds a subscription's messages back for minutes after its streams closed
 //! (ARCHITECTURE.md, "Pub/Sub client facts we build on"), so the replay comes slowly.
@@ -23,6 +33,9 @@ use sluice_tests::{
 };
 use std::path::Path;
 use std::time::Duration;
+
+/// How long the replay is kept from the new worker.
+const REPLAY_HELD: Duration = Duration::from_secs(45);
 
 fn watermark(db: &Db) -> i64 {
     db.query(
@@ -47,6 +60,24 @@ fn pipeline(dir: &Path, metrics_port: u16, subscription: &str) -> std::path::Pat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seek_replays_tracked_and_nothing_is_late() {
+    seek_and_replay(TrackingReplay::Delivered).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seek_holds_the_watermark_without_the_tracking_replay() {
+    seek_and_replay(TrackingReplay::Purged).await;
+}
+
+/// What the tracking subscription does with the replay after the reset's seek.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TrackingReplay {
+    /// Hands it back, as Pub/Sub does.
+    Delivered,
+    /// Never hands it back: the test seeks it to now after the reset.
+    Purged,
+}
+
+async fn seek_and_replay(tracking_replay: TrackingReplay) {
     let pubsub = PubSub::connect().await;
     let topic = unique("wmseek");
     pubsub.admin.create_topic(&topic).await.unwrap();
@@ -75,6 +106,11 @@ async fn a_seek_replays_tracked_and_nothing_is_late() {
         first.logs()
     );
     assert!(watermark(&db) > 0, "no watermark before the reset");
+    // A plain client holds what the base subscription hands out for a while (the seek's
+    // replay: its stream is the only one open then), as a loaded emulator hands a replay back
+    // slowly, then gives it back to the new worker's streams (open by then, so not stalled).
+    let holder = pubsub.plain_client(&subscription, usize::MAX, REPLAY_HELD, false);
+    tokio::time::sleep(Duration::from_secs(3)).await;
     first.terminate();
     assert!(first.wait(Duration::from_secs(30)).success());
 
@@ -98,6 +134,13 @@ async fn a_seek_replays_tracked_and_nothing_is_late() {
     println!("{said}; {kept} rows kept of {before}");
     assert!(kept > 0 && kept < before as i64, "{kept}");
     assert_eq!(watermark(&db), 0, "the reset forgets the watermark");
+    if tracking_replay == TrackingReplay::Purged {
+        pubsub
+            .admin
+            .seek_to_time(&format!("{subscription}-tracking"), now_ms())
+            .await
+            .unwrap();
+    }
 
     let second = Worker::start(&file, "after");
     let history = {
@@ -113,6 +156,9 @@ async fn a_seek_replays_tracked_and_nothing_is_late() {
         second.logs()
     );
     let samples = history.finish();
+    let held = holder.await.unwrap();
+    println!("the plain client held {} messages", held.len());
+    assert!(!held.is_empty(), "the replay was not held back");
     assert_eq!(db.distinct_keys(), total, "each event once");
     let (behind, first_behind) = rows_behind(&samples, |when, w| {
         db.query(&format!(

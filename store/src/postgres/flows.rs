@@ -32,16 +32,26 @@ pub(super) async fn reset_flow(
         &[&flow.id],
     )
     .await?;
-    for state in [
+    let mut states = vec![
         "sluice_completions",
         "sluice_drains",
         "sluice_flow_counters",
         "sluice_commit_marks",
-        "sluice_watermark_messages",
         "sluice_watermarks",
         "sluice_window_marks",
         "sluice_read_positions",
-    ] {
+    ];
+    match (rows, table) {
+        (
+            ResetRows::PublishedSince {
+                since_ms,
+                hold_watermark: true,
+            },
+            Some(table),
+        ) => hold_watermark_for_replay(&tx, flow, table, since_ms).await?,
+        _ => states.push("sluice_watermark_messages"),
+    }
+    for state in states {
         tx.execute(
             &format!("DELETE FROM {state} WHERE flow_id = $1"),
             &[&flow.id],
@@ -60,7 +70,7 @@ pub(super) async fn reset_flow(
             )
             .await?;
         }
-        ResetRows::PublishedSince(ms) => {
+        ResetRows::PublishedSince { since_ms: ms, .. } => {
             let select = |op: &str| {
                 targets
                     .iter()
@@ -96,7 +106,7 @@ pub(super) async fn reset_flow(
                 )
                 .await?;
             }
-            ResetRows::PublishedSince(ms) => {
+            ResetRows::PublishedSince { since_ms: ms, .. } => {
                 tx.execute(
                     &format!(
                         "DELETE FROM \"{target}\"
@@ -109,6 +119,45 @@ pub(super) async fn reset_flow(
         }
     }
     tx.commit().await?;
+    Ok(())
+}
+
+/// The watermark messages of a flow whose subscription replays what was published since
+/// `since_ms` (see `ResetRows::PublishedSince`): of those recorded, only the ones tracked and not
+/// settled in the whole buckets from `since_ms` on stay (the replay settles them); then every row
+/// of `table` published since then, about to be deleted, is recorded tracked and not settled.
+async fn hold_watermark_for_replay(
+    tx: &deadpool_postgres::Transaction<'_>,
+    flow: &FlowHandle,
+    table: &str,
+    since_ms: i64,
+) -> Result<(), StoreError> {
+    let name: &str = &flow.name;
+    let bucket = crate::PROGRESS_BUCKET_MS;
+    let first_whole_bucket = crate::progress::first_whole_bucket_from(since_ms);
+    tx.execute(
+        "DELETE FROM sluice_watermark_messages
+         WHERE flow_id = $1 AND NOT (tracked AND NOT settled AND bucket_ms >= $2)",
+        &[&flow.id, &first_whole_bucket],
+    )
+    .await?;
+    // `table` is a validated identifier (checked by the caller); values are bound.
+    let ms = |column: &str| format!("(extract(epoch FROM {column}) * 1000)::int8");
+    tx.execute(
+        &format!(
+            "INSERT INTO sluice_watermark_messages
+                 (flow_id, bucket_ms, message_id, tracked, settled, event_ms)
+             SELECT $1, ({publish} / $4) * $4, message_id, true, false, {event}
+             FROM \"{table}\"
+             WHERE flow = $2 AND publish_time >= to_timestamp($3::int8 / 1000.0)
+             ON CONFLICT (flow_id, bucket_ms, message_id) DO UPDATE SET
+                 tracked = true, settled = false, event_ms = excluded.event_ms",
+            publish = ms("publish_time"),
+            event = ms("event_time"),
+        ),
+        &[&flow.id, &name, &since_ms, &bucket],
+    )
+    .await?;
     Ok(())
 }
 

@@ -34,7 +34,7 @@ pub(crate) fn reset_flow(
                 params![flow.id],
             )?;
         }
-        ResetRows::PublishedSince(ms) => {
+        ResetRows::PublishedSince { since_ms: ms, .. } => {
             let select = |op: &str| {
                 targets
                     .iter()
@@ -57,15 +57,25 @@ pub(crate) fn reset_flow(
             )?;
         }
     }
-    for state in [
+    let mut states = vec![
         "sluice_completions",
         "sluice_drains",
         "sluice_commit_marks",
-        "sluice_watermark_messages",
         "sluice_watermarks",
         "sluice_window_marks",
         "sluice_read_positions",
-    ] {
+    ];
+    match (rows, table) {
+        (
+            ResetRows::PublishedSince {
+                since_ms,
+                hold_watermark: true,
+            },
+            Some(table),
+        ) => hold_watermark_for_replay(&tx, flow, table, since_ms)?,
+        _ => states.push("sluice_watermark_messages"),
+    }
+    for state in states {
         tx.execute(
             &format!("DELETE FROM {state} WHERE flow_id = ?1"),
             params![flow.id],
@@ -87,7 +97,7 @@ pub(crate) fn reset_flow(
                     params![&*flow.name],
                 )?;
             }
-            ResetRows::PublishedSince(ms) => {
+            ResetRows::PublishedSince { since_ms: ms, .. } => {
                 tx.execute(
                     &format!("DELETE FROM \"{target}\" WHERE flow = ?1 AND publish_time >= ?2"),
                     params![&*flow.name, ms],
@@ -96,6 +106,38 @@ pub(crate) fn reset_flow(
         }
     }
     tx.commit()?;
+    Ok(())
+}
+
+/// The watermark messages of a flow whose subscription replays what was published since
+/// `since_ms` (see `ResetRows::PublishedSince`): of those recorded, only the ones tracked and not
+/// settled in the whole buckets from `since_ms` on stay (the replay settles them); then every row
+/// of `table` published since then, about to be deleted, is recorded tracked and not settled.
+fn hold_watermark_for_replay(
+    tx: &rusqlite::Transaction<'_>,
+    flow: &FlowHandle,
+    table: &str,
+    since_ms: i64,
+) -> Result<(), StoreError> {
+    let bucket = crate::PROGRESS_BUCKET_MS;
+    let first_whole_bucket = crate::progress::first_whole_bucket_from(since_ms);
+    tx.execute(
+        "DELETE FROM sluice_watermark_messages
+         WHERE flow_id = ?1 AND NOT (tracked = 1 AND settled = 0 AND bucket_ms >= ?2)",
+        params![flow.id, first_whole_bucket],
+    )?;
+    // `table` is a validated identifier (checked by the caller); values are bound.
+    tx.execute(
+        &format!(
+            "INSERT INTO sluice_watermark_messages
+                 (flow_id, bucket_ms, message_id, tracked, settled, event_ms)
+             SELECT ?1, (publish_time / ?4) * ?4, message_id, 1, 0, event_time
+             FROM \"{table}\" WHERE flow = ?2 AND publish_time >= ?3
+             ON CONFLICT (flow_id, bucket_ms, message_id) DO UPDATE SET
+                 tracked = 1, settled = 0, event_ms = excluded.event_ms"
+        ),
+        params![flow.id, &*flow.name, since_ms, bucket],
+    )?;
     Ok(())
 }
 

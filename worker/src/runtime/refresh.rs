@@ -24,7 +24,10 @@
 //! * `--seek TIME` is refused unless the subscription retains acked messages for long enough
 //!   to replay everything since TIME, and so does the flow's tracking subscription (if it
 //!   exists), which is seeked to TIME first so the replay is tracked; the seeks happen after
-//!   the store reset, so a replayed message never meets a stale ledger or an old row.
+//!   the store reset, so a replayed message never meets a stale ledger or an old row. The
+//!   reset of a flow with a watermark also records each row it deletes as tracked and not
+//!   settled, so the watermark holds at the replay however Pub/Sub orders it on the tracking
+//!   subscription (`ResetRows::PublishedSince`).
 //! * **Nothing dropped unasked.** A seek to TIME also marks every message published before
 //!   TIME as acknowledged, those no worker ever ingested too, and Pub/Sub does not tell how
 //!   old its backlog is (only Cloud Monitoring does), so sluice cannot know whether any would
@@ -315,7 +318,10 @@ pub async fn reset_seeks(
 /// What a reset of `flow` deletes: the rows its source gives again.
 fn rows_reset(flow: &sluice_pipeline::Flow, seek_ms: Option<i64>) -> ResetRows {
     match (&flow.source, seek_ms) {
-        (Source::PubSub(_), Some(ms)) => ResetRows::PublishedSince(ms),
+        (Source::PubSub(source), Some(ms)) => ResetRows::PublishedSince {
+            since_ms: ms,
+            hold_watermark: source.watermark.is_some(),
+        },
         (Source::PubSub(_), None) => ResetRows::Keep,
         _ => ResetRows::All,
     }
