@@ -54,6 +54,8 @@ pub struct SourceProgress {
     pub delivered: AtomicU64,
     /// Records skipped because the flow had committed them before.
     pub skipped: AtomicU64,
+    /// Records left out because their event time lies outside the run's data interval.
+    pub outside_interval: AtomicU64,
     failure: Mutex<Option<String>>,
 }
 

@@ -23,6 +23,11 @@
 //!
 //! There is no publish time in a file: a record's publish time is its file's modification time,
 //! and a record without `event_time` takes that as its event time.
+//!
+//! A scheduled run with a data interval reads only the records whose event time lies in it
+//! ([`FileSource::within`]): the others are left out before delivery and counted in
+//! [`SourceProgress::outside_interval`]; a line that is not a record has no event time and is
+//! dead-lettered by whichever run reads it first.
 
 use crate::bounded::{Deliverer, SkipCommitted, SourceProgress};
 use crate::budget::Budget;
@@ -49,6 +54,8 @@ pub struct FileSource {
     pattern: String,
     skip: Option<SkipCommitted>,
     progress: Arc<SourceProgress>,
+    /// Only records with an event time in `[start, end)` (ms) are read.
+    within: Option<(i64, i64)>,
 }
 
 impl FileSource {
@@ -58,7 +65,15 @@ impl FileSource {
             pattern: pattern.into(),
             skip: None,
             progress: Arc::new(SourceProgress::default()),
+            within: None,
         }
+    }
+
+    /// Reads only the records whose event time lies in `[start_ms, end_ms)` (a scheduled run's
+    /// data interval); see the module docs.
+    pub fn within(mut self, start_ms: i64, end_ms: i64) -> Self {
+        self.within = Some((start_ms, end_ms));
+        self
     }
 
     /// Skips records the flow has already committed (see the module docs).
@@ -124,20 +139,23 @@ impl MessageSource for FileSource {
     ) -> Result<Box<dyn SourceHandle>, SourceError> {
         let (files, total) = matching_files(&self.pattern)?;
         self.progress.bytes_total.store(total, Ordering::Relaxed);
-        let reader = Reader(Deliverer {
-            skip: self.skip,
-            progress: self.progress.clone(),
-            intake,
-            budget,
-            stop: stop.clone(),
-        });
+        let reader = Reader {
+            deliverer: Deliverer {
+                skip: self.skip,
+                progress: self.progress.clone(),
+                intake,
+                budget,
+                stop: stop.clone(),
+            },
+            within: self.within,
+        };
         let task = tokio::spawn(async move {
             for file in files {
                 if let Err(why) = reader.read_file(&file).await {
-                    reader.0.progress.fail(why);
+                    reader.deliverer.progress.fail(why);
                     return;
                 }
-                if reader.0.stop.is_cancelled() {
+                if reader.deliverer.stop.is_cancelled() {
                     return;
                 }
             }
@@ -151,8 +169,11 @@ impl MessageSource for FileSource {
     }
 }
 
-/// Reads files into a [`Deliverer`].
-struct Reader(Deliverer);
+/// Reads files into a [`Deliverer`], keeping the records of the data interval if there is one.
+struct Reader {
+    deliverer: Deliverer,
+    within: Option<(i64, i64)>,
+}
 
 impl Reader {
     /// Reads one file to its end (or until stopped); `Err` when it cannot be read.
@@ -175,19 +196,36 @@ impl Reader {
                 break;
             }
             number += 1;
-            self.0
-                .progress
+            let progress = &self.deliverer.progress;
+            progress
                 .bytes_read
                 .fetch_add(read as u64, Ordering::Relaxed);
             if let Some(message) = record(&line, &file.path, number, file.modified_ms) {
-                chunk.push(message);
+                if self.in_interval(&message) {
+                    chunk.push(message);
+                } else {
+                    progress.outside_interval.fetch_add(1, Ordering::Relaxed);
+                }
             }
-            if chunk.len() == CHUNK && !self.0.deliver(std::mem::take(&mut chunk)).await {
+            if chunk.len() == CHUNK && !self.deliverer.deliver(std::mem::take(&mut chunk)).await {
                 return Ok(());
             }
         }
-        self.0.deliver(chunk).await;
+        self.deliverer.deliver(chunk).await;
         Ok(())
+    }
+
+    /// Whether a record belongs to this read: every record without a data interval; with one,
+    /// a record whose event time (or file time) lies in it, and every line that is not a record.
+    fn in_interval(&self, message: &SourceMessage) -> bool {
+        let Some((start, end)) = self.within else {
+            return true;
+        };
+        if message.problem.is_some() {
+            return true;
+        }
+        let event = message.event_time_ms.unwrap_or(message.publish_time_ms);
+        start <= event && event < end
     }
 }
 

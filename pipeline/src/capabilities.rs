@@ -13,12 +13,12 @@ const COUNTS_TABLE_SUFFIX: &str = "__windows";
 
 /// Records every part of `p` this version cannot run.
 pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
-    if p.schedule.is_some() {
+    if p.schedule.as_ref().is_some_and(|s| s.on_update) {
         c.push(
             ErrorCode::NotBuilt,
-            "schedule",
-            "schedules are not built yet: a triggered pipeline runs one update when started \
-             (drop `schedule:` and start `sluice run` from your own scheduler)",
+            "schedule.on_update",
+            "runs fired by another pipeline's table are not built yet (drop `on_update`; the \
+             schedule's own fires run)",
         );
     }
     for (i, flow) in p.flows.iter().enumerate() {

@@ -16,7 +16,7 @@ use crate::model::{
 use crate::raw::{
     RawControl, RawKind, RawMetrics, RawMode, RawPipeline, RawSchedule, RawSemantics, RawTarget,
 };
-use crate::source;
+use crate::{defaults, source, timetable};
 
 /// Converts the whole file.
 pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
@@ -108,22 +108,22 @@ fn listen(c: &mut Collector<'_>, value: Option<String>, path: &str) -> String {
 fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
     let when = match (raw.cron, raw.every) {
         (Some(cron), None) => {
-            let fields = cron.split_whitespace().count();
-            if !(5..=6).contains(&fields) {
-                c.push(
-                    ErrorCode::InvalidSchedule,
-                    "schedule.cron",
-                    format!("`{cron}` has {fields} fields; a cron expression has 5 or 6"),
-                );
+            if let Err(message) = timetable::parse_cron(&cron) {
+                c.push(ErrorCode::InvalidSchedule, "schedule.cron", message);
             }
             ScheduleWhen::Cron(cron)
         }
-        (None, Some(every)) => ScheduleWhen::Every(positive_duration(
-            c,
-            Some(every),
-            "schedule.every",
-            Duration::ZERO,
-        )),
+        (None, Some(every)) => {
+            let every = positive_duration(c, Some(every), "schedule.every", Duration::ZERO);
+            if !every.is_zero() && every.subsec_nanos() != 0 {
+                c.push(
+                    ErrorCode::InvalidSchedule,
+                    "schedule.every",
+                    "must be a whole number of seconds",
+                );
+            }
+            ScheduleWhen::Every(every)
+        }
         (cron, every) => {
             let message = if cron.is_some() && every.is_some() {
                 "give either `cron` or `every`, not both"
@@ -134,17 +134,47 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
             ScheduleWhen::Every(Duration::ZERO)
         }
     };
+    let timezone = raw
+        .timezone
+        .unwrap_or_else(|| defaults::SCHEDULE_TIMEZONE.to_owned());
+    if let Err(message) = timetable::time_zone(&timezone) {
+        c.push(ErrorCode::InvalidSchedule, "schedule.timezone", message);
+    }
+    let semantics = match raw.semantics {
+        None | Some(RawSemantics::Trigger) => ScheduleSemantics::Trigger,
+        Some(RawSemantics::DataInterval) => ScheduleSemantics::DataInterval,
+    };
+    let interval = raw.interval.map(|i| {
+        if semantics != ScheduleSemantics::DataInterval {
+            c.push(
+                ErrorCode::InvalidSchedule,
+                "schedule.interval",
+                "`interval` sets the data interval of each run: it needs                  `semantics: data_interval`",
+            );
+        }
+        positive_duration(c, Some(i), "schedule.interval", Duration::ZERO)
+    });
+    let on_update = raw.on_update.unwrap_or(false);
+    if raw.min_interval.is_some() && !on_update {
+        c.push(
+            ErrorCode::InvalidSchedule,
+            "schedule.min_interval",
+            "`min_interval` spaces the runs `on_update` fires: it needs `on_update: true`",
+        );
+    }
     Schedule {
         when,
-        timezone: raw.timezone.map_or_else(
-            || "UTC".to_owned(),
-            |t| non_empty(c, t, "schedule.timezone"),
-        ),
-        semantics: match raw.semantics {
-            None | Some(RawSemantics::Trigger) => ScheduleSemantics::Trigger,
-            Some(RawSemantics::DataInterval) => ScheduleSemantics::DataInterval,
-        },
+        timezone,
+        semantics,
         catchup: raw.catchup.unwrap_or(false),
+        interval,
+        on_update,
+        min_interval: positive_duration(
+            c,
+            raw.min_interval,
+            "schedule.min_interval",
+            defaults::SCHEDULE_MIN_INTERVAL,
+        ),
     }
 }
 

@@ -1,6 +1,6 @@
-//! The file's defaults for a flow's source settings, in one place: what a Pub/Sub flow gets for
-//! a key the file leaves out, and what the worker gives a file or table flow, which has no
-//! `pubsub:` section to take them from.
+//! The file's defaults for a flow's source settings and a schedule, in one place: what a Pub/Sub
+//! flow gets for a key the file leaves out, and what the worker gives a file or table flow,
+//! which has no `pubsub:` section to take them from.
 
 use std::time::Duration;
 
@@ -24,3 +24,7 @@ pub const MAX_ATTEMPTS: u32 = 5;
 pub const STREAMS: usize = 16;
 /// The most `streams` a flow may open.
 pub const MAX_STREAMS: i64 = 64;
+/// Default `schedule.timezone`.
+pub const SCHEDULE_TIMEZONE: &str = "UTC";
+/// Default `schedule.min_interval`: runs fired by updates of a table start at most this often.
+pub const SCHEDULE_MIN_INTERVAL: Duration = Duration::from_secs(60);

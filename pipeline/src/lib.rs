@@ -43,6 +43,7 @@ mod locate;
 pub mod model;
 mod raw;
 mod source;
+pub mod timetable;
 mod validate;
 
 use std::path::Path;

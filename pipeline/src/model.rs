@@ -284,25 +284,36 @@ pub enum TrackingSubscription {
     Named(String),
 }
 
-/// `schedule:` (SPEC §7).
+/// `schedule:` (SPEC §7): when a triggered pipeline runs, with Airflow's timetable semantics
+/// ([`crate::timetable`] computes the fires).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Schedule {
     /// When the runs fire.
     pub when: ScheduleWhen,
-    /// `timezone` — IANA name, default `UTC`.
+    /// `timezone` — an IANA name, default `UTC`; cron fields are read on its wall clock.
     pub timezone: String,
     /// `semantics` — default [`ScheduleSemantics::Trigger`].
     pub semantics: ScheduleSemantics,
-    /// `catchup` — default false.
+    /// `catchup` — default false: fires missed while no worker ran are skipped (see
+    /// [`crate::timetable::Timetable::next_run`]); true: each is run, in order.
     pub catchup: bool,
+    /// `interval` — `data_interval` only: each run covers `[fire − interval, fire)` instead of
+    /// `[previous fire, fire)` (a sliding window, e.g. the last 7 days every day).
+    pub interval: Option<Duration>,
+    /// `on_update` — also run when a table of another pipeline that a flow reads received
+    /// committed rows since the last run.
+    pub on_update: bool,
+    /// `min_interval` — runs fired by `on_update` start at most this often (default 1 minute).
+    pub min_interval: Duration,
 }
 
 /// Exactly one of `cron` or `every`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ScheduleWhen {
-    /// `cron: "*/15 * * * *"` (5 or 6 fields; syntax checked when schedules are built).
+    /// `cron: "*/15 * * * *"`: 5 fields, or 6 with seconds first, or a preset (`@hourly`,
+    /// `@daily`, `@weekly`, `@monthly`, `@yearly`); parsed with the `croner` crate.
     Cron(String),
-    /// `every: 15m`.
+    /// `every: 15m`: fires at every multiple of it since the Unix epoch.
     Every(Duration),
 }
 

@@ -65,6 +65,9 @@ pub(crate) struct RawSchedule {
     pub(crate) timezone: Option<String>,
     pub(crate) semantics: Option<RawSemantics>,
     pub(crate) catchup: Option<bool>,
+    pub(crate) interval: Option<Humane>,
+    pub(crate) on_update: Option<bool>,
+    pub(crate) min_interval: Option<Humane>,
 }
 
 /// `schedule.semantics`.

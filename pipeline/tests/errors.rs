@@ -287,6 +287,66 @@ fn invalid_schedules() {
         "schedule",
         3,
     );
+    // The reports: a pattern that is not cron and a zone that is not IANA passed
+    // `sluice validate` before schedules were built.
+    let e = one(
+        &edit(2, "mode: triggered\nschedule:\n  cron: \"a b c d e\""),
+        ErrorCode::InvalidSchedule,
+        "schedule.cron",
+        4,
+    );
+    assert!(e.message.contains("not a valid cron expression"), "{e}");
+    let e = one(
+        &edit(
+            2,
+            "mode: triggered\nschedule:\n  cron: \"@daily\"\n  timezone: Mars/X",
+        ),
+        ErrorCode::InvalidSchedule,
+        "schedule.timezone",
+        5,
+    );
+    assert!(e.message.contains("not an IANA time zone"), "{e}");
+    one(
+        &edit(2, "mode: triggered\nschedule:\n  cron: \"@fortnightly\""),
+        ErrorCode::InvalidSchedule,
+        "schedule.cron",
+        4,
+    );
+    one(
+        &edit(
+            2,
+            "mode: triggered\nschedule:\n  cron: \"@daily\"\n  interval: 7d",
+        ),
+        ErrorCode::InvalidSchedule,
+        "schedule.interval",
+        5,
+    );
+    one(
+        &edit(
+            2,
+            "mode: triggered\nschedule:\n  every: 1h\n  min_interval: 5m",
+        ),
+        ErrorCode::InvalidSchedule,
+        "schedule.min_interval",
+        5,
+    );
+    one(
+        &edit(2, "mode: triggered\nschedule:\n  every: 1500ms"),
+        ErrorCode::InvalidSchedule,
+        "schedule.every",
+        4,
+    );
+    for valid in [
+        "cron: \"*/5 * * * * *\"",
+        "cron: \"@weekly\"\n  timezone: America/New_York",
+        "every: 15m\n  semantics: data_interval\n  interval: 7d\n  catchup: true",
+    ] {
+        parse(
+            &edit(2, &format!("mode: triggered\nschedule:\n  {valid}")),
+            Path::new("p.yaml"),
+        )
+        .unwrap_or_else(|e| panic!("{valid}: {e}"));
+    }
     let p = parse(
         &edit(2, "mode: triggered\nschedule: { cron: \"*/15 * * * *\" }"),
         Path::new("p.yaml"),

@@ -194,6 +194,9 @@ flows:
             timezone: "Europe/Paris".into(),
             semantics: ScheduleSemantics::DataInterval,
             catchup: true,
+            interval: None,
+            on_update: false,
+            min_interval: Duration::from_secs(60),
         })
     );
     assert_eq!(p.targets[1].kind, TargetKind::View);

@@ -140,15 +140,15 @@ fn an_invalid_file_gets_no_not_built_errors() {
 }
 
 #[test]
-fn a_schedule_does_not_run_yet() {
+fn runs_on_update_do_not_run_yet() {
     let file = "pipeline: p\nmode: triggered\nstore: sqlite://s.db\n\
-        schedule: { cron: \"*/15 * * * *\" }\n\
+        schedule: { cron: \"*/15 * * * *\", on_update: true }\n\
         targets:\n  - { name: events, kind: table }\n\
         flows:\n  - { name: a, target: events, source: { pubsub: { subscription: s } } }\n";
     let found = not_built(file);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(
-        found[0].contains("schedule") && found[0].contains("not built yet"),
+        found[0].contains("schedule.on_update") && found[0].contains("not built yet"),
         "{found:?}"
     );
 }

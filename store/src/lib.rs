@@ -40,6 +40,7 @@ mod pool;
 mod postgres;
 mod progress;
 mod roles;
+mod runs;
 mod schema;
 mod sqlite;
 #[cfg(feature = "testing")]
@@ -64,7 +65,10 @@ pub use progress::{
 };
 #[cfg(feature = "testing")]
 pub use roles::Inspect;
-pub use roles::{FeedStore, FlowStore, LedgerStore, PoolStore, ProgressStore, Store, WindowStore};
+pub use roles::{
+    FeedStore, FlowStore, LedgerStore, PoolStore, ProgressStore, RunStore, Store, WindowStore,
+};
+pub use runs::{RunEnd, RunRecord, RunStart, RunState, RunTrigger};
 pub use schema::{is_identifier, table_name, window_table_name};
 pub use sqlite::SqliteStore;
 pub use url::{StoreUrl, open};

@@ -1,13 +1,14 @@
 //! The store's roles, one trait each: committing against the ledger, a pipeline's flows,
-//! tables read as feeds, the pool's coordination, watermark progress and windows. [`Store`] is all of them (every
+//! tables read as feeds, the pool's coordination, watermark progress, windows and the runs of
+//! a triggered pipeline. [`Store`] is all of them (every
 //! backend implements each); a caller takes the narrowest role it needs (`&dyn PoolStore`,
 //! `Arc<dyn LedgerStore>`), and an `Arc<dyn Store>` coerces to any of them.
 
 use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FeedLag, FeedRow,
     FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep,
-    ReadPosition, ResetRows, RowCursor, StoreError, StoredRow, WatermarkRecord, WindowEmission,
-    WindowsEmitted, WorkerBeat, WorkerRecord,
+    ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord, RunStart, StoreError, StoredRow,
+    WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 
@@ -251,6 +252,26 @@ pub trait FeedStore: Send + Sync + 'static {
     async fn feed_lag(&self, table: &str, at: &ReadPosition) -> Result<FeedLag, StoreError>;
 }
 
+/// The runs of a triggered pipeline (`sluice_runs`; see the `runs` module docs): the role of
+/// the scheduler, `sluice runs` and `sluice status`.
+#[async_trait]
+pub trait RunStore: Send + Sync + 'static {
+    /// Records that `run` starts now, running, and returns it. A fire recorded already
+    /// (`run.trigger.is_fire()`, the same `fire_ms`) is not recorded again: a run of it that has
+    /// not ended is handed to `run.worker` (its runner died or stopped) and returned, one that
+    /// ended is returned as it is, and the caller does not run it again.
+    async fn begin_run(&self, run: &RunStart) -> Result<RunRecord, StoreError>;
+
+    /// Records how run `run_id` ended, with the store's clock.
+    async fn end_run(&self, run_id: i64, end: &RunEnd) -> Result<(), StoreError>;
+
+    /// The newest `limit` runs of `pipeline`, newest first.
+    async fn runs(&self, pipeline: &str, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// The latest fire of `pipeline`'s schedule recorded (`schedule` or `catchup` runs).
+    async fn last_fire(&self, pipeline: &str) -> Result<Option<i64>, StoreError>;
+}
+
 #[cfg(feature = "testing")]
 /// Counting what a table holds, for tests (the `testing` feature).
 #[async_trait]
@@ -265,11 +286,18 @@ pub trait Inspect: Send + Sync + 'static {
 /// The durable store behind every flow: every role. Implementations are shared by all flows
 /// of a worker (`Arc<dyn Store>`).
 pub trait Store:
-    LedgerStore + FlowStore + FeedStore + PoolStore + ProgressStore + WindowStore
+    LedgerStore + FlowStore + FeedStore + PoolStore + ProgressStore + WindowStore + RunStore
 {
 }
 
 impl<T> Store for T where
-    T: LedgerStore + FlowStore + FeedStore + PoolStore + ProgressStore + WindowStore + ?Sized
+    T: LedgerStore
+        + FlowStore
+        + FeedStore
+        + PoolStore
+        + ProgressStore
+        + WindowStore
+        + RunStore
+        + ?Sized
 {
 }

@@ -6,8 +6,8 @@ use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FeedLag, FeedRow,
     FeedStore, FlowHandle, FlowProgress, FlowStore, Inspect, Layout, LeaseGrant, LeaseRecord,
     LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore, ProgressStore, ReadPosition, ResetRows,
-    RowCursor, Store, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore,
-    WindowsEmitted, WorkerBeat, WorkerRecord,
+    RowCursor, RunEnd, RunRecord, RunStart, RunStore, Store, StoreError, StoredRow,
+    WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 
@@ -271,6 +271,25 @@ impl<S: Store + Inspect> WindowStore for FaultStore<S> {
         emission: &WindowEmission,
     ) -> Result<WindowsEmitted, StoreError> {
         self.inner.emit_windows(flow, emission).await
+    }
+}
+
+#[async_trait]
+impl<S: Store + Inspect> RunStore for FaultStore<S> {
+    async fn begin_run(&self, run: &RunStart) -> Result<RunRecord, StoreError> {
+        self.inner.begin_run(run).await
+    }
+
+    async fn end_run(&self, run_id: i64, end: &RunEnd) -> Result<(), StoreError> {
+        self.inner.end_run(run_id, end).await
+    }
+
+    async fn runs(&self, pipeline: &str, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        self.inner.runs(pipeline, limit).await
+    }
+
+    async fn last_fire(&self, pipeline: &str) -> Result<Option<i64>, StoreError> {
+        self.inner.last_fire(pipeline).await
     }
 }
 

@@ -18,6 +18,7 @@ fn quoted(text: &str) -> String {
 /// pubsub: { project: P, endpoint: "E" }        # if set
 /// metrics: { listen: "ADDR" }                  # if set
 /// control: { ... }                             # if set
+/// schedule: { ... }                            # if set
 /// targets:
 ///   - { name: N, kind: table }                 # or window, sink, foreach_batch:
 ///   - { name: N, kind: K, K: { ... } }
@@ -35,6 +36,7 @@ pub struct PipelineYaml {
     pubsub: Option<(String, String)>,
     metrics_listen: Option<String>,
     control: Option<String>,
+    schedule: Option<String>,
     targets: Vec<String>,
     flows: Vec<FlowYaml>,
 }
@@ -49,6 +51,7 @@ impl PipelineYaml {
             pubsub: None,
             metrics_listen: None,
             control: None,
+            schedule: None,
             targets: Vec::new(),
             flows: Vec::new(),
         }
@@ -91,6 +94,12 @@ impl PipelineYaml {
     /// `control: INLINE_MAP` (`{ listen: "127.0.0.1:PORT" }`).
     pub fn control(mut self, inline_map: &str) -> Self {
         self.control = Some(inline_map.to_owned());
+        self
+    }
+
+    /// `schedule: INLINE_MAP` (`{ cron: "*/5 * * * * *" }`).
+    pub fn schedule(mut self, inline_map: &str) -> Self {
+        self.schedule = Some(inline_map.to_owned());
         self
     }
 
@@ -151,6 +160,9 @@ impl PipelineYaml {
         }
         if let Some(control) = &self.control {
             out.push_str(&format!("control: {control}\n"));
+        }
+        if let Some(schedule) = &self.schedule {
+            out.push_str(&format!("schedule: {schedule}\n"));
         }
         out.push_str("targets:\n");
         for target in &self.targets {

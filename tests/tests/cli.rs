@@ -256,11 +256,12 @@ fn a_window_over_a_table_needs_its_live_writers_watermarks() {
     assert!(!dir.path().join("s.db").exists(), "nothing was created");
 }
 
-/// A `schedule:` is valid (`validate` accepts it) but schedules are not built: `run` refuses the
-/// file with exit 2 and a located `NOT_BUILT` error, and reads nothing. (The code before ran one
-/// update and ignored the schedule: exit 0, rows written.)
+/// `schedule.on_update` is valid (`validate` accepts it) but runs fired by another pipeline's
+/// table are not built: `run` refuses the file with exit 2 and a located `NOT_BUILT` error, and
+/// reads nothing. (Before schedules were built, `run` refused every schedule this way; before
+/// that it ran one update and ignored the schedule: exit 0, rows written.)
 #[test]
-fn run_refuses_a_schedule_until_schedules_are_built() {
+fn run_refuses_on_update_until_it_is_built() {
     let dir = Workdir::new();
     std::fs::write(
         dir.path().join("h.jsonl"),
@@ -272,7 +273,7 @@ fn run_refuses_a_schedule_until_schedules_are_built() {
         "p.yaml",
         &format!(
             "pipeline: p\nmode: triggered\nstore: \"sqlite://{db}\"\n\
-             schedule: {{ cron: \"*/15 * * * *\" }}\n\
+             schedule: {{ cron: \"*/15 * * * *\", on_update: true }}\n\
              targets:\n  - {{ name: events, kind: table }}\n\
              flows:\n  - name: backfill\n    target: events\n    once: true\n    \
              source: {{ file: {{ path: \"{glob}\" }} }}\n",
@@ -285,7 +286,9 @@ fn run_refuses_a_schedule_until_schedules_are_built() {
     let (code, stderr) = run_with(&file);
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains("p.yaml:4:") && stderr.contains("NOT_BUILT") && stderr.contains("schedule"),
+        stderr.contains("p.yaml:4:")
+            && stderr.contains("NOT_BUILT")
+            && stderr.contains("schedule.on_update"),
         "{stderr}"
     );
     assert!(!dir.path().join("s.db").exists(), "nothing was created");

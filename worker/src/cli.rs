@@ -3,6 +3,7 @@
 
 use crate::commands::bench::BenchCommand;
 use crate::commands::graph::GraphFormat;
+use crate::commands::runs::RunsFormat;
 use crate::commands::status::StatusFormat;
 use crate::commands::validate::ValidateFormat;
 use crate::commands::{self, refresh::Seek};
@@ -29,7 +30,8 @@ pub struct Cli {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a pipeline: continuous until SIGTERM/SIGINT (then drain), triggered until drained.
+    /// Run a pipeline: continuous until SIGTERM/SIGINT (then drain), triggered until drained
+    /// (once, or at each fire of its schedule until SIGTERM/SIGINT).
     Run {
         /// The pipeline file.
         #[arg(short = 'c', long = "config")]
@@ -58,6 +60,18 @@ pub enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
         format: StatusFormat,
+    },
+    /// The history of a triggered pipeline's runs: fire, interval, trigger, state, rows.
+    Runs {
+        /// The pipeline file.
+        #[arg(short = 'c', long = "config")]
+        config: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = RunsFormat::Text)]
+        format: RunsFormat,
+        /// The newest this many runs.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
     },
     /// Draw the flow graph: data edges and depends_on edges, with states from the store.
     Graph {
@@ -150,6 +164,11 @@ pub async fn dispatch(command: Command) -> ExitCode {
         }
         Command::Validate { config, format } => commands::validate::validate(&config, format),
         Command::Status { config, format } => commands::status::status(&config, format).await,
+        Command::Runs {
+            config,
+            format,
+            limit,
+        } => commands::runs::runs(&config, format, limit).await,
         Command::Demo { events, dir } => commands::demo::demo(events, &dir).await,
         Command::Bench { which } => commands::bench::bench(which).await,
     }

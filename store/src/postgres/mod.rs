@@ -22,6 +22,7 @@ mod flows;
 mod ledger;
 mod pool;
 mod progress;
+mod runs;
 mod schema;
 mod scratch;
 mod windows;
@@ -36,8 +37,8 @@ use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FeedLag, FeedRow, FeedStore,
     FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord, LeaseRequest,
     LedgerStore, LedgerUpkeep, PoolStore, ProgressStore, ReadPosition, ResetRows, RowCursor,
-    StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted,
-    WorkerBeat, WorkerRecord,
+    RunEnd, RunRecord, RunStart, RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission,
+    WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -579,6 +580,29 @@ impl PoolStore for PostgresStore {
     async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
         let (client, _) = self.ready().await?;
         pool::drain_census(&client, flow).await
+    }
+}
+
+#[async_trait]
+impl RunStore for PostgresStore {
+    async fn begin_run(&self, run: &RunStart) -> Result<RunRecord, StoreError> {
+        let (client, _) = self.ready().await?;
+        runs::begin_run(&client, run).await
+    }
+
+    async fn end_run(&self, run_id: i64, end: &RunEnd) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        runs::end_run(&client, run_id, end).await
+    }
+
+    async fn runs(&self, pipeline: &str, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        let (client, _) = self.ready().await?;
+        runs::runs(&client, pipeline, limit).await
+    }
+
+    async fn last_fire(&self, pipeline: &str) -> Result<Option<i64>, StoreError> {
+        let (client, _) = self.ready().await?;
+        runs::last_fire(&client, pipeline).await
     }
 }
 

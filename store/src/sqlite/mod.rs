@@ -11,6 +11,7 @@ mod flows;
 mod ledger;
 mod pool;
 mod progress;
+mod runs;
 mod schema;
 mod windows;
 
@@ -21,8 +22,8 @@ use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FeedLag, FeedRow, FeedStore,
     FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord, LeaseRequest,
     LedgerStore, LedgerUpkeep, PoolStore, ProgressStore, ReadPosition, ResetRows, RowCursor,
-    StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted,
-    WorkerBeat, WorkerRecord,
+    RunEnd, RunRecord, RunStart, RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission,
+    WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use rusqlite::Connection;
@@ -365,6 +366,33 @@ impl ProgressStore for SqliteStore {
     ) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
         let pipeline = pipeline.to_owned();
         self.call(move |conn| progress::watermarks(conn, &pipeline))
+            .await
+    }
+}
+
+#[async_trait]
+impl RunStore for SqliteStore {
+    async fn begin_run(&self, run: &RunStart) -> Result<RunRecord, StoreError> {
+        let run = run.clone();
+        self.call(move |conn| runs::begin_run(conn, &run, now_ms()))
+            .await
+    }
+
+    async fn end_run(&self, run_id: i64, end: &RunEnd) -> Result<(), StoreError> {
+        let end = end.clone();
+        self.call(move |conn| runs::end_run(conn, run_id, &end, now_ms()))
+            .await
+    }
+
+    async fn runs(&self, pipeline: &str, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| runs::runs(conn, &pipeline, limit))
+            .await
+    }
+
+    async fn last_fire(&self, pipeline: &str) -> Result<Option<i64>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| runs::last_fire(conn, &pipeline))
             .await
     }
 }

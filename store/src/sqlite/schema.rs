@@ -90,6 +90,22 @@ CREATE TABLE IF NOT EXISTS sluice_read_positions (
     after_b    INTEGER,
     PRIMARY KEY (flow_id, source)
 );
+CREATE TABLE IF NOT EXISTS sluice_runs (
+    run_id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    pipeline       TEXT NOT NULL,
+    fire_key       INTEGER,
+    fire_ms        INTEGER NOT NULL,
+    interval_start INTEGER,
+    interval_end   INTEGER,
+    trigger        TEXT NOT NULL,
+    state          TEXT NOT NULL,
+    worker         TEXT NOT NULL,
+    started_at     INTEGER NOT NULL,
+    ended_at       INTEGER,
+    rows           TEXT NOT NULL,
+    error          TEXT,
+    UNIQUE (pipeline, fire_key)
+);
 CREATE TABLE IF NOT EXISTS sluice_window_marks (
     flow_id        INTEGER PRIMARY KEY,
     emitted_before INTEGER NOT NULL,

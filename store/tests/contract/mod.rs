@@ -9,9 +9,9 @@ pub use sluice_dedup::DedupKey;
 pub use sluice_store::testing::InspectableStore;
 pub use sluice_store::{
     BucketCounts, BucketMessage, CommitBatch, Effect, Entry, FlowHandle, Layout, LeaseGrant,
-    LeaseRequest, MessageFields, MessageReport, PostgresStore, ResetRows, ScratchDatabase,
-    SqliteStore, StoreError, WatermarkRecord, WindowEmission, WindowRows, WindowsEmitted,
-    WorkerBeat, table_name, window_table_name,
+    LeaseRequest, MessageFields, MessageReport, PostgresStore, ResetRows, RunEnd, RunRecord,
+    RunStart, RunState, RunTrigger, ScratchDatabase, SqliteStore, StoreError, WatermarkRecord,
+    WindowEmission, WindowRows, WindowsEmitted, WorkerBeat, table_name, window_table_name,
 };
 pub use std::sync::Arc;
 pub use std::time::{Duration, SystemTime, UNIX_EPOCH};

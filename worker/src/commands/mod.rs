@@ -6,7 +6,9 @@ pub mod demo;
 pub mod graph;
 pub mod refresh;
 pub mod run;
+pub mod runs;
 pub mod status;
+pub mod text;
 pub mod validate;
 
 use sluice_pipeline::Pipeline;

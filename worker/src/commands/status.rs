@@ -3,8 +3,10 @@
 //! the oldest unread one), the workers alive and who holds each lease. Read from the store, so it works
 //! whether or not a worker runs. When the file sets `control.listen` and a worker answers there,
 //! its live view is shown instead (flow states, counters since it started, late rows, system
-//! lag, watermark age, when each flow's run started).
+//! lag, watermark age, when each flow's run started). A triggered pipeline's last and next run
+//! follow, from the store.
 
+use super::text::{rfc3339, table};
 use crate::runtime::flows;
 use crate::runtime::membership::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
 use clap::ValueEnum;
@@ -47,26 +49,44 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
         Ok(pipeline) => pipeline,
         Err(exit) => return exit,
     };
-    if let Some(live) = ask_worker(&pipeline).await {
-        match format {
-            StatusFormat::Json => println!("{}", live.json),
-            StatusFormat::Text => print!("{}", live.text),
-        }
-        return ExitCode::SUCCESS;
-    }
-    match gather(&pipeline).await {
-        Ok(report) => {
-            match format {
-                StatusFormat::Json => println!("{}", report.json),
-                StatusFormat::Text => print!("{}", report.text),
+    let mut report = match ask_worker(&pipeline).await {
+        Some(live) => live,
+        None => match gather(&pipeline).await {
+            Ok(report) => report,
+            Err(error) => {
+                eprintln!("sluice status: {error}");
+                return ExitCode::from(1);
             }
-            ExitCode::SUCCESS
+        },
+    };
+    match runs_summary(&pipeline).await {
+        Ok(Some((text, json))) => {
+            report.text.push('\n');
+            report.text.push_str(&text);
+            report.json["runs"] = json;
         }
+        Ok(None) => {}
         Err(error) => {
-            eprintln!("sluice status: {error}");
-            ExitCode::from(1)
+            eprintln!("sluice status: runs: {error}");
+            return ExitCode::from(1);
         }
     }
+    match format {
+        StatusFormat::Json => println!("{}", report.json),
+        StatusFormat::Text => print!("{}", report.text),
+    }
+    ExitCode::SUCCESS
+}
+
+/// A triggered pipeline's last and next run, from the store.
+async fn runs_summary(
+    pipeline: &sluice_pipeline::Pipeline,
+) -> Result<Option<(String, serde_json::Value)>, sluice_store::StoreError> {
+    if pipeline.mode != sluice_pipeline::Mode::Triggered {
+        return Ok(None);
+    }
+    let store = sluice_store::open(&pipeline.store)?;
+    super::runs::summary(pipeline, &*store).await
 }
 
 struct Report {
@@ -173,32 +193,6 @@ async fn ask_worker(pipeline: &sluice_pipeline::Pipeline) -> Option<Report> {
         })).collect::<Vec<_>>(),
     });
     Some(Report { text, json })
-}
-
-/// A left-aligned text table.
-fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let widths: Vec<usize> = (0..headers.len())
-        .map(|i| {
-            rows.iter()
-                .map(|r| r[i].len())
-                .chain([headers[i].len()])
-                .max()
-                .unwrap_or_default()
-        })
-        .collect();
-    let line = |cells: Vec<String>| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
-            .collect();
-        format!("{}\n", padded.join("  ").trim_end())
-    };
-    let mut out = line(headers.iter().map(|h| h.to_string()).collect());
-    for row in rows {
-        out.push_str(&line(row.clone()));
-    }
-    out
 }
 
 async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_store::StoreError> {
@@ -354,9 +348,4 @@ fn text(
         ));
     }
     out
-}
-
-fn rfc3339(ms: i64) -> String {
-    let time = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or_default());
-    humantime::format_rfc3339_seconds(time).to_string()
 }

@@ -9,6 +9,7 @@ use sluice_connector::{
     TableStage, TableWatermark, commit_bound, pause_threshold,
 };
 use sluice_pipeline::defaults;
+use sluice_pipeline::timetable::DataInterval;
 use sluice_pipeline::{
     DedupBy, Flow, Mode, OnBadTimestamp, OnMissingKey, Pipeline, Source, TargetKind,
 };
@@ -233,7 +234,8 @@ pub fn follows(pipeline: &Pipeline, flow: &Flow) -> bool {
     matches!(flow.source, Source::Table { .. }) && pipeline.mode == Mode::Continuous && !flow.once
 }
 
-/// Builds the run of one flow; `worker` is this worker's id in the pool.
+/// Builds the run of one flow; `worker` is this worker's id in the pool; `interval` is the
+/// run's data interval, to which a file flow keeps its records.
 pub fn build(
     pipeline: &Pipeline,
     flow: &Flow,
@@ -241,6 +243,7 @@ pub fn build(
     handle: FlowHandle,
     worker: &str,
     give_up: CancellationToken,
+    interval: Option<DataInterval>,
 ) -> Result<BuiltFlow, String> {
     let table: Arc<str> = Arc::from(
         table_name(&pipeline.name, &flow.target)
@@ -256,7 +259,10 @@ pub fn build(
     let plan = match &flow.source {
         Source::PubSub(settings) => pubsub_plan(pipeline, flow, settings)?,
         Source::File { path } => {
-            let source = FileSource::new(path.clone()).skip_committed(skip);
+            let mut source = FileSource::new(path.clone()).skip_committed(skip);
+            if let Some(interval) = interval {
+                source = source.within(interval.start_ms, interval.end_ms);
+            }
             let progress = source.progress();
             bounded_plan(Box::new(source), progress, true)
         }

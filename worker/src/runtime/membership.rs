@@ -553,4 +553,30 @@ mod tests {
             unused("emit_windows")
         }
     }
+
+    #[async_trait]
+    impl sluice_store::RunStore for FakeStore {
+        async fn begin_run(
+            &self,
+            _: &sluice_store::RunStart,
+        ) -> Result<sluice_store::RunRecord, StoreError> {
+            unused("begin_run")
+        }
+
+        async fn end_run(&self, _: i64, _: &sluice_store::RunEnd) -> Result<(), StoreError> {
+            unused("end_run")
+        }
+
+        async fn runs(
+            &self,
+            _: &str,
+            _: usize,
+        ) -> Result<Vec<sluice_store::RunRecord>, StoreError> {
+            unused("runs")
+        }
+
+        async fn last_fire(&self, _: &str) -> Result<Option<i64>, StoreError> {
+            unused("last_fire")
+        }
+    }
 }

@@ -1,6 +1,7 @@
-//! What runs inside a worker process: the supervisor of updates, the scheduler that starts flows
-//! in `depends_on` order, the building of each flow, the board of their phases, the pool
-//! membership and drain quorum, watermarks and windows, refreshes, and the signals that drain.
+//! What runs inside a worker process: the supervisor of updates, the runs of a triggered
+//! pipeline and its schedule, the scheduler that starts flows in `depends_on` order, the
+//! building of each flow, the board of their phases, the pool membership and drain quorum,
+//! watermarks and windows, refreshes, and the signals that drain.
 
 pub mod board;
 pub mod drain_quorum;
@@ -8,11 +9,13 @@ pub mod flows;
 pub mod membership;
 pub mod progress;
 pub mod refresh;
+pub mod schedule;
 pub mod scheduler;
 pub mod signals;
 pub mod stage_client;
 pub mod store_retry;
 pub mod supervisor;
 pub mod update;
+pub mod update_loop;
 pub mod watermarks;
 pub mod windows;

@@ -1,9 +1,10 @@
 //! The supervisor of a worker process: opens the store, prepares the pipeline's tables, starts
-//! the metrics and control endpoints and the pool membership, then runs the flows as an
-//! *update* (the scheduler starts a flow once every flow it `depends_on` has completed) until
-//! they end or a signal drains them. The control API's `StartUpdate` and `ResetFlow` replace the
-//! running update with a new one in the same process ([`crate::runtime::update`]); the outcomes returned
-//! are the last update's.
+//! the metrics and control endpoints and the pool membership, then runs the flows as
+//! *updates* (`update_loop.rs`: the scheduler starts a flow once every flow it `depends_on` has
+//! completed): a continuous pipeline's one update until a signal drains it, a triggered
+//! pipeline's runs (`schedule.rs`: one, or one at each fire of its schedule). The control API's
+//! `StartUpdate` and `ResetFlow` replace the running update with a new one in the same process
+//! ([`crate::runtime::update`]); the outcomes returned are the last update's.
 //!
 //! A once flow that drains records its completion in the store; every replica sharing the store,
 //! and every later run, finds it there and leaves the flow IDLE (not re-read), so its dependents
@@ -12,34 +13,19 @@
 use crate::runtime::board::FlowBoard;
 use crate::runtime::flows;
 use crate::runtime::membership::{self, Membership};
-use crate::runtime::refresh::RefreshError;
-use crate::runtime::scheduler::{self, FlowOutcome, MAX_PARALLEL_BOUNDED, RunContext};
+use crate::runtime::scheduler::{FlowOutcome, MAX_PARALLEL_BOUNDED};
 use crate::runtime::signals::Shutdown;
 use crate::runtime::store_retry::{self, Retry};
-use crate::runtime::update::{self, Started, UpdateRequest, UpdateSender};
+use crate::runtime::update::{self, UpdateSender};
+pub use crate::runtime::update_loop::RunError;
+use crate::runtime::update_loop::{Prepared, Updates, read_flows};
 use crate::serve::control::{self, ControlService};
 use crate::serve::observe;
-use sluice_pipeline::Pipeline;
-use sluice_store::FlowStore;
-use sluice_store::{Layout, Store, StoreError};
+use sluice_pipeline::{Mode, Pipeline};
+use sluice_store::{Layout, Store};
 use std::collections::HashSet;
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
-
-/// Why a run could not happen at all.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// A setting the parser accepted is unusable (an address that is not one, a control API
-    /// beyond loopback without its token file): invalid input, exit 2.
-    #[error("{0}")]
-    Invalid(String),
-    /// The metrics or control endpoint could not be started (address in use): exit 1.
-    #[error("{0}")]
-    Endpoint(String),
-    /// The store could not be opened or prepared, and retrying is pointless or was stopped.
-    #[error("store: {0}")]
-    Store(StoreError),
-}
 
 /// Runs a pipeline loaded for a run (`sluice_pipeline::load_for_run`: valid, and nothing in it
 /// this version cannot run) to its end.
@@ -62,7 +48,7 @@ pub async fn execute(
         &pipeline.name,
         pipeline.flows.iter().map(|f| (f.name.clone(), f.once)),
     );
-    let (update_requests, mut requests) = mpsc::channel(update::PENDING_REQUESTS);
+    let (update_requests, requests) = mpsc::channel(update::PENDING_REQUESTS);
     let _control = start_control(
         pipeline,
         &beat.worker,
@@ -72,8 +58,7 @@ pub async fn execute(
         UpdateSender(update_requests),
     )
     .await?;
-    let (store, mut handles, mut completed) =
-        open_and_prepare(&pipeline.store, &layout, shutdown).await?;
+    let (store, handles, completed) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
     crate::runtime::watermarks::create_tracking_subscriptions(pipeline, shutdown.drain.clone());
     let worker = beat.worker.clone();
     let membership = Membership::start(store.clone(), beat);
@@ -84,120 +69,30 @@ pub async fn execute(
             readiness.set(false);
         });
     }
-    let slots = Arc::new(Semaphore::new(MAX_PARALLEL_BOUNDED));
-    let mut number = 1u64;
-    let outcomes = loop {
-        // Each update drains on its own token, so a control request can stop it without
-        // stopping the worker; a signal stops both.
-        let this_update = Shutdown {
-            drain: shutdown.drain.child_token(),
-            give_up: shutdown.give_up.child_token(),
-        };
-        let ctx = RunContext {
-            pipeline: pipeline.clone(),
-            store: store.clone(),
-            shutdown: this_update.clone(),
-            board: board.clone(),
-            slots: slots.clone(),
-            worker: worker.clone(),
-        };
-        board.restart();
-        let run = scheduler::run_update(ctx, handles, std::mem::take(&mut completed), &readiness);
-        tokio::pin!(run);
-        let request = loop {
-            tokio::select! {
-                outcomes = &mut run => break Err(outcomes),
-                Some(request) = requests.recv() => {
-                    if let Some(accepted) = accept(pipeline, &*store, request, &worker, shutdown).await {
-                        break Ok(accepted);
-                    }
-                }
-            }
-        };
-        let request = match request {
-            Ok(request) => request,
-            Err(outcomes) => break outcomes,
-        };
-        tracing::info!(update = number, kind = ?request.kind,
-            "stopping the running flows for a new update");
-        this_update.drain.cancel();
-        let give_up = this_update.give_up.clone();
-        let deadline = tokio::spawn(async move {
-            tokio::time::sleep(crate::runtime::signals::DRAIN_DEADLINE).await;
-            give_up.cancel();
-        });
-        for outcome in run.await {
-            tracing::info!(update = number, flow = %outcome.name, state = outcome.state.name(),
-                rows = outcome.counters.committed, "flow of the replaced update ended");
+    let mut updates = Updates::new(Prepared {
+        pipeline,
+        layout,
+        store,
+        board,
+        readiness,
+        slots: Arc::new(Semaphore::new(MAX_PARALLEL_BOUNDED)),
+        worker,
+        requests,
+        handles,
+        completed,
+    });
+    let outcomes = match (&pipeline.schedule, pipeline.mode) {
+        (Some(schedule), _) => {
+            crate::runtime::schedule::drive(&mut updates, schedule, shutdown).await?
         }
-        deadline.abort();
-        let cleared = update::clear(pipeline, &request.kind, &worker).await;
-        (handles, completed) = reread(&*store, &layout, shutdown).await?;
-        number += 1;
-        let _ = request.reply.send(cleared.map(|message| Started {
-            message,
-            update: number,
-        }));
+        (None, Mode::Triggered) => {
+            crate::runtime::schedule::run_once(&mut updates, shutdown).await?
+        }
+        (None, Mode::Continuous) => updates.run(shutdown, None).await?,
     };
     membership.stop().await;
     drop(observed);
     Ok(outcomes)
-}
-
-/// Checks a control request against the running update; answers a refused one at once.
-async fn accept(
-    pipeline: &Pipeline,
-    store: &dyn Store,
-    request: UpdateRequest,
-    worker: &str,
-    shutdown: &Shutdown,
-) -> Option<UpdateRequest> {
-    if shutdown.drain.is_cancelled() {
-        let _ = request.reply.send(Err(RefreshError::Failed(
-            "the worker is draining; start a new one instead".to_owned(),
-        )));
-        return None;
-    }
-    match update::check(pipeline, store, &request.kind, worker).await {
-        Ok(()) => Some(request),
-        Err(error) => {
-            tracing::warn!(%error, kind = ?request.kind, "update request refused");
-            let _ = request.reply.send(Err(error));
-            None
-        }
-    }
-}
-
-/// The flow handles and completions again, after a clear (retrying while the store is
-/// unavailable, like the first read).
-async fn reread(
-    store: &dyn Store,
-    layout: &Layout,
-    shutdown: &Shutdown,
-) -> Result<(Vec<sluice_store::FlowHandle>, HashSet<String>), RunError> {
-    store_retry::until_stored(
-        "read the flows",
-        Retry::WhileUnavailable,
-        &shutdown.drain,
-        || read_flows(store, layout),
-    )
-    .await
-    .map_err(RunError::Store)
-}
-
-/// Prepares the layout; returns the flow handles and the once flows recorded complete.
-async fn read_flows(
-    store: &dyn FlowStore,
-    layout: &Layout,
-) -> Result<(Vec<sluice_store::FlowHandle>, HashSet<String>), StoreError> {
-    let handles = store.prepare(layout).await?;
-    let completed = store
-        .completions(&layout.pipeline)
-        .await?
-        .into_iter()
-        .map(|(flow, _)| flow)
-        .collect();
-    Ok((handles, completed))
 }
 
 /// Starts the control API when `control.listen` is set; dropping the guard stops it.
@@ -241,7 +136,7 @@ fn address(setting: &str, listen: &str) -> Result<std::net::SocketAddr, RunError
 }
 
 /// The store, the pipeline's flow handles, and the names of once flows recorded complete.
-pub type Prepared = (
+pub type Opened = (
     Arc<dyn Store>,
     Vec<sluice_store::FlowHandle>,
     HashSet<String>,
@@ -254,7 +149,7 @@ pub async fn open_and_prepare(
     url: &str,
     layout: &Layout,
     shutdown: &Shutdown,
-) -> Result<Prepared, RunError> {
+) -> Result<Opened, RunError> {
     store_retry::until_stored(
         "open the store",
         Retry::WhileUnavailable,

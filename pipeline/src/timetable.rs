@@ -1,0 +1,377 @@
+//! When a scheduled pipeline runs: the fires of its `schedule:` and the data interval of each
+//! run, with the semantics of Airflow's timetables (SPEC §7). Pure and clock-injected: every
+//! function takes the instant it asks about (ms since the Unix epoch), so nothing here sleeps
+//! or reads a clock.
+//!
+//! # Fires
+//!
+//! * **`cron`** fires at every instant whose wall-clock time in `timezone` matches the pattern
+//!   (5 fields, or 6 with seconds first, or a preset: `@hourly`, `@daily`, `@weekly`,
+//!   `@monthly`, `@yearly`; parsed by the `croner` crate, Vixie cron's rules, day of month OR
+//!   day of week). Around daylight-saving changes each *wall-clock* time fires at most once: a
+//!   local time that does not exist (skipped by a jump forward) does not fire, and a local time
+//!   that happens twice (a jump back) fires once, at its first instant. (`croner` carries a
+//!   fixed time inside a gap to the first instant after it and walks the repeated hour twice;
+//!   [`Timetable`] drops both.)
+//! * **`every`** fires at every multiple of the period since the Unix epoch, as Airflow's delta
+//!   timetables do from their start date: `every: 15m` fires at :00, :15, :30 and :45 of every
+//!   hour of UTC, whatever the time zone.
+//!
+//! # Data intervals
+//!
+//! With `semantics: trigger` (Airflow's `CronTriggerTimetable`) a run has no data interval.
+//! With `semantics: data_interval` (`CronDataIntervalTimetable`, `DeltaDataIntervalTimetable`)
+//! the run of the fire at `f` covers `[previous fire, f)`, or `[f − interval, f)` with
+//! `interval:` (a sliding window, which Airflow needs a custom timetable for; a whole number
+//! of days is counted in calendar days of the time zone).
+//!
+//! # Missed fires ([`Timetable::next_run`])
+//!
+//! After a time when no worker ran (`Since::Downtime`), with the last fire run at `last`:
+//!
+//! | schedule | what runs |
+//! |---|---|
+//! | `catchup: true` | every fire after `last`, in order, each at once; then the next one on time |
+//! | `trigger`, `catchup: false` | nothing missed: the next fire after now, on time |
+//! | `data_interval`, `catchup: false` | the latest fire at or before now, at once (the latest complete interval); the earlier missed ones are skipped |
+//!
+//! A pipeline that never ran starts as with `catchup: false` (there is no start date to catch
+//! up from). After a run that outlasted one or more fires (`Since::Run`), the fires that came
+//! during it are not missed but delayed: the latest of them runs at once (at most one is
+//! pending), or every one of them in order with `catchup: true`.
+//!
+//! These follow Airflow's own timetables, which its documentation illustrates with a `@daily`
+//! schedule paused at 15:00 on 31 January and resumed at 15:00 on 2 February: the trigger
+//! timetable skips the fires of 1 and 2 February and next runs at 00:00 on 3 February; the
+//! data-interval timetable skips the fire of 1 February (interval 31 January) and runs the one
+//! of 2 February (interval 1 February) at once. Fires are named here by the instant they fire,
+//! midnight for `@daily` (the reference article writes "12:00" for it).
+
+use crate::model::{Schedule, ScheduleSemantics, ScheduleWhen};
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+use jiff::tz::TimeZone;
+use jiff::{Timestamp, ToSpan, Zoned};
+
+/// How many pattern matches a search looks at before it gives up (each daylight-saving change
+/// drops a few; a pattern that matches only non-existent times would otherwise loop).
+const SEARCH_LIMIT: usize = 10_000;
+
+/// The ms in a day, for intervals given in whole days.
+const DAY_MS: i64 = 86_400_000;
+
+/// A pipeline's schedule, ready to compute fires.
+#[derive(Debug, Clone)]
+pub struct Timetable {
+    when: When,
+    zone: TimeZone,
+    semantics: ScheduleSemantics,
+    catchup: bool,
+    interval_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+enum When {
+    Cron(Box<Cron>),
+    Every(i64),
+}
+
+/// One run a timetable asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fire {
+    /// The instant it fires (or fired), ms since the epoch.
+    pub at_ms: i64,
+    /// Its data interval (`semantics: data_interval`), else `None`.
+    pub interval: Option<DataInterval>,
+    /// Why it runs.
+    pub kind: FireKind,
+}
+
+/// `[start, end)`, ms since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataInterval {
+    /// Inclusive start.
+    pub start_ms: i64,
+    /// Exclusive end.
+    pub end_ms: i64,
+}
+
+impl DataInterval {
+    /// Whether `ms` lies in `[start, end)`.
+    pub fn contains(&self, ms: i64) -> bool {
+        self.start_ms <= ms && ms < self.end_ms
+    }
+}
+
+/// Why a fire runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FireKind {
+    /// At its time, or the latest fire run late (after downtime with `data_interval`, or
+    /// queued behind a run).
+    Schedule,
+    /// A missed fire run because of `catchup: true`, with later fires also due.
+    Catchup,
+}
+
+/// What a scheduler does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextRun {
+    /// Run this fire now.
+    Now(Fire),
+    /// Wait until this instant (ms), then ask again.
+    At(i64),
+    /// The schedule never fires again.
+    Never,
+}
+
+/// What came before the question [`Timetable::next_run`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Since {
+    /// A start: no worker ran the schedule for a while (fires then were missed).
+    Downtime,
+    /// The end of a run (fires during it were delayed, not missed).
+    Run,
+}
+
+/// Parses a cron pattern as `schedule.cron` takes it.
+///
+/// # Errors
+/// What is wrong with it, in words.
+pub fn parse_cron(pattern: &str) -> Result<Cron, String> {
+    let trimmed = pattern.trim();
+    let preset = trimmed.starts_with('@');
+    if preset {
+        const PRESETS: [&str; 6] = [
+            "@hourly",
+            "@daily",
+            "@weekly",
+            "@monthly",
+            "@yearly",
+            "@annually",
+        ];
+        if !PRESETS.iter().any(|p| p.eq_ignore_ascii_case(trimmed)) {
+            return Err(format!(
+                "`{trimmed}` is not a preset; use one of {}",
+                PRESETS.join(", ")
+            ));
+        }
+    } else {
+        let fields = trimmed.split_whitespace().count();
+        if !(5..=6).contains(&fields) {
+            return Err(format!(
+                "`{trimmed}` has {fields} fields; a cron expression has 5 (minute hour \
+                 day-of-month month day-of-week) or 6 (seconds first)"
+            ));
+        }
+    }
+    CronParser::builder()
+        .seconds(Seconds::Optional)
+        .year(Year::Disallowed)
+        .build()
+        .parse(trimmed)
+        .map_err(|e| format!("`{trimmed}` is not a valid cron expression: {e}"))
+}
+
+/// The time zone `name` names (IANA: `UTC`, `Europe/Berlin`, ...).
+///
+/// # Errors
+/// It names none.
+pub fn time_zone(name: &str) -> Result<TimeZone, String> {
+    TimeZone::get(name).map_err(|_| {
+        format!("`{name}` is not an IANA time zone (e.g. UTC, Europe/Berlin, America/New_York)")
+    })
+}
+
+impl Timetable {
+    /// The timetable of a validated schedule.
+    ///
+    /// # Errors
+    /// The pattern or the zone is invalid (validation reports both, located, first).
+    pub fn new(schedule: &Schedule) -> Result<Self, String> {
+        let when = match &schedule.when {
+            ScheduleWhen::Cron(pattern) => When::Cron(Box::new(parse_cron(pattern)?)),
+            ScheduleWhen::Every(period) => {
+                let ms = i64::try_from(period.as_millis()).unwrap_or(i64::MAX);
+                if ms <= 0 {
+                    return Err("`every` must be greater than zero".to_owned());
+                }
+                When::Every(ms)
+            }
+        };
+        Ok(Self {
+            when,
+            zone: time_zone(&schedule.timezone)?,
+            semantics: schedule.semantics,
+            catchup: schedule.catchup,
+            interval_ms: schedule
+                .interval
+                .map(|i| i64::try_from(i.as_millis()).unwrap_or(i64::MAX)),
+        })
+    }
+
+    /// The first fire strictly after `after_ms`.
+    pub fn next_fire_after(&self, after_ms: i64) -> Option<i64> {
+        match &self.when {
+            When::Every(period) => after_ms
+                .div_euclid(*period)
+                .checked_add(1)?
+                .checked_mul(*period),
+            When::Cron(cron) => {
+                // Whole seconds: a fire at the second `after_ms` falls in is not after it.
+                let mut cursor = self.zoned(after_ms.div_euclid(1000).checked_mul(1000)?)?;
+                for _ in 0..SEARCH_LIMIT {
+                    let candidate = cron.find_next_occurrence(&cursor, false).ok()?;
+                    if self.fires_at(cron, &candidate) {
+                        return Some(candidate.timestamp().as_millisecond());
+                    }
+                    cursor = candidate;
+                }
+                None
+            }
+        }
+    }
+
+    /// The latest fire at or before `at_ms`.
+    pub fn latest_fire_at_or_before(&self, at_ms: i64) -> Option<i64> {
+        match &self.when {
+            When::Every(period) => at_ms.div_euclid(*period).checked_mul(*period),
+            When::Cron(cron) => {
+                let mut cursor = self.zoned(at_ms.div_euclid(1000).checked_mul(1000)?)?;
+                let mut inclusive = true;
+                for _ in 0..SEARCH_LIMIT {
+                    let candidate = cron.find_previous_occurrence(&cursor, inclusive).ok()?;
+                    if self.fires_at(cron, &candidate) {
+                        return Some(candidate.timestamp().as_millisecond());
+                    }
+                    cursor = candidate;
+                    inclusive = false;
+                }
+                None
+            }
+        }
+    }
+
+    /// The data interval of the run of the fire at `fire_ms` (`None` with `semantics:
+    /// trigger`).
+    pub fn interval_of(&self, fire_ms: i64) -> Option<DataInterval> {
+        if self.semantics != ScheduleSemantics::DataInterval {
+            return None;
+        }
+        let start_ms = match self.interval_ms {
+            Some(length) if length % DAY_MS == 0 => {
+                // Calendar days of the zone: "the last 7 days" ends and starts at the same
+                // wall-clock time across a daylight-saving change.
+                let days = length / DAY_MS;
+                let end = self.zoned(fire_ms)?;
+                end.checked_sub(days.days())
+                    .ok()?
+                    .timestamp()
+                    .as_millisecond()
+            }
+            Some(length) => fire_ms.checked_sub(length)?,
+            None => self.latest_fire_at_or_before(fire_ms.checked_sub(1)?)?,
+        };
+        Some(DataInterval {
+            start_ms,
+            end_ms: fire_ms,
+        })
+    }
+
+    /// What to do at `now_ms`, when the last fire run was `last_fire_ms` (`None`: never ran),
+    /// after `since` (see the module docs for the rules).
+    pub fn next_run(&self, last_fire_ms: Option<i64>, now_ms: i64, since: Since) -> NextRun {
+        let Some(last) = last_fire_ms else {
+            return self.on_time_or_latest(now_ms, None);
+        };
+        if self.catchup {
+            let Some(next) = self.next_fire_after(last) else {
+                return NextRun::Never;
+            };
+            if next > now_ms {
+                return NextRun::At(next);
+            }
+            let more_due = self.next_fire_after(next).is_some_and(|f| f <= now_ms);
+            let kind = if more_due {
+                FireKind::Catchup
+            } else {
+                FireKind::Schedule
+            };
+            return NextRun::Now(self.fire(next, kind));
+        }
+        match since {
+            Since::Run => self.latest_after(last, now_ms),
+            Since::Downtime => self.on_time_or_latest(now_ms, Some(last)),
+        }
+    }
+
+    /// How many fires lie in `(after_ms, until_ms]`, counting at most `cap`.
+    pub fn fires_between(&self, after_ms: i64, until_ms: i64, cap: u64) -> u64 {
+        let mut count = 0;
+        let mut at = after_ms;
+        while count < cap {
+            match self.next_fire_after(at) {
+                Some(next) if next <= until_ms => {
+                    count += 1;
+                    at = next;
+                }
+                _ => break,
+            }
+        }
+        count
+    }
+
+    /// `catchup: false` after downtime, or a first start: `data_interval` runs the latest fire
+    /// not run yet at once; `trigger` waits for the next.
+    fn on_time_or_latest(&self, now_ms: i64, last: Option<i64>) -> NextRun {
+        if self.semantics == ScheduleSemantics::DataInterval {
+            match self.latest_fire_at_or_before(now_ms) {
+                Some(latest) if last.is_none_or(|last| latest > last) => {
+                    return NextRun::Now(self.fire(latest, FireKind::Schedule));
+                }
+                _ => {}
+            }
+        }
+        self.wait_for_next(now_ms)
+    }
+
+    /// After a run: the latest fire that came during it, at once, else the next.
+    fn latest_after(&self, last: i64, now_ms: i64) -> NextRun {
+        match self.latest_fire_at_or_before(now_ms) {
+            Some(latest) if latest > last => NextRun::Now(self.fire(latest, FireKind::Schedule)),
+            _ => self.wait_for_next(now_ms),
+        }
+    }
+
+    fn wait_for_next(&self, now_ms: i64) -> NextRun {
+        self.next_fire_after(now_ms)
+            .map_or(NextRun::Never, NextRun::At)
+    }
+
+    fn fire(&self, at_ms: i64, kind: FireKind) -> Fire {
+        Fire {
+            at_ms,
+            interval: self.interval_of(at_ms),
+            kind,
+        }
+    }
+
+    /// Whether the pattern's match `candidate` fires: its wall-clock time matches (not a time
+    /// carried past a gap) and it is the first instant of that wall-clock time.
+    fn fires_at(&self, cron: &Cron, candidate: &Zoned) -> bool {
+        if !cron.is_time_matching(candidate).unwrap_or(false) {
+            return false;
+        }
+        self.zone
+            .to_ambiguous_zoned(candidate.datetime())
+            .earlier()
+            .is_ok_and(|first| first.timestamp() == candidate.timestamp())
+    }
+
+    fn zoned(&self, ms: i64) -> Option<Zoned> {
+        Some(
+            Timestamp::from_millisecond(ms)
+                .ok()?
+                .to_zoned(self.zone.clone()),
+        )
+    }
+}

@@ -1,0 +1,155 @@
+//! The runs of a triggered pipeline (`sluice_runs`): what fired them, their data interval,
+//! how they ended and what each flow wrote.
+//!
+//! # Guarantees
+//!
+//! * **A fire is run once.** A run of a schedule's fire (trigger `schedule` or `catchup`) is
+//!   recorded under its fire time, at most once per pipeline: [`crate::RunStore::begin_run`]
+//!   of a fire recorded already returns that run instead of a new one, so a replica that takes
+//!   the scheduler over from one that died mid-run finishes the same run (same id, same
+//!   interval) and one that finds it ended does not run it again. Manual runs and runs fired
+//!   by a table's update have no fire time of their own and are recorded each time.
+//! * **The schedule survives restarts.** The latest fire recorded
+//!   ([`crate::RunStore::last_fire`]) is where a restarted scheduler continues from.
+
+/// Why a run ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunTrigger {
+    /// A fire of the schedule, on time (or queued behind another run).
+    Schedule,
+    /// A fire missed while no worker ran, run because of `catchup: true`.
+    Catchup,
+    /// A table the pipeline reads received rows (`on_update: true`).
+    Update,
+    /// Asked for: `sluice run` of a pipeline without a schedule, or the control API.
+    Manual,
+}
+
+impl RunTrigger {
+    /// The name stored and shown (`schedule`, `catchup`, `update`, `manual`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Schedule => "schedule",
+            Self::Catchup => "catchup",
+            Self::Update => "update",
+            Self::Manual => "manual",
+        }
+    }
+
+    /// The trigger a stored name stands for.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Schedule, Self::Catchup, Self::Update, Self::Manual]
+            .into_iter()
+            .find(|t| t.name() == name)
+    }
+
+    /// Whether the run is one of the schedule's fires (recorded once per fire time).
+    pub fn is_fire(self) -> bool {
+        matches!(self, Self::Schedule | Self::Catchup)
+    }
+}
+
+/// Where a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    /// Started and not ended (a run whose runner died stays so until another finishes it).
+    Running,
+    /// Every flow succeeded.
+    Completed,
+    /// A flow failed, or its runner stopped before its end and nobody can finish it (a manual
+    /// run).
+    Failed,
+    /// Stopped by a signal before its end (a manual run; a fire's run is left running for the
+    /// next scheduler to finish).
+    Stopped,
+}
+
+impl RunState {
+    /// The name stored and shown.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Stopped => "stopped",
+        }
+    }
+
+    /// The state a stored name stands for.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Running, Self::Completed, Self::Failed, Self::Stopped]
+            .into_iter()
+            .find(|s| s.name() == name)
+    }
+}
+
+/// A run about to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunStart {
+    /// Pipeline name.
+    pub pipeline: String,
+    /// The fire it runs, ms since the epoch (for every trigger: when it was asked for).
+    pub fire_ms: i64,
+    /// Its data interval `[start, end)`, ms, if it has one.
+    pub interval: Option<(i64, i64)>,
+    /// Why it runs.
+    pub trigger: RunTrigger,
+    /// The worker running it.
+    pub worker: String,
+}
+
+/// A run as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRecord {
+    /// Its id, growing with each run of the store.
+    pub run_id: i64,
+    /// The fire it runs, ms since the epoch.
+    pub fire_ms: i64,
+    /// Its data interval `[start, end)`, ms.
+    pub interval: Option<(i64, i64)>,
+    /// Why it runs.
+    pub trigger: RunTrigger,
+    /// Where it is.
+    pub state: RunState,
+    /// The worker that runs (or ran) it last.
+    pub worker: String,
+    /// When it started, ms (store clock).
+    pub started_at_ms: i64,
+    /// When it ended, ms (store clock).
+    pub ended_at_ms: Option<i64>,
+    /// Rows each flow committed in it, by flow name.
+    pub rows: Vec<(String, u64)>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEnd {
+    /// `Completed`, `Failed` or `Stopped`.
+    pub state: RunState,
+    /// Rows each flow committed in it.
+    pub rows: Vec<(String, u64)>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// Rows per flow as stored: a JSON object, flow name → rows (so SQL can read it too).
+pub(crate) fn rows_to_json(rows: &[(String, u64)]) -> String {
+    let map: serde_json::Map<String, serde_json::Value> = rows
+        .iter()
+        .map(|(flow, n)| (flow.clone(), serde_json::Value::from(*n)))
+        .collect();
+    serde_json::Value::Object(map).to_string()
+}
+
+/// Rows per flow from their stored JSON (nothing from text that is not such an object).
+pub(crate) fn rows_from_json(text: &str) -> Vec<(String, u64)> {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(map)) => map
+            .into_iter()
+            .filter_map(|(flow, n)| n.as_u64().map(|n| (flow, n)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}

@@ -1,0 +1,113 @@
+//! A triggered pipeline's runs on SQLite; the semantics are those of [`crate::runs`], with the
+//! host's clock.
+
+use crate::runs::{rows_from_json, rows_to_json};
+use crate::{RunEnd, RunRecord, RunStart, RunState, RunTrigger, StoreError};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+const COLUMNS: &str = "run_id, fire_ms, interval_start, interval_end, trigger, state, worker, \
+                       started_at, ended_at, rows, error";
+
+pub(crate) fn begin_run(
+    conn: &mut Connection,
+    run: &RunStart,
+    now_ms: i64,
+) -> Result<RunRecord, StoreError> {
+    // A fire is recorded once (`fire_key`, unique per pipeline; NULL for other runs): a run of
+    // it not ended is handed to the asker, an ended one left as it is.
+    let fire_key = run.trigger.is_fire().then_some(run.fire_ms);
+    let record = conn.query_row(
+        &format!(
+            "INSERT INTO sluice_runs (pipeline, fire_key, fire_ms, interval_start, interval_end,
+                                      trigger, state, worker, started_at, rows)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7, ?8, '{{}}')
+             ON CONFLICT (pipeline, fire_key) DO UPDATE SET
+                 worker = CASE WHEN state = 'running' THEN excluded.worker ELSE worker END
+             RETURNING {COLUMNS}"
+        ),
+        params![
+            run.pipeline,
+            fire_key,
+            run.fire_ms,
+            run.interval.map(|i| i.0),
+            run.interval.map(|i| i.1),
+            run.trigger.name(),
+            run.worker,
+            now_ms,
+        ],
+        record,
+    )?;
+    Ok(record)
+}
+
+pub(crate) fn end_run(
+    conn: &mut Connection,
+    run_id: i64,
+    end: &RunEnd,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "UPDATE sluice_runs SET state = ?2, ended_at = ?3, rows = ?4, error = ?5
+         WHERE run_id = ?1",
+        params![
+            run_id,
+            end.state.name(),
+            now_ms,
+            rows_to_json(&end.rows),
+            end.error
+        ],
+    )?;
+    Ok(())
+}
+
+pub(crate) fn runs(
+    conn: &mut Connection,
+    pipeline: &str,
+    limit: usize,
+) -> Result<Vec<RunRecord>, StoreError> {
+    let mut statement = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM sluice_runs WHERE pipeline = ?1 ORDER BY run_id DESC LIMIT ?2"
+    ))?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = statement.query_map(params![pipeline, limit], record)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub(crate) fn last_fire(conn: &mut Connection, pipeline: &str) -> Result<Option<i64>, StoreError> {
+    Ok(conn
+        .query_row(
+            "SELECT MAX(fire_key) FROM sluice_runs WHERE pipeline = ?1",
+            params![pipeline],
+            |row| row.get::<_, Option<i64>>(0),
+        )
+        .optional()?
+        .flatten())
+}
+
+fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
+    let interval = match (row.get::<_, Option<i64>>(2)?, row.get::<_, Option<i64>>(3)?) {
+        (Some(start), Some(end)) => Some((start, end)),
+        _ => None,
+    };
+    let trigger: String = row.get(4)?;
+    let state: String = row.get(5)?;
+    let unknown = |what: &str, name: String| {
+        rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Text,
+            format!("unknown run {what} {name:?}").into(),
+        )
+    };
+    Ok(RunRecord {
+        run_id: row.get(0)?,
+        fire_ms: row.get(1)?,
+        interval,
+        trigger: RunTrigger::from_name(&trigger).ok_or_else(|| unknown("trigger", trigger))?,
+        state: RunState::from_name(&state).ok_or_else(|| unknown("state", state))?,
+        worker: row.get(6)?,
+        started_at_ms: row.get(7)?,
+        ended_at_ms: row.get(8)?,
+        rows: rows_from_json(&row.get::<_, String>(9)?),
+        error: row.get(10)?,
+    })
+}

@@ -1,0 +1,121 @@
+//! The runs role (`RunStore`): a schedule's fire recorded once per pipeline, handed to the
+//! replica that takes an unfinished run over, left alone once ended; manual runs recorded each
+//! time; the history newest first; the last fire. Each test runs on both backends
+//! (`contract/mod.rs`).
+#![allow(clippy::unwrap_used, missing_docs)]
+
+#[macro_use]
+mod contract;
+use contract::*;
+
+fn start(fire_ms: i64, trigger: RunTrigger, worker: &str) -> RunStart {
+    RunStart {
+        pipeline: "p".into(),
+        fire_ms,
+        interval: Some((fire_ms - 1_000, fire_ms)),
+        trigger,
+        worker: worker.into(),
+    }
+}
+
+/// A fire begun twice is one run: the second asker (a replica that took the scheduler over)
+/// gets it with its id and interval; once ended it is returned ended, not begun again.
+async fn a_fire_is_one_run_taken_over_until_it_ends(postgres: bool) {
+    let (place, store, _) = open(postgres).await;
+    let other_replica = place.open();
+    let first = store
+        .begin_run(&start(60_000, RunTrigger::Schedule, "w1"))
+        .await
+        .unwrap();
+    assert_eq!(first.state, RunState::Running);
+    assert_eq!(first.worker, "w1");
+    assert_eq!(first.interval, Some((59_000, 60_000)));
+    assert!(first.ended_at_ms.is_none());
+
+    let taken = other_replica
+        .begin_run(&start(60_000, RunTrigger::Schedule, "w2"))
+        .await
+        .unwrap();
+    assert_eq!(taken.run_id, first.run_id, "the same run, not a second one");
+    assert_eq!(taken.worker, "w2");
+
+    other_replica
+        .end_run(
+            taken.run_id,
+            &RunEnd {
+                state: RunState::Completed,
+                rows: vec![("ingest".into(), 7), ("export".into(), 3)],
+                error: None,
+            },
+        )
+        .await
+        .unwrap();
+    let again = store
+        .begin_run(&start(60_000, RunTrigger::Catchup, "w3"))
+        .await
+        .unwrap();
+    assert_eq!(again.run_id, first.run_id);
+    assert_eq!(
+        again.state,
+        RunState::Completed,
+        "an ended fire is not run again"
+    );
+    assert_eq!(again.worker, "w2");
+    assert_eq!(
+        again.rows,
+        [("export".to_owned(), 3), ("ingest".to_owned(), 7)]
+    );
+    assert!(again.ended_at_ms.unwrap() >= again.started_at_ms);
+    assert_eq!(store.runs("p", 10).await.unwrap().len(), 1);
+}
+
+/// Manual and update runs have no fire of their own: each is a run. The history lists the
+/// newest first; the last fire counts only the schedule's (`schedule`, `catchup`); another
+/// pipeline's runs are its own.
+async fn history_and_last_fire(postgres: bool) {
+    let (_place, store, _) = open(postgres).await;
+    assert_eq!(store.last_fire("p").await.unwrap(), None);
+    let mut ids = Vec::new();
+    for (fire, trigger) in [
+        (10_000, RunTrigger::Catchup),
+        (20_000, RunTrigger::Schedule),
+        (25_000, RunTrigger::Manual),
+        (25_000, RunTrigger::Manual),
+        (90_000, RunTrigger::Update),
+    ] {
+        let run = store.begin_run(&start(fire, trigger, "w1")).await.unwrap();
+        store
+            .end_run(
+                run.run_id,
+                &RunEnd {
+                    state: RunState::Failed,
+                    rows: Vec::new(),
+                    error: Some("flow x failed".into()),
+                },
+            )
+            .await
+            .unwrap();
+        ids.push(run.run_id);
+    }
+    let mut other = start(99_000, RunTrigger::Schedule, "w9");
+    other.pipeline = "q".into();
+    store.begin_run(&other).await.unwrap();
+
+    let runs = store.runs("p", 10).await.unwrap();
+    let newest_first: Vec<i64> = ids.iter().rev().copied().collect();
+    assert_eq!(
+        runs.iter().map(|r| r.run_id).collect::<Vec<_>>(),
+        newest_first
+    );
+    assert_eq!(runs[0].trigger, RunTrigger::Update);
+    assert_eq!(runs[0].state, RunState::Failed);
+    assert_eq!(runs[0].error.as_deref(), Some("flow x failed"));
+    assert_eq!(store.runs("p", 2).await.unwrap().len(), 2);
+    assert_eq!(store.last_fire("p").await.unwrap(), Some(20_000));
+    assert_eq!(store.last_fire("q").await.unwrap(), Some(99_000));
+}
+
+on_both_backends!(
+    a_fire_is_one_run_taken_over_until_it_ends,
+    history_and_last_fire,
+);

@@ -1,0 +1,368 @@
+//! Scheduled triggered pipelines end to end, in real time, with a `sluice run` worker:
+//!
+//! * a cron schedule with a seconds field (`*/5 * * * * *`) on the real emulator: its runs
+//!   drain what was published before their fire, nothing lands twice, and `sluice_runs` holds
+//!   the completed runs with their counts (the flow's `drain_idle` is 20 s: a run's streams
+//!   close when it ends, and the emulator hands what is published after that to a new stream
+//!   only after the closed stream's ack deadline, 10 s; ARCHITECTURE.md, "Pub/Sub client facts
+//!   we build on");
+//! * between runs the worker serves `/healthz` and `/metrics` (the next fire's gauge), `sluice
+//!   status` shows the next run, and SIGTERM exits 0 at once;
+//! * `semantics: data_interval` over a JSONL file, every 5 s with `catchup: true`: each run
+//!   reads the records of its interval only; after a stop of 12 s the missed fires run in
+//!   order (`catchup`), so the intervals run join up with no gap and no record twice.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use sluice_bench::free_port;
+use sluice_tests::{
+    Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, events_with_duplicates, eventually,
+    now_ms, sluice_command,
+};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// One row of `sluice_runs`.
+#[derive(Debug, Clone)]
+struct Run {
+    fire_ms: i64,
+    interval: Option<(i64, i64)>,
+    trigger: String,
+    state: String,
+    started_at: i64,
+    ended_at: Option<i64>,
+    rows: i64,
+}
+
+/// The runs recorded in the SQLite store at `db`, oldest first (the rows of all flows added).
+fn runs(db: &Path) -> Vec<Run> {
+    if !db.exists() {
+        return Vec::new();
+    }
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    let mut statement = match conn.prepare(
+        "SELECT fire_ms, interval_start, interval_end, trigger, state, started_at, ended_at, rows
+         FROM sluice_runs ORDER BY run_id",
+    ) {
+        Ok(statement) => statement,
+        Err(error) if error.to_string().contains("no such table") => return Vec::new(),
+        Err(error) => panic!("{error}"),
+    };
+    statement
+        .query_map([], |row| {
+            let rows: String = row.get(7)?;
+            let counts: serde_json::Value = serde_json::from_str(&rows).unwrap();
+            let interval = match (row.get::<_, Option<i64>>(1)?, row.get::<_, Option<i64>>(2)?) {
+                (Some(start), Some(end)) => Some((start, end)),
+                _ => None,
+            };
+            Ok(Run {
+                fire_ms: row.get(0)?,
+                interval,
+                trigger: row.get(3)?,
+                state: row.get(4)?,
+                started_at: row.get(5)?,
+                ended_at: row.get(6)?,
+                rows: counts
+                    .as_object()
+                    .unwrap()
+                    .values()
+                    .map(|n| n.as_i64().unwrap())
+                    .sum(),
+            })
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+fn completed(db: &Path) -> Vec<Run> {
+    runs(db)
+        .into_iter()
+        .filter(|r| r.state == "completed")
+        .collect()
+}
+
+/// Waits until a run that fired after `after_ms` completed.
+async fn wait_for_a_run_after(db: &Path, after_ms: i64, worker: &Worker) {
+    assert!(
+        eventually(Duration::from_secs(240), || completed(db)
+            .iter()
+            .any(|r| r.fire_ms > after_ms))
+        .await,
+        "no run fired after {after_ms} completed: {:?}\n{}",
+        runs(db),
+        worker.logs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seconds_schedule_runs_each_fire_and_each_run_drains_what_came_before() {
+    let pubsub = PubSub::connect().await;
+    let (topic, subscriptions) = pubsub.topic_with("sched", 1).await;
+    let dir = Workdir::new();
+    let db_path = dir.db("sched");
+    let db = Db(db_path.clone());
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(&db_path)
+        .pubsub_emulator()
+        .schedule("{ cron: \"*/5 * * * * *\" }")
+        .target_table("events")
+        .flow(
+            FlowYaml::pubsub("ingest", "events", &subscriptions[0])
+                .dedup_attribute("event_id")
+                .drain_idle("20s"),
+        )
+        .write(dir.path(), "p.yaml");
+    let mut published = 0;
+    pubsub
+        .publish(&topic, events_with_duplicates("b0-", 100, 10))
+        .await;
+    published += 100;
+    let mut published_at = now_ms();
+    let worker = Worker::start(&file, "scheduled");
+    for batch in 1..3 {
+        wait_for_a_run_after(&db_path, published_at, &worker).await;
+        assert_eq!(db.rows(), published, "the batches published so far");
+        pubsub
+            .publish(
+                &topic,
+                events_with_duplicates(&format!("b{batch}-"), 100, 10),
+            )
+            .await;
+        published += 100;
+        published_at = now_ms();
+    }
+    wait_for_a_run_after(&db_path, published_at, &worker).await;
+    worker.terminate();
+    let exit = worker.wait(Duration::from_secs(90));
+    assert!(exit.success(), "{exit:?}");
+
+    assert_eq!(db.rows(), published, "every event");
+    assert_eq!(db.distinct_keys(), published, "none twice");
+    let runs = runs(&db_path);
+    let done: Vec<&Run> = runs.iter().filter(|r| r.state == "completed").collect();
+    println!("runs: {runs:#?}");
+    assert!(done.len() >= 3, "three runs or more: {runs:#?}");
+    assert_eq!(
+        done.iter().map(|r| r.rows).sum::<i64>(),
+        published,
+        "the runs' counts add up"
+    );
+    for pair in runs.windows(2) {
+        assert!(
+            pair[0].fire_ms < pair[1].fire_ms,
+            "fires in order: {runs:#?}"
+        );
+        if let Some(ended) = pair[0].ended_at {
+            assert!(ended <= pair[1].started_at, "runs never overlap: {runs:#?}");
+        }
+    }
+    for run in &runs {
+        assert_eq!(run.fire_ms % 5_000, 0, "a fire of */5 s: {run:?}");
+        assert_eq!(run.trigger, "schedule");
+        assert_eq!(run.interval, None, "trigger semantics: no interval");
+    }
+    for run in &done {
+        let late = db.query(&format!(
+            "SELECT COUNT(*) FROM test__events WHERE publish_time < {} AND committed_at > {}",
+            run.fire_ms,
+            run.ended_at.unwrap()
+        ));
+        assert_eq!(late, 0, "run {run:?} left what was published before it");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn between_runs_the_worker_serves_and_sigterm_exits_at_once() {
+    let dir = Workdir::new();
+    let db_path = dir.db("yearly");
+    let history = dir.path().join("history");
+    std::fs::create_dir_all(&history).unwrap();
+    std::fs::write(history.join("a.jsonl"), "{\"id\":\"a\"}\n").unwrap();
+    let metrics_port = free_port().unwrap();
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(&db_path)
+        .metrics(&format!("127.0.0.1:{metrics_port}"))
+        .schedule("{ cron: \"@yearly\", timezone: Europe/Berlin }")
+        .target_table("events")
+        .flow(FlowYaml::file(
+            "backfill",
+            "events",
+            &history.join("*.jsonl").display().to_string(),
+        ))
+        .write(dir.path(), "p.yaml");
+    let mut worker = Worker::start(&file, "yearly");
+    // The next 1 January, 00:00 in Berlin (23:00 UTC the day before).
+    let next_fire = {
+        let now =
+            jiff::Zoned::now().with_time_zone(jiff::tz::TimeZone::get("Europe/Berlin").unwrap());
+        let next_year = jiff::civil::date(now.year() + 1, 1, 1).at(0, 0, 0, 0);
+        next_year
+            .to_zoned(jiff::tz::TimeZone::get("Europe/Berlin").unwrap())
+            .unwrap()
+            .timestamp()
+            .as_second()
+    };
+    let gauge = "sluice_schedule_next_fire_timestamp_seconds{pipeline=\"test\"}";
+    let mut metrics = String::new();
+    let served = eventually(Duration::from_secs(60), || {
+        metrics = http_get(metrics_port, "/metrics").unwrap_or_default();
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(gauge))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            == Some(next_fire as f64)
+    })
+    .await;
+    assert!(
+        served,
+        "{gauge} {next_fire} not in:\n{metrics}\n{}",
+        worker.logs()
+    );
+    assert!(
+        http_get(metrics_port, "/healthz").is_some(),
+        "/healthz answers between runs"
+    );
+    let status = sluice_command(&["status", "-c", file.to_str().unwrap()], None);
+    assert_eq!(status.code, 0, "{}", status.all());
+    let next = jiff::Timestamp::from_second(next_fire).unwrap().to_string();
+    assert!(
+        status.stdout.contains("last run: none") && status.stdout.contains(&next),
+        "next run {next} in:\n{}",
+        status.stdout
+    );
+    assert!(worker.is_running(), "still waiting for its fire");
+
+    let stopped = Instant::now();
+    worker.terminate();
+    let exit = worker.wait(Duration::from_secs(30));
+    assert!(exit.success(), "{exit:?}");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(5),
+        "SIGTERM between runs exits at once (took {:?})",
+        stopped.elapsed()
+    );
+    let listed = sluice_command(&["runs", "-c", file.to_str().unwrap()], None);
+    assert_eq!(listed.code, 0, "{}", listed.all());
+    assert!(
+        listed.stdout.contains("no runs recorded"),
+        "{}",
+        listed.stdout
+    );
+    assert_eq!(Db(db_path).rows(), 0, "nothing ran");
+}
+
+/// `GET path` on the worker's metrics port; the body of a 200 answer.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    answer
+        .starts_with("HTTP/1.1 200")
+        .then(|| {
+            answer
+                .split_once("\r\n\r\n")
+                .map(|(_, body)| body.to_owned())
+        })
+        .flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_interval_runs_read_their_interval_and_catch_up_after_a_stop() {
+    let dir = Workdir::new();
+    let db_path = dir.db("intervals");
+    let db = Db(db_path.clone());
+    // A record every 50 ms from 20 s ago to 90 s ahead.
+    let first_event = now_ms() - 20_000;
+    let events: Vec<i64> = (0..2_200).map(|i| first_event + i * 50).collect();
+    let history = dir.path().join("history");
+    std::fs::create_dir_all(&history).unwrap();
+    let lines: String = events
+        .iter()
+        .map(|t| format!("{{\"id\":\"e{t}\",\"event_time\":{t}}}\n"))
+        .collect();
+    std::fs::write(history.join("events.jsonl"), lines).unwrap();
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(&db_path)
+        .schedule("{ every: 5s, semantics: data_interval, catchup: true }")
+        .target_table("events")
+        .flow(FlowYaml::file(
+            "events",
+            "events",
+            &history.join("*.jsonl").display().to_string(),
+        ))
+        .write(dir.path(), "p.yaml");
+
+    let worker = Worker::start(&file, "first");
+    assert!(
+        eventually(Duration::from_secs(60), || completed(&db_path).len() >= 3).await,
+        "{:?}\n{}",
+        runs(&db_path),
+        worker.logs()
+    );
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(30)).success());
+    // Three fires or more are missed.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+
+    let worker = Worker::start(&file, "second");
+    let restarted = now_ms();
+    assert!(
+        eventually(Duration::from_secs(60), || completed(&db_path)
+            .iter()
+            .any(|r| r.started_at > restarted && r.trigger == "schedule"))
+        .await,
+        "{:?}\n{}",
+        runs(&db_path),
+        worker.logs()
+    );
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(30)).success());
+
+    let runs: Vec<Run> = runs(&db_path)
+        .into_iter()
+        .filter(|r| r.state == "completed")
+        .collect();
+    println!("runs: {runs:#?}");
+    // The first start runs the latest interval and the fires after it come on time: only
+    // the restart has fires to catch up.
+    assert!(
+        runs.iter().filter(|r| r.trigger == "catchup").count() >= 2,
+        "the fires missed during the stop ran as catchup: {runs:#?}"
+    );
+    for pair in runs.windows(2) {
+        assert_eq!(
+            pair[1].fire_ms - pair[0].fire_ms,
+            5_000,
+            "every fire ran, in order: {runs:#?}"
+        );
+    }
+    // A run stopped half-way by the SIGTERM and finished after the restart counts only what
+    // its second part committed; every other run counts its whole interval.
+    let mut partial = 0;
+    for run in &runs {
+        let (start, end) = run.interval.unwrap();
+        assert_eq!((start, end), (run.fire_ms - 5_000, run.fire_ms));
+        let expected = events.iter().filter(|t| start <= **t && **t < end).count() as i64;
+        assert!(run.rows <= expected, "run {run:?} reads its interval only");
+        if run.rows < expected {
+            partial += 1;
+        }
+    }
+    assert!(partial <= 1, "each run reads its interval: {runs:#?}");
+    let (from, to) = (runs[0].interval.unwrap().0, runs.last().unwrap().fire_ms);
+    let expected = events.iter().filter(|t| from <= **t && **t < to).count() as i64;
+    assert_eq!(db.rows(), expected, "the intervals join up");
+    assert_eq!(db.distinct_keys(), expected, "no record twice");
+}

@@ -1,0 +1,500 @@
+//! The runs of a triggered pipeline: one run, then exit (no `schedule:`), or a run at each
+//! fire of its schedule until a signal (`schedule:`, SPEC §7, with the timetable semantics of
+//! `sluice_pipeline::timetable`). Every run is recorded in `sluice_runs` with what fired it,
+//! its data interval, its state and the rows of each flow.
+//!
+//! # Guarantees
+//!
+//! * **Runs never overlap.** A worker runs one update at a time. A fire that comes while a run
+//!   goes on is delayed (`sluice_schedule_fires_delayed_total`): when the run ends, the latest
+//!   such fire runs at once (at most one is pending), or with `catchup: true` every one of
+//!   them, in order.
+//! * **One replica runs each fire.** Only the holder of the pipeline's `scheduler` lease runs
+//!   fires, and a fire is recorded once ([`sluice_store::RunStore::begin_run`]): a replica
+//!   that takes the lease over from one that died mid-run finishes that same run (same id,
+//!   same interval) before anything else, and never starts an ended fire again. A holder that
+//!   loses its lease (paused past it) drains its run and leaves it to the new holder; the two
+//!   may overlap for a moment, which the dedup ledger makes harmless.
+//! * **A restart continues the schedule** from the last fire recorded: fires missed while no
+//!   worker ran are skipped or run as the timetable's rules say (`catchup`, `semantics`). A run
+//!   a signal stopped stays `running` and is finished by the next scheduler.
+//! * **The worker stays up between runs**, serving `/healthz`, `/metrics` and the control API
+//!   (a `StartUpdate` then runs at once, recorded `manual`); SIGTERM between runs exits at
+//!   once, with status 0.
+
+use crate::runtime::membership::{BEAT_INTERVAL, LEASE_TTL};
+use crate::runtime::scheduler::{FlowOutcome, FlowState};
+use crate::runtime::signals::Shutdown;
+use crate::runtime::store_retry::{self, Retry};
+use crate::runtime::update_loop::{RunError, Updates};
+use sluice_pipeline::Schedule;
+use sluice_pipeline::timetable::{DataInterval, Fire, FireKind, NextRun, Since, Timetable};
+use sluice_store::{
+    LeaseGrant, LeaseRequest, RunEnd, RunRecord, RunStart, RunState, RunTrigger, Store,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The lease role of the replica that runs a pipeline's fires.
+pub const SCHEDULER: &str = "scheduler";
+/// Delayed fires counted after one run, at most (a long outage of an every-second schedule
+/// would otherwise be counted one fire at a time).
+const DELAYED_COUNT_CAP: u64 = 100_000;
+
+/// Runs a triggered pipeline without a schedule once, recorded as a `manual` run.
+pub async fn run_once(
+    updates: &mut Updates<'_>,
+    shutdown: &Shutdown,
+) -> Result<Vec<FlowOutcome>, RunError> {
+    let start = RunStart {
+        pipeline: updates.pipeline.name.clone(),
+        fire_ms: now_ms(),
+        interval: None,
+        trigger: RunTrigger::Manual,
+        worker: updates.worker.clone(),
+    };
+    let record = begin(&*updates.store, &start, shutdown).await?;
+    let outcomes = updates.run(shutdown, None).await?;
+    let state = if shutdown.drain.is_cancelled() {
+        RunState::Stopped
+    } else {
+        ended_state(&outcomes)
+    };
+    end(&*updates.store, &record, state, &outcomes, shutdown).await;
+    Ok(outcomes)
+}
+
+/// Runs a pipeline on its schedule until a signal; returns the last run's outcomes.
+pub async fn drive(
+    updates: &mut Updates<'_>,
+    schedule: &Schedule,
+    shutdown: &Shutdown,
+) -> Result<Vec<FlowOutcome>, RunError> {
+    let timetable = Timetable::new(schedule).map_err(RunError::Invalid)?;
+    let pipeline = updates.pipeline.name.clone();
+    let lease = SchedulerLease::start(updates.store.clone(), &pipeline, &updates.worker);
+    let gauges = Gauges::new(&pipeline);
+    let mut outcomes = Vec::new();
+    let mut since = Since::Downtime;
+    loop {
+        if shutdown.drain.is_cancelled() {
+            break;
+        }
+        if !lease.held() {
+            gauges.next_fire(None);
+            let mut holding = lease.watch();
+            let wait = async move {
+                let _ = holding.wait_for(|held| *held).await;
+            };
+            if wait_between_runs(updates, shutdown, wait).await? {
+                outcomes = manual_run(updates, shutdown).await?;
+            }
+            since = Since::Downtime;
+            continue;
+        }
+        // A fire's run its runner did not end (it died, or stopped on a signal) is finished
+        // first; another such run (manual, update) is recorded failed: nothing asks for it again.
+        if let Some(unfinished) = unfinished_run(updates, shutdown).await? {
+            if !unfinished.trigger.is_fire() {
+                let ended = RunEnd {
+                    state: RunState::Failed,
+                    rows: Vec::new(),
+                    error: Some(format!(
+                        "worker {} stopped before the run ended",
+                        unfinished.worker
+                    )),
+                };
+                store_retry::until_stored(
+                    "record the run's end",
+                    Retry::WhileUnavailable,
+                    &shutdown.drain,
+                    || updates.store.end_run(unfinished.run_id, &ended),
+                )
+                .await
+                .map_err(RunError::Store)?;
+                continue;
+            }
+            tracing::info!(run = unfinished.run_id, fire_ms = unfinished.fire_ms,
+                from = %unfinished.worker, "finishing a run its runner did not end");
+            let fire = Fire {
+                at_ms: unfinished.fire_ms,
+                interval: unfinished
+                    .interval
+                    .map(|(start_ms, end_ms)| DataInterval { start_ms, end_ms }),
+                kind: FireKind::Schedule,
+            };
+            outcomes = run_fire(updates, &lease, &gauges, shutdown, fire, unfinished.trigger)
+                .await?
+                .unwrap_or(outcomes);
+            since = Since::Run;
+            continue;
+        }
+        let last_fire = store_retry::until_stored(
+            "read the last fire",
+            Retry::WhileUnavailable,
+            &shutdown.drain,
+            || updates.store.last_fire(&pipeline),
+        )
+        .await
+        .map_err(RunError::Store)?;
+        let fire = match timetable.next_run(last_fire, now_ms(), since) {
+            NextRun::Now(fire) => fire,
+            NextRun::At(at_ms) => {
+                gauges.next_fire(Some(at_ms));
+                let mut holding = lease.watch();
+                let until_fire = async move {
+                    tokio::select! {
+                        () = sleep_until_ms(at_ms) => {}
+                        // The lease lost while waiting: the next holder runs the fire.
+                        _ = holding.wait_for(|held| !*held) => {}
+                    }
+                };
+                if wait_between_runs(updates, shutdown, until_fire).await? {
+                    outcomes = manual_run(updates, shutdown).await?;
+                    continue;
+                }
+                if shutdown.drain.is_cancelled() || !lease.held() || now_ms() < at_ms {
+                    continue;
+                }
+                Fire {
+                    at_ms,
+                    interval: timetable.interval_of(at_ms),
+                    kind: FireKind::Schedule,
+                }
+            }
+            NextRun::Never => {
+                gauges.next_fire(None);
+                tracing::info!("the schedule fires no more; waiting for a signal");
+                if wait_between_runs(updates, shutdown, std::future::pending()).await? {
+                    outcomes = manual_run(updates, shutdown).await?;
+                    continue;
+                }
+                break;
+            }
+        };
+        gauges.next_fire(None);
+        let trigger = match fire.kind {
+            FireKind::Schedule => RunTrigger::Schedule,
+            FireKind::Catchup => RunTrigger::Catchup,
+        };
+        if let Some(ran) = run_fire(updates, &lease, &gauges, shutdown, fire, trigger).await? {
+            outcomes = ran;
+        }
+        let delayed = timetable.fires_between(fire.at_ms, now_ms(), DELAYED_COUNT_CAP);
+        if delayed > 0 {
+            gauges.delayed(delayed);
+            tracing::info!(
+                delayed,
+                "fires came while the run went on; they were delayed"
+            );
+        }
+        since = Since::Run;
+    }
+    lease.stop().await;
+    Ok(outcomes)
+}
+
+/// Runs one fire under `trigger`; `None` when its record says it ended already (another
+/// replica ran it).
+async fn run_fire(
+    updates: &mut Updates<'_>,
+    lease: &SchedulerLease,
+    gauges: &Gauges,
+    shutdown: &Shutdown,
+    fire: Fire,
+    trigger: RunTrigger,
+) -> Result<Option<Vec<FlowOutcome>>, RunError> {
+    let start = RunStart {
+        pipeline: updates.pipeline.name.clone(),
+        fire_ms: fire.at_ms,
+        interval: fire.interval.map(|i| (i.start_ms, i.end_ms)),
+        trigger,
+        worker: updates.worker.clone(),
+    };
+    let record = begin(&*updates.store, &start, shutdown).await?;
+    if record.state != RunState::Running {
+        tracing::info!(
+            run = record.run_id,
+            fire_ms = fire.at_ms,
+            state = record.state.name(),
+            "fire run already; not run again"
+        );
+        return Ok(None);
+    }
+    tracing::info!(run = record.run_id, fire_ms = fire.at_ms, trigger = trigger.name(),
+        interval = ?fire.interval, "run starts");
+    // Drained by a signal, or when this worker loses the scheduler lease (the next holder
+    // finishes the run).
+    let this_run = Shutdown {
+        drain: shutdown.drain.child_token(),
+        give_up: shutdown.give_up.child_token(),
+    };
+    let lost = {
+        let (mut holding, drain) = (lease.watch(), this_run.drain.clone());
+        tokio::spawn(async move {
+            if holding.wait_for(|held| !*held).await.is_ok() {
+                tracing::warn!("lost the scheduler lease; draining the run for the next holder");
+                drain.cancel();
+            }
+        })
+    };
+    let outcomes = updates.run(&this_run, fire.interval).await;
+    lost.abort();
+    let outcomes = outcomes?;
+    if this_run.drain.is_cancelled() {
+        tracing::info!(
+            run = record.run_id,
+            "run stopped before its end; the next scheduler finishes it"
+        );
+    } else {
+        let state = ended_state(&outcomes);
+        if end(&*updates.store, &record, state, &outcomes, shutdown).await {
+            gauges.ended(state);
+        }
+    }
+    Ok(Some(outcomes))
+}
+
+/// A run asked for through the control API between fires (what it clears is cleared).
+async fn manual_run(
+    updates: &mut Updates<'_>,
+    shutdown: &Shutdown,
+) -> Result<Vec<FlowOutcome>, RunError> {
+    run_once(updates, shutdown).await
+}
+
+/// Waits for `until` while serving control requests; `Ok(true)` when one asked for a run
+/// (its clearing done), `Ok(false)` when `until` came or a signal.
+async fn wait_between_runs(
+    updates: &mut Updates<'_>,
+    shutdown: &Shutdown,
+    until: impl std::future::Future<Output = ()>,
+) -> Result<bool, RunError> {
+    updates.ready_between_runs(shutdown);
+    let drain = shutdown.drain.clone();
+    let until = async move {
+        tokio::select! {
+            () = until => {}
+            () = drain.cancelled() => {}
+        }
+    };
+    updates.serve_requests_until(shutdown, until).await
+}
+
+/// The newest run, if it is still running (its runner died or stopped before its end).
+async fn unfinished_run(
+    updates: &Updates<'_>,
+    shutdown: &Shutdown,
+) -> Result<Option<RunRecord>, RunError> {
+    let newest = store_retry::until_stored(
+        "read the runs",
+        Retry::WhileUnavailable,
+        &shutdown.drain,
+        || updates.store.runs(&updates.pipeline.name, 1),
+    )
+    .await
+    .map_err(RunError::Store)?;
+    Ok(newest
+        .into_iter()
+        .next()
+        .filter(|run| run.state == RunState::Running))
+}
+
+/// Records a run's start (retrying while the store is unavailable).
+async fn begin(
+    store: &dyn Store,
+    start: &RunStart,
+    shutdown: &Shutdown,
+) -> Result<RunRecord, RunError> {
+    store_retry::until_stored(
+        "record the run",
+        Retry::WhileUnavailable,
+        &shutdown.drain,
+        || store.begin_run(start),
+    )
+    .await
+    .map_err(RunError::Store)
+}
+
+/// How a run that was not stopped ended: failed when a flow failed.
+fn ended_state(outcomes: &[FlowOutcome]) -> RunState {
+    if outcomes
+        .iter()
+        .any(|o| matches!(o.state, FlowState::Failed(_)))
+    {
+        RunState::Failed
+    } else {
+        RunState::Completed
+    }
+}
+
+/// Records how a run ended, with the rows of each flow and why flows failed; `false` when the
+/// store could not be told before a signal (the run then stays running).
+async fn end(
+    store: &dyn Store,
+    record: &RunRecord,
+    state: RunState,
+    outcomes: &[FlowOutcome],
+    shutdown: &Shutdown,
+) -> bool {
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| match &o.state {
+            FlowState::Failed(why) => Some(format!("{}: {why}", o.name)),
+            _ => None,
+        })
+        .collect();
+    let run_end = RunEnd {
+        state,
+        rows: outcomes
+            .iter()
+            .map(|o| (o.name.clone(), o.counters.committed))
+            .collect(),
+        error: (!failed.is_empty()).then(|| failed.join("; ")),
+    };
+    // Tried until the drain gives up: a stopped run's end is recorded while it drains too.
+    let recorded = store_retry::until_stored(
+        "record the run's end",
+        Retry::WhileUnavailable,
+        &shutdown.give_up,
+        || store.end_run(record.run_id, &run_end),
+    )
+    .await;
+    match recorded {
+        Ok(()) => {
+            tracing::info!(run = record.run_id, state = state.name(), "run ended");
+            true
+        }
+        Err(error) => {
+            tracing::warn!(run = record.run_id, %error, "could not record the run's end");
+            false
+        }
+    }
+}
+
+/// The `scheduler` lease, taken and renewed every [`BEAT_INTERVAL`] in the background.
+struct SchedulerLease {
+    held: watch::Receiver<bool>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SchedulerLease {
+    fn start(store: Arc<dyn Store>, pipeline: &str, worker: &str) -> Self {
+        let request = LeaseRequest {
+            pipeline: pipeline.to_owned(),
+            role: SCHEDULER.to_owned(),
+            holder: worker.to_owned(),
+            ttl: LEASE_TTL,
+        };
+        let (held_tx, held) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(renew(store, request, held_tx, stop.clone()));
+        Self { held, stop, task }
+    }
+
+    fn held(&self) -> bool {
+        *self.held.borrow()
+    }
+
+    fn watch(&self) -> watch::Receiver<bool> {
+        self.held.clone()
+    }
+
+    /// Stops renewing and hands the lease back at once.
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Takes or renews the lease every beat until `stop`, publishing whether it is held; a store
+/// that does not answer counts as not held (another replica may take it after its time).
+async fn renew(
+    store: Arc<dyn Store>,
+    request: LeaseRequest,
+    held: watch::Sender<bool>,
+    stop: CancellationToken,
+) {
+    let mut ticks = tokio::time::interval(BEAT_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = stop.cancelled() => break,
+        }
+        let holding = match store.acquire_lease(&request).await {
+            Ok(LeaseGrant::Held { taken, .. }) => {
+                if taken {
+                    tracing::info!("this worker runs the schedule (scheduler lease)");
+                }
+                true
+            }
+            Ok(LeaseGrant::HeldBy(_)) => false,
+            Err(error) => {
+                tracing::warn!(%error, "cannot renew the scheduler lease");
+                false
+            }
+        };
+        held.send_if_modified(|was| std::mem::replace(was, holding) != holding);
+    }
+    if *held.borrow() {
+        let _ = store
+            .release_lease(&request.pipeline, &request.role, &request.holder)
+            .await;
+    }
+}
+
+/// The schedule's metrics.
+struct Gauges {
+    pipeline: String,
+}
+
+impl Gauges {
+    fn new(pipeline: &str) -> Self {
+        Self {
+            pipeline: pipeline.to_owned(),
+        }
+    }
+
+    /// `sluice_schedule_next_fire_timestamp_seconds`: the fire this worker waits for (0 while
+    /// it waits for nothing: running, or not the scheduler).
+    fn next_fire(&self, at_ms: Option<i64>) {
+        metrics::gauge!("sluice_schedule_next_fire_timestamp_seconds",
+            "pipeline" => self.pipeline.clone())
+        .set(at_ms.map_or(0.0, |ms| ms as f64 / 1000.0));
+    }
+
+    /// `sluice_schedule_fires_delayed_total`.
+    fn delayed(&self, fires: u64) {
+        metrics::counter!("sluice_schedule_fires_delayed_total",
+            "pipeline" => self.pipeline.clone())
+        .increment(fires);
+    }
+
+    /// `sluice_runs_total{state}`.
+    fn ended(&self, state: RunState) {
+        metrics::counter!("sluice_runs_total", "pipeline" => self.pipeline.clone(),
+            "state" => state.name())
+        .increment(1);
+    }
+}
+
+/// Sleeps until the wall-clock instant `at_ms` (re-reading the clock, so a clock step or a
+/// suspended machine does not make it oversleep by much).
+async fn sleep_until_ms(at_ms: i64) {
+    loop {
+        let left = at_ms.saturating_sub(now_ms());
+        if left <= 0 {
+            return;
+        }
+        let step = Duration::from_millis(u64::try_from(left).unwrap_or(0).min(1_000));
+        tokio::time::sleep(step).await;
+    }
+}
+
+fn now_ms() -> i64 {
+    sluice_connector::now_ms()
+}
