@@ -13,14 +13,6 @@ const COUNTS_TABLE_SUFFIX: &str = "__windows";
 
 /// Records every part of `p` this version cannot run.
 pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
-    if p.schedule.as_ref().is_some_and(|s| s.on_update) {
-        c.push(
-            ErrorCode::NotBuilt,
-            "schedule.on_update",
-            "runs fired by another pipeline's table are not built yet (drop `on_update`; the \
-             schedule's own fires run)",
-        );
-    }
     for (i, flow) in p.flows.iter().enumerate() {
         let target_path = format!("flows[{i}].target");
         let kind = p
@@ -41,7 +33,7 @@ pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
                 let watermarked = match &flow.source {
                     Source::PubSub(s) => s.watermark.is_some(),
                     Source::Table { .. } => true,
-                    Source::File { .. } => false,
+                    Source::File { .. } | Source::PipelineTable { .. } => false,
                 };
                 if !watermarked {
                     c.push(
@@ -50,8 +42,8 @@ pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
                         format!(
                             "flow {:?} writes window target {:?}, whose windows close when the \
                              flow's event-time watermark passes them; a window is fed by a \
-                             Pub/Sub source with `watermark:`, or by a `table` source (closed by \
-                             its writers' watermarks)",
+                             Pub/Sub source with `watermark:`, or by a `table` source of this \
+                             pipeline (closed by its writers' watermarks)",
                             flow.name, flow.target
                         ),
                     );
@@ -124,7 +116,7 @@ fn has_watermark(p: &Pipeline, table: &str, depth: usize) -> bool {
         && p.live_writers(table).iter().all(|w| match &w.source {
             Source::PubSub(s) => s.watermark.is_some(),
             Source::Table { target } => has_watermark(p, target, depth + 1),
-            Source::File { .. } => false,
+            Source::File { .. } | Source::PipelineTable { .. } => false,
         })
 }
 
@@ -136,7 +128,7 @@ fn window_over_table(p: &Pipeline, c: &mut Collector<'_>, i: usize, flow: &Flow,
     for writer in live.iter().filter(|w| match &w.source {
         Source::PubSub(s) => s.watermark.is_none(),
         Source::Table { target } => !has_watermark(p, target, 0),
-        Source::File { .. } => true,
+        Source::File { .. } | Source::PipelineTable { .. } => true,
     }) {
         c.push(
             ErrorCode::NotBuilt,

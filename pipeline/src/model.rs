@@ -174,6 +174,15 @@ pub enum Source {
         /// Name of a declared target.
         target: String,
     },
+    /// `source: { table: PIPELINE.TARGET }`: a table target of another pipeline in the same
+    /// store, read as its rows commit. Its writers run in that pipeline, so it is no data edge
+    /// here and hands no watermark down; `schedule.on_update` fires a run when it grows.
+    PipelineTable {
+        /// The other pipeline's name.
+        pipeline: String,
+        /// Its target.
+        target: String,
+    },
 }
 
 /// `source.pubsub` with every default applied.

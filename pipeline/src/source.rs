@@ -31,7 +31,8 @@ pub(crate) fn flow(c: &mut Collector<'_>, raw: RawFlow, path: &str) -> Flow {
             c.push(
                 ErrorCode::MissingField,
                 &format!("{path}.source"),
-                "`source` is required: { pubsub: {...} }, { file: { path } } or { table: NAME }",
+                "`source` is required: { pubsub: {...} }, { file: { path } } or { table: NAME } \
+                 (PIPELINE.NAME for another pipeline's)",
             );
             Source::Table {
                 target: String::new(),
@@ -73,11 +74,16 @@ fn source(c: &mut Collector<'_>, raw: RawSource, path: &str) -> Source {
             path: required(c, file.path, &format!("{path}.file.path")),
         }
     } else {
-        Source::Table {
-            target: raw
-                .table
-                .map(|t| non_empty(c, t, &format!("{path}.table")))
-                .unwrap_or_default(),
+        let table = raw
+            .table
+            .map(|t| non_empty(c, t, &format!("{path}.table")))
+            .unwrap_or_default();
+        match table.split_once('.') {
+            Some((pipeline, target)) => Source::PipelineTable {
+                pipeline: pipeline.to_owned(),
+                target: target.to_owned(),
+            },
+            None => Source::Table { target: table },
         }
     }
 }

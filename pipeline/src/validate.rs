@@ -48,6 +48,19 @@ pub fn is_identifier(name: &str) -> bool {
 /// Runs every cross-reference check on a converted pipeline.
 pub(crate) fn validate(p: &Pipeline, c: &mut Collector<'_>) {
     identifier(c, &p.name, "pipeline");
+    if p.schedule.as_ref().is_some_and(|s| s.on_update)
+        && !p
+            .flows
+            .iter()
+            .any(|f| matches!(f.source, Source::PipelineTable { .. }))
+    {
+        c.push(
+            ErrorCode::InvalidSchedule,
+            "schedule.on_update",
+            "`on_update` runs the pipeline when another pipeline's table it reads grows, and no \
+             flow reads one (`source: { table: PIPELINE.TARGET }`)",
+        );
+    }
     if p.schedule.is_some() && p.mode == Mode::Continuous {
         c.push(
             ErrorCode::InvalidSchedule,
@@ -81,6 +94,25 @@ pub(crate) fn validate(p: &Pipeline, c: &mut Collector<'_>) {
                 &format!("flows[{i}].source.table"),
                 format!("no target named `{target}`{}", known(&targets)),
             );
+        }
+        if let Source::PipelineTable { pipeline, target } = &flow.source {
+            let path = format!("flows[{i}].source.table");
+            if pipeline == &p.name {
+                c.push(
+                    ErrorCode::InvalidValue,
+                    &path,
+                    format!("`{pipeline}.{target}` is this pipeline's own table: write `{target}`"),
+                );
+            } else if !is_identifier(pipeline) || !is_identifier(target) {
+                c.push(
+                    ErrorCode::InvalidIdentifier,
+                    &path,
+                    format!(
+                        "`{pipeline}.{target}`: another pipeline's table is PIPELINE.TARGET, two \
+                         identifiers ([a-z_][a-z0-9_]*, at most {MAX_IDENTIFIER_LEN} bytes)"
+                    ),
+                );
+            }
         }
         for (j, dep) in flow.depends_on.iter().enumerate() {
             if flows.contains_key(dep.as_str()) {

@@ -331,6 +331,15 @@ fn invalid_schedules() {
         5,
     );
     one(
+        &edit(
+            2,
+            "mode: triggered\nschedule:\n  every: 1h\n  on_update: true",
+        ),
+        ErrorCode::InvalidSchedule,
+        "schedule.on_update",
+        5,
+    );
+    one(
         &edit(2, "mode: triggered\nschedule:\n  every: 1500ms"),
         ErrorCode::InvalidSchedule,
         "schedule.every",

@@ -139,16 +139,19 @@ fn an_invalid_file_gets_no_not_built_errors() {
     assert!(!errors.has(ErrorCode::NotBuilt), "{errors}");
 }
 
+/// A window closes with its writers' watermarks; another pipeline's table hands none down.
+/// A scheduled export of another pipeline's table, fired by its updates, runs.
 #[test]
-fn runs_on_update_do_not_run_yet() {
-    let file = "pipeline: p\nmode: triggered\nstore: sqlite://s.db\n\
-        schedule: { cron: \"*/15 * * * *\", on_update: true }\n\
-        targets:\n  - { name: events, kind: table }\n\
-        flows:\n  - { name: a, target: events, source: { pubsub: { subscription: s } } }\n";
-    let found = not_built(file);
+fn another_pipelines_table_runs_but_feeds_no_window() {
+    let window = "pipeline: p\nmode: triggered\nstore: sqlite://s.db\n\
+        targets:\n  - name: per_minute\n    kind: window\n    window: { size: 1m, group_by: \"attribute:region\" }\n\
+        flows:\n  - { name: counts, target: per_minute, source: { table: orders.events } }\n";
+    let found = not_built(window);
     assert_eq!(found.len(), 1, "{found:?}");
-    assert!(
-        found[0].contains("schedule.on_update") && found[0].contains("not built yet"),
-        "{found:?}"
-    );
+    assert!(found[0].contains("flows[0].target"), "{found:?}");
+    let export = "pipeline: p\nmode: triggered\nstore: sqlite://s.db\n\
+        schedule: { cron: \"@hourly\", on_update: true, min_interval: 5m }\n\
+        targets:\n  - { name: copies, kind: table }\n\
+        flows:\n  - { name: export, target: copies, source: { table: orders.events } }\n";
+    assert!(not_built(export).is_empty());
 }

@@ -215,13 +215,12 @@ async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_s
         let watermark_ms = watermarks.get(&flow.name).map(|w| w.watermark_ms);
         let progress = store.flow_progress(handle).await?;
         let completed_at_ms = completions.get(&flow.name).copied();
-        let feed = match &flow.source {
-            sluice_pipeline::Source::Table { target } => {
-                let table = sluice_store::table_name(&pipeline.name, target)?;
+        let feed = match flows::read_table(pipeline, flow) {
+            Some(table) => {
                 let at = store.read_position(handle, &table).await?;
                 Some(store.feed_lag(&table, &at).await?)
             }
-            _ => None,
+            None => None,
         };
         lines.push(FlowLine {
             flow: flow.name.clone(),

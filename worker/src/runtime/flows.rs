@@ -4,9 +4,9 @@
 
 use sluice_connector::{
     BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, DedupSettings, FileSource,
-    FlowRun, FlowWatermark, JsonlSink, KeySource, MessageSource, PubSubConfig, PubSubSource,
-    ReaderTurn, RetrySettings, RunUntil, SkipCommitted, SourceProgress, Stage, TableSource,
-    TableStage, TableWatermark, commit_bound, pause_threshold,
+    FlowRun, FlowWatermark, JsonlSink, KeptOpen, KeySource, MessageSource, PubSubConfig,
+    PubSubSource, ReaderTurn, RetrySettings, RunUntil, SkipCommitted, SourceProgress, Stage,
+    TableSource, TableStage, TableWatermark, commit_bound, pause_threshold,
 };
 use sluice_pipeline::defaults;
 use sluice_pipeline::timetable::DataInterval;
@@ -14,6 +14,7 @@ use sluice_pipeline::{
     DedupBy, Flow, Mode, OnBadTimestamp, OnMissingKey, Pipeline, Source, TargetKind,
 };
 use sluice_store::{FlowHandle, Store, table_name};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -185,19 +186,34 @@ fn bounded_plan(
     }
 }
 
+/// The full name of the table a flow reads, when it reads one: a target of its own pipeline
+/// or of another in the same store.
+pub fn read_table(pipeline: &Pipeline, flow: &Flow) -> Option<String> {
+    match &flow.source {
+        Source::Table { target } => table_name(&pipeline.name, target).ok(),
+        Source::PipelineTable {
+            pipeline: other,
+            target,
+        } => table_name(other, target).ok(),
+        Source::PubSub(_) | Source::File { .. } => None,
+    }
+}
+
 /// A flow reading a table: it follows the table in a continuous pipeline (unless `once`) and
 /// catches up with it otherwise; one replica at a time reads it (this worker, `worker`, when it
-/// holds the flow's turn); a table with live writers hands their watermark down.
+/// holds the flow's turn); a table of this pipeline with live writers hands their watermark
+/// down (`read`: its target name; `None` for another pipeline's table, which hands none).
 fn table_source(
     pipeline: &Pipeline,
     flow: &Flow,
-    read: &str,
+    read: Option<&str>,
     store: &Arc<dyn Store>,
     handle: &FlowHandle,
     worker: &str,
     counters: &Counters,
 ) -> Result<TableSource, String> {
-    let table = table_name(&pipeline.name, read).map_err(|e| e.to_string())?;
+    let table =
+        read_table(pipeline, flow).ok_or_else(|| format!("flow {} reads no table", flow.name))?;
     let mut source = TableSource::new(store.clone(), handle.clone(), table.as_str())
         .in_pool(ReaderTurn {
             pool: store.clone(),
@@ -207,6 +223,9 @@ fn table_source(
     if follows(pipeline, flow) {
         source = source.follow(DEFAULT_POLL);
     }
+    let Some(read) = read else {
+        return Ok(source);
+    };
     let writers: Vec<String> = pipeline
         .live_writers(read)
         .into_iter()
@@ -231,11 +250,27 @@ fn table_source(
 /// Whether a flow reading a table follows it as it grows (a live flow of a continuous
 /// pipeline) rather than catching up with it and ending.
 pub fn follows(pipeline: &Pipeline, flow: &Flow) -> bool {
-    matches!(flow.source, Source::Table { .. }) && pipeline.mode == Mode::Continuous && !flow.once
+    matches!(
+        flow.source,
+        Source::Table { .. } | Source::PipelineTable { .. }
+    ) && pipeline.mode == Mode::Continuous
+        && !flow.once
 }
 
-/// Builds the run of one flow; `worker` is this worker's id in the pool; `interval` is the
-/// run's data interval, to which a file flow keeps its records.
+/// What a run gives its flows beyond the pipeline: a scheduled run's data interval and the
+/// Pub/Sub sources kept open between its runs.
+#[derive(Clone, Default)]
+pub struct RunScope {
+    /// The run's data interval (`semantics: data_interval`): file flows read only the records
+    /// whose event time lies in it.
+    pub interval: Option<DataInterval>,
+    /// Pub/Sub flows' sources kept running across the runs of a schedule, by flow name
+    /// (`sluice_connector::KeptOpen`); a flow not in it opens its own.
+    pub kept: Option<Arc<HashMap<String, KeptOpen>>>,
+}
+
+/// Builds the run of one flow; `worker` is this worker's id in the pool; `scope` is what the
+/// run gives it (a file flow keeps to the data interval, a Pub/Sub flow reads a kept source).
 pub fn build(
     pipeline: &Pipeline,
     flow: &Flow,
@@ -243,7 +278,7 @@ pub fn build(
     handle: FlowHandle,
     worker: &str,
     give_up: CancellationToken,
-    interval: Option<DataInterval>,
+    scope: &RunScope,
 ) -> Result<BuiltFlow, String> {
     let table: Arc<str> = Arc::from(
         table_name(&pipeline.name, &flow.target)
@@ -257,17 +292,27 @@ pub fn build(
     };
     let counters = Counters::new(&pipeline.name, &flow.name);
     let plan = match &flow.source {
-        Source::PubSub(settings) => pubsub_plan(pipeline, flow, settings)?,
+        Source::PubSub(settings) => {
+            let mut plan = pubsub_plan(pipeline, flow, settings)?;
+            if let Some(kept) = scope.kept.as_ref().and_then(|k| k.get(&flow.name)) {
+                plan.source = kept.for_run(plan.source);
+            }
+            plan
+        }
         Source::File { path } => {
             let mut source = FileSource::new(path.clone()).skip_committed(skip);
-            if let Some(interval) = interval {
+            if let Some(interval) = scope.interval {
                 source = source.within(interval.start_ms, interval.end_ms);
             }
             let progress = source.progress();
             bounded_plan(Box::new(source), progress, true)
         }
-        Source::Table { target } => {
-            let source = table_source(pipeline, flow, target, &store, &handle, worker, &counters)?
+        Source::Table { .. } | Source::PipelineTable { .. } => {
+            let own = match &flow.source {
+                Source::Table { target } => Some(target.as_str()),
+                _ => None,
+            };
+            let source = table_source(pipeline, flow, own, &store, &handle, worker, &counters)?
                 .skip_committed(skip);
             let progress = source.progress();
             let mut plan = bounded_plan(Box::new(source), progress, false);

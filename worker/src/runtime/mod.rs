@@ -15,6 +15,7 @@ pub mod signals;
 pub mod stage_client;
 pub mod store_retry;
 pub mod supervisor;
+pub mod table_updates;
 pub mod update;
 pub mod update_loop;
 pub mod watermarks;

@@ -15,23 +15,35 @@
 //!   same interval) before anything else, and never starts an ended fire again. A holder that
 //!   loses its lease (paused past it) drains its run and leaves it to the new holder; the two
 //!   may overlap for a moment, which the dedup ledger makes harmless.
+//! * **Streams kept open between close runs.** A Pub/Sub flow whose next fire comes within
+//!   [`KEEP_OPEN_WITHIN`] reads the same streams in its next run (`KeptOpen`): what arrives
+//!   between runs waits, leased, for it; what a closing stream held would otherwise come back
+//!   only after its ack deadline, after a run that opened new streams may have ended idle.
 //! * **A restart continues the schedule** from the last fire recorded: fires missed while no
 //!   worker ran are skipped or run as the timetable's rules say (`catchup`, `semantics`). A run
 //!   a signal stopped stays `running` and is finished by the next scheduler.
 //! * **The worker stays up between runs**, serving `/healthz`, `/metrics` and the control API
 //!   (a `StartUpdate` then runs at once, recorded `manual`); SIGTERM between runs exits at
 //!   once, with status 0.
+//! * **Runs on updates** (`on_update: true`): while it waits for a fire, the scheduler also
+//!   runs when a table of another pipeline that a flow reads has rows that flow has not read,
+//!   at most once per `min_interval` (`table_updates.rs`), recorded `update`, with no data
+//!   interval.
 
+use crate::runtime::flows::RunScope;
 use crate::runtime::membership::{BEAT_INTERVAL, LEASE_TTL};
 use crate::runtime::scheduler::{FlowOutcome, FlowState};
 use crate::runtime::signals::Shutdown;
 use crate::runtime::store_retry::{self, Retry};
-use crate::runtime::update_loop::{RunError, Updates};
-use sluice_pipeline::Schedule;
+use crate::runtime::table_updates::TableUpdates;
+use crate::runtime::update_loop::{RunError, Updates, Waited};
+use sluice_connector::KeptOpen;
 use sluice_pipeline::timetable::{DataInterval, Fire, FireKind, NextRun, Since, Timetable};
+use sluice_pipeline::{Pipeline, Schedule, Source};
 use sluice_store::{
     LeaseGrant, LeaseRequest, RunEnd, RunRecord, RunStart, RunState, RunTrigger, Store,
 };
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -39,6 +51,12 @@ use tokio_util::sync::CancellationToken;
 
 /// The lease role of the replica that runs a pipeline's fires.
 pub const SCHEDULER: &str = "scheduler";
+/// A Pub/Sub flow's streams stay open between runs when the next fire comes within this long:
+/// a run that opens new streams right after the last closed can find the subscription idle
+/// while Pub/Sub still holds back what was handed to the closed ones (see
+/// `sluice_connector::KeptOpen`); for fires further apart they close, and what they hold goes
+/// back to Pub/Sub.
+pub const KEEP_OPEN_WITHIN: Duration = Duration::from_secs(60);
 /// Delayed fires counted after one run, at most (a long outage of an every-second schedule
 /// would otherwise be counted one fire at a time).
 const DELAYED_COUNT_CAP: u64 = 100_000;
@@ -48,15 +66,25 @@ pub async fn run_once(
     updates: &mut Updates<'_>,
     shutdown: &Shutdown,
 ) -> Result<Vec<FlowOutcome>, RunError> {
+    run_unscheduled(updates, shutdown, RunTrigger::Manual, &RunScope::default()).await
+}
+
+/// Runs the pipeline once, now, recorded with `trigger` (`manual`, `update`) and no interval.
+async fn run_unscheduled(
+    updates: &mut Updates<'_>,
+    shutdown: &Shutdown,
+    trigger: RunTrigger,
+    scope: &RunScope,
+) -> Result<Vec<FlowOutcome>, RunError> {
     let start = RunStart {
         pipeline: updates.pipeline.name.clone(),
         fire_ms: now_ms(),
         interval: None,
-        trigger: RunTrigger::Manual,
+        trigger,
         worker: updates.worker.clone(),
     };
     let record = begin(&*updates.store, &start, shutdown).await?;
-    let outcomes = updates.run(shutdown, None).await?;
+    let outcomes = updates.run(shutdown, scope.clone()).await?;
     let state = if shutdown.drain.is_cancelled() {
         RunState::Stopped
     } else {
@@ -64,6 +92,16 @@ pub async fn run_once(
     };
     end(&*updates.store, &record, state, &outcomes, shutdown).await;
     Ok(outcomes)
+}
+
+/// What ended the wait for the next fire.
+enum Woke {
+    /// The fire's time came.
+    Fire,
+    /// A table of another pipeline that a flow reads grew (`on_update`).
+    TableUpdate,
+    /// The scheduler lease was lost, or a signal came.
+    Neither,
 }
 
 /// Runs a pipeline on its schedule until a signal; returns the last run's outcomes.
@@ -76,8 +114,15 @@ pub async fn drive(
     let pipeline = updates.pipeline.name.clone();
     let lease = SchedulerLease::start(updates.store.clone(), &pipeline, &updates.worker);
     let gauges = Gauges::new(&pipeline);
+    let kept = kept_sources(updates.pipeline);
+    let scope = RunScope {
+        interval: None,
+        kept: Some(kept.clone()),
+    };
     let mut outcomes = Vec::new();
     let mut since = Since::Downtime;
+    // When the last run started (this worker's clock): `on_update` runs wait `min_interval`.
+    let mut last_started: Option<i64> = None;
     loop {
         if shutdown.drain.is_cancelled() {
             break;
@@ -88,15 +133,22 @@ pub async fn drive(
             let wait = async move {
                 let _ = holding.wait_for(|held| *held).await;
             };
-            if wait_between_runs(updates, shutdown, wait).await? {
-                outcomes = manual_run(updates, shutdown).await?;
+            if let Waited::Requested = wait_between_runs(updates, shutdown, wait, ()).await? {
+                // What the kept streams hold predates what the request cleared.
+                close_all(&kept).await;
+                last_started = Some(now_ms());
+                outcomes = run_unscheduled(updates, shutdown, RunTrigger::Manual, &scope).await?;
             }
             since = Since::Downtime;
             continue;
         }
         // A fire's run its runner did not end (it died, or stopped on a signal) is finished
         // first; another such run (manual, update) is recorded failed: nothing asks for it again.
-        if let Some(unfinished) = unfinished_run(updates, shutdown).await? {
+        let newest = newest_run(updates, shutdown).await?;
+        if last_started.is_none() {
+            last_started = newest.as_ref().map(|r| r.started_at_ms);
+        }
+        if let Some(unfinished) = newest.filter(|r| r.state == RunState::Running) {
             if !unfinished.trigger.is_fire() {
                 let ended = RunEnd {
                     state: RunState::Failed,
@@ -125,9 +177,18 @@ pub async fn drive(
                     .map(|(start_ms, end_ms)| DataInterval { start_ms, end_ms }),
                 kind: FireKind::Schedule,
             };
-            outcomes = run_fire(updates, &lease, &gauges, shutdown, fire, unfinished.trigger)
-                .await?
-                .unwrap_or(outcomes);
+            last_started = Some(now_ms());
+            outcomes = run_fire(
+                updates,
+                &lease,
+                &gauges,
+                shutdown,
+                fire,
+                unfinished.trigger,
+                &kept,
+            )
+            .await?
+            .unwrap_or(outcomes);
             since = Since::Run;
             continue;
         }
@@ -139,39 +200,70 @@ pub async fn drive(
         )
         .await
         .map_err(RunError::Store)?;
-        let fire = match timetable.next_run(last_fire, now_ms(), since) {
+        let next = timetable.next_run(last_fire, now_ms(), since);
+        close_if_idle_long(&kept, &next).await;
+        let fire = match next {
             NextRun::Now(fire) => fire,
-            NextRun::At(at_ms) => {
-                gauges.next_fire(Some(at_ms));
+            NextRun::At(_) | NextRun::Never => {
+                let at_ms = match next {
+                    NextRun::At(at_ms) => Some(at_ms),
+                    _ => None,
+                };
+                gauges.next_fire(at_ms);
+                let table_updates =
+                    TableUpdates::new(updates.pipeline, updates.handles(), updates.store.clone());
                 let mut holding = lease.watch();
                 let until_fire = async move {
+                    let fire = async {
+                        match at_ms {
+                            Some(at_ms) => sleep_until_ms(at_ms).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    let grown = async {
+                        match &table_updates {
+                            Some(watch) => watch.changed(last_started).await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     tokio::select! {
-                        () = sleep_until_ms(at_ms) => {}
+                        () = fire => Woke::Fire,
+                        () = grown => Woke::TableUpdate,
                         // The lease lost while waiting: the next holder runs the fire.
-                        _ = holding.wait_for(|held| !*held) => {}
+                        _ = holding.wait_for(|held| !*held) => Woke::Neither,
                     }
                 };
-                if wait_between_runs(updates, shutdown, until_fire).await? {
-                    outcomes = manual_run(updates, shutdown).await?;
+                let woke = match wait_between_runs(updates, shutdown, until_fire, Woke::Neither)
+                    .await?
+                {
+                    Waited::Came(woke) => woke,
+                    Waited::Requested => {
+                        // What the kept streams hold predates what the request cleared.
+                        close_all(&kept).await;
+                        last_started = Some(now_ms());
+                        outcomes =
+                            run_unscheduled(updates, shutdown, RunTrigger::Manual, &scope).await?;
+                        continue;
+                    }
+                };
+                if shutdown.drain.is_cancelled() || !lease.held() {
                     continue;
                 }
-                if shutdown.drain.is_cancelled() || !lease.held() || now_ms() < at_ms {
-                    continue;
+                match (woke, at_ms) {
+                    (Woke::Fire, Some(at_ms)) => Fire {
+                        at_ms,
+                        interval: timetable.interval_of(at_ms),
+                        kind: FireKind::Schedule,
+                    },
+                    (Woke::TableUpdate, _) => {
+                        gauges.next_fire(None);
+                        last_started = Some(now_ms());
+                        outcomes =
+                            run_unscheduled(updates, shutdown, RunTrigger::Update, &scope).await?;
+                        continue;
+                    }
+                    _ => continue,
                 }
-                Fire {
-                    at_ms,
-                    interval: timetable.interval_of(at_ms),
-                    kind: FireKind::Schedule,
-                }
-            }
-            NextRun::Never => {
-                gauges.next_fire(None);
-                tracing::info!("the schedule fires no more; waiting for a signal");
-                if wait_between_runs(updates, shutdown, std::future::pending()).await? {
-                    outcomes = manual_run(updates, shutdown).await?;
-                    continue;
-                }
-                break;
             }
         };
         gauges.next_fire(None);
@@ -179,7 +271,10 @@ pub async fn drive(
             FireKind::Schedule => RunTrigger::Schedule,
             FireKind::Catchup => RunTrigger::Catchup,
         };
-        if let Some(ran) = run_fire(updates, &lease, &gauges, shutdown, fire, trigger).await? {
+        last_started = Some(now_ms());
+        if let Some(ran) =
+            run_fire(updates, &lease, &gauges, shutdown, fire, trigger, &kept).await?
+        {
             outcomes = ran;
         }
         let delayed = timetable.fires_between(fire.at_ms, now_ms(), DELAYED_COUNT_CAP);
@@ -192,8 +287,46 @@ pub async fn drive(
         }
         since = Since::Run;
     }
+    close_all(&kept).await;
     lease.stop().await;
     Ok(outcomes)
+}
+
+/// The Pub/Sub flows' sources, kept open across runs while fires come soon after each other.
+type Kept = Arc<HashMap<String, KeptOpen>>;
+
+fn kept_sources(pipeline: &Pipeline) -> Kept {
+    Arc::new(
+        pipeline
+            .flows
+            .iter()
+            .filter(|f| matches!(f.source, Source::PubSub(_)))
+            .map(|f| (f.name.clone(), KeptOpen::new()))
+            .collect(),
+    )
+}
+
+/// Closes the kept sources unless the next run comes within [`KEEP_OPEN_WITHIN`]: what they
+/// hold is given back to Pub/Sub rather than held for long.
+async fn close_if_idle_long(kept: &Kept, next: &NextRun) {
+    let soon = match next {
+        NextRun::Now(_) => true,
+        NextRun::At(at_ms) => {
+            at_ms.saturating_sub(now_ms())
+                <= i64::try_from(KEEP_OPEN_WITHIN.as_millis()).unwrap_or(i64::MAX)
+        }
+        NextRun::Never => false,
+    };
+    if !soon {
+        close_all(kept).await;
+    }
+}
+
+/// Closes every kept source (what they hold is nacked).
+async fn close_all(kept: &Kept) {
+    for source in kept.values() {
+        source.close().await;
+    }
 }
 
 /// Runs one fire under `trigger`; `None` when its record says it ended already (another
@@ -205,6 +338,7 @@ async fn run_fire(
     shutdown: &Shutdown,
     fire: Fire,
     trigger: RunTrigger,
+    kept: &Kept,
 ) -> Result<Option<Vec<FlowOutcome>>, RunError> {
     let start = RunStart {
         pipeline: updates.pipeline.name.clone(),
@@ -240,7 +374,11 @@ async fn run_fire(
             }
         })
     };
-    let outcomes = updates.run(&this_run, fire.interval).await;
+    let scope = RunScope {
+        interval: fire.interval,
+        kept: Some(kept.clone()),
+    };
+    let outcomes = updates.run(&this_run, scope).await;
     lost.abort();
     let outcomes = outcomes?;
     if this_run.drain.is_cancelled() {
@@ -257,34 +395,27 @@ async fn run_fire(
     Ok(Some(outcomes))
 }
 
-/// A run asked for through the control API between fires (what it clears is cleared).
-async fn manual_run(
+/// Waits for `until` while serving control requests (see [`Updates::serve_requests_until`]);
+/// a signal ends the wait too, as if `until` came with `on_signal`.
+async fn wait_between_runs<T>(
     updates: &mut Updates<'_>,
     shutdown: &Shutdown,
-) -> Result<Vec<FlowOutcome>, RunError> {
-    run_once(updates, shutdown).await
-}
-
-/// Waits for `until` while serving control requests; `Ok(true)` when one asked for a run
-/// (its clearing done), `Ok(false)` when `until` came or a signal.
-async fn wait_between_runs(
-    updates: &mut Updates<'_>,
-    shutdown: &Shutdown,
-    until: impl std::future::Future<Output = ()>,
-) -> Result<bool, RunError> {
+    until: impl std::future::Future<Output = T>,
+    on_signal: T,
+) -> Result<Waited<T>, RunError> {
     updates.ready_between_runs(shutdown);
     let drain = shutdown.drain.clone();
     let until = async move {
         tokio::select! {
-            () = until => {}
-            () = drain.cancelled() => {}
+            came = until => came,
+            () = drain.cancelled() => on_signal,
         }
     };
     updates.serve_requests_until(shutdown, until).await
 }
 
-/// The newest run, if it is still running (its runner died or stopped before its end).
-async fn unfinished_run(
+/// The newest run of the pipeline, if any.
+async fn newest_run(
     updates: &Updates<'_>,
     shutdown: &Shutdown,
 ) -> Result<Option<RunRecord>, RunError> {
@@ -296,10 +427,7 @@ async fn unfinished_run(
     )
     .await
     .map_err(RunError::Store)?;
-    Ok(newest
-        .into_iter()
-        .next()
-        .filter(|run| run.state == RunState::Running))
+    Ok(newest.into_iter().next())
 }
 
 /// Records a run's start (retrying while the store is unavailable).

@@ -24,7 +24,6 @@ use crate::runtime::signals::Shutdown;
 use crate::runtime::store_retry::{self, Retry};
 use crate::serve::observe;
 use sluice_connector::{Counters, Ended, FlowEnd, Snapshot};
-use sluice_pipeline::timetable::DataInterval;
 use sluice_pipeline::{Flow, Mode, Pipeline, Source};
 use sluice_store::FlowStore;
 use sluice_store::{FlowHandle, Store};
@@ -114,9 +113,8 @@ pub struct RunContext {
     pub slots: Arc<Semaphore>,
     /// This worker's id in the pool (lease holder name).
     pub worker: String,
-    /// The run's data interval (a scheduled run with `semantics: data_interval`): file flows
-    /// read only the records whose event time lies in it.
-    pub interval: Option<DataInterval>,
+    /// What the run gives its flows: a scheduled run's data interval, kept sources.
+    pub scope: flows::RunScope,
 }
 
 /// Runs one flow once its predecessors have succeeded, with retries; announces its end on
@@ -207,7 +205,7 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         handle.clone(),
         &ctx.worker,
         ctx.shutdown.give_up.clone(),
-        ctx.interval,
+        &ctx.scope,
     ) {
         Ok(built) => built,
         Err(error) => return outcome(FlowState::Failed(error), None),
@@ -570,7 +568,7 @@ mod tests {
                 board,
                 slots: Arc::new(Semaphore::new(MAX_PARALLEL_BOUNDED)),
                 worker: "w".into(),
-                interval: None,
+                scope: flows::RunScope::default(),
             };
             Self { dir, ctx, handles }
         }

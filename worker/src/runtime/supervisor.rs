@@ -88,7 +88,7 @@ pub async fn execute(
         (None, Mode::Triggered) => {
             crate::runtime::schedule::run_once(&mut updates, shutdown).await?
         }
-        (None, Mode::Continuous) => updates.run(shutdown, None).await?,
+        (None, Mode::Continuous) => updates.run(shutdown, Default::default()).await?,
     };
     membership.stop().await;
     drop(observed);

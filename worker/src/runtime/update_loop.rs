@@ -5,6 +5,7 @@
 //! (a scheduled pipeline waiting for its fire) clears and asks for a run at once.
 
 use crate::runtime::board::FlowBoard;
+use crate::runtime::flows::RunScope;
 use crate::runtime::refresh::RefreshError;
 use crate::runtime::scheduler::{self, FlowOutcome, RunContext};
 use crate::runtime::signals::Shutdown;
@@ -12,7 +13,6 @@ use crate::runtime::store_retry::{self, Retry};
 use crate::runtime::update::{self, Started, UpdateRequest};
 use crate::serve::observe;
 use sluice_pipeline::Pipeline;
-use sluice_pipeline::timetable::DataInterval;
 use sluice_store::{FlowStore, Layout, Store, StoreError};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -31,6 +31,14 @@ pub enum RunError {
     /// The store could not be opened or prepared, and retrying is pointless or was stopped.
     #[error("store: {0}")]
     Store(StoreError),
+}
+
+/// What ended a wait between runs ([`Updates::serve_requests_until`]).
+pub enum Waited<T> {
+    /// What was waited for came.
+    Came(T),
+    /// A control request asked for a run (and what it clears is cleared).
+    Requested,
 }
 
 /// What a worker has prepared when its updates can start.
@@ -100,12 +108,12 @@ impl<'a> Updates<'a> {
 
     /// Runs the flows as one update until they end (triggered, once flows) or a signal drains
     /// them; a control request accepted meanwhile drains them, clears what it asks and starts a
-    /// new update in its place. `interval` is the run's data interval (file flows read the
-    /// records of it only). Returns the last update's outcomes.
+    /// new update in its place. `scope` is what the run gives its flows (its data interval,
+    /// kept sources). Returns the last update's outcomes.
     pub async fn run(
         &mut self,
         shutdown: &Shutdown,
-        interval: Option<DataInterval>,
+        scope: RunScope,
     ) -> Result<Vec<FlowOutcome>, RunError> {
         if std::mem::take(&mut self.ran) {
             self.reread(shutdown).await?;
@@ -124,7 +132,7 @@ impl<'a> Updates<'a> {
                 board: self.board.clone(),
                 slots: self.slots.clone(),
                 worker: self.worker.clone(),
-                interval,
+                scope: scope.clone(),
             };
             self.board.restart();
             let readiness = self.readiness.clone();
@@ -178,28 +186,33 @@ impl<'a> Updates<'a> {
         self.readiness.set(!shutdown.drain.is_cancelled());
     }
 
-    /// Waits for a control request while no update runs (a scheduled pipeline between runs)
-    /// and carries it out (clears what it asks); `Ok(true)` when one was, so that a run starts
-    /// now; `Ok(false)` when `until` came first.
-    pub async fn serve_requests_until(
+    /// Waits for `until` while no update runs (a scheduled pipeline between runs), carrying
+    /// out a control request that comes meanwhile (what it asks is cleared): then
+    /// [`Waited::Requested`], so that a run starts now.
+    pub async fn serve_requests_until<T>(
         &mut self,
         shutdown: &Shutdown,
-        until: impl std::future::Future<Output = ()>,
-    ) -> Result<bool, RunError> {
+        until: impl std::future::Future<Output = T>,
+    ) -> Result<Waited<T>, RunError> {
         tokio::pin!(until);
         loop {
             tokio::select! {
-                () = &mut until => return Ok(false),
+                came = &mut until => return Ok(Waited::Came(came)),
                 Some(request) = self.requests.recv() => {
                     if let Some(accepted) =
                         accept(self.pipeline, &*self.store, request, &self.worker, shutdown).await
                     {
                         self.clear(accepted, shutdown).await?;
-                        return Ok(true);
+                        return Ok(Waited::Requested);
                     }
                 }
             }
         }
+    }
+
+    /// The flows' handles in file order (read again after each update).
+    pub fn handles(&self) -> &[sluice_store::FlowHandle] {
+        &self.handles
     }
 
     /// Clears what an accepted request asks, reads the flows again and answers it.
