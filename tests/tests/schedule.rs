@@ -366,3 +366,88 @@ async fn data_interval_runs_read_their_interval_and_catch_up_after_a_stop() {
     assert_eq!(db.rows(), expected, "the intervals join up");
     assert_eq!(db.distinct_keys(), expected, "no record twice");
 }
+
+/// `n` JSONL records `{prefix}{i}` in `dir/name`.
+fn records(dir: &Path, name: &str, prefix: &str, n: usize) {
+    let lines: String = (0..n)
+        .map(|i| format!("{{\"id\":\"{prefix}{i}\",\"data\":{{\"n\":{i}}}}}\n"))
+        .collect();
+    std::fs::write(dir.join(name), lines).unwrap();
+}
+
+/// Data-aware runs: pipeline `exports` reads the table of pipeline `orders` in the same store
+/// (`source: { table: orders.events }`) on a yearly schedule with `on_update: true`: each time
+/// `orders` commits rows, `exports` runs (trigger `update`) and reads what is new, no sooner
+/// than `min_interval` after its last run; each record is copied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_pipelines_new_rows_fire_a_run_that_reads_them() {
+    let dir = Workdir::new();
+    let db_path = dir.db("shared");
+    let history = dir.path().join("history");
+    std::fs::create_dir_all(&history).unwrap();
+    let orders = PipelineYaml::new("orders")
+        .mode("triggered")
+        .sqlite(&db_path)
+        .target_table("events")
+        .flow(FlowYaml::file(
+            "load",
+            "events",
+            &history.join("*.jsonl").display().to_string(),
+        ))
+        .write(dir.path(), "orders.yaml");
+    let exports = PipelineYaml::new("exports")
+        .mode("triggered")
+        .sqlite(&db_path)
+        .schedule("{ cron: \"@yearly\", on_update: true, min_interval: 6s }")
+        .target_table("copies")
+        .flow(FlowYaml::table("export", "copies", "orders.events"))
+        .write(dir.path(), "exports.yaml");
+    let copies = |db: &Path| {
+        Db(db.to_owned()).query("SELECT COUNT(DISTINCT dedup_key) FROM exports__copies")
+    };
+    let load = |what: &str| {
+        let out = sluice_command(&["run", "-c", orders.to_str().unwrap()], None);
+        assert_eq!(out.code, 0, "{what}: {}", out.all());
+    };
+
+    records(&history, "a.jsonl", "a", 500);
+    load("first load");
+    let worker = Worker::start(&exports, "exports");
+    assert!(
+        eventually(Duration::from_secs(60), || copies(&db_path) == 500).await,
+        "the first update run: {:?}\n{}",
+        runs(&db_path),
+        worker.logs()
+    );
+    records(&history, "b.jsonl", "b", 300);
+    load("second load");
+    assert!(
+        eventually(Duration::from_secs(60), || copies(&db_path) == 800).await,
+        "the second update run: {:?}\n{}",
+        runs(&db_path),
+        worker.logs()
+    );
+    // Nothing new: no third run.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(30)).success());
+
+    let runs = runs(&db_path);
+    println!("runs: {runs:#?}");
+    let exports_runs: Vec<&Run> = runs.iter().filter(|r| r.trigger == "update").collect();
+    assert_eq!(exports_runs.len(), 2, "one run per load: {runs:#?}");
+    assert_eq!(
+        exports_runs.iter().map(|r| r.rows).collect::<Vec<_>>(),
+        [500, 300],
+        "each run reads what is new"
+    );
+    assert!(
+        exports_runs[1].started_at - exports_runs[0].started_at >= 6_000,
+        "min_interval apart: {runs:#?}"
+    );
+    assert_eq!(
+        Db(db_path.clone()).query("SELECT COUNT(*) FROM exports__copies"),
+        800,
+        "each record copied once"
+    );
+}
