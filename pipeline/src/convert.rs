@@ -149,7 +149,7 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
             c.push(
                 ErrorCode::InvalidSchedule,
                 "schedule.interval",
-                "`interval` sets the data interval of each run: it needs                  `semantics: data_interval`",
+                "`interval` sets the data interval of each run: it needs `semantics: data_interval`",
             );
         }
         positive_duration(c, Some(i), "schedule.interval", Duration::ZERO)

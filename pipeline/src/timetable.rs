@@ -25,20 +25,20 @@
 //! `interval:` (a sliding window, which Airflow needs a custom timetable for; a whole number
 //! of days is counted in calendar days of the time zone).
 //!
-//! # Missed fires ([`Timetable::next_run`])
+//! # Missed and delayed fires ([`Timetable::next_run`])
 //!
-//! After a time when no worker ran (`Since::Downtime`), with the last fire run at `last`:
+//! A fire is *missed* when no worker served the schedule at its time (the pipeline was down),
+//! and *delayed* when one did but was busy with a run: the scheduler says since when it has
+//! served the schedule (`up_since`). With the last fire run at `last`:
 //!
 //! | schedule | what runs |
 //! |---|---|
-//! | `catchup: true` | every fire after `last`, in order, each at once; then the next one on time |
-//! | `trigger`, `catchup: false` | nothing missed: the next fire after now, on time |
-//! | `data_interval`, `catchup: false` | the latest fire at or before now, at once (the latest complete interval); the earlier missed ones are skipped |
+//! | `catchup: true` | every fire after `last`, missed or delayed, in order, each at once; then the next one on time |
+//! | `trigger`, `catchup: false` | missed fires are skipped; of the delayed ones the latest runs at once (at most one is pending); then the next one on time |
+//! | `data_interval`, `catchup: false` | the latest fire at or before now, at once (the latest complete interval), missed or delayed; the earlier ones are skipped |
 //!
 //! A pipeline that never ran starts as with `catchup: false` (there is no start date to catch
-//! up from). After a run that outlasted one or more fires (`Since::Run`), the fires that came
-//! during it are not missed but delayed: the latest of them runs at once (at most one is
-//! pending), or every one of them in order with `catchup: true`.
+//! up from).
 //!
 //! These follow Airflow's own timetables, which its documentation illustrates with a `@daily`
 //! schedule paused at 15:00 on 31 January and resumed at 15:00 on 2 February: the trigger
@@ -124,15 +124,6 @@ pub enum NextRun {
     Never,
 }
 
-/// What came before the question [`Timetable::next_run`] answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Since {
-    /// A start: no worker ran the schedule for a while (fires then were missed).
-    Downtime,
-    /// The end of a run (fires during it were delayed, not missed).
-    Run,
-}
-
 /// Parses a cron pattern as `schedule.cron` takes it.
 ///
 /// # Errors
@@ -164,12 +155,18 @@ pub fn parse_cron(pattern: &str) -> Result<Cron, String> {
             ));
         }
     }
-    CronParser::builder()
+    let cron = CronParser::builder()
         .seconds(Seconds::Optional)
         .year(Year::Disallowed)
         .build()
         .parse(trimmed)
-        .map_err(|e| format!("`{trimmed}` is not a valid cron expression: {e}"))
+        .map_err(|e| format!("`{trimmed}` is not a valid cron expression: {e}"))?;
+    // A pattern no date matches (`0 0 30 2 *`) would leave a worker waiting for ever.
+    let since = Timestamp::UNIX_EPOCH.to_zoned(TimeZone::UTC);
+    if cron.find_next_occurrence(&since, false).is_err() {
+        return Err(format!("`{trimmed}` matches no time: it would never fire"));
+    }
+    Ok(cron)
 }
 
 /// The time zone `name` names (IANA: `UTC`, `Europe/Berlin`, ...).
@@ -277,31 +274,29 @@ impl Timetable {
         })
     }
 
-    /// What to do at `now_ms`, when the last fire run was `last_fire_ms` (`None`: never ran),
-    /// after `since` (see the module docs for the rules).
-    pub fn next_run(&self, last_fire_ms: Option<i64>, now_ms: i64, since: Since) -> NextRun {
+    /// What to do at `now_ms`, when the last fire run was `last_fire_ms` (`None`: never ran)
+    /// and a worker has served the schedule since `up_since_ms` (fires before it were missed,
+    /// fires since delayed; see the module docs for the rules).
+    pub fn next_run(&self, last_fire_ms: Option<i64>, now_ms: i64, up_since_ms: i64) -> NextRun {
         let Some(last) = last_fire_ms else {
-            return self.on_time_or_latest(now_ms, None);
+            return self.latest_or_next(now_ms, None, now_ms);
         };
-        if self.catchup {
-            let Some(next) = self.next_fire_after(last) else {
-                return NextRun::Never;
-            };
-            if next > now_ms {
-                return NextRun::At(next);
-            }
-            let more_due = self.next_fire_after(next).is_some_and(|f| f <= now_ms);
-            let kind = if more_due {
-                FireKind::Catchup
-            } else {
-                FireKind::Schedule
-            };
-            return NextRun::Now(self.fire(next, kind));
+        if !self.catchup {
+            return self.latest_or_next(now_ms, Some(last), up_since_ms);
         }
-        match since {
-            Since::Run => self.latest_after(last, now_ms),
-            Since::Downtime => self.on_time_or_latest(now_ms, Some(last)),
+        let Some(next) = self.next_fire_after(last) else {
+            return NextRun::Never;
+        };
+        if next > now_ms {
+            return NextRun::At(next);
         }
+        let more_due = self.next_fire_after(next).is_some_and(|f| f <= now_ms);
+        let kind = if more_due {
+            FireKind::Catchup
+        } else {
+            FireKind::Schedule
+        };
+        NextRun::Now(self.fire(next, kind))
     }
 
     /// How many fires lie in `(after_ms, until_ms]`, counting at most `cap`.
@@ -320,25 +315,17 @@ impl Timetable {
         count
     }
 
-    /// `catchup: false` after downtime, or a first start: `data_interval` runs the latest fire
-    /// not run yet at once; `trigger` waits for the next.
-    fn on_time_or_latest(&self, now_ms: i64, last: Option<i64>) -> NextRun {
-        if self.semantics == ScheduleSemantics::DataInterval {
-            match self.latest_fire_at_or_before(now_ms) {
-                Some(latest) if last.is_none_or(|last| latest > last) => {
-                    return NextRun::Now(self.fire(latest, FireKind::Schedule));
-                }
-                _ => {}
-            }
-        }
-        self.wait_for_next(now_ms)
-    }
-
-    /// After a run: the latest fire that came during it, at once, else the next.
-    fn latest_after(&self, last: i64, now_ms: i64) -> NextRun {
-        match self.latest_fire_at_or_before(now_ms) {
-            Some(latest) if latest > last => NextRun::Now(self.fire(latest, FireKind::Schedule)),
-            _ => self.wait_for_next(now_ms),
+    /// `catchup: false`, or a first start: the latest fire not run yet runs at once if it is
+    /// due (`data_interval`: whenever it came; `trigger`: if it was delayed, not missed), else
+    /// the next fire is waited for.
+    fn latest_or_next(&self, now_ms: i64, last: Option<i64>, up_since_ms: i64) -> NextRun {
+        let due = self.latest_fire_at_or_before(now_ms).filter(|latest| {
+            last.is_none_or(|last| *latest > last)
+                && (self.semantics == ScheduleSemantics::DataInterval || *latest >= up_since_ms)
+        });
+        match due {
+            Some(latest) => NextRun::Now(self.fire(latest, FireKind::Schedule)),
+            None => self.wait_for_next(now_ms),
         }
     }
 

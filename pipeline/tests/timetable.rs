@@ -4,7 +4,7 @@
 //! interval.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_pipeline::timetable::{DataInterval, Fire, FireKind, NextRun, Since, Timetable};
+use sluice_pipeline::timetable::{DataInterval, Fire, FireKind, NextRun, Timetable};
 use sluice_pipeline::{Schedule, ScheduleSemantics, ScheduleWhen};
 use std::time::Duration;
 
@@ -81,7 +81,7 @@ const RESUMED: &str = "2026-02-02T15:00:00Z";
 fn trigger_without_catchup_skips_the_fires_missed_while_paused() {
     let t = daily(ScheduleSemantics::Trigger, false);
     assert_eq!(
-        t.next_run(Some(at(LAST_BEFORE_PAUSE)), at(RESUMED), Since::Downtime),
+        t.next_run(Some(at(LAST_BEFORE_PAUSE)), at(RESUMED), at(RESUMED)),
         NextRun::At(at("2026-02-03T00:00:00Z")),
         "the fires of 1 and 2 February are skipped; the next is 00:00 on 3 February"
     );
@@ -91,8 +91,7 @@ fn trigger_without_catchup_skips_the_fires_missed_while_paused() {
 fn data_interval_without_catchup_runs_the_latest_interval_at_once() {
     let t = daily(ScheduleSemantics::DataInterval, false);
     let resumed = at(RESUMED);
-    let NextRun::Now(fire) = t.next_run(Some(at(LAST_BEFORE_PAUSE)), resumed, Since::Downtime)
-    else {
+    let NextRun::Now(fire) = t.next_run(Some(at(LAST_BEFORE_PAUSE)), resumed, resumed) else {
         panic!("the 2 February run is due at once");
     };
     assert_eq!(
@@ -106,7 +105,7 @@ fn data_interval_without_catchup_runs_the_latest_interval_at_once() {
     );
     // After it, nothing more is due until 3 February.
     assert_eq!(
-        t.next_run(Some(fire.at_ms), resumed + 60_000, Since::Run),
+        t.next_run(Some(fire.at_ms), resumed + 60_000, resumed),
         NextRun::At(at("2026-02-03T00:00:00Z"))
     );
 }
@@ -119,7 +118,7 @@ fn catchup_runs_every_missed_fire_in_order() {
         let mut now = at(RESUMED);
         let mut ran = Vec::new();
         loop {
-            match t.next_run(Some(last), now, Since::Downtime) {
+            match t.next_run(Some(last), now, at(RESUMED)) {
                 NextRun::Now(fire) => {
                     ran.push((utc(fire.at_ms), fire.kind, fire.interval));
                     last = fire.at_ms;
@@ -162,15 +161,11 @@ fn a_first_start_waits_or_runs_the_latest_interval() {
     let enabled = at("2026-01-31T15:00:00Z");
     for catchup in [false, true] {
         assert_eq!(
-            daily(ScheduleSemantics::Trigger, catchup).next_run(None, enabled, Since::Downtime),
+            daily(ScheduleSemantics::Trigger, catchup).next_run(None, enabled, enabled),
             NextRun::At(at("2026-02-01T00:00:00Z"))
         );
         assert_eq!(
-            daily(ScheduleSemantics::DataInterval, catchup).next_run(
-                None,
-                enabled,
-                Since::Downtime
-            ),
+            daily(ScheduleSemantics::DataInterval, catchup).next_run(None, enabled, enabled),
             NextRun::Now(Fire {
                 at_ms: at("2026-01-31T00:00:00Z"),
                 interval: interval("2026-01-30T00:00:00Z", "2026-01-31T00:00:00Z"),
@@ -181,25 +176,36 @@ fn a_first_start_waits_or_runs_the_latest_interval() {
 }
 
 /// Fires during a long run are delayed, not missed: the latest runs at once after it (one
-/// pending), even with `trigger` and no catchup; with catchup every one of them runs.
+/// pending), even with `trigger` and no catchup; with catchup every one of them runs. The
+/// same fires while no worker served the schedule (it started after them) are missed.
 #[test]
-fn fires_during_a_run_are_queued() {
+fn fires_during_a_run_are_queued_fires_while_down_are_missed() {
     let t = cron("*/15 * * * *", "UTC");
     let started = at("2026-03-01T10:00:00Z");
     let ended = at("2026-03-01T10:40:00Z");
     assert_eq!(t.fires_between(started, ended, 100), 2);
     assert_eq!(
-        t.next_run(Some(started), ended, Since::Run),
+        t.next_run(Some(started), ended, started),
         NextRun::Now(Fire {
             at_ms: at("2026-03-01T10:30:00Z"),
             interval: None,
             kind: FireKind::Schedule,
-        })
+        }),
+        "served since the run started: the fires during it were delayed"
     );
     assert_eq!(
-        t.next_run(Some(started), ended, Since::Downtime),
+        t.next_run(Some(started), ended, ended),
         NextRun::At(at("2026-03-01T10:45:00Z")),
-        "the same fires missed while down are skipped"
+        "served only from now: the same fires were missed, and are skipped"
+    );
+    assert_eq!(
+        t.next_run(Some(started), ended, at("2026-03-01T10:20:00Z")),
+        NextRun::Now(Fire {
+            at_ms: at("2026-03-01T10:30:00Z"),
+            interval: None,
+            kind: FireKind::Schedule,
+        }),
+        "a worker took over at 10:20: 10:15 was missed, 10:30 delayed"
     );
     let catchup = Timetable::new(&schedule(
         ScheduleWhen::Cron("*/15 * * * *".into()),
@@ -209,7 +215,7 @@ fn fires_during_a_run_are_queued() {
     ))
     .unwrap();
     assert_eq!(
-        catchup.next_run(Some(started), ended, Since::Run),
+        catchup.next_run(Some(started), ended, started),
         NextRun::Now(Fire {
             at_ms: at("2026-03-01T10:15:00Z"),
             interval: None,
@@ -386,6 +392,8 @@ fn bad_patterns_and_zones_say_what_is_wrong() {
             .contains("not a preset")
     );
     assert!(parse_cron("61 * * * *").is_err());
+    assert!(parse_cron("0 0 30 2 *").unwrap_err().contains("never fire"));
+    parse_cron("0 0 29 2 *").unwrap();
     for preset in ["@hourly", "@daily", "@weekly", "@monthly", "@yearly"] {
         parse_cron(preset).unwrap();
     }

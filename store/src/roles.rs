@@ -262,8 +262,10 @@ pub trait RunStore: Send + Sync + 'static {
     /// ended is returned as it is, and the caller does not run it again.
     async fn begin_run(&self, run: &RunStart) -> Result<RunRecord, StoreError>;
 
-    /// Records how run `run_id` ended, with the store's clock.
-    async fn end_run(&self, run_id: i64, end: &RunEnd) -> Result<(), StoreError>;
+    /// Records how run `run_id` ended, with the store's clock, if it is still running and
+    /// `worker` runs it; `false` otherwise (another replica took it over, or it ended): an
+    /// ended run is never rewritten.
+    async fn end_run(&self, run_id: i64, worker: &str, end: &RunEnd) -> Result<bool, StoreError>;
 
     /// The newest `limit` runs of `pipeline`, newest first.
     async fn runs(&self, pipeline: &str, limit: usize) -> Result<Vec<RunRecord>, StoreError>;

@@ -9,6 +9,9 @@
 //!   the scheduler over from one that died mid-run finishes the same run (same id, same
 //!   interval) and one that finds it ended does not run it again. Manual runs and runs fired
 //!   by a table's update have no fire time of their own and are recorded each time.
+//! * **An ended run stays ended.** [`crate::RunStore::end_run`] records an end only for a
+//!   running run, by the worker that runs it now: a replica that lost a run to another cannot
+//!   overwrite how the other ended it.
 //! * **The schedule survives restarts.** The latest fire recorded
 //!   ([`crate::RunStore::last_fire`]) is where a restarted scheduler continues from.
 

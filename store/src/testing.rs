@@ -280,8 +280,8 @@ impl<S: Store + Inspect> RunStore for FaultStore<S> {
         self.inner.begin_run(run).await
     }
 
-    async fn end_run(&self, run_id: i64, end: &RunEnd) -> Result<(), StoreError> {
-        self.inner.end_run(run_id, end).await
+    async fn end_run(&self, run_id: i64, worker: &str, end: &RunEnd) -> Result<bool, StoreError> {
+        self.inner.end_run(run_id, worker, end).await
     }
 
     async fn runs(&self, pipeline: &str, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

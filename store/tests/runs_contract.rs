@@ -19,7 +19,8 @@ fn start(fire_ms: i64, trigger: RunTrigger, worker: &str) -> RunStart {
 }
 
 /// A fire begun twice is one run: the second asker (a replica that took the scheduler over)
-/// gets it with its id and interval; once ended it is returned ended, not begun again.
+/// gets it with its id and interval, and only it may end it; once ended it is returned ended,
+/// not begun again, and its end is not rewritten.
 async fn a_fire_is_one_run_taken_over_until_it_ends(postgres: bool) {
     let (place, store, _) = open(postgres).await;
     let other_replica = place.open();
@@ -39,17 +40,33 @@ async fn a_fire_is_one_run_taken_over_until_it_ends(postgres: bool) {
     assert_eq!(taken.run_id, first.run_id, "the same run, not a second one");
     assert_eq!(taken.worker, "w2");
 
-    other_replica
-        .end_run(
-            taken.run_id,
-            &RunEnd {
-                state: RunState::Completed,
-                rows: vec![("ingest".into(), 7), ("export".into(), 3)],
-                error: None,
-            },
-        )
-        .await
-        .unwrap();
+    let completed = RunEnd {
+        state: RunState::Completed,
+        rows: vec![("ingest".into(), 7), ("export".into(), 3)],
+        error: None,
+    };
+    let failed = RunEnd {
+        state: RunState::Failed,
+        rows: Vec::new(),
+        error: Some("late".into()),
+    };
+    assert!(
+        !store.end_run(first.run_id, "w1", &failed).await.unwrap(),
+        "w1 lost the run to w2: its end is not recorded"
+    );
+    assert!(
+        other_replica
+            .end_run(taken.run_id, "w2", &completed)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !other_replica
+            .end_run(taken.run_id, "w2", &failed)
+            .await
+            .unwrap(),
+        "an ended run is never rewritten"
+    );
     let again = store
         .begin_run(&start(60_000, RunTrigger::Catchup, "w3"))
         .await
@@ -84,17 +101,12 @@ async fn history_and_last_fire(postgres: bool) {
         (90_000, RunTrigger::Update),
     ] {
         let run = store.begin_run(&start(fire, trigger, "w1")).await.unwrap();
-        store
-            .end_run(
-                run.run_id,
-                &RunEnd {
-                    state: RunState::Failed,
-                    rows: Vec::new(),
-                    error: Some("flow x failed".into()),
-                },
-            )
-            .await
-            .unwrap();
+        let ended = RunEnd {
+            state: RunState::Failed,
+            rows: Vec::new(),
+            error: Some("flow x failed".into()),
+        };
+        assert!(store.end_run(run.run_id, "w1", &ended).await.unwrap());
         ids.push(run.run_id);
     }
     let mut other = start(99_000, RunTrigger::Schedule, "w9");

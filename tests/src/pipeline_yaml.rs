@@ -103,6 +103,20 @@ impl PipelineYaml {
         self
     }
 
+    /// What the scheduled Pub/Sub tests share: `mode: triggered`, fires every 5 s
+    /// (`*/5 * * * * *`), a table `events` filled by flow `ingest` from `subscription` (dedup
+    /// by `event_id`, `drain_idle: 20s`, above the emulator's hold after a stream closes).
+    pub fn ingest_every_five_seconds(self, subscription: &str) -> Self {
+        self.mode("triggered")
+            .schedule("{ cron: \"*/5 * * * * *\" }")
+            .target_table("events")
+            .flow(
+                FlowYaml::pubsub("ingest", "events", subscription)
+                    .dedup_attribute("event_id")
+                    .drain_idle("20s"),
+            )
+    }
+
     /// A target `{ name: NAME, kind: table }`.
     pub fn target_table(mut self, name: &str) -> Self {
         self.targets

@@ -103,17 +103,12 @@ async fn a_seconds_schedule_runs_each_fire_and_each_run_drains_what_came_before(
     let dir = Workdir::new();
     let db_path = dir.db("sched");
     let db = Db(db_path.clone());
+    let metrics_port = free_port().unwrap();
     let file = PipelineYaml::new("test")
-        .mode("triggered")
         .sqlite(&db_path)
         .pubsub_emulator()
-        .schedule("{ cron: \"*/5 * * * * *\" }")
-        .target_table("events")
-        .flow(
-            FlowYaml::pubsub("ingest", "events", &subscriptions[0])
-                .dedup_attribute("event_id")
-                .drain_idle("20s"),
-        )
+        .metrics(&format!("127.0.0.1:{metrics_port}"))
+        .ingest_every_five_seconds(&subscriptions[0])
         .write(dir.path(), "p.yaml");
     let mut published = 0;
     pubsub
@@ -135,6 +130,7 @@ async fn a_seconds_schedule_runs_each_fire_and_each_run_drains_what_came_before(
         published_at = now_ms();
     }
     wait_for_a_run_after(&db_path, published_at, &worker).await;
+    let metrics = http_get(metrics_port, "/metrics").unwrap_or_default();
     worker.terminate();
     let exit = worker.wait(Duration::from_secs(90));
     assert!(exit.success(), "{exit:?}");
@@ -164,6 +160,23 @@ async fn a_seconds_schedule_runs_each_fire_and_each_run_drains_what_came_before(
         assert_eq!(run.trigger, "schedule");
         assert_eq!(run.interval, None, "trigger semantics: no interval");
     }
+    // Each run lasts 20 s or more, so fires come during runs and wait for them.
+    let metric = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+    };
+    let completed_runs = metric("sluice_runs_total{pipeline=\"test\",state=\"completed\"}");
+    assert!(
+        completed_runs.is_some_and(|n| n >= 3.0),
+        "sluice_runs_total: {completed_runs:?} in\n{metrics}"
+    );
+    let delayed = metric("sluice_schedule_fires_delayed_total{pipeline=\"test\"}");
+    assert!(
+        delayed.is_some_and(|n| n >= 3.0),
+        "fires delayed behind runs: {delayed:?} in\n{metrics}"
+    );
     for run in &done {
         let late = db.query(&format!(
             "SELECT COUNT(*) FROM test__events WHERE publish_time < {} AND committed_at > {}",
@@ -378,7 +391,7 @@ fn records(dir: &Path, name: &str, prefix: &str, n: usize) {
 /// Data-aware runs: pipeline `exports` reads the table of pipeline `orders` in the same store
 /// (`source: { table: orders.events }`) on a yearly schedule with `on_update: true`: each time
 /// `orders` commits rows, `exports` runs (trigger `update`) and reads what is new, no sooner
-/// than `min_interval` after its last run; each record is copied once.
+/// than `min_interval` (10 s) after its last run; each record is copied once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_pipelines_new_rows_fire_a_run_that_reads_them() {
     let dir = Workdir::new();
@@ -398,7 +411,7 @@ async fn another_pipelines_new_rows_fire_a_run_that_reads_them() {
     let exports = PipelineYaml::new("exports")
         .mode("triggered")
         .sqlite(&db_path)
-        .schedule("{ cron: \"@yearly\", on_update: true, min_interval: 6s }")
+        .schedule("{ cron: \"@yearly\", on_update: true, min_interval: 10s }")
         .target_table("copies")
         .flow(FlowYaml::table("export", "copies", "orders.events"))
         .write(dir.path(), "exports.yaml");
@@ -421,6 +434,7 @@ async fn another_pipelines_new_rows_fire_a_run_that_reads_them() {
     );
     records(&history, "b.jsonl", "b", 300);
     load("second load");
+    let second_load_done = now_ms();
     assert!(
         eventually(Duration::from_secs(60), || copies(&db_path) == 800).await,
         "the second update run: {:?}\n{}",
@@ -441,13 +455,63 @@ async fn another_pipelines_new_rows_fire_a_run_that_reads_them() {
         [500, 300],
         "each run reads what is new"
     );
+    // The rows to read were there well before min_interval had passed: only the debounce
+    // held the second run back.
     assert!(
-        exports_runs[1].started_at - exports_runs[0].started_at >= 6_000,
+        second_load_done < exports_runs[0].started_at + 8_000,
+        "the second load took too long to show the debounce: {runs:#?}"
+    );
+    assert!(
+        exports_runs[1].started_at - exports_runs[0].started_at >= 10_000,
         "min_interval apart: {runs:#?}"
     );
     assert_eq!(
         Db(db_path.clone()).query("SELECT COUNT(*) FROM exports__copies"),
         800,
         "each record copied once"
+    );
+}
+
+/// A run whose flow fails is recorded `failed` with the reason, the schedule goes on, and
+/// SIGTERM between runs still exits 0 (a scheduled worker's runs are in `sluice_runs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_run_is_recorded_and_sigterm_between_runs_exits_0() {
+    let dir = Workdir::new();
+    let db_path = dir.db("failing");
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(&db_path)
+        .schedule("{ cron: \"*/20 * * * * *\" }")
+        .target_table("events")
+        .flow(FlowYaml::file(
+            "load",
+            "events",
+            &dir.path().join("nothing/*.jsonl").display().to_string(),
+        ))
+        .write(dir.path(), "p.yaml");
+    let worker = Worker::start(&file, "failing");
+    let failed = |db: &Path| runs(db).iter().any(|r| r.state == "failed");
+    assert!(
+        eventually(Duration::from_secs(90), || failed(&db_path)).await,
+        "{:?}\n{}",
+        runs(&db_path),
+        worker.logs()
+    );
+    // Between runs now (a failed run takes its retries, 7 s, of the 20 s between fires).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopped = Instant::now();
+    worker.terminate();
+    let exit = worker.wait(Duration::from_secs(30));
+    assert!(exit.success(), "{exit:?}");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        stopped.elapsed()
+    );
+    let listed = sluice_command(&["runs", "-c", file.to_str().unwrap()], None);
+    assert!(
+        listed.stdout.contains("failed") && listed.stdout.contains("load:"),
+        "the reason is shown: {}",
+        listed.stdout
     );
 }

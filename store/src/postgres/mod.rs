@@ -590,9 +590,9 @@ impl RunStore for PostgresStore {
         runs::begin_run(&client, run).await
     }
 
-    async fn end_run(&self, run_id: i64, end: &RunEnd) -> Result<(), StoreError> {
+    async fn end_run(&self, run_id: i64, worker: &str, end: &RunEnd) -> Result<bool, StoreError> {
         let (client, _) = self.ready().await?;
-        runs::end_run(&client, run_id, end).await
+        runs::end_run(&client, run_id, worker, end).await
     }
 
     async fn runs(&self, pipeline: &str, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

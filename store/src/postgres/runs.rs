@@ -49,20 +49,26 @@ pub(super) async fn begin_run(client: &Client, run: &RunStart) -> Result<RunReco
     record(&row)
 }
 
-pub(super) async fn end_run(client: &Client, run_id: i64, end: &RunEnd) -> Result<(), StoreError> {
-    client
+pub(super) async fn end_run(
+    client: &Client,
+    run_id: i64,
+    worker: &str,
+    end: &RunEnd,
+) -> Result<bool, StoreError> {
+    let ended = client
         .execute(
             "UPDATE sluice_runs SET state = $2, ended_at = now(), rows = $3, error = $4
-             WHERE run_id = $1",
+             WHERE run_id = $1 AND state = 'running' AND worker = $5",
             &[
                 &run_id,
                 &end.state.name(),
                 &rows_to_json(&end.rows),
                 &end.error,
+                &worker,
             ],
         )
         .await?;
-    Ok(())
+    Ok(ended == 1)
 }
 
 pub(super) async fn runs(

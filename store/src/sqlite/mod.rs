@@ -378,9 +378,9 @@ impl RunStore for SqliteStore {
             .await
     }
 
-    async fn end_run(&self, run_id: i64, end: &RunEnd) -> Result<(), StoreError> {
-        let end = end.clone();
-        self.call(move |conn| runs::end_run(conn, run_id, &end, now_ms()))
+    async fn end_run(&self, run_id: i64, worker: &str, end: &RunEnd) -> Result<bool, StoreError> {
+        let (worker, end) = (worker.to_owned(), end.clone());
+        self.call(move |conn| runs::end_run(conn, run_id, &worker, &end, now_ms()))
             .await
     }
 

@@ -43,21 +43,23 @@ pub(crate) fn begin_run(
 pub(crate) fn end_run(
     conn: &mut Connection,
     run_id: i64,
+    worker: &str,
     end: &RunEnd,
     now_ms: i64,
-) -> Result<(), StoreError> {
-    conn.execute(
+) -> Result<bool, StoreError> {
+    let ended = conn.execute(
         "UPDATE sluice_runs SET state = ?2, ended_at = ?3, rows = ?4, error = ?5
-         WHERE run_id = ?1",
+         WHERE run_id = ?1 AND state = 'running' AND worker = ?6",
         params![
             run_id,
             end.state.name(),
             now_ms,
             rows_to_json(&end.rows),
-            end.error
+            end.error,
+            worker,
         ],
     )?;
-    Ok(())
+    Ok(ended == 1)
 }
 
 pub(crate) fn runs(

@@ -5,7 +5,7 @@
 use super::text::{rfc3339, table};
 use clap::ValueEnum;
 use sluice_pipeline::Pipeline;
-use sluice_pipeline::timetable::{NextRun, Since, Timetable};
+use sluice_pipeline::timetable::{NextRun, Timetable};
 use sluice_store::{RunRecord, RunState, Store, StoreError};
 use std::path::Path;
 use std::process::ExitCode;
@@ -142,7 +142,16 @@ pub async fn summary(
             Err(error) => error,
             Ok(timetable) => {
                 let last_fire = store.last_fire(&pipeline.name).await?;
-                match timetable.next_run(last_fire, sluice_connector::now_ms(), Since::Downtime) {
+                let now = sluice_connector::now_ms();
+                // Served since the oldest worker alive started (none: as if one started now).
+                let up_since = store
+                    .workers(&pipeline.name, crate::runtime::membership::ALIVE_WITHIN)
+                    .await?
+                    .iter()
+                    .map(|w| w.started_at_ms)
+                    .min()
+                    .unwrap_or(now);
+                match timetable.next_run(last_fire, now, up_since) {
                     NextRun::Now(fire) => format!("now (fire {})", rfc3339(fire.at_ms)),
                     NextRun::At(at) => rfc3339(at),
                     NextRun::Never => "never (the schedule fires no more)".to_owned(),

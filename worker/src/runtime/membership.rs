@@ -563,7 +563,12 @@ mod tests {
             unused("begin_run")
         }
 
-        async fn end_run(&self, _: i64, _: &sluice_store::RunEnd) -> Result<(), StoreError> {
+        async fn end_run(
+            &self,
+            _: i64,
+            _: &str,
+            _: &sluice_store::RunEnd,
+        ) -> Result<bool, StoreError> {
             unused("end_run")
         }
 

@@ -1,97 +1,82 @@
 //! The runs of a triggered pipeline: one run, then exit (no `schedule:`), or a run at each
 //! fire of its schedule until a signal (`schedule:`, SPEC §7, with the timetable semantics of
 //! `sluice_pipeline::timetable`). Every run is recorded in `sluice_runs` with what fired it,
-//! its data interval, its state and the rows of each flow.
+//! its data interval, its state and the rows of each flow (`run_record.rs`).
 //!
 //! # Guarantees
 //!
 //! * **Runs never overlap.** A worker runs one update at a time. A fire that comes while a run
 //!   goes on is delayed (`sluice_schedule_fires_delayed_total`): when the run ends, the latest
 //!   such fire runs at once (at most one is pending), or with `catchup: true` every one of
-//!   them, in order.
-//! * **One replica runs each fire.** Only the holder of the pipeline's `scheduler` lease runs
-//!   fires, and a fire is recorded once ([`sluice_store::RunStore::begin_run`]): a replica
-//!   that takes the lease over from one that died mid-run finishes that same run (same id,
-//!   same interval) before anything else, and never starts an ended fire again. A holder that
-//!   loses its lease (paused past it) drains its run and leaves it to the new holder; the two
-//!   may overlap for a moment, which the dedup ledger makes harmless.
+//!   them, in order. A fire that came while no worker of the pipeline was alive was *missed*:
+//!   skipped, or run as `catchup`/`semantics` say. The schedule counts as served since the
+//!   oldest worker alive started (any of them takes the lease within its bound).
+//! * **One replica runs each fire.** Only the holder of the pipeline's `scheduler` lease
+//!   (`scheduler_lease.rs`) runs fires, and a fire is recorded once
+//!   ([`sluice_store::RunStore::begin_run`]): a replica that takes the lease over from one that
+//!   died mid-run finishes that same run (same id, same interval) before anything else, and
+//!   never starts an ended fire again. A holder that loses its lease (paused past it) drains
+//!   its run and leaves it to the new holder (the two may overlap for a moment, which the
+//!   dedup ledger makes harmless; only the new holder can record the run's end).
 //! * **Streams kept open between close runs.** A Pub/Sub flow whose next fire comes within
 //!   [`KEEP_OPEN_WITHIN`] reads the same streams in its next run (`KeptOpen`): what arrives
 //!   between runs waits, leased, for it; what a closing stream held would otherwise come back
 //!   only after its ack deadline, after a run that opened new streams may have ended idle.
-//! * **A restart continues the schedule** from the last fire recorded: fires missed while no
-//!   worker ran are skipped or run as the timetable's rules say (`catchup`, `semantics`). A run
-//!   a signal stopped stays `running` and is finished by the next scheduler.
+//!   They close when this worker stops running the schedule, before what a control request
+//!   clears, and when the next fire is further off.
+//! * **A restart continues the schedule** from the last fire recorded. A run a signal stopped
+//!   stays `running` and is finished by the next scheduler.
 //! * **The worker stays up between runs**, serving `/healthz`, `/metrics` and the control API
 //!   (a `StartUpdate` then runs at once, recorded `manual`); SIGTERM between runs exits at
-//!   once, with status 0.
+//!   once, with status 0 (the runs' outcomes are in `sluice_runs`).
 //! * **Runs on updates** (`on_update: true`): while it waits for a fire, the scheduler also
 //!   runs when a table of another pipeline that a flow reads has rows that flow has not read,
 //!   at most once per `min_interval` (`table_updates.rs`), recorded `update`, with no data
 //!   interval.
 
 use crate::runtime::flows::RunScope;
-use crate::runtime::membership::{BEAT_INTERVAL, LEASE_TTL};
-use crate::runtime::scheduler::{FlowOutcome, FlowState};
+use crate::runtime::membership::ALIVE_WITHIN;
+use crate::runtime::run_record::{self, Ran, RunAsk};
+use crate::runtime::scheduler::FlowOutcome;
+use crate::runtime::scheduler_lease::SchedulerLease;
 use crate::runtime::signals::Shutdown;
 use crate::runtime::store_retry::{self, Retry};
 use crate::runtime::table_updates::TableUpdates;
 use crate::runtime::update_loop::{RunError, Updates, Waited};
 use sluice_connector::KeptOpen;
-use sluice_pipeline::timetable::{DataInterval, Fire, FireKind, NextRun, Since, Timetable};
+use sluice_pipeline::timetable::{DataInterval, Fire, FireKind, NextRun, Timetable};
 use sluice_pipeline::{Pipeline, Schedule, Source};
-use sluice_store::{
-    LeaseGrant, LeaseRequest, RunEnd, RunRecord, RunStart, RunState, RunTrigger, Store,
-};
+use sluice_store::{RunEnd, RunRecord, RunState, RunTrigger};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
-/// The lease role of the replica that runs a pipeline's fires.
-pub const SCHEDULER: &str = "scheduler";
 /// A Pub/Sub flow's streams stay open between runs when the next fire comes within this long:
 /// a run that opens new streams right after the last closed can find the subscription idle
 /// while Pub/Sub still holds back what was handed to the closed ones (see
 /// `sluice_connector::KeptOpen`); for fires further apart they close, and what they hold goes
 /// back to Pub/Sub.
 pub const KEEP_OPEN_WITHIN: Duration = Duration::from_secs(60);
-/// Delayed fires counted after one run, at most (a long outage of an every-second schedule
-/// would otherwise be counted one fire at a time).
-const DELAYED_COUNT_CAP: u64 = 100_000;
+/// Fires counted as delayed behind one run, at most (an every-second schedule behind a long
+/// run would otherwise be counted one fire at a time).
+const DELAYED_COUNT_CAP: u64 = 1_000;
+/// Runs looked at for one a runner left unfinished.
+const UNFINISHED_LOOKBACK: usize = 50;
 
 /// Runs a triggered pipeline without a schedule once, recorded as a `manual` run.
 pub async fn run_once(
     updates: &mut Updates<'_>,
     shutdown: &Shutdown,
 ) -> Result<Vec<FlowOutcome>, RunError> {
-    run_unscheduled(updates, shutdown, RunTrigger::Manual, &RunScope::default()).await
-}
-
-/// Runs the pipeline once, now, recorded with `trigger` (`manual`, `update`) and no interval.
-async fn run_unscheduled(
-    updates: &mut Updates<'_>,
-    shutdown: &Shutdown,
-    trigger: RunTrigger,
-    scope: &RunScope,
-) -> Result<Vec<FlowOutcome>, RunError> {
-    let start = RunStart {
-        pipeline: updates.pipeline.name.clone(),
+    let ask = RunAsk {
         fire_ms: now_ms(),
         interval: None,
-        trigger,
-        worker: updates.worker.clone(),
+        trigger: RunTrigger::Manual,
     };
-    let record = begin(&*updates.store, &start, shutdown).await?;
-    let outcomes = updates.run(shutdown, scope.clone()).await?;
-    let state = if shutdown.drain.is_cancelled() {
-        RunState::Stopped
-    } else {
-        ended_state(&outcomes)
-    };
-    end(&*updates.store, &record, state, &outcomes, shutdown).await;
-    Ok(outcomes)
+    match run_record::run(updates, shutdown, ask, RunScope::default(), None).await? {
+        Ran::Ran(outcomes) => Ok(outcomes),
+        Ran::EndedBefore => Ok(Vec::new()),
+    }
 }
 
 /// What ended the wait for the next fire.
@@ -104,7 +89,8 @@ enum Woke {
     Neither,
 }
 
-/// Runs a pipeline on its schedule until a signal; returns the last run's outcomes.
+/// Runs a pipeline on its schedule until a signal. Returns the outcomes of the run a signal
+/// stopped, if it came during one (nothing when it came between runs).
 pub async fn drive(
     updates: &mut Updates<'_>,
     schedule: &Schedule,
@@ -113,94 +99,39 @@ pub async fn drive(
     let timetable = Timetable::new(schedule).map_err(RunError::Invalid)?;
     let pipeline = updates.pipeline.name.clone();
     let lease = SchedulerLease::start(updates.store.clone(), &pipeline, &updates.worker);
-    let gauges = Gauges::new(&pipeline);
     let kept = kept_sources(updates.pipeline);
-    let scope = RunScope {
-        interval: None,
-        kept: Some(kept.clone()),
-    };
     let mut outcomes = Vec::new();
-    let mut since = Since::Downtime;
     // When the last run started (this worker's clock): `on_update` runs wait `min_interval`.
     let mut last_started: Option<i64> = None;
     loop {
         if shutdown.drain.is_cancelled() {
             break;
         }
+        outcomes = Vec::new();
         if !lease.held() {
-            gauges.next_fire(None);
+            next_fire_gauge(&pipeline, None);
+            // Another replica runs the schedule: what these streams would take is its.
+            close_all(&kept).await;
             let mut holding = lease.watch();
             let wait = async move {
                 let _ = holding.wait_for(|held| *held).await;
             };
             if let Waited::Requested = wait_between_runs(updates, shutdown, wait, ()).await? {
-                // What the kept streams hold predates what the request cleared.
-                close_all(&kept).await;
                 last_started = Some(now_ms());
-                outcomes = run_unscheduled(updates, shutdown, RunTrigger::Manual, &scope).await?;
+                outcomes = manual_run(updates, shutdown, &kept).await?;
             }
-            since = Since::Downtime;
             continue;
         }
-        // A fire's run its runner did not end (it died, or stopped on a signal) is finished
-        // first; another such run (manual, update) is recorded failed: nothing asks for it again.
-        let newest = newest_run(updates, shutdown).await?;
-        if last_started.is_none() {
-            last_started = newest.as_ref().map(|r| r.started_at_ms);
-        }
-        if let Some(unfinished) = newest.filter(|r| r.state == RunState::Running) {
-            if !unfinished.trigger.is_fire() {
-                let ended = RunEnd {
-                    state: RunState::Failed,
-                    rows: Vec::new(),
-                    error: Some(format!(
-                        "worker {} stopped before the run ended",
-                        unfinished.worker
-                    )),
-                };
-                store_retry::until_stored(
-                    "record the run's end",
-                    Retry::WhileUnavailable,
-                    &shutdown.drain,
-                    || updates.store.end_run(unfinished.run_id, &ended),
-                )
-                .await
-                .map_err(RunError::Store)?;
-                continue;
-            }
-            tracing::info!(run = unfinished.run_id, fire_ms = unfinished.fire_ms,
-                from = %unfinished.worker, "finishing a run its runner did not end");
-            let fire = Fire {
-                at_ms: unfinished.fire_ms,
-                interval: unfinished
-                    .interval
-                    .map(|(start_ms, end_ms)| DataInterval { start_ms, end_ms }),
-                kind: FireKind::Schedule,
-            };
+        if let Some(unfinished) = unfinished_run(updates, shutdown).await? {
             last_started = Some(now_ms());
-            outcomes = run_fire(
-                updates,
-                &lease,
-                &gauges,
-                shutdown,
-                fire,
-                unfinished.trigger,
-                &kept,
-            )
-            .await?
-            .unwrap_or(outcomes);
-            since = Since::Run;
+            if let Some(ran) = finish(updates, shutdown, &lease, &kept, unfinished).await? {
+                outcomes = ran;
+            }
             continue;
         }
-        let last_fire = store_retry::until_stored(
-            "read the last fire",
-            Retry::WhileUnavailable,
-            &shutdown.drain,
-            || updates.store.last_fire(&pipeline),
-        )
-        .await
-        .map_err(RunError::Store)?;
-        let next = timetable.next_run(last_fire, now_ms(), since);
+        let (last_fire, up_since, newest_start) = schedule_state(updates, shutdown).await?;
+        last_started = last_started.or(newest_start);
+        let next = timetable.next_run(last_fire, now_ms(), up_since);
         close_if_idle_long(&kept, &next).await;
         let fire = match next {
             NextRun::Now(fire) => fire,
@@ -209,7 +140,7 @@ pub async fn drive(
                     NextRun::At(at_ms) => Some(at_ms),
                     _ => None,
                 };
-                gauges.next_fire(at_ms);
+                next_fire_gauge(&pipeline, at_ms);
                 let table_updates =
                     TableUpdates::new(updates.pipeline, updates.handles(), updates.store.clone());
                 let mut holding = lease.watch();
@@ -233,19 +164,15 @@ pub async fn drive(
                         _ = holding.wait_for(|held| !*held) => Woke::Neither,
                     }
                 };
-                let woke = match wait_between_runs(updates, shutdown, until_fire, Woke::Neither)
-                    .await?
-                {
-                    Waited::Came(woke) => woke,
-                    Waited::Requested => {
-                        // What the kept streams hold predates what the request cleared.
-                        close_all(&kept).await;
-                        last_started = Some(now_ms());
-                        outcomes =
-                            run_unscheduled(updates, shutdown, RunTrigger::Manual, &scope).await?;
-                        continue;
-                    }
-                };
+                let woke =
+                    match wait_between_runs(updates, shutdown, until_fire, Woke::Neither).await? {
+                        Waited::Came(woke) => woke,
+                        Waited::Requested => {
+                            last_started = Some(now_ms());
+                            outcomes = manual_run(updates, shutdown, &kept).await?;
+                            continue;
+                        }
+                    };
                 if shutdown.drain.is_cancelled() || !lease.held() {
                     continue;
                 }
@@ -256,40 +183,227 @@ pub async fn drive(
                         kind: FireKind::Schedule,
                     },
                     (Woke::TableUpdate, _) => {
-                        gauges.next_fire(None);
-                        last_started = Some(now_ms());
+                        next_fire_gauge(&pipeline, None);
+                        let started = now_ms();
+                        last_started = Some(started);
+                        let ask = RunAsk {
+                            fire_ms: started,
+                            interval: None,
+                            trigger: RunTrigger::Update,
+                        };
                         outcomes =
-                            run_unscheduled(updates, shutdown, RunTrigger::Update, &scope).await?;
+                            ran(
+                                run_record::run(updates, shutdown, ask, scope(&kept, None), None)
+                                    .await?,
+                            );
+                        count_delayed(&timetable, &pipeline, started);
                         continue;
                     }
                     _ => continue,
                 }
             }
         };
-        gauges.next_fire(None);
-        let trigger = match fire.kind {
-            FireKind::Schedule => RunTrigger::Schedule,
-            FireKind::Catchup => RunTrigger::Catchup,
+        next_fire_gauge(&pipeline, None);
+        let started = now_ms();
+        last_started = Some(started);
+        let ask = RunAsk {
+            fire_ms: fire.at_ms,
+            interval: fire.interval,
+            trigger: match fire.kind {
+                FireKind::Schedule => RunTrigger::Schedule,
+                FireKind::Catchup => RunTrigger::Catchup,
+            },
         };
-        last_started = Some(now_ms());
-        if let Some(ran) =
-            run_fire(updates, &lease, &gauges, shutdown, fire, trigger, &kept).await?
-        {
-            outcomes = ran;
-        }
-        let delayed = timetable.fires_between(fire.at_ms, now_ms(), DELAYED_COUNT_CAP);
-        if delayed > 0 {
-            gauges.delayed(delayed);
-            tracing::info!(
-                delayed,
-                "fires came while the run went on; they were delayed"
-            );
-        }
-        since = Since::Run;
+        let scope = scope(&kept, fire.interval);
+        outcomes = ran(run_record::run(updates, shutdown, ask, scope, Some(lease.watch())).await?);
+        count_delayed(&timetable, &pipeline, started);
     }
     close_all(&kept).await;
     lease.stop().await;
     Ok(outcomes)
+}
+
+/// The outcomes of a run (none for a fire another replica ran).
+fn ran(ran: Ran) -> Vec<FlowOutcome> {
+    match ran {
+        Ran::Ran(outcomes) => outcomes,
+        Ran::EndedBefore => Vec::new(),
+    }
+}
+
+/// A run's scope: its interval and the kept sources.
+fn scope(kept: &Kept, interval: Option<DataInterval>) -> RunScope {
+    RunScope {
+        interval,
+        kept: Some(kept.clone()),
+    }
+}
+
+/// A run asked for through the control API between fires (what it clears is cleared): the
+/// kept streams' messages predate the clearing, so they are given back first.
+async fn manual_run(
+    updates: &mut Updates<'_>,
+    shutdown: &Shutdown,
+    kept: &Kept,
+) -> Result<Vec<FlowOutcome>, RunError> {
+    close_all(kept).await;
+    let ask = RunAsk {
+        fire_ms: now_ms(),
+        interval: None,
+        trigger: RunTrigger::Manual,
+    };
+    Ok(ran(run_record::run(
+        updates,
+        shutdown,
+        ask,
+        scope(kept, None),
+        None,
+    )
+    .await?))
+}
+
+/// Finishes a run its runner left `running`: a fire's run as this worker's (same id and
+/// interval); a manual or update run nobody will ask for again is recorded failed.
+async fn finish(
+    updates: &mut Updates<'_>,
+    shutdown: &Shutdown,
+    lease: &SchedulerLease,
+    kept: &Kept,
+    unfinished: RunRecord,
+) -> Result<Option<Vec<FlowOutcome>>, RunError> {
+    if !unfinished.trigger.is_fire() {
+        let ended = RunEnd {
+            state: RunState::Failed,
+            rows: Vec::new(),
+            error: Some(format!(
+                "worker {} stopped before the run ended",
+                unfinished.worker
+            )),
+        };
+        store_retry::until_stored(
+            "record the run's end",
+            Retry::WhileUnavailable,
+            &shutdown.drain,
+            || {
+                updates
+                    .store
+                    .end_run(unfinished.run_id, &unfinished.worker, &ended)
+            },
+        )
+        .await
+        .map_err(RunError::Store)?;
+        return Ok(None);
+    }
+    tracing::info!(run = unfinished.run_id, fire_ms = unfinished.fire_ms,
+        from = %unfinished.worker, "finishing a run its runner did not end");
+    let interval = unfinished
+        .interval
+        .map(|(start_ms, end_ms)| DataInterval { start_ms, end_ms });
+    let ask = RunAsk {
+        fire_ms: unfinished.fire_ms,
+        interval,
+        trigger: unfinished.trigger,
+    };
+    let ran = run_record::run(
+        updates,
+        shutdown,
+        ask,
+        scope(kept, interval),
+        Some(lease.watch()),
+    )
+    .await?;
+    Ok(Some(self::ran(ran)))
+}
+
+/// The oldest run its runner left `running`, if any.
+async fn unfinished_run(
+    updates: &Updates<'_>,
+    shutdown: &Shutdown,
+) -> Result<Option<RunRecord>, RunError> {
+    let runs = store_retry::until_stored(
+        "read the runs",
+        Retry::WhileUnavailable,
+        &shutdown.drain,
+        || {
+            updates
+                .store
+                .runs(&updates.pipeline.name, UNFINISHED_LOOKBACK)
+        },
+    )
+    .await
+    .map_err(RunError::Store)?;
+    Ok(runs
+        .into_iter()
+        .filter(|run| run.state == RunState::Running)
+        .min_by_key(|run| run.run_id))
+}
+
+/// The last fire recorded, since when the schedule has been served (the start of the oldest
+/// worker alive; this worker's start at the latest) and when the newest run started.
+async fn schedule_state(
+    updates: &Updates<'_>,
+    shutdown: &Shutdown,
+) -> Result<(Option<i64>, i64, Option<i64>), RunError> {
+    let pipeline = &updates.pipeline.name;
+    store_retry::until_stored(
+        "read the schedule's state",
+        Retry::WhileUnavailable,
+        &shutdown.drain,
+        || async {
+            let last_fire = updates.store.last_fire(pipeline).await?;
+            let alive = updates.store.workers(pipeline, ALIVE_WITHIN).await?;
+            let up_since = alive
+                .iter()
+                .map(|w| w.started_at_ms)
+                .min()
+                .unwrap_or_else(now_ms);
+            let newest = updates.store.runs(pipeline, 1).await?;
+            Ok((last_fire, up_since, newest.first().map(|r| r.started_at_ms)))
+        },
+    )
+    .await
+    .map_err(RunError::Store)
+}
+
+/// Counts the fires that came during a run that started at `started` (delayed behind it).
+fn count_delayed(timetable: &Timetable, pipeline: &str, started: i64) {
+    let delayed = timetable.fires_between(started, now_ms(), DELAYED_COUNT_CAP);
+    if delayed > 0 {
+        metrics::counter!("sluice_schedule_fires_delayed_total",
+            "pipeline" => pipeline.to_owned())
+        .increment(delayed);
+        tracing::info!(
+            delayed,
+            "fires came while the run went on; they were delayed"
+        );
+    }
+}
+
+/// `sluice_schedule_next_fire_timestamp_seconds`: the fire this worker waits for (0 while it
+/// waits for none: running, or not the scheduler).
+fn next_fire_gauge(pipeline: &str, at_ms: Option<i64>) {
+    metrics::gauge!("sluice_schedule_next_fire_timestamp_seconds",
+        "pipeline" => pipeline.to_owned())
+    .set(at_ms.map_or(0.0, |ms| ms as f64 / 1000.0));
+}
+
+/// Waits for `until` while serving control requests (see [`Updates::serve_requests_until`]);
+/// a signal ends the wait too, as if `until` came with `on_signal`.
+async fn wait_between_runs<T>(
+    updates: &mut Updates<'_>,
+    shutdown: &Shutdown,
+    until: impl std::future::Future<Output = T>,
+    on_signal: T,
+) -> Result<Waited<T>, RunError> {
+    updates.ready_between_runs(shutdown);
+    let drain = shutdown.drain.clone();
+    let until = async move {
+        tokio::select! {
+            came = until => came,
+            () = drain.cancelled() => on_signal,
+        }
+    };
+    updates.serve_requests_until(shutdown, until).await
 }
 
 /// The Pub/Sub flows' sources, kept open across runs while fires come soon after each other.
@@ -326,287 +440,6 @@ async fn close_if_idle_long(kept: &Kept, next: &NextRun) {
 async fn close_all(kept: &Kept) {
     for source in kept.values() {
         source.close().await;
-    }
-}
-
-/// Runs one fire under `trigger`; `None` when its record says it ended already (another
-/// replica ran it).
-async fn run_fire(
-    updates: &mut Updates<'_>,
-    lease: &SchedulerLease,
-    gauges: &Gauges,
-    shutdown: &Shutdown,
-    fire: Fire,
-    trigger: RunTrigger,
-    kept: &Kept,
-) -> Result<Option<Vec<FlowOutcome>>, RunError> {
-    let start = RunStart {
-        pipeline: updates.pipeline.name.clone(),
-        fire_ms: fire.at_ms,
-        interval: fire.interval.map(|i| (i.start_ms, i.end_ms)),
-        trigger,
-        worker: updates.worker.clone(),
-    };
-    let record = begin(&*updates.store, &start, shutdown).await?;
-    if record.state != RunState::Running {
-        tracing::info!(
-            run = record.run_id,
-            fire_ms = fire.at_ms,
-            state = record.state.name(),
-            "fire run already; not run again"
-        );
-        return Ok(None);
-    }
-    tracing::info!(run = record.run_id, fire_ms = fire.at_ms, trigger = trigger.name(),
-        interval = ?fire.interval, "run starts");
-    // Drained by a signal, or when this worker loses the scheduler lease (the next holder
-    // finishes the run).
-    let this_run = Shutdown {
-        drain: shutdown.drain.child_token(),
-        give_up: shutdown.give_up.child_token(),
-    };
-    let lost = {
-        let (mut holding, drain) = (lease.watch(), this_run.drain.clone());
-        tokio::spawn(async move {
-            if holding.wait_for(|held| !*held).await.is_ok() {
-                tracing::warn!("lost the scheduler lease; draining the run for the next holder");
-                drain.cancel();
-            }
-        })
-    };
-    let scope = RunScope {
-        interval: fire.interval,
-        kept: Some(kept.clone()),
-    };
-    let outcomes = updates.run(&this_run, scope).await;
-    lost.abort();
-    let outcomes = outcomes?;
-    if this_run.drain.is_cancelled() {
-        tracing::info!(
-            run = record.run_id,
-            "run stopped before its end; the next scheduler finishes it"
-        );
-    } else {
-        let state = ended_state(&outcomes);
-        if end(&*updates.store, &record, state, &outcomes, shutdown).await {
-            gauges.ended(state);
-        }
-    }
-    Ok(Some(outcomes))
-}
-
-/// Waits for `until` while serving control requests (see [`Updates::serve_requests_until`]);
-/// a signal ends the wait too, as if `until` came with `on_signal`.
-async fn wait_between_runs<T>(
-    updates: &mut Updates<'_>,
-    shutdown: &Shutdown,
-    until: impl std::future::Future<Output = T>,
-    on_signal: T,
-) -> Result<Waited<T>, RunError> {
-    updates.ready_between_runs(shutdown);
-    let drain = shutdown.drain.clone();
-    let until = async move {
-        tokio::select! {
-            came = until => came,
-            () = drain.cancelled() => on_signal,
-        }
-    };
-    updates.serve_requests_until(shutdown, until).await
-}
-
-/// The newest run of the pipeline, if any.
-async fn newest_run(
-    updates: &Updates<'_>,
-    shutdown: &Shutdown,
-) -> Result<Option<RunRecord>, RunError> {
-    let newest = store_retry::until_stored(
-        "read the runs",
-        Retry::WhileUnavailable,
-        &shutdown.drain,
-        || updates.store.runs(&updates.pipeline.name, 1),
-    )
-    .await
-    .map_err(RunError::Store)?;
-    Ok(newest.into_iter().next())
-}
-
-/// Records a run's start (retrying while the store is unavailable).
-async fn begin(
-    store: &dyn Store,
-    start: &RunStart,
-    shutdown: &Shutdown,
-) -> Result<RunRecord, RunError> {
-    store_retry::until_stored(
-        "record the run",
-        Retry::WhileUnavailable,
-        &shutdown.drain,
-        || store.begin_run(start),
-    )
-    .await
-    .map_err(RunError::Store)
-}
-
-/// How a run that was not stopped ended: failed when a flow failed.
-fn ended_state(outcomes: &[FlowOutcome]) -> RunState {
-    if outcomes
-        .iter()
-        .any(|o| matches!(o.state, FlowState::Failed(_)))
-    {
-        RunState::Failed
-    } else {
-        RunState::Completed
-    }
-}
-
-/// Records how a run ended, with the rows of each flow and why flows failed; `false` when the
-/// store could not be told before a signal (the run then stays running).
-async fn end(
-    store: &dyn Store,
-    record: &RunRecord,
-    state: RunState,
-    outcomes: &[FlowOutcome],
-    shutdown: &Shutdown,
-) -> bool {
-    let failed: Vec<String> = outcomes
-        .iter()
-        .filter_map(|o| match &o.state {
-            FlowState::Failed(why) => Some(format!("{}: {why}", o.name)),
-            _ => None,
-        })
-        .collect();
-    let run_end = RunEnd {
-        state,
-        rows: outcomes
-            .iter()
-            .map(|o| (o.name.clone(), o.counters.committed))
-            .collect(),
-        error: (!failed.is_empty()).then(|| failed.join("; ")),
-    };
-    // Tried until the drain gives up: a stopped run's end is recorded while it drains too.
-    let recorded = store_retry::until_stored(
-        "record the run's end",
-        Retry::WhileUnavailable,
-        &shutdown.give_up,
-        || store.end_run(record.run_id, &run_end),
-    )
-    .await;
-    match recorded {
-        Ok(()) => {
-            tracing::info!(run = record.run_id, state = state.name(), "run ended");
-            true
-        }
-        Err(error) => {
-            tracing::warn!(run = record.run_id, %error, "could not record the run's end");
-            false
-        }
-    }
-}
-
-/// The `scheduler` lease, taken and renewed every [`BEAT_INTERVAL`] in the background.
-struct SchedulerLease {
-    held: watch::Receiver<bool>,
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl SchedulerLease {
-    fn start(store: Arc<dyn Store>, pipeline: &str, worker: &str) -> Self {
-        let request = LeaseRequest {
-            pipeline: pipeline.to_owned(),
-            role: SCHEDULER.to_owned(),
-            holder: worker.to_owned(),
-            ttl: LEASE_TTL,
-        };
-        let (held_tx, held) = watch::channel(false);
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(renew(store, request, held_tx, stop.clone()));
-        Self { held, stop, task }
-    }
-
-    fn held(&self) -> bool {
-        *self.held.borrow()
-    }
-
-    fn watch(&self) -> watch::Receiver<bool> {
-        self.held.clone()
-    }
-
-    /// Stops renewing and hands the lease back at once.
-    async fn stop(self) {
-        self.stop.cancel();
-        let _ = self.task.await;
-    }
-}
-
-/// Takes or renews the lease every beat until `stop`, publishing whether it is held; a store
-/// that does not answer counts as not held (another replica may take it after its time).
-async fn renew(
-    store: Arc<dyn Store>,
-    request: LeaseRequest,
-    held: watch::Sender<bool>,
-    stop: CancellationToken,
-) {
-    let mut ticks = tokio::time::interval(BEAT_INTERVAL);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            () = stop.cancelled() => break,
-        }
-        let holding = match store.acquire_lease(&request).await {
-            Ok(LeaseGrant::Held { taken, .. }) => {
-                if taken {
-                    tracing::info!("this worker runs the schedule (scheduler lease)");
-                }
-                true
-            }
-            Ok(LeaseGrant::HeldBy(_)) => false,
-            Err(error) => {
-                tracing::warn!(%error, "cannot renew the scheduler lease");
-                false
-            }
-        };
-        held.send_if_modified(|was| std::mem::replace(was, holding) != holding);
-    }
-    if *held.borrow() {
-        let _ = store
-            .release_lease(&request.pipeline, &request.role, &request.holder)
-            .await;
-    }
-}
-
-/// The schedule's metrics.
-struct Gauges {
-    pipeline: String,
-}
-
-impl Gauges {
-    fn new(pipeline: &str) -> Self {
-        Self {
-            pipeline: pipeline.to_owned(),
-        }
-    }
-
-    /// `sluice_schedule_next_fire_timestamp_seconds`: the fire this worker waits for (0 while
-    /// it waits for nothing: running, or not the scheduler).
-    fn next_fire(&self, at_ms: Option<i64>) {
-        metrics::gauge!("sluice_schedule_next_fire_timestamp_seconds",
-            "pipeline" => self.pipeline.clone())
-        .set(at_ms.map_or(0.0, |ms| ms as f64 / 1000.0));
-    }
-
-    /// `sluice_schedule_fires_delayed_total`.
-    fn delayed(&self, fires: u64) {
-        metrics::counter!("sluice_schedule_fires_delayed_total",
-            "pipeline" => self.pipeline.clone())
-        .increment(fires);
-    }
-
-    /// `sluice_runs_total{state}`.
-    fn ended(&self, state: RunState) {
-        metrics::counter!("sluice_runs_total", "pipeline" => self.pipeline.clone(),
-            "state" => state.name())
-        .increment(1);
     }
 }
 

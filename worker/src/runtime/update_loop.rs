@@ -176,6 +176,12 @@ impl<'a> Updates<'a> {
                     "flow of the replaced update ended");
             }
             deadline.abort();
+            // What kept streams hold predates what the request clears: given back first.
+            if let Some(kept) = &scope.kept {
+                for source in kept.values() {
+                    source.close().await;
+                }
+            }
             self.clear(request, shutdown).await?;
         }
     }
