@@ -93,6 +93,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             commit_by_ms: None,
             position: None,
             position_gate: None,
+            work: None,
         };
         match store.commit(commit).await {
             // Committed: now, and only now, ack (duplicates included).

@@ -427,6 +427,7 @@ impl CommitThenAck {
             watermark_progress: batch.counters().watermark().is_some(),
             position: batch.position().cloned(),
             position_gate: batch.position_gate(),
+            work: None,
         };
         (commit, sink_commit)
     }

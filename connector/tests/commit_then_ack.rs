@@ -420,6 +420,7 @@ async fn a_ledger_duplicate_is_not_remembered_past_the_ledgers_window() {
             commit_by_ms: None,
             position: None,
             position_gate: None,
+            work: None,
         })
         .await
         .unwrap();

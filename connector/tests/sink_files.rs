@@ -66,6 +66,7 @@ async fn committed_batches_become_files_and_crash_leftovers_are_resolved() {
         commit_by_ms: None,
         position: None,
         position_gate: None,
+        work: None,
     };
 
     // A normal batch: committed, then published.

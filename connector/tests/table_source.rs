@@ -93,6 +93,7 @@ async fn commit(
             watermark_progress: false,
             position: None,
             position_gate: None,
+            work: None,
         })
         .await
         .unwrap();

@@ -47,6 +47,7 @@ mod sqlite;
 pub mod testing;
 mod url;
 mod windows;
+mod work;
 
 pub use drain::{DrainCensus, DrainReport};
 pub use error::StoreError;
@@ -73,3 +74,4 @@ pub use schema::{is_identifier, table_name, window_table_name};
 pub use sqlite::SqliteStore;
 pub use url::{StoreUrl, open};
 pub use windows::{WindowEmission, WindowRows, WindowsEmitted};
+pub use work::{PostgresWork, SqliteWork, TransactionWork, WorkError};

@@ -106,6 +106,10 @@ pub struct CommitBatch {
     /// caller commits one page at a time. SQLite, which commits one batch at a time, has no use
     /// for it.
     pub position_gate: Option<Arc<dyn crate::PositionGate>>,
+    /// The caller's own writes in this transaction (a library job's effects; see
+    /// [`crate::TransactionWork`]). With it, the work is the batch's effect: no target rows
+    /// are written; dead letters, ledger keys and counters are.
+    pub work: Option<crate::TransactionWork>,
 }
 
 /// Work done inside a commit's transaction, after the ledger has said which entries are new

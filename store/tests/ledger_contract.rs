@@ -95,6 +95,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
         commit_by_ms: Some(now_ms() - 1_000),
         position: None,
         position_gate: None,
+        work: None,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };
     let refused = store.commit(late).await;
@@ -105,6 +106,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
         commit_by_ms: Some(now_ms() + 60_000),
         position: None,
         position_gate: None,
+        work: None,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };
     let out = store.commit(in_time).await.unwrap();

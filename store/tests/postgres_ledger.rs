@@ -41,6 +41,7 @@ fn batch(flow: &FlowHandle, keys: &[&str], window_ms: i64) -> CommitBatch {
         commit_by_ms: None,
         position: None,
         position_gate: None,
+        work: None,
     }
 }
 

@@ -163,6 +163,7 @@ async fn a_commit_records_its_messages_settled(postgres: bool) {
         commit_by_ms: None,
         position: None,
         position_gate: None,
+        work: None,
         ..batch(flow, entries)
     };
     let mut late = row("c");

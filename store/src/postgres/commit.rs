@@ -1,5 +1,6 @@
-//! One batch, one statement: the ledger claims, the target rows and dead letters of the keys
-//! that were new, and the flow's counters, in a single `INSERT ... WITH` statement run in
+//! One batch, one statement: the ledger claims, the target rows (unless the caller's own work
+//! is the batch's effect, `$19`) and dead letters of the keys that were new, and the flow's
+//! counters, in a single `INSERT ... WITH` statement run in
 //! autocommit mode. So a commit is one round trip (the statement is prepared once per
 //! connection) and one transaction; see `ledger.rs` for why the claims decide duplicates.
 //!
@@ -70,7 +71,7 @@ pub(crate) fn statement(table: &str, dead_letter: &str) -> String {
                    to_timestamp(i.event_ms / 1000.0::float8), i.attributes::jsonb, i.data, $13,
                    now()
             FROM input i JOIN fresh f ON f.key = i.key
-            WHERE i.reason IS NULL
+            WHERE i.reason IS NULL AND $19::bool
             RETURNING 1
         ),
         dead AS (
@@ -85,7 +86,10 @@ pub(crate) fn statement(table: &str, dead_letter: &str) -> String {
         counted AS (
             INSERT INTO sluice_flow_counters AS c (flow_id, shard, committed, duplicates,
                                                    dead_lettered, batches, last_commit_at)
-            SELECT $1, $14, (SELECT count(*) FROM rows), $15 - (SELECT count(*) FROM fresh),
+            SELECT $1, $14,
+                   (SELECT count(*) FROM input i JOIN fresh f ON f.key = i.key
+                    WHERE i.reason IS NULL),
+                   $15 - (SELECT count(*) FROM fresh),
                    (SELECT count(*) FROM dead), 1, now()
             WHERE (SELECT ok FROM in_time)
             ON CONFLICT (flow_id, shard) DO UPDATE SET
@@ -132,6 +136,8 @@ pub(crate) struct Arguments<'a> {
     progress_ids: Vec<&'a str>,
     /// The commit deadline on the server's clock, ms (`None`: none).
     commit_by_ms: Option<i64>,
+    /// Whether target rows are written (not when the caller's work is the effect).
+    write_rows: bool,
 }
 
 impl<'a> Arguments<'a> {
@@ -161,6 +167,7 @@ impl<'a> Arguments<'a> {
             progress_buckets: Vec::new(),
             progress_ids: Vec::new(),
             commit_by_ms: commit_by_server_ms,
+            write_rows: batch.work.is_none(),
         };
         if batch.watermark_progress {
             let settled: std::collections::BTreeSet<(i64, &str)> = batch
@@ -215,12 +222,12 @@ impl<'a> Arguments<'a> {
         self.window_ms
     }
 
-    /// Parameters `$1..$18` of [`statement`].
+    /// Parameters `$1..$19` of [`statement`].
     pub(crate) fn params<'b>(
         &'b self,
         flow_id: &'b i64,
         flow: &'b &'b str,
-    ) -> [&'b (dyn tokio_postgres::types::ToSql + Sync); 18] {
+    ) -> [&'b (dyn tokio_postgres::types::ToSql + Sync); 19] {
         [
             flow_id,
             &self.keys,
@@ -240,6 +247,7 @@ impl<'a> Arguments<'a> {
             &self.progress_buckets,
             &self.progress_ids,
             &self.commit_by_ms,
+            &self.write_rows,
         ]
     }
 }

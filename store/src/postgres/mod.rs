@@ -187,6 +187,19 @@ impl PostgresStore {
                 other => other?.ok_or(StoreError::Stale)?,
             };
             let mut written = commit::outcome(batch, &arguments.firsts, &fresh);
+            // The caller's own writes for the new rows (a library job), in this transaction.
+            match &batch.work {
+                None => {}
+                Some(crate::TransactionWork::Postgres(work)) => {
+                    work.write(&tx, &crate::work::new_rows(batch, &written))
+                        .await?;
+                }
+                Some(crate::TransactionWork::Sqlite(_)) => {
+                    return Err(StoreError::Config(
+                        "work for a SQLite transaction given to a PostgreSQL store".to_owned(),
+                    ));
+                }
+            }
             if let Some(hook) = &batch.hook {
                 // The hook writes and syncs a file: off the async threads, which other commits
                 // need meanwhile.
@@ -295,7 +308,7 @@ impl LedgerStore for PostgresStore {
         let arguments = commit::Arguments::new(&batch, width, shard, deadline);
         self.largest_window_ms
             .fetch_max(arguments.window_ms(), Ordering::Relaxed);
-        if batch.hook.is_some() || batch.position.is_some() {
+        if batch.hook.is_some() || batch.position.is_some() || batch.work.is_some() {
             return self
                 .commit_in_transaction(&mut client, width, &batch, &arguments)
                 .await;

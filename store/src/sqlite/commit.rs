@@ -1,6 +1,6 @@
 //! One batch, one SQLite transaction: ledger keys first (multi-row upsert with `RETURNING`, so
-//! the ledger itself says which keys are new), then target rows for the new keys only, then dead
-//! letters and flow counters, and, for a flow with a watermark, its messages settled. Multi-row
+//! the ledger itself says which keys are new), then target rows for the new keys only (or the
+//! caller's own work instead, `crate::TransactionWork`), then dead letters and flow counters, and, for a flow with a watermark, its messages settled. Multi-row
 //! statements amortise SQLite's per-statement cost, which dominates at these row sizes. A batch
 //! past its `commit_by_ms` is refused (`StoreError::Stale`) once the write lock is held, and a
 //! reading flow's batch whose position moved (`StoreError::Moved`) before anything is written.
@@ -76,11 +76,11 @@ pub(crate) fn commit(
         }
     }
 
-    // 2. Target rows of the new keys.
+    // 2. Target rows of the new keys (none when the caller's work is the effect).
     let new_rows: Vec<(usize, i64)> = entries
         .iter()
         .enumerate()
-        .filter(|(i, _)| written[*i])
+        .filter(|(i, _)| written[*i] && batch.work.is_none())
         .filter_map(|(i, e)| match e.effect {
             Effect::Row { event_time_ms } => Some((i, event_time_ms)),
             Effect::DeadLetter { .. } => None,
@@ -174,6 +174,18 @@ pub(crate) fn commit(
         dead += 1;
     }
 
+    // 3b. The caller's own writes for the new rows (a library job), in this transaction.
+    match &batch.work {
+        None => {}
+        Some(crate::TransactionWork::Sqlite(work)) => {
+            work.write(&tx, &crate::work::new_rows(batch, &written))?;
+        }
+        Some(crate::TransactionWork::Postgres(_)) => {
+            return Err(StoreError::Config(
+                "work for a PostgreSQL transaction given to a SQLite store".to_owned(),
+            ));
+        }
+    }
     // 4. Flow counters.
     let new = written.iter().filter(|w| **w).count() as i64;
     let duplicates = entries.len() as i64 - new;

@@ -65,6 +65,7 @@ pub fn batch_with_window(flow: &FlowHandle, entries: Vec<Entry>, window_ms: i64)
         commit_by_ms: None,
         position: None,
         position_gate: None,
+        work: None,
     }
 }
 
