@@ -74,7 +74,8 @@ pub struct Entry {
 pub struct CommitBatch {
     /// The flow committing.
     pub flow: FlowHandle,
-    /// Full SQL name of the target table (`<pipeline>__<target>`, see [`crate::table_name`]).
+    /// Full SQL name of the target table (`<pipeline>__<target>`, see [`crate::table_name`]);
+    /// not used (need not exist) with [`CommitBatch::work`].
     pub table: Arc<str>,
     /// Entries, in receive order.
     pub entries: Vec<Entry>,

@@ -1,5 +1,5 @@
 //! One batch, one statement: the ledger claims, the target rows (unless the caller's own work
-//! is the batch's effect, `$19`) and dead letters of the keys that were new, and the flow's
+//! is the batch's effect) and dead letters of the keys that were new, and the flow's
 //! counters, in a single `INSERT ... WITH` statement run in
 //! autocommit mode. So a commit is one round trip (the statement is prepared once per
 //! connection) and one transaction; see `ledger.rs` for why the claims decide duplicates.
@@ -21,8 +21,22 @@ use std::collections::HashMap;
 /// Counter shards per flow: replicas committing one flow at once rarely pick the same row.
 pub(crate) const COUNTER_SHARDS: i32 = 64;
 
-/// The statement for one target table (spliced names are validated identifiers).
-pub(crate) fn statement(table: &str, dead_letter: &str) -> String {
+/// The statement for one target table, or for none when the caller's own work is the batch's
+/// effect (spliced names are validated identifiers).
+pub(crate) fn statement(table: Option<&str>, dead_letter: &str) -> String {
+    let rows = match table {
+        Some(table) => format!(
+            "INSERT INTO \"{table}\" (dedup_key, message_id, publish_time, event_time, attributes,
+                                    data, flow, committed_at)
+            SELECT i.key, i.message_id, to_timestamp(i.publish_ms / 1000.0::float8),
+                   to_timestamp(i.event_ms / 1000.0::float8), i.attributes::jsonb, i.data, $13,
+                   now()
+            FROM input i JOIN fresh f ON f.key = i.key
+            WHERE i.reason IS NULL
+            RETURNING 1"
+        ),
+        None => "SELECT 1 WHERE false".to_owned(),
+    };
     format!(
         "WITH clock AS (
             SELECT (extract(epoch FROM now()) * 1000)::int8 AS now_ms
@@ -65,14 +79,7 @@ pub(crate) fn statement(table: &str, dead_letter: &str) -> String {
             WHERE COALESCE(x.n, 0) = (SELECT (now_ms + $11) / $12 - now_ms / $12 FROM clock)
         ),
         rows AS (
-            INSERT INTO \"{table}\" (dedup_key, message_id, publish_time, event_time, attributes,
-                                    data, flow, committed_at)
-            SELECT i.key, i.message_id, to_timestamp(i.publish_ms / 1000.0::float8),
-                   to_timestamp(i.event_ms / 1000.0::float8), i.attributes::jsonb, i.data, $13,
-                   now()
-            FROM input i JOIN fresh f ON f.key = i.key
-            WHERE i.reason IS NULL AND $19::bool
-            RETURNING 1
+            {rows}
         ),
         dead AS (
             INSERT INTO \"{dead_letter}\" (flow, dedup_key, message_id, publish_time, attributes,
@@ -136,8 +143,6 @@ pub(crate) struct Arguments<'a> {
     progress_ids: Vec<&'a str>,
     /// The commit deadline on the server's clock, ms (`None`: none).
     commit_by_ms: Option<i64>,
-    /// Whether target rows are written (not when the caller's work is the effect).
-    write_rows: bool,
 }
 
 impl<'a> Arguments<'a> {
@@ -167,7 +172,6 @@ impl<'a> Arguments<'a> {
             progress_buckets: Vec::new(),
             progress_ids: Vec::new(),
             commit_by_ms: commit_by_server_ms,
-            write_rows: batch.work.is_none(),
         };
         if batch.watermark_progress {
             let settled: std::collections::BTreeSet<(i64, &str)> = batch
@@ -222,12 +226,12 @@ impl<'a> Arguments<'a> {
         self.window_ms
     }
 
-    /// Parameters `$1..$19` of [`statement`].
+    /// Parameters `$1..$18` of [`statement`].
     pub(crate) fn params<'b>(
         &'b self,
         flow_id: &'b i64,
         flow: &'b &'b str,
-    ) -> [&'b (dyn tokio_postgres::types::ToSql + Sync); 19] {
+    ) -> [&'b (dyn tokio_postgres::types::ToSql + Sync); 18] {
         [
             flow_id,
             &self.keys,
@@ -247,7 +251,6 @@ impl<'a> Arguments<'a> {
             &self.progress_buckets,
             &self.progress_ids,
             &self.commit_by_ms,
-            &self.write_rows,
         ]
     }
 }

@@ -241,7 +241,10 @@ impl PostgresStore {
     ) -> Result<Option<Vec<String>>, tokio_postgres::Error> {
         let dead_letter = format!("{}__dead_letter", batch.flow.pipeline);
         let statement = client
-            .prepare_cached(&commit::statement(&batch.table, &dead_letter))
+            .prepare_cached(&commit::statement(
+                batch.work.is_none().then_some(&*batch.table),
+                &dead_letter,
+            ))
             .await?;
         let rows = client
             .query(
