@@ -72,6 +72,12 @@ impl std::ops::AddAssign for CommitReport {
     }
 }
 
+/// The caller's own writes for a batch, done in its commit's transaction (a library job's
+/// handler): given the batch and its staged effects, the work the store runs.
+pub(crate) trait BatchWork: Send + Sync {
+    fn work(&self, batch: &Batch, effects: &[Effect]) -> sluice_store::TransactionWork;
+}
+
 /// Commits batches of one flow to a store and acks them afterwards.
 pub struct CommitThenAck {
     store: Arc<dyn LedgerStore>,
@@ -81,6 +87,7 @@ pub struct CommitThenAck {
     retry: RetrySettings,
     give_up: CancellationToken,
     sink: Option<Arc<JsonlSink>>,
+    work: Option<Arc<dyn BatchWork>>,
 }
 
 impl CommitThenAck {
@@ -88,6 +95,12 @@ impl CommitThenAck {
     /// [`crate::JsonlSink`]).
     pub fn with_sink(mut self, sink: Arc<JsonlSink>) -> Self {
         self.sink = Some(sink);
+        self
+    }
+
+    /// Does `work` in each batch's transaction instead of writing target rows.
+    pub(crate) fn with_work(mut self, work: Arc<dyn BatchWork>) -> Self {
+        self.work = Some(work);
         self
     }
 
@@ -118,16 +131,27 @@ impl CommitThenAck {
             },
             give_up,
             sink: None,
+            work: None,
         }
     }
 
     /// Stages, commits and acks one batch (retrying as the module docs say). Returns when every
     /// message of the batch is acked, or nacked because the caller gave up.
     pub async fn process(&self, batch: Batch) -> CommitReport {
+        self.process_with(batch, self.work.clone()).await
+    }
+
+    /// As [`CommitThenAck::process`], with `work` in the transaction instead of this
+    /// committer's own (a stream-style job's batch committed with its own closure).
+    pub(crate) async fn process_with(
+        &self,
+        batch: Batch,
+        work: Option<Arc<dyn BatchWork>>,
+    ) -> CommitReport {
         let mut report = CommitReport::default();
         let mut queue = VecDeque::from([batch]);
         while let Some(batch) = queue.pop_front() {
-            if let Some(rest) = self.process_one(batch, &mut report).await {
+            if let Some(rest) = self.process_one(batch, &mut report, work.as_ref()).await {
                 for (i, single) in rest.into_iter().enumerate() {
                     queue.insert(i, single);
                 }
@@ -137,14 +161,19 @@ impl CommitThenAck {
     }
 
     /// Processes one batch; returns its singles when it had to be split.
-    async fn process_one(&self, batch: Batch, report: &mut CommitReport) -> Option<Vec<Batch>> {
+    async fn process_one(
+        &self,
+        batch: Batch,
+        report: &mut CommitReport,
+        work: Option<&Arc<dyn BatchWork>>,
+    ) -> Option<Vec<Batch>> {
         let mut backoff = Backoff::default();
         // Sink attempts whose transaction ran but whose commit reported an error: the commit
         // may have landed all the same (a lost answer), so they are decided from the store
         // once the batch is settled.
         let mut uncertain: Vec<Arc<SinkCommit>> = Vec::new();
         let singles = self
-            .attempt_until_settled(batch, report, &mut backoff, &mut uncertain)
+            .attempt_until_settled(batch, report, &mut backoff, &mut uncertain, work)
             .await;
         self.resolve_uncertain(uncertain).await;
         singles
@@ -158,6 +187,7 @@ impl CommitThenAck {
         report: &mut CommitReport,
         backoff: &mut Backoff,
         uncertain: &mut Vec<Arc<SinkCommit>>,
+        work: Option<&Arc<dyn BatchWork>>,
     ) -> Option<Vec<Batch>> {
         loop {
             if let Some(bound) = self.retry.commit_bound {
@@ -213,7 +243,8 @@ impl CommitThenAck {
                             .collect();
                     }
                     let started = Instant::now();
-                    let (commit_batch, sink_commit) = self.commit_batch(&batch, effects);
+                    let work = work.map(|w| w.work(&batch, &effects));
+                    let (commit_batch, sink_commit) = self.commit_batch(&batch, effects, work);
                     let commit = self.store.commit(commit_batch);
                     let result = tokio::select! {
                         result = commit => result.map_err(Failure::Store),
@@ -395,6 +426,7 @@ impl CommitThenAck {
         &self,
         batch: &Batch,
         effects: Vec<Effect>,
+        work: Option<sluice_store::TransactionWork>,
     ) -> (CommitBatch, Option<Arc<SinkCommit>>) {
         let now = now_ms();
         let window = i64::try_from(self.retry.dedup_window.as_millis()).unwrap_or(i64::MAX);
@@ -427,7 +459,7 @@ impl CommitThenAck {
             watermark_progress: batch.counters().watermark().is_some(),
             position: batch.position().cloned(),
             position_gate: batch.position_gate(),
-            work: None,
+            work,
         };
         (commit, sink_commit)
     }

@@ -46,6 +46,7 @@ mod event_time;
 mod file;
 mod foreach;
 mod inprocess;
+mod job;
 mod kept_open;
 mod page;
 pub mod pubsub;
@@ -71,7 +72,25 @@ pub use event_time::{EventTimeError, parse_event_time};
 pub use file::FileSource;
 pub use foreach::{BatchHandler, ForeachBatchStage, StageRecord, StagedBatch, batch_id};
 pub use inprocess::{InProcessAck, InProcessSource, InProcessTally, PACE_STEP};
+pub use job::{
+    Dedup, HandlerError, Job, JobBatch, JobBuilder, JobError, JobParts, JobReport, JobStream,
+    Message, NewMessages, PostgresHandler, SqliteHandler, defaults,
+};
 pub use kept_open::KeptOpen;
+/// The SQLite driver a [`SqliteHandler`] is given a transaction of (the same version).
+pub use rusqlite;
+/// The PostgreSQL driver a [`PostgresHandler`] is given a transaction of (the same version).
+pub use tokio_postgres;
+
+/// What a job needs, in one import: `use sluice_connector::prelude::*;`.
+pub mod prelude {
+    pub use crate::job::{
+        Dedup, HandlerError, Job, JobBatch, JobError, JobReport, JobStream, Message, NewMessages,
+        PostgresHandler, SqliteHandler,
+    };
+    pub use crate::pubsub::PubSubConfig;
+    pub use crate::{rusqlite, tokio_postgres};
+}
 pub use pubsub::{PubSubConfig, PubSubSource};
 pub use runner::{COMMIT_QUEUE, DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
 pub use sink::{JsonlSink, SinkCommit};

@@ -357,11 +357,39 @@ impl Worker {
 
     /// Starts `sluice ARGS` with its output in `dir/name.{out,err}`.
     pub fn spawn(args: &[&str], dir: &Path, name: &str) -> Self {
+        let mut command = Command::new(sluice_bin());
+        command.env_remove("PUBSUB_EMULATOR_HOST");
+        Self::spawn_command(command, args, dir, name)
+    }
+
+    /// Starts the connector's example `example` with `ARGS`, the run's emulator in
+    /// `PUBSUB_EMULATOR_HOST` (the examples take Pub/Sub from the environment), its output in
+    /// `dir/name.{out,err}`.
+    pub fn example(example: &str, args: &[&str], dir: &Path, name: &str) -> Self {
+        let bin = sluice_bin()
+            .parent()
+            .unwrap()
+            .join("examples")
+            .join(example);
+        assert!(
+            bin.exists(),
+            "{} not built: `cargo build -p sluice-connector --examples` first (./scripts/test does)",
+            bin.display()
+        );
+        let endpoint = emulator().endpoint();
+        let host = endpoint.trim_start_matches("http://").to_owned();
+        let mut command = Command::new(bin);
+        command
+            .env("PUBSUB_EMULATOR_HOST", host)
+            .env("PUBSUB_PROJECT_ID", PROJECT);
+        Self::spawn_command(command, args, dir, name)
+    }
+
+    fn spawn_command(mut command: Command, args: &[&str], dir: &Path, name: &str) -> Self {
         let stdout = dir.join(format!("{name}.out"));
         let stderr = dir.join(format!("{name}.err"));
-        let child = Command::new(sluice_bin())
+        let child = command
             .args(args)
-            .env_remove("PUBSUB_EMULATOR_HOST")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).unwrap())

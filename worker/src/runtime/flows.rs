@@ -3,10 +3,10 @@
 //! ledger.
 
 use sluice_connector::{
-    BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, DedupSettings, FileSource,
-    FlowRun, FlowWatermark, JsonlSink, KeptOpen, KeySource, MessageSource, PubSubConfig,
-    PubSubSource, ReaderTurn, RetrySettings, RunUntil, SkipCommitted, SourceProgress, Stage,
-    TableSource, TableStage, TableWatermark, commit_bound, pause_threshold,
+    BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, Dedup, DedupSettings, FileSource,
+    FlowRun, FlowWatermark, JobBuilder, JsonlSink, KeptOpen, KeySource, MessageSource,
+    PubSubConfig, ReaderTurn, RetrySettings, RunUntil, SkipCommitted, SourceProgress, Stage,
+    TableSource, TableStage, TableWatermark,
 };
 use sluice_pipeline::defaults;
 use sluice_pipeline::timetable::DataInterval;
@@ -106,52 +106,48 @@ fn pubsub_plan(
     flow: &Flow,
     settings: &sluice_pipeline::PubSubSource,
 ) -> Result<Plan, String> {
-    let config = PubSubConfig {
-        project: pipeline.pubsub.project.clone(),
-        endpoint: pipeline.pubsub.endpoint.clone(),
+    // The same front door a library job uses (`sluice_connector::Job`): every setting from
+    // the file.
+    let dedup = match &settings.dedup.by {
+        DedupBy::MessageId => Dedup::by_message_id(),
+        DedupBy::Attribute(name) if settings.dedup.on_missing == OnMissingKey::DeadLetter => {
+            Dedup::by_attribute_or_dead_letter(name.clone())
+        }
+        DedupBy::Attribute(name) => Dedup::by_attribute(name.clone()),
     };
-    // The client stops extending a lease past the dedup window: by then the delivery is given
-    // back uncommitted anyway (`sluice_connector::commit_bound`).
-    let source = PubSubSource::new(config, &settings.subscription, settings.streams)
-        .map_err(|e| e.to_string())?
-        .with_max_lease(settings.dedup.window)
-        .with_pause_threshold(pause_threshold(settings.dedup.window));
-    let key = match &settings.dedup.by {
-        DedupBy::MessageId => KeySource::MessageId,
-        DedupBy::Attribute(name) => KeySource::Attribute {
-            name: name.clone(),
-            dead_letter_if_missing: settings.dedup.on_missing == OnMissingKey::DeadLetter,
-        },
-    };
-    let stage = TableStage {
-        event_time_attribute: settings.event_time.as_ref().map(|e| e.attribute.clone()),
-        bad_timestamp_uses_publish_time: settings
-            .event_time
-            .as_ref()
-            .is_some_and(|e| e.on_bad_timestamp == OnBadTimestamp::PublishTime),
-    };
+    let mut job = JobBuilder::new(&settings.subscription)
+        .pubsub(PubSubConfig {
+            project: pipeline.pubsub.project.clone(),
+            endpoint: pipeline.pubsub.endpoint.clone(),
+        })
+        .streams(settings.streams)
+        .dedup(dedup.window(settings.dedup.window))
+        .batch(settings.batch.max_messages, settings.batch.max_delay)
+        .flow_control(
+            settings.flow_control.max_outstanding_messages,
+            settings.flow_control.max_outstanding_bytes,
+        )
+        .max_attempts(settings.max_attempts);
+    if let Some(event_time) = &settings.event_time {
+        job = job.event_time_attribute(event_time.attribute.clone());
+        if event_time.on_bad_timestamp == OnBadTimestamp::PublishTime {
+            job = job.bad_timestamp_uses_publish_time();
+        }
+    }
+    let parts = job.parts().map_err(|e| e.to_string())?;
     let until = if pipeline.mode == Mode::Triggered || flow.once {
         RunUntil::Idle(settings.drain_idle)
     } else {
         RunUntil::Drained
     };
     Ok(Plan {
-        source: Box::new(source),
-        dedup: DedupSettings {
-            key,
-            window: settings.dedup.window,
-        },
-        batch: BatchSettings {
-            max_messages: settings.batch.max_messages,
-            max_delay: settings.batch.max_delay,
-        },
-        budget: Budget::new(
-            settings.flow_control.max_outstanding_messages,
-            settings.flow_control.max_outstanding_bytes,
-        ),
-        stage,
-        max_attempts: settings.max_attempts,
-        commit_bound: Some(commit_bound(settings.dedup.window)),
+        source: Box::new(parts.source),
+        dedup: parts.dedup,
+        batch: parts.batch,
+        budget: parts.budget,
+        stage: parts.stage,
+        max_attempts: parts.retry.max_attempts,
+        commit_bound: parts.retry.commit_bound,
         until,
         progress: None,
         draw_progress: false,
@@ -389,6 +385,25 @@ pub fn layout(pipeline: &Pipeline) -> sluice_store::Layout {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use std::path::Path;
+
+    /// A library job's defaults are those a pipeline file gives a Pub/Sub flow: the worker
+    /// builds its Pub/Sub flows on the same front door.
+    #[test]
+    fn a_jobs_defaults_are_the_files() {
+        use sluice_connector::defaults as job;
+        use sluice_pipeline::defaults as file;
+        assert_eq!(job::DEDUP_WINDOW, file::DEDUP_WINDOW);
+        assert_eq!(job::BATCH_MAX_MESSAGES, file::BATCH_MAX_MESSAGES);
+        assert_eq!(job::BATCH_MAX_DELAY, file::BATCH_MAX_DELAY);
+        assert_eq!(
+            job::MAX_OUTSTANDING_MESSAGES,
+            file::MAX_OUTSTANDING_MESSAGES
+        );
+        assert_eq!(job::MAX_OUTSTANDING_BYTES, file::MAX_OUTSTANDING_BYTES);
+        assert_eq!(job::MAX_ATTEMPTS, file::MAX_ATTEMPTS);
+        assert_eq!(job::STREAMS, file::STREAMS);
+        assert_eq!(job::DRAIN_DEADLINE, crate::runtime::signals::DRAIN_DEADLINE);
+    }
 
     #[test]
     fn spec_examples_window_over_a_table_runs() {

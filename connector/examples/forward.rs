@@ -1,0 +1,59 @@
+//! Forwarding to a system outside the store, with the batch id as the idempotency key: each
+//! batch is written to `OUT/<batch id>.jsonl` (the "other system"; writing the same batch
+//! again replaces the same file), then settled: its dedup keys recorded and its messages acked.
+//!
+//! ```text
+//! cargo run -p sluice-connector --example forward -- \
+//!     projects/my-project/subscriptions/events state/forward.db out/
+//! ```
+//!
+//! A crash between the write and the settle gives the messages back: batched together again
+//! they carry the same id and replace the same file; a message already settled is dropped.
+
+use sluice_connector::prelude::*;
+use std::io::Write;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let subscription = args.next().ok_or("SUBSCRIPTION")?;
+    let (path, out) = (args.next().ok_or("DB")?, args.next().ok_or("OUT")?);
+    std::fs::create_dir_all(&out)?;
+    let job = Job::builder(subscription)
+        .name("forward")
+        .store(format!("sqlite://{path}"))
+        .build()
+        .await?;
+    stop_on_signals(job.stop_token());
+
+    let mut stream = job.stream().await?;
+    while let Some(batch) = stream.next_batch().await {
+        let file = std::path::Path::new(&out).join(format!("{}.jsonl", batch.id()));
+        let mut lines = Vec::new();
+        for message in batch.messages() {
+            writeln!(
+                lines,
+                "{{\"key\":{:?},\"data\":{:?}}}",
+                message.key(),
+                String::from_utf8_lossy(message.data())
+            )?;
+        }
+        std::fs::write(&file, lines)?; // the other system, keyed by the batch id
+        batch.settle().await;
+    }
+    stream.close().await;
+    Ok(())
+}
+
+/// SIGINT or SIGTERM drains the job: batches already received still come, then the stream ends.
+fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        stop.cancel();
+    });
+}

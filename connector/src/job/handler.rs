@@ -1,0 +1,403 @@
+//! What a job's handler is given and returns: the batch's new messages ([`NewMessages`],
+//! [`Message`]) on the store's open transaction, and a [`HandlerError`] that rolls it back.
+
+use crate::batch::Batch;
+use crate::commit::BatchWork;
+use sluice_store::{Effect, PostgresWork, SqliteWork, TransactionWork, WorkError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A job's handler on a SQLite store: writes the effects of the batch's new messages with
+/// `tx`, the transaction that also records their dedup keys. Runs on the store's writer
+/// thread: keep it to database work.
+///
+/// A closure `Fn(&rusqlite::Transaction<'_>, &NewMessages<'_>) -> Result<(), HandlerError>`
+/// is one:
+///
+/// ```
+/// use sluice_connector::prelude::*;
+///
+/// let count = |tx: &rusqlite::Transaction<'_>, batch: &NewMessages<'_>| {
+///     for message in batch.iter() {
+///         tx.execute(
+///             "INSERT INTO counts (key, n) VALUES (?1, 1)
+///              ON CONFLICT (key) DO UPDATE SET n = n + 1",
+///             [message.attribute("region").unwrap_or("")],
+///         )?;
+///     }
+///     Ok::<_, HandlerError>(())
+/// };
+/// # let _: &dyn SqliteHandler = &count;
+/// ```
+pub trait SqliteHandler: Send + Sync + 'static {
+    /// Writes what `batch`'s messages do, with `tx`.
+    fn handle(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        batch: &NewMessages<'_>,
+    ) -> Result<(), HandlerError>;
+}
+
+impl<F> SqliteHandler for F
+where
+    F: Fn(&rusqlite::Transaction<'_>, &NewMessages<'_>) -> Result<(), HandlerError>
+        + Send
+        + Sync
+        + 'static,
+{
+    fn handle(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        batch: &NewMessages<'_>,
+    ) -> Result<(), HandlerError> {
+        self(tx, batch)
+    }
+}
+
+/// A job's handler on a PostgreSQL store: writes the effects of the batch's new messages with
+/// `tx`, the transaction that also records their dedup keys.
+///
+/// ```
+/// use sluice_connector::prelude::*;
+///
+/// struct Upsert;
+///
+/// #[async_trait::async_trait]
+/// impl PostgresHandler for Upsert {
+///     async fn handle(
+///         &self,
+///         tx: &tokio_postgres::Transaction<'_>,
+///         batch: &NewMessages<'_>,
+///     ) -> Result<(), HandlerError> {
+///         for message in batch.iter() {
+///             tx.execute(
+///                 "INSERT INTO orders (id, body) VALUES ($1, $2)
+///                  ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+///                 &[&message.key(), &message.data()],
+///             )
+///             .await?;
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
+#[async_trait::async_trait]
+pub trait PostgresHandler: Send + Sync + 'static {
+    /// Writes what `batch`'s messages do, with `tx`.
+    async fn handle(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        batch: &NewMessages<'_>,
+    ) -> Result<(), HandlerError>;
+}
+
+/// A handler failed; the transaction is rolled back (the dedup keys too), nothing is acked.
+///
+/// [`HandlerError::rejected`] (the default for `?` on a database error): the data is at fault;
+/// a batch of several is retried one message at a time to find the culprit, which is
+/// dead-lettered with this error after its `max_attempts`. [`HandlerError::transient`]: the
+/// same batch is retried with backoff for as long as it takes, nothing charged (a lock
+/// timeout, a serialization failure: PostgreSQL's `40001` and `40P01` are classified so).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct HandlerError {
+    message: String,
+    transient: bool,
+}
+
+impl HandlerError {
+    /// The batch's data made the handler fail.
+    ///
+    /// ```
+    /// # use sluice_connector::prelude::*;
+    /// let error = HandlerError::rejected("no customer 42");
+    /// assert!(!error.is_transient());
+    /// ```
+    pub fn rejected(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            transient: false,
+        }
+    }
+
+    /// Retrying the same batch later may work.
+    ///
+    /// ```
+    /// # use sluice_connector::prelude::*;
+    /// assert!(HandlerError::transient("lock timeout").is_transient());
+    /// ```
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            transient: true,
+        }
+    }
+
+    /// Whether it is [`HandlerError::transient`].
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
+}
+
+impl From<rusqlite::Error> for HandlerError {
+    fn from(error: rusqlite::Error) -> Self {
+        match error.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                Self::transient(error.to_string())
+            }
+            _ => Self::rejected(error.to_string()),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for HandlerError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        use tokio_postgres::error::SqlState;
+        match error.code() {
+            Some(code)
+                if *code == SqlState::T_R_SERIALIZATION_FAILURE
+                    || *code == SqlState::T_R_DEADLOCK_DETECTED =>
+            {
+                Self::transient(error.to_string())
+            }
+            None if error.is_closed() => Self::transient(error.to_string()),
+            _ => Self::rejected(error.to_string()),
+        }
+    }
+}
+
+impl From<HandlerError> for WorkError {
+    fn from(error: HandlerError) -> Self {
+        WorkError {
+            message: error.message,
+            transient: error.transient,
+        }
+    }
+}
+
+/// One message of a batch, as a handler sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    key: &'a str,
+    id: &'a str,
+    data: &'a [u8],
+    attributes: &'a BTreeMap<String, String>,
+    publish_time_ms: i64,
+    event_time_ms: i64,
+}
+
+impl<'a> Message<'a> {
+    fn of_owned(owned: &'a Owned) -> Self {
+        Self {
+            key: &owned.key,
+            id: &owned.id,
+            data: &owned.data,
+            attributes: &owned.attributes,
+            publish_time_ms: owned.publish_time_ms,
+            event_time_ms: owned.event_time_ms,
+        }
+    }
+
+    /// A received message (its event time: its own, else its publish time).
+    pub(crate) fn of_delivery(delivery: &'a crate::Delivery) -> Self {
+        let message = &delivery.message;
+        Self {
+            key: delivery.key.as_str(),
+            id: &message.message_id,
+            data: &message.data,
+            attributes: &message.attributes,
+            publish_time_ms: message.publish_time_ms,
+            event_time_ms: message.event_time_ms.unwrap_or(message.publish_time_ms),
+        }
+    }
+
+    /// Its dedup key (the message id, or the dedup attribute's value).
+    pub fn key(&self) -> &'a str {
+        self.key
+    }
+
+    /// Its Pub/Sub message id.
+    pub fn id(&self) -> &'a str {
+        self.id
+    }
+
+    /// Its payload.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// Its attributes.
+    pub fn attributes(&self) -> &'a BTreeMap<String, String> {
+        self.attributes
+    }
+
+    /// One attribute.
+    pub fn attribute(&self, name: &str) -> Option<&'a str> {
+        self.attributes.get(name).map(String::as_str)
+    }
+
+    /// When Pub/Sub received it.
+    pub fn publish_time(&self) -> SystemTime {
+        system_time(self.publish_time_ms)
+    }
+
+    /// Its event time: the job's event-time attribute, else its publish time.
+    pub fn event_time(&self) -> SystemTime {
+        system_time(self.event_time_ms)
+    }
+}
+
+/// The new messages of a batch: those whose dedup key the ledger had not seen within the
+/// window (never a duplicate, never one that is dead-lettered), in receive order.
+#[derive(Debug)]
+pub struct NewMessages<'a> {
+    all: &'a [Owned],
+    new: &'a [usize],
+    batch_id: &'a str,
+    watermark_ms: Option<i64>,
+}
+
+impl<'a> NewMessages<'a> {
+    /// Them, in receive order.
+    pub fn iter(&self) -> impl Iterator<Item = Message<'a>> + '_ {
+        self.new.iter().map(|i| Message::of_owned(&self.all[*i]))
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.new.len()
+    }
+
+    /// Whether there are none (a handler is not called then).
+    pub fn is_empty(&self) -> bool {
+        self.new.is_empty()
+    }
+
+    /// The batch's id: the same for the same keys, so a batch given again after a crash (the
+    /// same messages batched together again) has the same id.
+    pub fn batch_id(&self) -> &'a str {
+        self.batch_id
+    }
+
+    /// The flow's event-time watermark when the batch was formed (a job with a watermark).
+    pub fn watermark(&self) -> Option<SystemTime> {
+        self.watermark_ms.map(system_time)
+    }
+}
+
+/// A message kept for the handler, owned (the work may run on another thread).
+#[derive(Debug)]
+pub(crate) struct Owned {
+    key: String,
+    id: String,
+    data: bytes::Bytes,
+    attributes: BTreeMap<String, String>,
+    publish_time_ms: i64,
+    event_time_ms: i64,
+}
+
+/// What a handler is given about one batch.
+struct Snapshot {
+    messages: Vec<Owned>,
+    batch_id: String,
+    watermark_ms: Option<i64>,
+}
+
+impl Snapshot {
+    fn of(batch: &Batch, effects: &[Effect]) -> Self {
+        let messages = batch
+            .deliveries()
+            .iter()
+            .zip(effects)
+            .map(|(delivery, effect)| Owned {
+                key: delivery.key.as_str().to_owned(),
+                id: delivery.message.message_id.clone(),
+                data: delivery.message.data.clone(),
+                attributes: delivery.message.attributes.clone(),
+                publish_time_ms: delivery.message.publish_time_ms,
+                event_time_ms: match effect {
+                    Effect::Row { event_time_ms } => *event_time_ms,
+                    Effect::DeadLetter { .. } => delivery.message.publish_time_ms,
+                },
+            })
+            .collect();
+        Self {
+            messages,
+            batch_id: crate::foreach::batch_id(batch.deliveries().iter().map(|d| d.key.as_str())),
+            watermark_ms: batch.watermark_ms(),
+        }
+    }
+
+    fn view<'a>(&'a self, new: &'a [usize]) -> NewMessages<'a> {
+        NewMessages {
+            all: &self.messages,
+            new,
+            batch_id: &self.batch_id,
+            watermark_ms: self.watermark_ms,
+        }
+    }
+}
+
+/// A handler, on whichever backend it is for.
+#[derive(Clone)]
+pub(crate) enum AnyHandler {
+    Sqlite(Arc<dyn SqliteHandler>),
+    Postgres(Arc<dyn PostgresHandler>),
+}
+
+impl BatchWork for AnyHandler {
+    fn work(&self, batch: &Batch, effects: &[Effect]) -> TransactionWork {
+        let snapshot = Snapshot::of(batch, effects);
+        match self {
+            AnyHandler::Sqlite(handler) => TransactionWork::Sqlite(Arc::new(OnSqlite {
+                handler: handler.clone(),
+                snapshot,
+            })),
+            AnyHandler::Postgres(handler) => TransactionWork::Postgres(Arc::new(OnPostgres {
+                handler: handler.clone(),
+                snapshot,
+            })),
+        }
+    }
+}
+
+struct OnSqlite {
+    handler: Arc<dyn SqliteHandler>,
+    snapshot: Snapshot,
+}
+
+impl SqliteWork for OnSqlite {
+    fn write(&self, tx: &rusqlite::Transaction<'_>, new: &[usize]) -> Result<(), WorkError> {
+        if new.is_empty() {
+            return Ok(());
+        }
+        Ok(self.handler.handle(tx, &self.snapshot.view(new))?)
+    }
+}
+
+struct OnPostgres {
+    handler: Arc<dyn PostgresHandler>,
+    snapshot: Snapshot,
+}
+
+#[async_trait::async_trait]
+impl PostgresWork for OnPostgres {
+    async fn write(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        new: &[usize],
+    ) -> Result<(), WorkError> {
+        if new.is_empty() {
+            return Ok(());
+        }
+        Ok(self.handler.handle(tx, &self.snapshot.view(new)).await?)
+    }
+}
+
+fn system_time(ms: i64) -> SystemTime {
+    match u64::try_from(ms) {
+        Ok(ms) => UNIX_EPOCH + Duration::from_millis(ms),
+        Err(_) => UNIX_EPOCH - Duration::from_millis(ms.unsigned_abs()),
+    }
+}

@@ -1,0 +1,487 @@
+//! The front door for custom streaming jobs: [`Job::builder`], then a handler that writes into
+//! your own tables inside the transaction that records the batch's dedup keys
+//! ([`Job::run_postgres`], [`Job::run_sqlite`]), or batches you pull and commit yourself
+//! ([`Job::stream`]). See the crate docs for the tutorial and complete examples.
+//!
+//! # Guarantees
+//!
+//! * **Your rows, exactly once.** A batch's new messages reach the handler with the store's open
+//!   transaction; sluice adds their dedup keys and the batch's dead letters to that same
+//!   transaction, commits it, and only then acks the messages. A crash anywhere before the
+//!   commit leaves none of your writes and none of the keys; after it, the redelivered copies
+//!   are duplicates your handler never sees. Within the dedup window (default 10 minutes), for
+//!   every replica sharing the store.
+//! * **The worker's behaviour.** The same committer as `sluice run`: a handler error rolls the
+//!   transaction back and is retried with backoff; a batch of several is split to find the
+//!   message at fault, which is dead-lettered (`<name>__dead_letter`, with the handler's error)
+//!   after `max_attempts`; a transient error or an unreachable store is retried for as long as
+//!   it takes, leases extended, nothing acked; a stop drains: nothing more is pulled, what was
+//!   received is committed and acked.
+//! * **Bounded memory**: at most the flow-control bounds are held between receipt and ack.
+
+mod handler;
+mod stream;
+
+pub use handler::{HandlerError, Message, NewMessages, PostgresHandler, SqliteHandler};
+pub use stream::{JobBatch, JobStream};
+
+use crate::batch::{BatchSettings, DedupSettings, KeySource};
+use crate::budget::Budget;
+use crate::commit::{CommitReport, CommitThenAck, RetrySettings};
+use crate::pubsub::{PubSubConfig, PubSubSource};
+use crate::runner::{FlowError, FlowRun, RunUntil};
+use crate::stage::TableStage;
+use crate::telemetry::Counters;
+use crate::watermark::FlowWatermark;
+use crate::{TrackerSettings, WatermarkTracker, commit_bound, pause_threshold};
+use handler::AnyHandler;
+use sluice_store::{FlowHandle, Layout, Store, StoreError, StoreUrl};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The defaults a job takes for what it is not told: those of a pipeline file's Pub/Sub source
+/// (`sluice run`).
+pub mod defaults {
+    use std::time::Duration;
+
+    /// Dedup window.
+    pub const DEDUP_WINDOW: Duration = Duration::from_secs(600);
+    /// Messages per batch, at most.
+    pub const BATCH_MAX_MESSAGES: usize = 1000;
+    /// How long a batch waits to fill.
+    pub const BATCH_MAX_DELAY: Duration = Duration::from_millis(50);
+    /// Messages held between receipt and ack, at most.
+    pub const MAX_OUTSTANDING_MESSAGES: usize = 10_000;
+    /// Bytes held between receipt and ack, at most (100 MiB).
+    pub const MAX_OUTSTANDING_BYTES: u64 = 100 * 1024 * 1024;
+    /// Attempts before a failing message is dead-lettered.
+    pub const MAX_ATTEMPTS: u32 = 5;
+    /// Streaming-pull streams.
+    pub const STREAMS: usize = 16;
+    /// How long a drain waits for the store before it gives up and nacks what is left.
+    pub const DRAIN_DEADLINE: Duration = Duration::from_secs(15);
+}
+
+/// How a job recognises copies of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Dedup {
+    key: KeySource,
+    window: Duration,
+}
+
+impl Dedup {
+    /// By Pub/Sub message id (a publisher's retry with a new id is a new message).
+    pub fn by_message_id() -> Self {
+        Self {
+            key: KeySource::MessageId,
+            window: defaults::DEDUP_WINDOW,
+        }
+    }
+
+    /// By the value of attribute `name`; a message without it is keyed by its message id.
+    ///
+    /// ```
+    /// # use sluice_connector::prelude::*;
+    /// let dedup = Dedup::by_attribute("event_id").window(std::time::Duration::from_secs(3600));
+    /// ```
+    pub fn by_attribute(name: impl Into<String>) -> Self {
+        Self {
+            key: KeySource::Attribute {
+                name: name.into(),
+                dead_letter_if_missing: false,
+            },
+            window: defaults::DEDUP_WINDOW,
+        }
+    }
+
+    /// As [`Dedup::by_attribute`], a message without it dead-lettered (`missing_dedup_attribute`).
+    pub fn by_attribute_or_dead_letter(name: impl Into<String>) -> Self {
+        Self {
+            key: KeySource::Attribute {
+                name: name.into(),
+                dead_letter_if_missing: true,
+            },
+            window: defaults::DEDUP_WINDOW,
+        }
+    }
+
+    /// Keys are remembered this long (default 10 minutes).
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+}
+
+/// Why a job could not start or run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JobError {
+    /// A setting is unusable (a name that is not an identifier, a store URL of no known
+    /// scheme, a handler for the other store).
+    #[error("{0}")]
+    Invalid(String),
+    /// The store could not be opened or prepared.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// The subscription could not be read.
+    #[error(transparent)]
+    Flow(#[from] FlowError),
+}
+
+/// A job's settings, each with the default `sluice run` gives a Pub/Sub flow.
+///
+/// ```no_run
+/// # async fn job() -> Result<(), sluice_connector::JobError> {
+/// use sluice_connector::prelude::*;
+/// let job = Job::builder("projects/my-project/subscriptions/orders")
+///     .name("orders_counts")
+///     .dedup(Dedup::by_attribute("order_id"))
+///     .store("sqlite://state/orders.db")
+///     .build()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct JobBuilder {
+    subscription: String,
+    name: String,
+    pubsub: PubSubConfig,
+    dedup: Dedup,
+    store: Option<String>,
+    event_time_attribute: Option<String>,
+    bad_timestamp_uses_publish_time: bool,
+    watermark_band: Option<Duration>,
+    batch: BatchSettings,
+    max_outstanding: (usize, u64),
+    max_attempts: u32,
+    streams: usize,
+}
+
+impl JobBuilder {
+    /// A job reading `subscription` (`projects/P/subscriptions/S`, or a short name with the
+    /// project from [`PubSubConfig`]).
+    pub fn new(subscription: impl Into<String>) -> Self {
+        Self {
+            subscription: subscription.into(),
+            name: "job".to_owned(),
+            pubsub: PubSubConfig::default(),
+            dedup: Dedup::by_message_id(),
+            store: None,
+            event_time_attribute: None,
+            bad_timestamp_uses_publish_time: false,
+            watermark_band: None,
+            batch: BatchSettings {
+                max_messages: defaults::BATCH_MAX_MESSAGES,
+                max_delay: defaults::BATCH_MAX_DELAY,
+            },
+            max_outstanding: (
+                defaults::MAX_OUTSTANDING_MESSAGES,
+                defaults::MAX_OUTSTANDING_BYTES,
+            ),
+            max_attempts: defaults::MAX_ATTEMPTS,
+            streams: defaults::STREAMS,
+        }
+    }
+
+    /// The job's name (an identifier, default `job`): its ledger and dead letters are kept
+    /// under it in the store, so two jobs sharing a store need two names.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Where Pub/Sub is (default: `PUBSUB_EMULATOR_HOST` if set, else the real service with
+    /// Application Default Credentials).
+    pub fn pubsub(mut self, config: PubSubConfig) -> Self {
+        self.pubsub = config;
+        self
+    }
+
+    /// How copies are recognised (default: by message id, 10 minutes).
+    pub fn dedup(mut self, dedup: Dedup) -> Self {
+        self.dedup = dedup;
+        self
+    }
+
+    /// The store: `sqlite://PATH` or `postgres://...` (default `sqlite://state/<name>.db`).
+    pub fn store(mut self, url: impl Into<String>) -> Self {
+        self.store = Some(url.into());
+        self
+    }
+
+    /// Take event times from this attribute (ms since the epoch or RFC 3339; a bad one is
+    /// dead-lettered); default: the publish time.
+    pub fn event_time_attribute(mut self, name: impl Into<String>) -> Self {
+        self.event_time_attribute = Some(name.into());
+        self
+    }
+
+    /// A message whose event-time attribute cannot be read takes its publish time instead of
+    /// being dead-lettered (`on_bad_timestamp: publish_time`).
+    pub fn bad_timestamp_uses_publish_time(mut self) -> Self {
+        self.bad_timestamp_uses_publish_time = true;
+        self
+    }
+
+    /// Keep an event-time watermark, with this band (event times trail publish times by at
+    /// most it), through the tracking subscription `<subscription>-tracking`, created if
+    /// missing; [`NewMessages::watermark`] shows it.
+    pub fn watermark(mut self, band: Duration) -> Self {
+        self.watermark_band = Some(band);
+        self
+    }
+
+    /// Batches of at most `max_messages`, waiting at most `max_delay` to fill (default 1000,
+    /// 50 ms).
+    pub fn batch(mut self, max_messages: usize, max_delay: Duration) -> Self {
+        self.batch = BatchSettings {
+            max_messages: max_messages.max(1),
+            max_delay,
+        };
+        self
+    }
+
+    /// Hold at most this many messages and bytes between receipt and ack (default 10 000,
+    /// 100 MiB).
+    pub fn flow_control(mut self, max_messages: usize, max_bytes: u64) -> Self {
+        self.max_outstanding = (max_messages.max(1), max_bytes.max(1));
+        self
+    }
+
+    /// Dead-letter a message after this many failed attempts (default 5).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Streaming-pull streams (default 16).
+    pub fn streams(mut self, streams: usize) -> Self {
+        self.streams = streams.max(1);
+        self
+    }
+
+    /// The store URL this job uses.
+    fn store_url(&self) -> String {
+        self.store
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://state/{}.db", self.name))
+    }
+
+    /// Opens the store and prepares the job's state there.
+    ///
+    /// # Errors
+    /// The name is not an identifier, the store URL is unknown, or the store cannot be
+    /// prepared.
+    pub async fn build(self) -> Result<Job, JobError> {
+        if !sluice_store::is_identifier(&self.name) {
+            return Err(JobError::Invalid(format!(
+                "job name {:?}: an identifier ([a-z_][a-z0-9_]*) is needed",
+                self.name
+            )));
+        }
+        let url = self.store_url();
+        let kind = url.parse::<StoreUrl>()?;
+        let store = sluice_store::open(&url)?;
+        let flow = store
+            .prepare(&Layout {
+                pipeline: self.name.clone(),
+                tables: Vec::new(),
+                flows: vec![self.name.clone()],
+            })
+            .await?
+            .remove(0);
+        Ok(Job {
+            settings: self,
+            store,
+            postgres: matches!(kind, StoreUrl::Postgres(_)),
+            flow,
+            stop: CancellationToken::new(),
+        })
+    }
+
+    /// What a flow of these settings reads and commits with; the worker's Pub/Sub flows are
+    /// built from it too.
+    pub fn parts(&self) -> Result<JobParts, crate::SourceError> {
+        let source = PubSubSource::new(self.pubsub.clone(), &self.subscription, self.streams)?
+            .with_max_lease(self.dedup.window)
+            .with_pause_threshold(pause_threshold(self.dedup.window));
+        Ok(JobParts {
+            source,
+            budget: Budget::new(self.max_outstanding.0, self.max_outstanding.1),
+            dedup: DedupSettings {
+                key: self.dedup.key.clone(),
+                window: self.dedup.window,
+            },
+            batch: self.batch,
+            stage: TableStage {
+                event_time_attribute: self.event_time_attribute.clone(),
+                bad_timestamp_uses_publish_time: self.bad_timestamp_uses_publish_time,
+            },
+            retry: RetrySettings {
+                max_attempts: self.max_attempts,
+                dedup_window: self.dedup.window,
+                commit_bound: Some(commit_bound(self.dedup.window)),
+            },
+        })
+    }
+}
+
+/// The pieces of a Pub/Sub flow ([`JobBuilder::parts`]).
+#[non_exhaustive]
+pub struct JobParts {
+    /// The subscription's source.
+    pub source: PubSubSource,
+    /// Its flow-control bound.
+    pub budget: Budget,
+    /// Its dedup key and window.
+    pub dedup: DedupSettings,
+    /// Its batch bounds.
+    pub batch: BatchSettings,
+    /// Its first stage (event times, dead letters for what cannot be keyed or timed).
+    pub stage: TableStage,
+    /// Its retries and commit bound.
+    pub retry: RetrySettings,
+}
+
+/// A job ready to run: its store is open and prepared.
+pub struct Job {
+    settings: JobBuilder,
+    store: Arc<dyn Store>,
+    postgres: bool,
+    flow: FlowHandle,
+    stop: CancellationToken,
+}
+
+/// What a job's run did.
+pub type JobReport = CommitReport;
+
+impl Job {
+    /// A job's settings, to build it with.
+    pub fn builder(subscription: impl Into<String>) -> JobBuilder {
+        JobBuilder::new(subscription)
+    }
+
+    /// Cancel this to drain the job: it stops pulling, commits and acks what it received,
+    /// then its run returns. (Wire it to Ctrl-C or SIGTERM yourself.)
+    pub fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Runs `handler` on every batch's new messages, in the PostgreSQL store's transaction,
+    /// until [`Job::stop_token`] is cancelled.
+    ///
+    /// # Errors
+    /// The store is SQLite, or the subscription cannot be read.
+    pub async fn run_postgres(self, handler: impl PostgresHandler) -> Result<JobReport, JobError> {
+        if !self.postgres {
+            return Err(JobError::Invalid(
+                "run_postgres needs a postgres:// store; use run_sqlite".to_owned(),
+            ));
+        }
+        self.run(AnyHandler::Postgres(Arc::new(handler))).await
+    }
+
+    /// Runs `handler` on every batch's new messages, in the SQLite store's transaction, until
+    /// [`Job::stop_token`] is cancelled.
+    ///
+    /// # Errors
+    /// The store is PostgreSQL, or the subscription cannot be read.
+    pub async fn run_sqlite(self, handler: impl SqliteHandler) -> Result<JobReport, JobError> {
+        if self.postgres {
+            return Err(JobError::Invalid(
+                "run_sqlite needs a sqlite:// store; use run_postgres".to_owned(),
+            ));
+        }
+        self.run(AnyHandler::Sqlite(Arc::new(handler))).await
+    }
+
+    /// Batches to pull and commit one by one ([`JobStream::next_batch`]).
+    ///
+    /// # Errors
+    /// The subscription cannot be read.
+    pub async fn stream(self) -> Result<JobStream, JobError> {
+        JobStream::start(self).await
+    }
+
+    async fn run(self, handler: AnyHandler) -> Result<JobReport, JobError> {
+        let parts = self.settings.parts().map_err(FlowError::from)?;
+        let counters = Counters::new(&self.settings.name, &self.settings.name);
+        let give_up = give_up_after_drain(&self.stop);
+        let tracker = self.start_tracker(&counters);
+        let committer = self.committer(&parts, give_up).with_work(Arc::new(handler));
+        let run = FlowRun {
+            source: Box::new(parts.source),
+            budget: parts.budget,
+            dedup: parts.dedup,
+            batch: parts.batch,
+            committer,
+            counters,
+            until: RunUntil::Drained,
+            drain_agreement: None,
+        };
+        let ended = run.run(self.stop.clone()).await;
+        if let Some((stop, task)) = tracker {
+            stop.cancel();
+            let _ = task.await;
+        }
+        Ok(ended?.report)
+    }
+
+    fn committer(&self, parts: &JobParts, give_up: CancellationToken) -> CommitThenAck {
+        let dead_letter: Arc<str> = Arc::from(format!("{}__dead_letter", self.settings.name));
+        CommitThenAck::new(
+            self.store.clone(),
+            self.flow.clone(),
+            dead_letter,
+            Arc::new(parts.stage.clone()),
+            parts.retry,
+            give_up,
+        )
+    }
+
+    /// Starts the watermark tracker beside the run, when the job keeps a watermark.
+    fn start_tracker(
+        &self,
+        counters: &Counters,
+    ) -> Option<(CancellationToken, tokio::task::JoinHandle<()>)> {
+        let band = self.settings.watermark_band?;
+        let watermark = FlowWatermark::new();
+        counters.attach_watermark(watermark.clone());
+        let subscription = &self.settings.subscription;
+        let settings = TrackerSettings {
+            tracking_subscription: format!("{subscription}-tracking"),
+            create_from: Some(subscription.clone()),
+            event_time_attribute: self.settings.event_time_attribute.clone(),
+            bad_timestamp_uses_publish_time: self.settings.bad_timestamp_uses_publish_time,
+            band_ms: i64::try_from(band.as_millis()).unwrap_or(i64::MAX),
+            base_subscription: subscription.clone(),
+            worker: format!("{}-{}", self.settings.name, std::process::id()),
+        };
+        let tracker = WatermarkTracker::new(
+            self.store.clone(),
+            self.flow.clone(),
+            self.settings.pubsub.clone(),
+            settings,
+            watermark,
+        );
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(tracker.run(stop.clone()));
+        Some((stop, task))
+    }
+}
+
+/// A token cancelled [`defaults::DRAIN_DEADLINE`] after `stop`: then batches still waiting for
+/// an unreachable store are nacked instead of retried.
+fn give_up_after_drain(stop: &CancellationToken) -> CancellationToken {
+    let give_up = CancellationToken::new();
+    let (stop, cancel) = (stop.clone(), give_up.clone());
+    tokio::spawn(async move {
+        stop.cancelled().await;
+        tokio::time::sleep(defaults::DRAIN_DEADLINE).await;
+        cancel.cancel();
+    });
+    give_up
+}

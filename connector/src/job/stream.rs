@@ -1,0 +1,214 @@
+//! Stream-style jobs: pull a batch ([`JobStream::next_batch`]), look at it, then commit it with
+//! your own writes ([`JobBatch::commit_with_postgres`], [`JobBatch::commit_with_sqlite`]) or,
+//! for a job whose effect lives elsewhere, record it done ([`JobBatch::settle`]). Either way
+//! the batch's messages are acked only after the commit, with the same retries and dead
+//! letters as a handler's run.
+
+use super::handler::AnyHandler;
+use super::{
+    Job, JobError, JobReport, Message, PostgresHandler, SqliteHandler, give_up_after_drain,
+};
+use crate::batch::{Batch, BatchSource};
+use crate::commit::CommitThenAck;
+use crate::runner::FlowError;
+use crate::source::SourceHandle;
+use crate::telemetry::Counters;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+
+/// Batches of a job, pulled one at a time.
+pub struct JobStream {
+    batches: BatchSource,
+    source: Box<dyn SourceHandle>,
+    committer: CommitThenAck,
+    postgres: bool,
+    stop: CancellationToken,
+    tracker: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+impl JobStream {
+    pub(super) async fn start(job: Job) -> Result<Self, JobError> {
+        let parts = job.settings.parts().map_err(FlowError::from)?;
+        let counters = Counters::new(&job.settings.name, &job.settings.name);
+        let tracker = job.start_tracker(&counters);
+        let give_up = give_up_after_drain(&job.stop);
+        let committer = job.committer(&parts, give_up);
+        let (batches, source) = BatchSource::start(
+            Box::new(parts.source),
+            parts.budget,
+            parts.dedup,
+            parts.batch,
+            counters,
+            job.stop.clone(),
+        )
+        .await
+        .map_err(FlowError::from)?;
+        Ok(Self {
+            batches,
+            source,
+            committer,
+            postgres: job.postgres,
+            stop: job.stop,
+            tracker,
+        })
+    }
+
+    /// The next batch; `None` once the job's stop token was cancelled and everything received
+    /// was handed out.
+    pub async fn next_batch(&mut self) -> Option<JobBatch<'_>> {
+        let batch = self.batches.next_batch().await?;
+        Some(JobBatch {
+            batch,
+            stream: self,
+        })
+    }
+
+    /// Stops pulling (as the job's stop token does); batches already received still come from
+    /// [`JobStream::next_batch`].
+    pub fn drain(&self) {
+        self.stop.cancel();
+    }
+
+    /// Closes the stream once drained: what the client still holds unasked is given back.
+    pub async fn close(self) {
+        self.stop.cancel();
+        drop(self.batches);
+        self.source.close().await;
+        if let Some((stop, task)) = self.tracker {
+            stop.cancel();
+            let _ = task.await;
+        }
+    }
+}
+
+/// One batch of a [`JobStream`]: acked only once committed, nacked if dropped uncommitted.
+pub struct JobBatch<'s> {
+    batch: Batch,
+    stream: &'s JobStream,
+}
+
+impl JobBatch<'_> {
+    /// Its id: the same for the same keys, so the same messages batched together again after a
+    /// crash carry the same id (an idempotency key for a system outside the store).
+    pub fn id(&self) -> String {
+        crate::foreach::batch_id(self.batch.deliveries().iter().map(|d| d.key.as_str()))
+    }
+
+    /// Its messages, in receive order (before the ledger's decision: a copy committed by
+    /// another replica within the window is still here; the commit finds it).
+    pub fn messages(&self) -> impl Iterator<Item = Message<'_>> + '_ {
+        self.batch.deliveries().iter().map(Message::of_delivery)
+    }
+
+    /// How many messages.
+    pub fn len(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.batch.is_empty()
+    }
+
+    /// The job's event-time watermark when the batch was formed (a job with a watermark).
+    pub fn watermark(&self) -> Option<SystemTime> {
+        self.batch
+            .watermark_ms()
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
+    }
+
+    /// Commits the batch with `handler`'s writes in the PostgreSQL store's transaction, then
+    /// acks it (retrying and dead-lettering as a handler's run does).
+    ///
+    /// # Errors
+    /// The store is SQLite (the batch is given back).
+    pub async fn commit_with_postgres(
+        self,
+        handler: impl PostgresHandler,
+    ) -> Result<JobReport, JobError> {
+        if !self.stream.postgres {
+            self.batch.abandon();
+            return Err(JobError::Invalid("the store is not PostgreSQL".to_owned()));
+        }
+        let work = Arc::new(AnyHandler::Postgres(Arc::new(handler)));
+        Ok(self
+            .stream
+            .committer
+            .process_with(self.batch, Some(work))
+            .await)
+    }
+
+    /// Commits the batch with `handler`'s writes in the SQLite store's transaction, then acks
+    /// it (retrying and dead-lettering as a handler's run does).
+    ///
+    /// # Errors
+    /// The store is PostgreSQL (the batch is given back).
+    pub async fn commit_with_sqlite(
+        self,
+        handler: impl SqliteHandler,
+    ) -> Result<JobReport, JobError> {
+        if self.stream.postgres {
+            self.batch.abandon();
+            return Err(JobError::Invalid("the store is not SQLite".to_owned()));
+        }
+        let work = Arc::new(AnyHandler::Sqlite(Arc::new(handler)));
+        Ok(self
+            .stream
+            .committer
+            .process_with(self.batch, Some(work))
+            .await)
+    }
+
+    /// Records the batch's messages done (their dedup keys, in one transaction) and acks them:
+    /// for a job that wrote their effect elsewhere, idempotently, before.
+    pub async fn settle(self) -> JobReport {
+        let record_only = Arc::new(RecordOnly(self.stream.postgres));
+        self.stream
+            .committer
+            .process_with(self.batch, Some(record_only))
+            .await
+    }
+
+    /// Gives the batch back to Pub/Sub uncommitted, for prompt redelivery.
+    pub fn abandon(self) {
+        self.batch.abandon();
+    }
+}
+
+/// No writes of the caller's: the keys only.
+struct RecordOnly(bool);
+
+impl crate::commit::BatchWork for RecordOnly {
+    fn work(&self, _: &Batch, _: &[sluice_store::Effect]) -> sluice_store::TransactionWork {
+        if self.0 {
+            sluice_store::TransactionWork::Postgres(Arc::new(Nothing))
+        } else {
+            sluice_store::TransactionWork::Sqlite(Arc::new(Nothing))
+        }
+    }
+}
+
+struct Nothing;
+
+impl sluice_store::SqliteWork for Nothing {
+    fn write(
+        &self,
+        _: &rusqlite::Transaction<'_>,
+        _: &[usize],
+    ) -> Result<(), sluice_store::WorkError> {
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl sluice_store::PostgresWork for Nothing {
+    async fn write(
+        &self,
+        _: &tokio_postgres::Transaction<'_>,
+        _: &[usize],
+    ) -> Result<(), sluice_store::WorkError> {
+        Ok(())
+    }
+}

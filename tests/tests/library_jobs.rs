@@ -1,0 +1,251 @@
+//! Library jobs (`sluice_connector::Job`): the connector's examples, run as their own processes
+//! against the real emulator, and a job in this process whose handler fails on one message.
+//!
+//! * `upsert_postgres` on a real PostgreSQL under SIGKILL: 20 000 events of 50 customers plus
+//!   2 000 publisher duplicates (same `event_id`, new message id), the process killed at least
+//!   five times while it commits (each kill after the table grew in that life): every
+//!   customer's count in the job's own table is exactly its number of distinct events (a
+//!   duplicate applied twice, or an event lost, would show).
+//! * `counter_sqlite` and `forward` (stream-style, settled batches) each take a backlog and
+//!   drain on SIGTERM: every message counted or forwarded once.
+//! * A SQLite job whose handler refuses one message: the others commit, that one is
+//!   dead-lettered with the handler's error, and the job's table has no trace of it.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use bytes::Bytes;
+use google_cloud_pubsub::model::Message;
+use rand::seq::SliceRandom;
+use sluice_connector::prelude::*;
+use sluice_tests::{Db, PgDb, PubSub, Workdir, Worker, eventually, publish_in_chunks};
+use std::path::Path;
+use std::time::Duration;
+
+/// Event `i` of customer `i % 50`, keyed by `event_id`.
+fn customer_event(i: usize) -> Message {
+    Message::new()
+        .set_data(Bytes::from(format!("{{\"n\":{i}}}")))
+        .set_attributes([
+            ("event_id", format!("e{i}")),
+            ("customer", format!("c{}", i % 50)),
+        ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upsert_example_counts_each_event_once_under_sigkill() {
+    const EVENTS: usize = 20_000;
+    let database = sluice_store::ScratchDatabase::create().await.unwrap();
+    let db = PgDb(database.url().to_owned());
+    let pubsub = PubSub::connect().await;
+    let (topic, subscriptions) = pubsub.topic_with("upsert", 1).await;
+    let subscription = pubsub.config.subscription_path(&subscriptions[0]).unwrap();
+    let dir = Workdir::new();
+    let mut messages: Vec<Message> = (0..EVENTS).map(customer_event).collect();
+    for _ in 0..EVENTS / 10 {
+        messages.push(customer_event(rand::random_range(0..EVENTS)));
+    }
+    messages.shuffle(&mut rand::rng());
+    let publishing = publish_in_chunks(&topic, messages, 200, Duration::from_millis(150)).await;
+    let counted = || db.query("SELECT COALESCE(SUM(events), 0) FROM customer_events");
+    let args = [subscription.as_str(), database.url()];
+
+    let mut kills = Vec::new();
+    for life in 0..6 {
+        let job = Worker::example("upsert_postgres", &args, dir.path(), &format!("life{life}"));
+        let before = counted();
+        // Kill only once this life has committed something, at a random moment after.
+        assert!(
+            eventually(Duration::from_secs(120), || counted() > before).await,
+            "life {life} committed nothing:\n{}",
+            job.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..1_500))).await;
+        let at = counted();
+        job.kill9();
+        kills.push((before, at));
+    }
+    publishing.await.unwrap();
+    let last = Worker::example("upsert_postgres", &args, dir.path(), "last");
+    assert!(
+        eventually(Duration::from_secs(300), || counted() == EVENTS as i64).await,
+        "{} of {EVENTS} counted:\n{}",
+        counted(),
+        last.logs()
+    );
+    last.terminate();
+    assert!(last.wait(Duration::from_secs(60)).success());
+
+    println!("kills (counted when the life started, when it was killed): {kills:?}");
+    assert!(kills.len() >= 5);
+    assert!(
+        kills
+            .iter()
+            .all(|(before, at)| before < at && *at < EVENTS as i64),
+        "every kill landed while the job was committing: {kills:?}"
+    );
+    assert_eq!(db.query("SELECT COUNT(*) FROM customer_events"), 50);
+    assert_eq!(
+        db.query("SELECT COUNT(*) FROM customer_events WHERE events <> 400"),
+        0,
+        "each customer counts its 400 distinct events: {}",
+        db.text("SELECT string_agg(customer || '=' || events, ' ') FROM customer_events")
+    );
+    assert_eq!(
+        db.query("SELECT COUNT(*) FROM customer_events__dead_letter"),
+        0
+    );
+}
+
+/// Publishes `n` messages, `region` attribute `r{i % 10}`.
+async fn publish_regions(pubsub: &PubSub, topic: &str, n: usize) {
+    let messages = (0..n)
+        .map(|i| {
+            Message::new()
+                .set_data(Bytes::from(format!("m{i}")))
+                .set_attributes([("region", format!("r{}", i % 10))])
+        })
+        .collect();
+    pubsub.publish(topic, messages).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqlite_counter_and_forward_examples_take_each_message_once() {
+    let pubsub = PubSub::connect().await;
+    let (topic, subscriptions) = pubsub.topic_with("examples", 2).await;
+    let counter_sub = pubsub.config.subscription_path(&subscriptions[0]).unwrap();
+    let forward_sub = pubsub.config.subscription_path(&subscriptions[1]).unwrap();
+    publish_regions(&pubsub, &topic, 1_000).await;
+    let dir = Workdir::new();
+    let counter_db = dir.path().join("counter.db");
+    let forward_db = dir.path().join("forward.db");
+    let out = dir.path().join("out");
+    let counter = Worker::example(
+        "counter_sqlite",
+        &[&counter_sub, counter_db.to_str().unwrap()],
+        dir.path(),
+        "counter",
+    );
+    let forward = Worker::example(
+        "forward",
+        &[
+            &forward_sub,
+            forward_db.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+        "forward",
+    );
+    let counts = Db(counter_db.clone());
+    let forwarded = || forwarded_lines(&out);
+    assert!(
+        eventually(Duration::from_secs(120), || {
+            counts.query("SELECT COALESCE(SUM(n), 0) FROM region_counts") == 1_000
+                && forwarded().len() == 1_000
+        })
+        .await,
+        "counter {}, forward {}:\n{}\n{}",
+        counts.query("SELECT COALESCE(SUM(n), 0) FROM region_counts"),
+        forwarded().len(),
+        counter.logs(),
+        forward.logs()
+    );
+    for job in [counter, forward] {
+        job.terminate();
+        let exit = job.wait(Duration::from_secs(60));
+        assert!(exit.success(), "{exit:?}");
+    }
+    assert_eq!(
+        counts.query("SELECT COUNT(*) FROM region_counts WHERE n <> 100"),
+        0,
+        "100 a region"
+    );
+    let mut keys = forwarded();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 1_000, "each message forwarded once");
+}
+
+/// The keys of every line the `forward` example wrote.
+fn forwarded_lines(out: &Path) -> Vec<String> {
+    let Ok(files) = std::fs::read_dir(out) else {
+        return Vec::new();
+    };
+    files
+        .flatten()
+        .flat_map(|file| {
+            std::fs::read_to_string(file.path())
+                .unwrap_or_default()
+                .lines()
+                .map(|line| {
+                    let value: serde_json::Value = serde_json::from_str(line).unwrap();
+                    value["key"].as_str().unwrap().to_owned()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_refuses_one_message_dead_letters_it_and_keeps_no_trace() {
+    let pubsub = PubSub::connect().await;
+    let (topic, subscriptions) = pubsub.topic_with("refuse", 1).await;
+    let messages = (0..100)
+        .map(|i| sluice_tests::event(&format!("e{i}")))
+        .collect();
+    pubsub.publish(&topic, messages).await;
+    let dir = Workdir::new();
+    let path = dir.path().join("job.db");
+    let job = Job::builder(pubsub.config.subscription_path(&subscriptions[0]).unwrap())
+        .name("refusing")
+        .pubsub(pubsub.config.clone())
+        .dedup(Dedup::by_attribute("event_id"))
+        .store(format!("sqlite://{}", path.display()))
+        .max_attempts(3)
+        .build()
+        .await
+        .unwrap();
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("CREATE TABLE seen (event_id TEXT PRIMARY KEY)", [])
+        .unwrap();
+    let stop = job.stop_token();
+    let record = |tx: &rusqlite::Transaction<'_>, batch: &NewMessages<'_>| {
+        for message in batch.iter() {
+            let id = message.attribute("event_id").unwrap_or_default();
+            tx.execute("INSERT INTO seen (event_id) VALUES (?1)", [id])?;
+            if id == "e13" {
+                return Err(HandlerError::rejected("refusing e13"));
+            }
+        }
+        Ok(())
+    };
+    let running = tokio::spawn(job.run_sqlite(record));
+    let db = Db(path.clone());
+    assert!(
+        eventually(Duration::from_secs(120), || {
+            db.query("SELECT COUNT(*) FROM seen") == 99
+                && db.query("SELECT COUNT(*) FROM refusing__dead_letter") == 1
+        })
+        .await,
+        "seen {}, dead letters {}",
+        db.query("SELECT COUNT(*) FROM seen"),
+        db.query("SELECT COUNT(*) FROM refusing__dead_letter")
+    );
+    stop.cancel();
+    let report = running.await.unwrap().unwrap();
+    assert_eq!((report.rows, report.dead_letters), (99, 1));
+    assert_eq!(
+        db.query("SELECT COUNT(*) FROM seen WHERE event_id = 'e13'"),
+        0,
+        "no trace of the refused message"
+    );
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let (key, reason, error): (String, String, String) = conn
+        .query_row(
+            "SELECT dedup_key, reason, error FROM refusing__dead_letter",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!((key.as_str(), reason.as_str()), ("e13", "max_attempts"));
+    assert!(error.contains("refusing e13"), "{error}");
+}
