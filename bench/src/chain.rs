@@ -78,33 +78,11 @@ impl Feed {
         if !args.emulator {
             return Ok(Feed::InProcess);
         }
-        let (emulator, endpoint) = match std::env::var("PUBSUB_EMULATOR_HOST") {
-            Ok(host) => (None, format!("http://{host}")),
-            Err(_) => {
-                let emulator = crate::Emulator::start()?;
-                let endpoint = emulator.endpoint();
-                (Some(emulator), endpoint)
-            }
-        };
-        let config = PubSubConfig {
-            project: Some(crate::throughput::PROJECT.to_owned()),
-            endpoint: Some(endpoint),
-        };
-        let admin = Admin::connect(&config).await?;
-        let run_id: u32 = rand::random();
-        let warm = crate::throughput::backlog(
-            &admin,
-            &format!("chain-warm-{run_id}"),
-            crate::throughput::WARM_UP_MESSAGES,
-            args.size,
-        )
-        .await?;
-        crate::throughput::raw_drain(&config, &warm, crate::throughput::WARM_UP_MESSAGES, STREAMS)
-            .await?;
+        let (admin, config, emulator) = emulator_feed(args.size).await?;
         Ok(Feed::Emulator {
             admin,
             config,
-            run_id,
+            run_id: rand::random(),
             _emulator: emulator,
         })
     }
@@ -135,6 +113,38 @@ impl Feed {
             }
         }
     }
+}
+
+/// The emulator a benchmark feeds from (`PUBSUB_EMULATOR_HOST`'s, or one started now and
+/// stopped when the returned guard drops), warmed up with a drained backlog of `size`-byte
+/// messages (the first run after a start is several times slower).
+pub(crate) async fn emulator_feed(
+    size: usize,
+) -> Result<(Admin, PubSubConfig, Option<crate::Emulator>), BenchError> {
+    let (emulator, endpoint) = match std::env::var("PUBSUB_EMULATOR_HOST") {
+        Ok(host) => (None, format!("http://{host}")),
+        Err(_) => {
+            let emulator = crate::Emulator::start()?;
+            let endpoint = emulator.endpoint();
+            (Some(emulator), endpoint)
+        }
+    };
+    let config = PubSubConfig {
+        project: Some(crate::throughput::PROJECT.to_owned()),
+        endpoint: Some(endpoint),
+    };
+    let admin = Admin::connect(&config).await?;
+    let run_id: u32 = rand::random();
+    let warm = crate::throughput::backlog(
+        &admin,
+        &format!("warm-{run_id}"),
+        crate::throughput::WARM_UP_MESSAGES,
+        size,
+    )
+    .await?;
+    crate::throughput::raw_drain(&config, &warm, crate::throughput::WARM_UP_MESSAGES, STREAMS)
+        .await?;
+    Ok((admin, config, emulator))
 }
 
 /// Streaming-pull streams of the emulator feed.

@@ -7,12 +7,14 @@
 mod chain;
 mod cpu;
 pub mod emulator;
+mod job;
 mod stores;
 mod throughput;
 mod watermark;
 
 pub use chain::{ChainArgs, chain};
 pub use emulator::{Emulator, EmulatorError, free_port};
+pub use job::{JobArgs, job};
 pub use stores::StoreChoice;
 pub use throughput::{BenchError, ThroughputArgs, throughput};
 pub use watermark::{WatermarkArgs, watermark};

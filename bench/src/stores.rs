@@ -1,6 +1,8 @@
 //! The stores a benchmark measures: SQLite in a temporary folder, PostgreSQL in a scratch
 //! database dropped afterwards.
 
+use sluice_connector::{rusqlite, tokio_postgres};
+
 /// `--store`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StoreChoice {
@@ -44,9 +46,32 @@ pub(crate) struct FreshStore {
     pub(crate) postgres: Option<std::sync::Arc<sluice_store::PostgresStore>>,
     _dir: tempfile::TempDir,
     _scratch: Option<sluice_store::ScratchDatabase>,
+    url: String,
 }
 
 impl FreshStore {
+    /// Its store URL, for what opens its own connection (a library job).
+    pub(crate) fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Runs `sql` on it through a connection of its own.
+    pub(crate) async fn execute(&self, sql: &str) -> Result<(), String> {
+        match &self._scratch {
+            Some(database) => {
+                let (client, connection) =
+                    tokio_postgres::connect(database.url(), tokio_postgres::NoTls)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                tokio::spawn(connection);
+                client.batch_execute(sql).await.map_err(|e| e.to_string())
+            }
+            None => rusqlite::Connection::open(self._dir.path().join("bench.db"))
+                .and_then(|conn| conn.execute_batch(sql))
+                .map_err(|e| e.to_string()),
+        }
+    }
+
     /// Opens one: a SQLite file in a temporary folder, or a scratch database on
     /// `postgres_server`.
     pub(crate) async fn open(
@@ -62,6 +87,7 @@ impl FreshStore {
                         .map_err(store_error)?,
                 ),
                 postgres: None,
+                url: format!("sqlite://{}", dir.path().join("bench.db").display()),
                 _dir: dir,
                 _scratch: None,
             },
@@ -75,6 +101,7 @@ impl FreshStore {
                 Self {
                     store: store.clone(),
                     postgres: Some(store),
+                    url: database.url().to_owned(),
                     _dir: dir,
                     _scratch: Some(database),
                 }

@@ -259,6 +259,17 @@ pub(crate) async fn backlog(
     n: usize,
     size: usize,
 ) -> Result<String, BenchError> {
+    backlog_with(admin, name, n, size, |i| vec![("key", format!("k{i}"))]).await
+}
+
+/// As [`backlog`], message `i` with `attributes(i)`.
+pub(crate) async fn backlog_with(
+    admin: &Admin,
+    name: &str,
+    n: usize,
+    size: usize,
+    attributes: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> Result<String, BenchError> {
     admin.create_topic(name).await?;
     let subscription = admin
         .create_subscription(&format!("{name}-sub"), name, 60)
@@ -271,7 +282,7 @@ pub(crate) async fn backlog(
         let messages = (published..published + chunk).map(|i| {
             Message::new()
                 .set_data(payload.clone())
-                .set_attributes([("key", format!("k{i}"))])
+                .set_attributes(attributes(i))
         });
         publish_all(&publisher, messages).await?;
         published += chunk;
@@ -469,13 +480,16 @@ async fn sluice_drain(
     })
 }
 
+/// The channel of the ack-only baseline: the size of a flow's intake channel.
+const ACK_ONLY_CHANNEL: usize = 1024;
+
 /// The in-process source drained by a consumer that acks each message at once: what the source
 /// and the channel cost without sluice's work.
 async fn ack_only_drain(source: InProcessSource) -> Measured {
     let cpu_before = process_cpu_time();
     let started = Instant::now();
     let n = source.len();
-    let (tx, mut rx) = tokio::sync::mpsc::channel(sluice_connector::INTAKE_CAPACITY);
+    let (tx, mut rx) = tokio::sync::mpsc::channel(ACK_ONLY_CHANNEL);
     let stop = CancellationToken::new();
     let handle = Box::new(source)
         .start(tx, Budget::new(10_000, 100 << 20), stop.clone())

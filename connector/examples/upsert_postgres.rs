@@ -21,15 +21,21 @@ impl PostgresHandler for CountPerCustomer {
         tx: &tokio_postgres::Transaction<'_>,
         batch: &NewMessages<'_>,
     ) -> Result<(), HandlerError> {
+        // One statement for the batch: its events counted per customer, then added.
+        let mut per_customer = std::collections::BTreeMap::<&str, i64>::new();
         for event in batch.iter() {
-            let customer = event.attribute("customer").unwrap_or("unknown");
-            tx.execute(
-                "INSERT INTO customer_events (customer, events) VALUES ($1, 1)
-                 ON CONFLICT (customer) DO UPDATE SET events = customer_events.events + 1",
-                &[&customer],
-            )
-            .await?;
+            *per_customer
+                .entry(event.attribute("customer").unwrap_or("unknown"))
+                .or_default() += 1;
         }
+        let (customers, counts): (Vec<&str>, Vec<i64>) = per_customer.into_iter().unzip();
+        tx.execute(
+            "INSERT INTO customer_events (customer, events)
+             SELECT * FROM unnest($1::text[], $2::int8[])
+             ON CONFLICT (customer) DO UPDATE SET events = customer_events.events + excluded.events",
+            &[&customers, &counts],
+        )
+        .await?;
         Ok(())
     }
 }

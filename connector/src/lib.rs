@@ -1,39 +1,189 @@
-//! sluice's source connector: Pub/Sub in, deduplicated batches out, acks only after commit.
+//! # Exactly once into your own tables
 //!
-//! # The message lifecycle
+//! `sluice-connector` reads a Google Cloud Pub/Sub subscription and hands each batch's *new*
+//! messages (copies already settled are dropped, by message id or by an attribute, over a
+//! window) to your handler together with the open transaction of your store. You write what the
+//! messages do — an upsert, a counter, a row in your own schema — and return; sluice adds the
+//! messages' dedup keys to that same transaction, commits it, and only then acks the messages.
+//! So your writes happen exactly once per message within the dedup window, across crashes,
+//! redeliveries, publisher retries and every replica sharing the store. No other Pub/Sub
+//! connector puts your own effect into the transaction that decides duplicates.
 //!
-//! ```text
-//! received ──► keyed ──► admitted (memory tier) ──► batched ──► staged ──► committed ──► acked
-//!                             │                                     │
-//!                             ├─ in flight elsewhere: parked ───────┴─► acked with its original
-//!                             └─ committed recently: acked at once (a duplicate)
+//! ## In ten lines
+//!
+//! ```no_run
+//! use sluice_connector::prelude::*;
+//!
+//! # async fn job() -> Result<(), JobError> {
+//! let job = Job::builder("projects/my-project/subscriptions/orders")
+//!     .name("order_counts")
+//!     .dedup(Dedup::by_attribute("order_id"))
+//!     .store("sqlite://state/orders.db")
+//!     .build()
+//!     .await?;
+//! job.run_sqlite(|tx: &rusqlite::Transaction<'_>, batch: &NewMessages<'_>| {
+//!     for order in batch.iter() {
+//!         tx.execute(
+//!             "INSERT INTO per_region (region, n) VALUES (?1, 1)
+//!              ON CONFLICT (region) DO UPDATE SET n = n + 1",
+//!             [order.attribute("region").unwrap_or("")],
+//!         )?;
+//!     }
+//!     Ok(())
+//! })
+//! .await?;
+//! # Ok(()) }
 //! ```
 //!
-//! # Guarantees
+//! ## The lifecycle of a job
 //!
-//! * **Ack after commit.** A [`Delivery`]'s Pub/Sub handler is acked only by
-//!   [`Batch::settle_committed`], which the caller invokes after the transaction holding the
-//!   batch's effects has committed ([`CommitThenAck`] does exactly that with a
-//!   [`sluice_store::Store`]). Until then the client keeps extending the message's lease.
-//!   A batch that is dropped or [`Batch::abandon`]ed is nacked, so Pub/Sub redelivers it promptly.
-//! * **No double processing within a worker.** A redelivery that races its original (same dedup
-//!   key, original not yet settled) is parked and settled with the original: acked when the
-//!   original commits, nacked when it is abandoned. It never reaches a stage.
-//! * **Exactly once across workers** comes from the store's ledger: the memory tier only reports
-//!   keys the store has already decided, so it never drops a message the store has not seen.
-//! * **Never past the dedup window.** A Pub/Sub delivery held longer than the commit bound
-//!   (the dedup window minus a margin, [`commit_bound`]) is given back uncommitted, checked by
-//!   the committer and again by the store inside the transaction; a stream that lived through a
-//!   pause of the process gives back what it reads after it. So a worker paused past the window
-//!   cannot commit a message whose other copy the ledger has forgotten.
-//! * **Bounded memory.** At most `max_outstanding_messages` messages and `max_outstanding_bytes`
-//!   bytes are held between receipt and ack; sources stop pulling at the bound ([`Budget`]).
+//! 1. [`Job::builder`] takes the subscription and the settings, each defaulting to what
+//!    `sluice run` gives a Pub/Sub flow ([`defaults`]); [`JobBuilder::build`] opens the store
+//!    (`sqlite://PATH` or `postgres://...`) and creates the job's ledger and dead-letter table
+//!    there, under the job's name.
+//! 2. [`Job::run_postgres`] / [`Job::run_sqlite`] pull the subscription over several
+//!    streaming-pull streams, within the flow-control bounds, and form batches:
 //!
-//! # Using it in your own job
+//!    ```text
+//!    received ──► keyed ──► admitted (memory tier) ──► batched ──► handler + keys ──► committed ──► acked
+//!                                │                                                       │
+//!                                ├─ in flight elsewhere: parked ─────────────────────────┴─► acked with its original
+//!                                └─ committed recently: acked at once (a duplicate)
+//!    ```
 //!
-//! See `examples/custom_job.rs`: build a [`PubSubSource`], wrap it in a [`BatchSource`], take
-//! [`Batch`]es, run your own first stage, commit through [`CommitThenAck`] (or your own store,
-//! then call [`Batch::settle_committed`]).
+//!    The handler sees each message at most once per commit attempt, only if its key is new to
+//!    the ledger; a failed attempt rolls back all of it.
+//! 3. Cancelling [`Job::stop_token`] drains the job: nothing more is pulled, what was received
+//!    is committed and acked, and the run returns a [`JobReport`].
+//!
+//! [`Job::stream`] is the same with you in the loop: take a [`JobBatch`], look at it (its
+//! [`JobBatch::watermark`], event times, attributes), then commit it with your writes
+//! ([`JobBatch::commit_with_postgres`], [`JobBatch::commit_with_sqlite`]) or, when its effect
+//! lives in another system, write there first with [`JobBatch::id`] as the idempotency key and
+//! [`JobBatch::settle`] it.
+//!
+//! ## Guarantees
+//!
+//! * **Ack after commit.** A message is acked only after the transaction holding your writes
+//!   and its dedup key committed. Until then the client keeps extending its lease.
+//! * **Exactly once within the dedup window.** Your writes for a key are committed at most once
+//!   within the window, on every replica sharing the store: the ledger's primary key decides,
+//!   in your transaction. The memory tier only reports keys the store decided already.
+//! * **Never past the window.** A delivery held longer than the window minus a margin
+//!   ([`commit_bound`]) is given back uncommitted, so a process paused past the window cannot
+//!   commit a copy whose twin the ledger has forgotten.
+//! * **Failures.** A handler error rolls the transaction back. [`HandlerError::transient`] (and
+//!   an unreachable store) is retried with backoff for as long as it takes, nothing acked; any
+//!   other error finds the message at fault (a batch of several is retried one by one), which
+//!   after `max_attempts` goes to `<name>__dead_letter` with your error, then is acked.
+//! * **Bounded memory.** At most the flow-control bounds are held between receipt and ack.
+//!
+//! ## Three complete jobs
+//!
+//! Each is in `examples/` and run by the project's tests against the Pub/Sub emulator.
+//!
+//! An upsert into your own PostgreSQL table (`examples/upsert_postgres.rs`), a count of events
+//! per customer that a duplicate applied twice would show:
+//!
+//! ```no_run
+//! use sluice_connector::prelude::*;
+//!
+//! struct CountPerCustomer;
+//!
+//! #[async_trait::async_trait]
+//! impl PostgresHandler for CountPerCustomer {
+//!     async fn handle(
+//!         &self,
+//!         tx: &tokio_postgres::Transaction<'_>,
+//!         batch: &NewMessages<'_>,
+//!     ) -> Result<(), HandlerError> {
+//!         // One statement for the batch: its events counted per customer, then added.
+//!         let mut per_customer = std::collections::BTreeMap::<&str, i64>::new();
+//!         for event in batch.iter() {
+//!             *per_customer
+//!                 .entry(event.attribute("customer").unwrap_or("unknown"))
+//!                 .or_default() += 1;
+//!         }
+//!         let (customers, counts): (Vec<&str>, Vec<i64>) = per_customer.into_iter().unzip();
+//!         tx.execute(
+//!             "INSERT INTO customer_events (customer, events)
+//!              SELECT * FROM unnest($1::text[], $2::int8[])
+//!              ON CONFLICT (customer) DO UPDATE SET events = customer_events.events + excluded.events",
+//!             &[&customers, &counts],
+//!         )
+//!         .await?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn job() -> Result<(), JobError> {
+//! let job = Job::builder("projects/my-project/subscriptions/events")
+//!     .name("customer_events")
+//!     .dedup(Dedup::by_attribute("event_id"))
+//!     .store("postgres://postgres@127.0.0.1/jobs")
+//!     .build()
+//!     .await?;
+//! job.run_postgres(CountPerCustomer).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! A per-key counter in SQLite (`examples/counter_sqlite.rs`): a closure is a handler.
+//!
+//! ```no_run
+//! use sluice_connector::prelude::*;
+//!
+//! # async fn job() -> Result<(), JobError> {
+//! let job = Job::builder("projects/my-project/subscriptions/events")
+//!     .name("region_counts")
+//!     .store("sqlite://state/counter.db")
+//!     .build()
+//!     .await?;
+//! let report = job
+//!     .run_sqlite(|tx: &rusqlite::Transaction<'_>, batch: &NewMessages<'_>| {
+//!         for message in batch.iter() {
+//!             tx.execute(
+//!                 "INSERT INTO region_counts (region, n) VALUES (?1, 1)
+//!                  ON CONFLICT (region) DO UPDATE SET n = n + 1",
+//!                 [message.attribute("region").unwrap_or("")],
+//!             )?;
+//!         }
+//!         Ok(())
+//!     })
+//!     .await?;
+//! println!("{} messages counted", report.rows);
+//! # Ok(()) }
+//! ```
+//!
+//! Forwarding to another system with the batch id as its idempotency key
+//! (`examples/forward.rs`): the batch is written there first, then settled.
+//!
+//! ```no_run
+//! use sluice_connector::prelude::*;
+//!
+//! # async fn job() -> Result<(), JobError> {
+//! let job = Job::builder("projects/my-project/subscriptions/events")
+//!     .name("forward")
+//!     .store("sqlite://state/forward.db")
+//!     .build()
+//!     .await?;
+//! let mut stream = job.stream().await?;
+//! while let Some(batch) = stream.next_batch().await {
+//!     let body: Vec<u8> = batch.messages().flat_map(|m| m.data().to_vec()).collect();
+//!     // Same messages batched together again after a crash: same id, same file.
+//!     std::fs::write(format!("out/{}.bin", batch.id()), body).ok();
+//!     batch.settle().await;
+//! }
+//! stream.close().await;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Below the front door
+//!
+//! The parts the front door and the `sluice` worker are made of stay public for jobs that need
+//! another shape: sources ([`PubSubSource`], [`FileSource`], [`TableSource`],
+//! [`InProcessSource`]), the batcher with its memory tier ([`BatchSource`], [`Batch`]), stages
+//! ([`Stage`], [`TableStage`], [`ForeachBatchStage`]), the committer ([`CommitThenAck`]) and a
+//! flow's run ([`FlowRun`]).
 
 mod backoff;
 mod batch;
@@ -92,9 +242,9 @@ pub mod prelude {
     pub use crate::{rusqlite, tokio_postgres};
 }
 pub use pubsub::{PubSubConfig, PubSubSource};
-pub use runner::{COMMIT_QUEUE, DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
+pub use runner::{DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
 pub use sink::{JsonlSink, SinkCommit};
-pub use source::{INTAKE_CAPACITY, MessageSource, Received, SourceError, SourceHandle};
+pub use source::{MessageSource, Received, SourceError, SourceHandle};
 pub use stage::{Stage, StageError, TableStage};
 pub use storable::UNSTORABLE;
 pub use table::{DEFAULT_POLL, PAGE_ROWS, ReaderTurn, TURN_TTL, TableSource, TableWatermark};

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Batches waiting for the committers beyond one per committer: the batcher fills the next
 /// while they commit.
-pub const COMMIT_QUEUE: usize = 1;
+pub(crate) const COMMIT_QUEUE: usize = 1;
 
 /// How often the system-lag gauge is sampled.
 pub const GAUGE_INTERVAL: Duration = Duration::from_secs(1);

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Messages buffered between a source's tasks and the batcher. Small: the budget, not this
 /// channel, bounds what is in flight.
-pub const INTAKE_CAPACITY: usize = 1024;
+pub(crate) const INTAKE_CAPACITY: usize = 1024;
 
 /// One message and its ack handle, as a source hands it over.
 pub struct Received {

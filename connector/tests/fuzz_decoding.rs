@@ -31,9 +31,8 @@ use proptest::sample::{Index, select};
 use proptest::test_runner::Config;
 use serde_json::{Map, Number, Value};
 use sluice_connector::{
-    BatchSettings, BatchSource, Budget, Counters, DedupSettings, FileSource, INTAKE_CAPACITY,
-    InProcessSource, KeySource, MessageSource, SourceMessage, SourceProblem, Stage, TableStage,
-    parse_event_time,
+    BatchSettings, BatchSource, Budget, Counters, DedupSettings, FileSource, InProcessSource,
+    KeySource, MessageSource, SourceMessage, SourceProblem, Stage, TableStage, parse_event_time,
 };
 use sluice_store::Effect;
 use std::collections::BTreeMap;
@@ -98,7 +97,7 @@ fn file_source(file: &JsonlFile) -> FileSource {
 async fn read_messages(file: &JsonlFile) -> Vec<SourceMessage> {
     let source = file_source(file);
     let progress = source.progress();
-    let (intake, mut received) = tokio::sync::mpsc::channel(INTAKE_CAPACITY);
+    let (intake, mut received) = tokio::sync::mpsc::channel(1024);
     let handle = Box::new(source)
         .start(
             intake,

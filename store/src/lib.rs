@@ -57,10 +57,10 @@ pub use model::{
     MessageFields, ResetRows, RowCursor, StoredRow,
 };
 pub use pool::{LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, WorkerBeat, WorkerRecord};
-pub use postgres::{
-    DEFAULT_SCRATCH_SERVER, Footprint, PostgresOptions, PostgresStore, SCRATCH_SERVER_VAR,
-    ScratchDatabase,
-};
+/// Throwaway PostgreSQL databases, for tests and benchmarks (the `testing` feature).
+#[cfg(feature = "testing")]
+pub use postgres::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
+pub use postgres::{Footprint, PostgresOptions, PostgresStore};
 pub use progress::{
     BucketCounts, BucketMessage, MessageReport, PROGRESS_BUCKET_MS, WatermarkRecord,
 };

@@ -24,10 +24,12 @@ mod pool;
 mod progress;
 mod runs;
 mod schema;
+#[cfg(feature = "testing")]
 mod scratch;
 mod windows;
 
 pub use connect::PostgresOptions;
+#[cfg(feature = "testing")]
 pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 
 #[cfg(feature = "testing")]

@@ -1,4 +1,4 @@
-//! `sluice bench throughput|watermark|chain`: the benchmarks of BENCHMARKS.md, run from the worker
+//! `sluice bench throughput|watermark|chain|job`: the benchmarks of BENCHMARKS.md, run from the worker
 //! binary (the harness is the `sluice-bench` crate).
 
 use clap::Subcommand;
@@ -13,6 +13,8 @@ pub enum BenchCommand {
     Watermark(sluice_bench::WatermarkArgs),
     /// A flow following a table against the ingest it follows: rate and downstream lag.
     Chain(sluice_bench::ChainArgs),
+    /// A library job upserting into its own table against `sluice run`'s plain table.
+    Job(sluice_bench::JobArgs),
 }
 
 /// Runs one benchmark; exit 1 when it could not run.
@@ -23,6 +25,13 @@ pub async fn bench(which: BenchCommand) -> ExitCode {
             ExitCode::SUCCESS
         }
         BenchCommand::Chain(args) => match sluice_bench::chain(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("sluice bench: {error}");
+                ExitCode::from(1)
+            }
+        },
+        BenchCommand::Job(args) => match sluice_bench::job(args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("sluice bench: {error}");
