@@ -1,6 +1,7 @@
 //! Forwarding to a system outside the store, with the batch id as the idempotency key: each
 //! batch is written to `OUT/<batch id>.jsonl` (the "other system"; writing the same batch
 //! again replaces the same file), then settled: its dedup keys recorded and its messages acked.
+//! Each message reaches the other system at least once and is settled once.
 //!
 //! ```text
 //! cargo run -p sluice-connector --example forward -- \
@@ -8,7 +9,9 @@
 //! ```
 //!
 //! A crash between the write and the settle gives the messages back: batched together again
-//! they carry the same id and replace the same file; a message already settled is dropped.
+//! they carry the same id and replace the same file, batched otherwise they are written again
+//! under another id, so the other system drops repeats of a message's key too (as this one's
+//! reader would); a message already settled is not handed out again.
 
 use sluice_connector::prelude::*;
 use std::io::Write;

@@ -48,6 +48,7 @@ pub struct RetrySettings {
 
 /// What became of one batch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CommitReport {
     /// Target rows written.
     pub rows: u64,

@@ -155,7 +155,9 @@
 //! ```
 //!
 //! Forwarding to another system with the batch id as its idempotency key
-//! (`examples/forward.rs`): the batch is written there first, then settled.
+//! (`examples/forward.rs`): the batch is written there first, then settled. Each message
+//! reaches that system at least once (a batch handed out again after a crash may be grouped
+//! otherwise, under another id), so it should also drop repeats of a message's key.
 //!
 //! ```no_run
 //! use sluice_connector::prelude::*;
@@ -169,7 +171,7 @@
 //! let mut stream = job.stream().await?;
 //! while let Some(batch) = stream.next_batch().await {
 //!     let body: Vec<u8> = batch.messages().flat_map(|m| m.data().to_vec()).collect();
-//!     // Same messages batched together again after a crash: same id, same file.
+//!     // The same messages batched together again carry the same id: the same file.
 //!     std::fs::write(format!("out/{}.bin", batch.id()), body).ok();
 //!     batch.settle().await;
 //! }

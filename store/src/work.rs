@@ -22,6 +22,7 @@ use std::sync::Arc;
 /// Why the work failed; the transaction is rolled back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
+#[non_exhaustive]
 pub struct WorkError {
     /// What went wrong.
     pub message: String,

@@ -156,6 +156,45 @@ async fn a_failing_work_rolls_back_the_ledger_too(postgres: bool) {
     assert_eq!(store.flow_progress(&flows[1]).await.unwrap().batches, 0);
 }
 
+/// A PostgreSQL handler that swallows a failed statement's error leaves its transaction
+/// aborted; COMMIT would then roll everything back and report success. The store refuses the
+/// batch instead, so nothing is acked for writes that did not land.
+#[tokio::test]
+async fn a_postgres_work_that_swallows_an_error_is_refused() {
+    struct Swallowing;
+
+    #[async_trait::async_trait]
+    impl PostgresWork for Swallowing {
+        async fn write(
+            &self,
+            tx: &tokio_postgres::Transaction<'_>,
+            _: &[usize],
+        ) -> Result<(), WorkError> {
+            let _ignored = tx
+                .execute("INSERT INTO no_such_table VALUES (1)", &[])
+                .await;
+            Ok(())
+        }
+    }
+
+    let (place, store, flows) = open(true).await;
+    place
+        .execute("CREATE TABLE job_counts (key TEXT PRIMARY KEY, n INTEGER NOT NULL)")
+        .await;
+    let mut swallowing = batch(&flows[0], vec![row("a")]);
+    swallowing.work = Some(TransactionWork::Postgres(Arc::new(Swallowing)));
+    assert!(store.commit(swallowing).await.is_err());
+    let progress = store.flow_progress(&flows[0]).await.unwrap();
+    assert_eq!(progress.batches, 0, "nothing committed");
+    let mut again = batch(&flows[0], vec![row("a")]);
+    again.work = Some(work(true, &[row("a")], None));
+    assert_eq!(
+        store.commit(again).await.unwrap().written,
+        [true],
+        "the key was not kept"
+    );
+}
+
 on_both_backends!(
     the_work_writes_new_rows_only_in_the_ledgers_transaction,
     a_failing_work_rolls_back_the_ledger_too,

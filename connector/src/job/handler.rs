@@ -94,11 +94,14 @@ pub trait PostgresHandler: Send + Sync + 'static {
 
 /// A handler failed; the transaction is rolled back (the dedup keys too), nothing is acked.
 ///
-/// [`HandlerError::rejected`] (the default for `?` on a database error): the data is at fault;
-/// a batch of several is retried one message at a time to find the culprit, which is
-/// dead-lettered with this error after its `max_attempts`. [`HandlerError::transient`]: the
-/// same batch is retried with backoff for as long as it takes, nothing charged (a lock
-/// timeout, a serialization failure: PostgreSQL's `40001` and `40P01` are classified so).
+/// [`HandlerError::rejected`]: the data is at fault; a batch of several is retried one message
+/// at a time to find the culprit, which is dead-lettered with this error after its
+/// `max_attempts`. [`HandlerError::transient`]: the same batch is retried with backoff for as
+/// long as it takes, nothing charged. `?` on a database error classifies it as the store
+/// classifies its own: only a refusal of the data (PostgreSQL SQLSTATE classes 22 and 23;
+/// SQLite's constraint, too-big and type-mismatch errors) is rejected; anything else (a lost
+/// connection, a lock timeout, a serialization failure, a missing table, a full disk) is
+/// transient, so a message is never dead-lettered for the database's trouble.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct HandlerError {
@@ -140,38 +143,33 @@ impl HandlerError {
     }
 }
 
+impl From<sluice_store::StoreError> for HandlerError {
+    fn from(error: sluice_store::StoreError) -> Self {
+        match error {
+            sluice_store::StoreError::Rejected(message) => Self::rejected(message),
+            other => Self::transient(other.to_string()),
+        }
+    }
+}
+
 impl From<rusqlite::Error> for HandlerError {
     fn from(error: rusqlite::Error) -> Self {
-        match error.sqlite_error_code() {
-            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
-                Self::transient(error.to_string())
-            }
-            _ => Self::rejected(error.to_string()),
-        }
+        sluice_store::StoreError::from(error).into()
     }
 }
 
 impl From<tokio_postgres::Error> for HandlerError {
     fn from(error: tokio_postgres::Error) -> Self {
-        use tokio_postgres::error::SqlState;
-        match error.code() {
-            Some(code)
-                if *code == SqlState::T_R_SERIALIZATION_FAILURE
-                    || *code == SqlState::T_R_DEADLOCK_DETECTED =>
-            {
-                Self::transient(error.to_string())
-            }
-            None if error.is_closed() => Self::transient(error.to_string()),
-            _ => Self::rejected(error.to_string()),
-        }
+        sluice_store::StoreError::from(error).into()
     }
 }
 
 impl From<HandlerError> for WorkError {
     fn from(error: HandlerError) -> Self {
-        WorkError {
-            message: error.message,
-            transient: error.transient,
+        if error.transient {
+            WorkError::transient(error.message)
+        } else {
+            WorkError::rejected(error.message)
         }
     }
 }
@@ -199,16 +197,27 @@ impl<'a> Message<'a> {
         }
     }
 
-    /// A received message (its event time: its own, else its publish time).
-    pub(crate) fn of_delivery(delivery: &'a crate::Delivery) -> Self {
+    /// A received message, its event time read from `event_time_attribute` when it has a
+    /// readable one, else its publish time.
+    pub(crate) fn of_delivery(
+        delivery: &'a crate::Delivery,
+        event_time_attribute: Option<&str>,
+    ) -> Self {
         let message = &delivery.message;
+        let event_time_ms = message
+            .event_time_ms
+            .or_else(|| {
+                let value = message.attributes.get(event_time_attribute?)?;
+                crate::parse_event_time(value)
+            })
+            .unwrap_or(message.publish_time_ms);
         Self {
             key: delivery.key.as_str(),
             id: &message.message_id,
             data: &message.data,
             attributes: &message.attributes,
             publish_time_ms: message.publish_time_ms,
-            event_time_ms: message.event_time_ms.unwrap_or(message.publish_time_ms),
+            event_time_ms,
         }
     }
 
@@ -372,7 +381,12 @@ impl SqliteWork for OnSqlite {
         if new.is_empty() {
             return Ok(());
         }
-        Ok(self.handler.handle(tx, &self.snapshot.view(new))?)
+        // A panic must not take the store's writer thread with it: it is the handler's failure.
+        let view = self.snapshot.view(new);
+        let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.handler.handle(tx, &view)
+        }));
+        Ok(handled.map_err(panicked)??)
     }
 }
 
@@ -391,13 +405,61 @@ impl PostgresWork for OnPostgres {
         if new.is_empty() {
             return Ok(());
         }
-        Ok(self.handler.handle(tx, &self.snapshot.view(new)).await?)
+        use futures::FutureExt;
+        let view = self.snapshot.view(new);
+        let handled = std::panic::AssertUnwindSafe(self.handler.handle(tx, &view))
+            .catch_unwind()
+            .await;
+        Ok(handled.map_err(panicked)??)
     }
+}
+
+/// A handler's panic, as the handler's failure (the data's: a panic is not expected to pass).
+fn panicked(payload: Box<dyn std::any::Any + Send>) -> HandlerError {
+    let why = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    HandlerError::rejected(format!("the handler panicked: {why}"))
 }
 
 fn system_time(ms: i64) -> SystemTime {
     match u64::try_from(ms) {
         Ok(ms) => UNIX_EPOCH + Duration::from_millis(ms),
         Err(_) => UNIX_EPOCH - Duration::from_millis(ms.unsigned_abs()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// `?` on a database error blames the data only for a refusal of the data: a missing
+    /// table, a busy database or a lost connection is retried, never dead-lettered.
+    #[test]
+    fn database_errors_blame_the_data_only_when_it_is_refused() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute("CREATE TABLE t (k TEXT PRIMARY KEY)", [])
+            .unwrap();
+        conn.execute("INSERT INTO t VALUES ('a')", []).unwrap();
+        let duplicate = conn.execute("INSERT INTO t VALUES ('a')", []).unwrap_err();
+        assert!(!HandlerError::from(duplicate).is_transient());
+        let missing = conn
+            .execute("INSERT INTO nowhere VALUES (1)", [])
+            .unwrap_err();
+        assert!(HandlerError::from(missing).is_transient());
+        assert!(
+            HandlerError::from(sluice_store::StoreError::Unavailable("gone".into())).is_transient()
+        );
+    }
+
+    /// A panicking handler fails its attempt (rejected), and the writer thread lives on.
+    #[test]
+    fn a_panic_is_the_handlers_failure() {
+        let error = panicked(Box::new("boom"));
+        assert!(!error.is_transient());
+        assert!(error.to_string().contains("boom"));
     }
 }

@@ -61,6 +61,8 @@ pub mod defaults {
     pub const STREAMS: usize = 16;
     /// How long a drain waits for the store before it gives up and nacks what is left.
     pub const DRAIN_DEADLINE: Duration = Duration::from_secs(15);
+    /// How often a running job keeps its dedup ledger small.
+    pub const LEDGER_UPKEEP: Duration = Duration::from_secs(5);
 }
 
 /// How a job recognises copies of one message.
@@ -411,7 +413,9 @@ impl Job {
         let counters = Counters::new(&self.settings.name, &self.settings.name);
         let give_up = give_up_after_drain(&self.stop);
         let tracker = self.start_tracker(&counters);
-        let committer = self.committer(&parts, give_up).with_work(Arc::new(handler));
+        let committer = self
+            .committer(&parts, give_up.clone())
+            .with_work(Arc::new(handler));
         let run = FlowRun {
             source: Box::new(parts.source),
             budget: parts.budget,
@@ -422,12 +426,31 @@ impl Job {
             until: RunUntil::Drained,
             drain_agreement: None,
         };
+        let upkeep = self.keep_ledger();
         let ended = run.run(self.stop.clone()).await;
+        upkeep.abort();
+        give_up.cancel();
         if let Some((stop, task)) = tracker {
             stop.cancel();
             let _ = task.await;
         }
         Ok(ended?.report)
+    }
+
+    /// Keeps the dedup ledger small while the job runs (PostgreSQL drops expired generations
+    /// and creates the next; SQLite purges expired keys), as a worker pool's upkeep holder does.
+    /// Safe from several replicas at once.
+    fn keep_ledger(&self) -> tokio::task::JoinHandle<()> {
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(defaults::LEDGER_UPKEEP);
+            loop {
+                ticks.tick().await;
+                if let Err(error) = store.ledger_upkeep().await {
+                    tracing::warn!(%error, "ledger upkeep failed; trying again later");
+                }
+            }
+        })
     }
 
     fn committer(&self, parts: &JobParts, give_up: CancellationToken) -> CommitThenAck {
@@ -458,7 +481,13 @@ impl Job {
             bad_timestamp_uses_publish_time: self.settings.bad_timestamp_uses_publish_time,
             band_ms: i64::try_from(band.as_millis()).unwrap_or(i64::MAX),
             base_subscription: subscription.clone(),
-            worker: format!("{}-{}", self.settings.name, std::process::id()),
+            // Unique per process start, as a worker's id is: replicas in containers share pids.
+            worker: format!(
+                "{}-{}-{:08x}",
+                self.settings.name,
+                std::process::id(),
+                rand::random::<u32>()
+            ),
         };
         let tracker = WatermarkTracker::new(
             self.store.clone(),
@@ -474,12 +503,17 @@ impl Job {
 }
 
 /// A token cancelled [`defaults::DRAIN_DEADLINE`] after `stop`: then batches still waiting for
-/// an unreachable store are nacked instead of retried.
+/// an unreachable store are nacked instead of retried. Cancelling the returned token (when the
+/// job is over) ends its timer too.
 fn give_up_after_drain(stop: &CancellationToken) -> CancellationToken {
     let give_up = CancellationToken::new();
     let (stop, cancel) = (stop.clone(), give_up.clone());
     tokio::spawn(async move {
-        stop.cancelled().await;
+        tokio::select! {
+            () = stop.cancelled() => {}
+            // The job is over without a stop.
+            () = cancel.cancelled() => return,
+        }
         tokio::time::sleep(defaults::DRAIN_DEADLINE).await;
         cancel.cancel();
     });

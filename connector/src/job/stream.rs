@@ -19,11 +19,13 @@ use tokio_util::sync::CancellationToken;
 
 /// Batches of a job, pulled one at a time.
 pub struct JobStream {
-    batches: BatchSource,
-    source: Box<dyn SourceHandle>,
+    batches: Option<BatchSource>,
+    source: Option<Box<dyn SourceHandle>>,
     committer: CommitThenAck,
     postgres: bool,
+    event_time_attribute: Option<String>,
     stop: CancellationToken,
+    give_up: CancellationToken,
     tracker: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
 }
 
@@ -31,25 +33,33 @@ impl JobStream {
     pub(super) async fn start(job: Job) -> Result<Self, JobError> {
         let parts = job.settings.parts().map_err(FlowError::from)?;
         let counters = Counters::new(&job.settings.name, &job.settings.name);
-        let tracker = job.start_tracker(&counters);
         let give_up = give_up_after_drain(&job.stop);
-        let committer = job.committer(&parts, give_up);
-        let (batches, source) = BatchSource::start(
+        let committer = job.committer(&parts, give_up.clone());
+        let started = BatchSource::start(
             Box::new(parts.source),
             parts.budget,
             parts.dedup,
             parts.batch,
-            counters,
+            counters.clone(),
             job.stop.clone(),
         )
-        .await
-        .map_err(FlowError::from)?;
+        .await;
+        let (batches, source) = match started {
+            Ok(started) => started,
+            Err(error) => {
+                give_up.cancel();
+                return Err(FlowError::from(error).into());
+            }
+        };
+        let tracker = job.start_tracker(&counters);
         Ok(Self {
-            batches,
-            source,
+            batches: Some(batches),
+            source: Some(source),
             committer,
             postgres: job.postgres,
+            event_time_attribute: job.settings.event_time_attribute.clone(),
             stop: job.stop,
+            give_up,
             tracker,
         })
     }
@@ -57,7 +67,7 @@ impl JobStream {
     /// The next batch; `None` once the job's stop token was cancelled and everything received
     /// was handed out.
     pub async fn next_batch(&mut self) -> Option<JobBatch<'_>> {
-        let batch = self.batches.next_batch().await?;
+        let batch = self.batches.as_mut()?.next_batch().await?;
         Some(JobBatch {
             batch,
             stream: self,
@@ -65,19 +75,36 @@ impl JobStream {
     }
 
     /// Stops pulling (as the job's stop token does); batches already received still come from
-    /// [`JobStream::next_batch`].
+    /// [`JobStream::next_batch`]. They must be committed or settled within
+    /// [`crate::defaults::DRAIN_DEADLINE`] of the drain: a commit still waiting for the store
+    /// after that gives its batch back uncommitted (Pub/Sub redelivers it).
     pub fn drain(&self) {
         self.stop.cancel();
     }
 
-    /// Closes the stream once drained: what the client still holds unasked is given back.
-    pub async fn close(self) {
+    /// Closes the stream once drained: what the client still holds unasked is given back, and
+    /// the watermark tracker stops.
+    pub async fn close(mut self) {
         self.stop.cancel();
-        drop(self.batches);
-        self.source.close().await;
-        if let Some((stop, task)) = self.tracker {
+        drop(self.batches.take());
+        if let Some(source) = self.source.take() {
+            source.close().await;
+        }
+        if let Some((stop, task)) = self.tracker.take() {
             stop.cancel();
             let _ = task.await;
+        }
+    }
+}
+
+impl Drop for JobStream {
+    /// A stream dropped without [`JobStream::close`] stops its tracker and timers; what the
+    /// client holds goes back to Pub/Sub when its streams drop.
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.give_up.cancel();
+        if let Some((stop, _)) = &self.tracker {
+            stop.cancel();
         }
     }
 }
@@ -89,16 +116,23 @@ pub struct JobBatch<'s> {
 }
 
 impl JobBatch<'_> {
-    /// Its id: the same for the same keys, so the same messages batched together again after a
-    /// crash carry the same id (an idempotency key for a system outside the store).
+    /// Its id, derived from its messages' keys: the same messages batched together again carry
+    /// the same id. A redelivery after a crash is not always batched the same way, so a system
+    /// outside the store that takes the id as its idempotency key should drop repeats of a
+    /// message's key too.
     pub fn id(&self) -> String {
         crate::foreach::batch_id(self.batch.deliveries().iter().map(|d| d.key.as_str()))
     }
 
-    /// Its messages, in receive order (before the ledger's decision: a copy committed by
-    /// another replica within the window is still here; the commit finds it).
+    /// Its messages, in receive order, before the commit decides: a copy another replica
+    /// committed within the window is still here (the commit finds it a duplicate), and so is
+    /// a message the commit will dead-letter (no dedup key, an unreadable event time).
     pub fn messages(&self) -> impl Iterator<Item = Message<'_>> + '_ {
-        self.batch.deliveries().iter().map(Message::of_delivery)
+        let attribute = self.stream.event_time_attribute.as_deref();
+        self.batch
+            .deliveries()
+            .iter()
+            .map(move |d| Message::of_delivery(d, attribute))
     }
 
     /// How many messages.

@@ -195,6 +195,9 @@ impl PostgresStore {
                 Some(crate::TransactionWork::Postgres(work)) => {
                     work.write(&tx, &crate::work::new_rows(batch, &written))
                         .await?;
+                    // A statement of the work that failed (its error swallowed) aborted the
+                    // transaction, and COMMIT would then roll it back without a word: refuse.
+                    tx.batch_execute("SELECT 1").await?;
                 }
                 Some(crate::TransactionWork::Sqlite(_)) => {
                     return Err(StoreError::Config(
