@@ -152,6 +152,18 @@ impl PubSub {
         within: Duration,
         ack: bool,
     ) -> tokio::task::JoinHandle<HashSet<String>> {
+        self.plain_client_taking(subscription, n, within, ack, |m| m.message_id.clone())
+    }
+
+    /// As [`PubSub::plain_client`], keeping `take(message)` of each distinct message id.
+    pub fn plain_client_taking<T: std::hash::Hash + Eq + Send + 'static>(
+        &self,
+        subscription: &str,
+        n: usize,
+        within: Duration,
+        ack: bool,
+        take: fn(&google_cloud_pubsub::model::Message) -> T,
+    ) -> tokio::task::JoinHandle<HashSet<T>> {
         let config = self.config.clone();
         let path = config.subscription_path(subscription).unwrap();
         tokio::spawn(async move {
@@ -168,6 +180,7 @@ impl PubSub {
                 .build();
             let token = stream.shutdown_token();
             let mut ids = HashSet::new();
+            let mut taken = HashSet::new();
             let mut held = Vec::new();
             let deadline = tokio::time::Instant::now() + within;
             while ids.len() < n {
@@ -178,7 +191,9 @@ impl PubSub {
                         } else {
                             held.push(handler);
                         }
-                        ids.insert(message.message_id);
+                        if ids.insert(message.message_id.clone()) {
+                            taken.insert(take(&message));
+                        }
                     }
                     _ => break,
                 }
@@ -186,7 +201,7 @@ impl PubSub {
             drop(held);
             drop(stream);
             token.shutdown().await;
-            ids
+            taken
         })
     }
 }
@@ -708,5 +723,13 @@ pub async fn unacked_messages(
     expected: usize,
 ) -> HashSet<String> {
     let received = pubsub.plain_receiver(subscription, expected.max(1), UNACKED_READ_WINDOW);
+    received.await.unwrap()
+}
+
+/// As [`unacked_messages`], the `event_id` attribute of each (`None` without one).
+pub async fn unacked_event_ids(pubsub: &PubSub, subscription: &str) -> HashSet<Option<String>> {
+    let received = pubsub.plain_client_taking(subscription, 1, UNACKED_READ_WINDOW, true, |m| {
+        m.attributes.get("event_id").cloned()
+    });
     received.await.unwrap()
 }

@@ -249,3 +249,77 @@ async fn a_handler_that_refuses_one_message_dead_letters_it_and_keeps_no_trace()
     assert_eq!((key.as_str(), reason.as_str()), ("e13", "max_attempts"));
     assert!(error.contains("refusing e13"), "{error}");
 }
+
+/// Stream style with a watermark: batches pulled one by one carry their messages' event times
+/// (the `ts` attribute) and, once the tracking subscription has spoken, the job's watermark;
+/// each is committed with the job's own writes; a drain hands out what was received, then the
+/// stream ends and closes. Every event once in the job's table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_style_job_sees_event_times_and_its_watermark_and_drains() {
+    let pubsub = PubSub::connect().await;
+    let (topic, subscriptions) = pubsub.topic_with("streamjob", 1).await;
+    let dir = Workdir::new();
+    let path = dir.path().join("stream.db");
+    let job = Job::builder(pubsub.config.subscription_path(&subscriptions[0]).unwrap())
+        .name("streamed")
+        .pubsub(pubsub.config.clone())
+        .dedup(Dedup::by_attribute("event_id"))
+        .event_time_attribute("ts")
+        .watermark(Duration::from_secs(10))
+        .store(format!("sqlite://{}", path.display()))
+        .build()
+        .await
+        .unwrap();
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("CREATE TABLE events (id TEXT PRIMARY KEY, ts INTEGER)", [])
+        .unwrap();
+    let publisher = pubsub.admin.publisher(&topic).await.unwrap();
+    let publishing = tokio::spawn(async move {
+        sluice_tests::watermarks::publish_steadily(&publisher, "s", 2, 200).await
+    });
+    let mut stream = job.stream().await.unwrap();
+    let (mut event_times_match, mut watermark_seen, mut committed) = (true, false, 0);
+    let mut drained = false;
+    while let Some(batch) = stream.next_batch().await {
+        for message in batch.messages() {
+            let ts: u64 = message.attribute("ts").unwrap().parse().unwrap();
+            let event = message
+                .event_time()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            event_times_match &= event.as_millis() as u64 == ts;
+        }
+        watermark_seen |= batch.watermark().is_some();
+        let insert = |tx: &rusqlite::Transaction<'_>, batch: &NewMessages<'_>| {
+            for message in batch.iter() {
+                let ts = message
+                    .event_time()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis() as i64;
+                tx.execute(
+                    "INSERT INTO events (id, ts) VALUES (?1, ?2)",
+                    rusqlite::params![message.key(), ts],
+                )?;
+            }
+            Ok(())
+        };
+        committed += batch.commit_with_sqlite(insert).await.unwrap().rows;
+        if !drained && publishing.is_finished() && committed >= 400 {
+            stream.drain();
+            drained = true;
+        }
+    }
+    stream.close().await;
+    let published = publishing.await.unwrap();
+    assert!(drained, "the stream ended only after the drain");
+    assert!(
+        event_times_match,
+        "every message's event time is its ts attribute"
+    );
+    assert!(watermark_seen, "batches carried the job's watermark");
+    assert_eq!(committed as usize, published);
+    let db = Db(path);
+    assert_eq!(db.query("SELECT COUNT(*) FROM events"), published as i64);
+}
