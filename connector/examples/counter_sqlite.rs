@@ -17,7 +17,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .store(format!("sqlite://{path}"))
         .build()
         .await?;
-    stop_on_signals(job.stop_token());
+    job.drain_on_signals();
     // The job's own table, in the same SQLite file as its ledger.
     rusqlite::Connection::open(&path)?.execute(
         "CREATE TABLE IF NOT EXISTS region_counts (region TEXT PRIMARY KEY, n INTEGER)",
@@ -37,17 +37,4 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let report = job.run_sqlite(count).await?;
     println!("{} messages counted", report.rows);
     Ok(())
-}
-
-/// SIGINT or SIGTERM drains the job: what it received is committed and acked, then it exits.
-fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("a SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        stop.cancel();
-    });
 }

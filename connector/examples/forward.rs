@@ -27,7 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .store(format!("sqlite://{path}"))
         .build()
         .await?;
-    stop_on_signals(job.stop_token());
+    job.drain_on_signals();
 
     let mut stream = job.stream().await?;
     while let Some(batch) = stream.next_batch().await {
@@ -46,17 +46,4 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     stream.close().await;
     Ok(())
-}
-
-/// SIGINT or SIGTERM drains the job: batches already received still come, then the stream ends.
-fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("a SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        stop.cancel();
-    });
 }

@@ -55,7 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .store(store)
         .build()
         .await?;
-    stop_on_signals(job.stop_token());
+    job.drain_on_signals();
     let report = job.run_postgres(CountPerCustomer).await?;
     println!(
         "{} events counted, {} duplicates dropped",
@@ -75,17 +75,4 @@ async fn create_table(store: &str) -> Result<(), Box<dyn std::error::Error>> {
         )
         .await?;
     Ok(())
-}
-
-/// SIGINT or SIGTERM drains the job: what it received is committed and acked, then it exits.
-fn stop_on_signals(stop: tokio_util::sync::CancellationToken) {
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("a SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        stop.cancel();
-    });
 }

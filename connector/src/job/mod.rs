@@ -367,9 +367,42 @@ impl Job {
     }
 
     /// Cancel this to drain the job: it stops pulling, commits and acks what it received,
-    /// then its run returns. (Wire it to Ctrl-C or SIGTERM yourself.)
+    /// then its run returns.
     pub fn stop_token(&self) -> CancellationToken {
         self.stop.clone()
+    }
+
+    /// Drains the job at the first SIGINT or SIGTERM (a deployment's stop), as `sluice run`
+    /// does.
+    ///
+    /// ```no_run
+    /// # async fn job() -> Result<(), sluice_connector::JobError> {
+    /// use sluice_connector::prelude::*;
+    /// let job = Job::builder("projects/p/subscriptions/s").build().await?;
+    /// job.drain_on_signals();
+    /// # Ok(()) }
+    /// ```
+    pub fn drain_on_signals(&self) {
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            let terminate = async {
+                use tokio::signal::unix::{SignalKind, signal};
+                match signal(SignalKind::terminate()) {
+                    Ok(mut terminate) => {
+                        terminate.recv().await;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot watch for SIGTERM; only SIGINT drains");
+                        std::future::pending::<()>().await;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = terminate => {}
+            }
+            stop.cancel();
+        });
     }
 
     /// Runs `handler` on every batch's new messages, in the PostgreSQL store's transaction,

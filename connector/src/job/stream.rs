@@ -35,6 +35,8 @@ impl JobStream {
         let counters = Counters::new(&job.settings.name, &job.settings.name);
         let give_up = give_up_after_drain(&job.stop);
         let committer = job.committer(&parts, give_up.clone());
+        // Before the first message: the batches carry the watermark from the start.
+        let mut tracker = job.start_tracker(&counters);
         let started = BatchSource::start(
             Box::new(parts.source),
             parts.budget,
@@ -48,10 +50,13 @@ impl JobStream {
             Ok(started) => started,
             Err(error) => {
                 give_up.cancel();
+                if let Some((stop, task)) = tracker.take() {
+                    stop.cancel();
+                    let _ = task.await;
+                }
                 return Err(FlowError::from(error).into());
             }
         };
-        let tracker = job.start_tracker(&counters);
         Ok(Self {
             batches: Some(batches),
             source: Some(source),
