@@ -6,8 +6,8 @@
 
 use crate::stores::{Backend, FreshStore, StoreChoice};
 use crate::throughput::BenchError;
+use sluice_connector::engine::{CommitThenAck, Counters, FlowRun, JobBuilder, RunUntil};
 use sluice_connector::prelude::*;
-use sluice_connector::{CommitThenAck, Counters, FlowRun, JobBuilder, RunUntil};
 use sluice_store::{FlowHandle, Layout, Store};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

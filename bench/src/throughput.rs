@@ -18,8 +18,8 @@ use crate::stores::{Backend, FreshStore, StoreChoice};
 use bytes::Bytes;
 use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
-use sluice_connector::pubsub::{Admin, SourceError, publish_all};
-use sluice_connector::{
+use sluice_connector::engine::pubsub::{Admin, SourceError, publish_all};
+use sluice_connector::engine::{
     BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, FlowWatermark,
     InProcessSource, KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil,
     TableStage,
@@ -416,7 +416,9 @@ async fn sluice_drain(
                 max_attempts: 5,
                 dedup_window: Duration::from_secs(600),
                 // As the worker's Pub/Sub flows: the deadline travels with every commit.
-                commit_bound: Some(sluice_connector::commit_bound(Duration::from_secs(600))),
+                commit_bound: Some(sluice_connector::engine::commit_bound(Duration::from_secs(
+                    600,
+                ))),
             },
             CancellationToken::new(),
         ),

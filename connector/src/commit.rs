@@ -41,12 +41,18 @@ pub struct RetrySettings {
     /// Ledger keys written now expire after this (the dedup window).
     pub dedup_window: Duration,
     /// A delivery received longer ago than this is given back (nacked) instead of committed:
-    /// [`crate::commit_bound`] of the dedup window for sources that redeliver (Pub/Sub);
+    /// `commit_bound` of the dedup window for sources that redeliver (Pub/Sub);
     /// `None` for sources where a nack would drop the record (files, tables).
     pub commit_bound: Option<Duration>,
 }
 
-/// What became of one batch.
+/// What became of one batch, or of a run ([`crate::JobReport`]); reports add up.
+///
+/// ```
+/// let mut total = sluice_connector::CommitReport::default();
+/// total += sluice_connector::CommitReport::default();
+/// assert_eq!(total.rows, 0);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CommitReport {

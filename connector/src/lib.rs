@@ -69,9 +69,9 @@
 //! * **Exactly once within the dedup window.** Your writes for a key are committed at most once
 //!   within the window, on every replica sharing the store: the ledger's primary key decides,
 //!   in your transaction. The memory tier only reports keys the store decided already.
-//! * **Never past the window.** A delivery held longer than the window minus a margin
-//!   ([`commit_bound`]) is given back uncommitted, so a process paused past the window cannot
-//!   commit a copy whose twin the ledger has forgotten.
+//! * **Never past the window.** A delivery held longer than the window minus a margin (a
+//!   fifth of it, at most a minute) is given back uncommitted, so a process paused past the
+//!   window cannot commit a copy whose twin the ledger has forgotten.
 //! * **Failures.** A handler error rolls the transaction back. [`HandlerError::transient`] (and
 //!   an unreachable store) is retried with backoff for as long as it takes, nothing acked; any
 //!   other error finds the message at fault (a batch of several is retried one by one), which
@@ -181,11 +181,10 @@
 //!
 //! ## Below the front door
 //!
-//! The parts the front door and the `sluice` worker are made of stay public for jobs that need
-//! another shape: sources ([`PubSubSource`], [`FileSource`], [`TableSource`],
-//! [`InProcessSource`]), the batcher with its memory tier ([`BatchSource`], [`Batch`]), stages
-//! ([`Stage`], [`TableStage`], [`ForeachBatchStage`]), the committer ([`CommitThenAck`]) and a
-//! flow's run ([`FlowRun`]).
+//! The parts the front door and the `sluice` worker are made of (sources, the batcher with its
+//! memory tier, stages, the committer, a flow's run, the watermark tracker) live in a hidden
+//! module, `engine`, for the `sluice` binary and its tests. They follow the binary, not this
+//! crate's semantic version: build jobs on [`Job`].
 
 mod backoff;
 mod batch;
@@ -201,6 +200,7 @@ mod inprocess;
 mod job;
 mod kept_open;
 mod page;
+#[doc(hidden)]
 pub mod pubsub;
 mod runner;
 mod sink;
@@ -213,22 +213,12 @@ mod time;
 mod tracking;
 mod watermark;
 
-pub use backoff::Backoff;
-pub use batch::{Batch, BatchSettings, BatchSource, DedupSettings, Idle, KeySource};
-pub use bounded::{SkipCommitted, SourceProgress};
-pub use budget::Budget;
-pub use commit::{CommitReport, CommitThenAck, RetrySettings};
-pub use commit_bound::{MAX_COMMIT_MARGIN, commit_bound, commit_margin, pause_threshold};
-pub use delivery::{AckHandle, Delivery, SourceMessage, SourceProblem};
-pub use event_time::{EventTimeError, parse_event_time};
-pub use file::FileSource;
-pub use foreach::{BatchHandler, ForeachBatchStage, StageRecord, StagedBatch, batch_id};
-pub use inprocess::{InProcessAck, InProcessSource, InProcessTally, PACE_STEP};
+pub use commit::CommitReport;
 pub use job::{
-    Dedup, HandlerError, Job, JobBatch, JobBuilder, JobError, JobParts, JobReport, JobStream,
-    Message, NewMessages, PostgresHandler, SqliteHandler, defaults,
+    Dedup, HandlerError, Job, JobBatch, JobBuilder, JobError, JobReport, JobStream, Message,
+    NewMessages, PostgresHandler, SqliteHandler, defaults,
 };
-pub use kept_open::KeptOpen;
+pub use pubsub::PubSubConfig;
 /// The SQLite driver a [`SqliteHandler`] is given a transaction of (the same version).
 pub use rusqlite;
 /// The PostgreSQL driver a [`PostgresHandler`] is given a transaction of (the same version).
@@ -243,16 +233,49 @@ pub mod prelude {
     pub use crate::pubsub::PubSubConfig;
     pub use crate::{rusqlite, tokio_postgres};
 }
-pub use pubsub::{PubSubConfig, PubSubSource};
-pub use runner::{DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
-pub use sink::{JsonlSink, SinkCommit};
-pub use source::{MessageSource, Received, SourceError, SourceHandle};
-pub use stage::{Stage, StageError, TableStage};
-pub use storable::UNSTORABLE;
-pub use table::{DEFAULT_POLL, PAGE_ROWS, ReaderTurn, TURN_TTL, TableSource, TableWatermark};
-pub use telemetry::{COMMIT_ERROR_KINDS, Counters, DEAD_LETTER_REASONS, Snapshot};
-pub use time::now_ms;
-pub use tracking::{
-    LEASE_TTL as TRACKER_LEASE_TTL, TICK as TRACKER_TICK, TrackerSettings, WatermarkTracker,
-};
-pub use watermark::{FlowWatermark, bucket_of};
+
+// The crate's own modules name the parts from the root (`crate::Delivery`).
+#[allow(unused_imports)]
+use engine::*;
+
+/// The parts the `sluice` binary assembles its flows from, and its tests and benchmarks use.
+/// Not part of the library's interface: they change with the binary.
+#[doc(hidden)]
+pub mod engine {
+    pub use crate::backoff::Backoff;
+    pub use crate::batch::{Batch, BatchSettings, BatchSource, DedupSettings, Idle, KeySource};
+    pub use crate::bounded::{SkipCommitted, SourceProgress};
+    pub use crate::budget::Budget;
+    pub use crate::commit::{CommitThenAck, RetrySettings};
+    pub use crate::commit_bound::{
+        MAX_COMMIT_MARGIN, commit_bound, commit_margin, pause_threshold,
+    };
+    pub use crate::delivery::{AckHandle, Delivery, SourceMessage, SourceProblem};
+    pub use crate::event_time::{EventTimeError, parse_event_time};
+    pub use crate::file::FileSource;
+    pub use crate::foreach::{BatchHandler, ForeachBatchStage, StageRecord, StagedBatch, batch_id};
+    pub use crate::inprocess::{InProcessAck, InProcessSource, InProcessTally, PACE_STEP};
+    pub use crate::job::JobParts;
+    pub use crate::kept_open::KeptOpen;
+    pub use crate::pubsub;
+    pub use crate::pubsub::PubSubSource;
+    pub use crate::runner::{DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
+    pub use crate::sink::{JsonlSink, SinkCommit};
+    pub use crate::source::{MessageSource, Received, SourceError, SourceHandle};
+    pub use crate::stage::{Stage, StageError, TableStage};
+    pub use crate::storable::UNSTORABLE;
+    pub use crate::table::{
+        DEFAULT_POLL, PAGE_ROWS, ReaderTurn, TURN_TTL, TableSource, TableWatermark,
+    };
+    pub use crate::telemetry::{COMMIT_ERROR_KINDS, Counters, DEAD_LETTER_REASONS, Snapshot};
+    pub use crate::time::now_ms;
+    pub use crate::tracking::{
+        LEASE_TTL as TRACKER_LEASE_TTL, TICK as TRACKER_TICK, TrackerSettings, WatermarkTracker,
+    };
+    pub use crate::watermark::{FlowWatermark, bucket_of};
+    // The front door too, so that one import path serves the binary.
+    pub use crate::{
+        CommitReport, Dedup, HandlerError, Job, JobBatch, JobBuilder, JobError, JobReport,
+        JobStream, Message, NewMessages, PostgresHandler, PubSubConfig, SqliteHandler, defaults,
+    };
+}

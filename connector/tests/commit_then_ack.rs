@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use async_trait::async_trait;
-use sluice_connector::{
+use sluice_connector::engine::{
     BatchSettings, BatchSource, Budget, CommitReport, CommitThenAck, Counters, DedupSettings,
     Delivery, Ended, FlowRun, FlowWatermark, InProcessSource, KeySource, RetrySettings, RunUntil,
     SourceHandle, Stage, StageError, TableStage,
@@ -395,7 +395,7 @@ async fn deliveries_held_past_the_commit_bound_are_nacked_not_committed() {
 async fn a_ledger_duplicate_is_not_remembered_past_the_ledgers_window() {
     const WINDOW: Duration = Duration::from_secs(2);
     let setup = setup().await;
-    let now = sluice_connector::now_ms();
+    let now = sluice_connector::engine::now_ms();
     // Another replica committed `k` just now: the ledger keeps it until now + 2 s.
     let theirs = sluice_store::Entry {
         key: sluice_dedup::DedupKey::new("k"),
@@ -624,7 +624,7 @@ async fn a_foreach_batch_closure_sees_each_batch_and_its_outages_retry_the_same_
     let outages = Arc::new(AtomicU64::new(4));
     let stage = {
         let (calls, outages) = (calls.clone(), outages.clone());
-        sluice_connector::ForeachBatchStage::new("f", TableStage::default(), move |batch| {
+        sluice_connector::engine::ForeachBatchStage::new("f", TableStage::default(), move |batch| {
             let keys: Vec<String> = batch.records.iter().map(|r| r.key.clone()).collect();
             calls.lock().unwrap().push((batch.batch_id.clone(), keys));
             let down = outages
@@ -664,7 +664,7 @@ async fn a_foreach_batch_closure_sees_each_batch_and_its_outages_retry_the_same_
     for (id, keys) in calls.iter() {
         assert_eq!(
             id,
-            &sluice_connector::batch_id(keys.iter().map(String::as_str))
+            &sluice_connector::engine::batch_id(keys.iter().map(String::as_str))
         );
     }
     let mut accepted: Vec<&String> = calls[4..].iter().flat_map(|(_, keys)| keys).collect();

@@ -30,7 +30,7 @@ use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use proptest::test_runner::Config;
 use serde_json::{Map, Number, Value};
-use sluice_connector::{
+use sluice_connector::engine::{
     BatchSettings, BatchSource, Budget, Counters, DedupSettings, FileSource, InProcessSource,
     KeySource, MessageSource, SourceMessage, SourceProblem, Stage, TableStage, parse_event_time,
 };

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use bytes::Bytes;
-use sluice_connector::JsonlSink;
+use sluice_connector::engine::JsonlSink;
 use sluice_dedup::DedupKey;
 use sluice_store::{CommitBatch, CommitHook, Effect, Entry, Layout, MessageFields, SqliteStore};
 use sluice_store::{FlowStore, LedgerStore};

@@ -1,4 +1,4 @@
-//! The table source ([`sluice_connector::TableSource`]) on a real SQLite store, through a
+//! The table source ([`sluice_connector::engine::TableSource`]) on a real SQLite store, through a
 //! fault-injecting wrapper (`sluice_store::testing::FaultStore`, a fake around the real store,
 //! for faults SQLite cannot be made to produce on demand: a commit that lands but whose reply
 //! is lost, a refused one):
@@ -12,7 +12,7 @@
 //!   given back with those after it, and read again from the stored position.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_connector::{
+use sluice_connector::engine::{
     BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, Ended, FlowRun, KeySource,
     RetrySettings, RunUntil, TableSource, TableStage,
 };
@@ -79,7 +79,7 @@ async fn commit(
     entries: Vec<Entry>,
     window_ms: i64,
 ) {
-    let now = sluice_connector::now_ms();
+    let now = sluice_connector::engine::now_ms();
     setup
         .store
         .commit(CommitBatch {
@@ -300,7 +300,7 @@ async fn a_reader_from_before_feeds_skips_what_it_copied_across_a_restart() {
         .collect();
     commit(&setup, &setup.reader, COPIES, copied, 1).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let source = source(&setup).skip_committed(sluice_connector::SkipCommitted {
+    let source = source(&setup).skip_committed(sluice_connector::engine::SkipCommitted {
         store: setup.store.clone(),
         flow: setup.reader.clone(),
         table: Arc::from(COPIES),

@@ -6,7 +6,7 @@
 //! in-process source for Pub/Sub-shaped messages (attributes are what the emulator would give).
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_connector::{
+use sluice_connector::engine::{
     BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FileSource, FlowRun,
     InProcessSource, KeySource, RetrySettings, RunUntil, SkipCommitted, SourceMessage, TableStage,
 };
@@ -35,7 +35,7 @@ async fn prepared(store: &PostgresStore, flow: &str) -> FlowHandle {
 fn run_of(
     store: Arc<dyn Store>,
     flow: FlowHandle,
-    source: Box<dyn sluice_connector::MessageSource>,
+    source: Box<dyn sluice_connector::engine::MessageSource>,
     key: KeySource,
     until: RunUntil,
 ) -> FlowRun {

@@ -15,8 +15,8 @@ use bytes::Bytes;
 use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
 use sluice_bench::Emulator;
-use sluice_connector::PubSubConfig;
-use sluice_connector::pubsub::{Admin, publish_all};
+use sluice_connector::engine::PubSubConfig;
+use sluice_connector::engine::pubsub::{Admin, publish_all};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -374,6 +374,15 @@ impl Worker {
     pub fn spawn(args: &[&str], dir: &Path, name: &str) -> Self {
         let mut command = Command::new(sluice_bin());
         command.env_remove("PUBSUB_EMULATOR_HOST");
+        Self::spawn_command(command, args, dir, name)
+    }
+
+    /// Starts `sluice ARGS` in `dir` (its working directory) with `env` set (and no other
+    /// Pub/Sub emulator than one `env` names), its output in `dir/name.{out,err}`.
+    pub fn spawn_with_env(args: &[&str], env: &[(String, String)], dir: &Path, name: &str) -> Self {
+        let mut command = Command::new(sluice_bin());
+        command.env_remove("PUBSUB_EMULATOR_HOST").current_dir(dir);
+        command.envs(env.iter().map(|(k, v)| (k, v)));
         Self::spawn_command(command, args, dir, name)
     }
 

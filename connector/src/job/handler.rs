@@ -94,6 +94,24 @@ pub trait PostgresHandler: Send + Sync + 'static {
 
 /// A handler failed; the transaction is rolled back (the dedup keys too), nothing is acked.
 ///
+/// ```
+/// use sluice_connector::prelude::*;
+///
+/// let check = |tx: &rusqlite::Transaction<'_>, batch: &NewMessages<'_>| {
+///     for message in batch.iter() {
+///         let amount: i64 = std::str::from_utf8(message.data())
+///             .ok()
+///             .and_then(|text| text.parse().ok())
+///             // This message is at fault: dead-lettered after its attempts, the rest commit.
+///             .ok_or_else(|| HandlerError::rejected("the payload is not an amount"))?;
+///         // A database error: `?` decides (a constraint is the data's fault, a lock is not).
+///         tx.execute("INSERT INTO amounts (key, amount) VALUES (?1, ?2)", (message.key(), amount))?;
+///     }
+///     Ok(())
+/// };
+/// # let _: &dyn SqliteHandler = &check;
+/// ```
+///
 /// [`HandlerError::rejected`]: the data is at fault; a batch of several is retried one message
 /// at a time to find the culprit, which is dead-lettered with this error after its
 /// `max_attempts`. [`HandlerError::transient`]: the same batch is retried with backoff for as
@@ -138,6 +156,11 @@ impl HandlerError {
     }
 
     /// Whether it is [`HandlerError::transient`].
+    ///
+    /// ```
+    /// # use sluice_connector::prelude::*;
+    /// assert!(!HandlerError::rejected("bad row").is_transient());
+    /// ```
     pub fn is_transient(&self) -> bool {
         self.transient
     }
@@ -175,6 +198,35 @@ impl From<HandlerError> for WorkError {
 }
 
 /// One message of a batch, as a handler sees it.
+///
+/// ```
+/// use sluice_connector::prelude::*;
+/// use std::time::UNIX_EPOCH;
+///
+/// let store = |tx: &rusqlite::Transaction<'_>, batch: &NewMessages<'_>| {
+///     for message in batch.iter() {
+///         let event_ms = message
+///             .event_time()
+///             .duration_since(UNIX_EPOCH)
+///             .map_or(0, |t| t.as_millis() as i64);
+///         let attributes = message.attributes().len();
+///         tx.execute(
+///             "INSERT INTO events (key, pubsub_id, body, event_ms, region, attributes)
+///              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+///             (
+///                 message.key(),
+///                 message.id(),
+///                 message.data(),
+///                 event_ms,
+///                 message.attribute("region"),
+///                 attributes,
+///             ),
+///         )?;
+///     }
+///     Ok::<_, HandlerError>(())
+/// };
+/// # let _: &dyn SqliteHandler = &store;
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Message<'a> {
     key: &'a str,
@@ -259,6 +311,23 @@ impl<'a> Message<'a> {
 
 /// The new messages of a batch: those whose dedup key the ledger had not seen within the
 /// window (never a duplicate, never one that is dead-lettered), in receive order.
+///
+/// ```
+/// use sluice_connector::prelude::*;
+///
+/// let audit = |tx: &rusqlite::Transaction<'_>, batch: &NewMessages<'_>| {
+///     let watermark_ms = batch
+///         .watermark()
+///         .and_then(|w| w.duration_since(std::time::UNIX_EPOCH).ok())
+///         .map(|w| w.as_millis() as i64);
+///     tx.execute(
+///         "INSERT INTO batches (id, messages, watermark_ms) VALUES (?1, ?2, ?3)",
+///         (batch.batch_id(), batch.len() as i64, watermark_ms),
+///     )?;
+///     Ok::<_, HandlerError>(())
+/// };
+/// # let _: &dyn SqliteHandler = &audit;
+/// ```
 #[derive(Debug)]
 pub struct NewMessages<'a> {
     all: &'a [Owned],

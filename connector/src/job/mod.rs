@@ -42,6 +42,12 @@ use tokio_util::sync::CancellationToken;
 
 /// The defaults a job takes for what it is not told: those of a pipeline file's Pub/Sub source
 /// (`sluice run`).
+///
+/// ```
+/// use sluice_connector::defaults;
+/// assert_eq!(defaults::DEDUP_WINDOW, std::time::Duration::from_secs(600));
+/// assert_eq!(defaults::MAX_ATTEMPTS, 5);
+/// ```
 pub mod defaults {
     use std::time::Duration;
 
@@ -66,6 +72,16 @@ pub mod defaults {
 }
 
 /// How a job recognises copies of one message.
+///
+/// ```
+/// # use sluice_connector::prelude::*;
+/// use std::time::Duration;
+/// // A publisher's retry carries a new message id but the same `order_id`.
+/// let by_order = Dedup::by_attribute("order_id").window(Duration::from_secs(3600));
+/// // Only Pub/Sub's own redeliveries, over the default 10 minutes.
+/// let by_id = Dedup::by_message_id();
+/// assert_ne!(by_order, by_id);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Dedup {
@@ -75,6 +91,11 @@ pub struct Dedup {
 
 impl Dedup {
     /// By Pub/Sub message id (a publisher's retry with a new id is a new message).
+    ///
+    /// ```
+    /// # use sluice_connector::prelude::*;
+    /// let dedup = Dedup::by_message_id();
+    /// ```
     pub fn by_message_id() -> Self {
         Self {
             key: KeySource::MessageId,
@@ -99,6 +120,11 @@ impl Dedup {
     }
 
     /// As [`Dedup::by_attribute`], a message without it dead-lettered (`missing_dedup_attribute`).
+    ///
+    /// ```
+    /// # use sluice_connector::prelude::*;
+    /// let strict = Dedup::by_attribute_or_dead_letter("event_id");
+    /// ```
     pub fn by_attribute_or_dead_letter(name: impl Into<String>) -> Self {
         Self {
             key: KeySource::Attribute {
@@ -110,6 +136,11 @@ impl Dedup {
     }
 
     /// Keys are remembered this long (default 10 minutes).
+    ///
+    /// ```
+    /// # use sluice_connector::prelude::*;
+    /// let day = Dedup::by_message_id().window(std::time::Duration::from_secs(86_400));
+    /// ```
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
@@ -117,6 +148,17 @@ impl Dedup {
 }
 
 /// Why a job could not start or run.
+///
+/// ```
+/// # async fn job() {
+/// use sluice_connector::prelude::*;
+/// match Job::builder("projects/p/subscriptions/s").name("Not An Identifier").build().await {
+///     Err(JobError::Invalid(why)) => eprintln!("bad setting: {why}"),
+///     Err(other) => eprintln!("cannot start: {other}"),
+///     Ok(_) => unreachable!("the name is refused"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum JobError {
@@ -132,15 +174,25 @@ pub enum JobError {
     Flow(#[from] FlowError),
 }
 
-/// A job's settings, each with the default `sluice run` gives a Pub/Sub flow.
+/// A job's settings, each with the default `sluice run` gives a Pub/Sub flow
+/// ([`defaults`]). Every knob, set:
 ///
 /// ```no_run
 /// # async fn job() -> Result<(), sluice_connector::JobError> {
 /// use sluice_connector::prelude::*;
+/// use std::time::Duration;
 /// let job = Job::builder("projects/my-project/subscriptions/orders")
 ///     .name("orders_counts")
-///     .dedup(Dedup::by_attribute("order_id"))
-///     .store("sqlite://state/orders.db")
+///     .pubsub(PubSubConfig::default())
+///     .dedup(Dedup::by_attribute("order_id").window(Duration::from_secs(1800)))
+///     .store("postgres://jobs@db.internal/jobs")
+///     .event_time_attribute("ts")
+///     .bad_timestamp_uses_publish_time()
+///     .watermark(Duration::from_secs(30))
+///     .batch(500, Duration::from_millis(20))
+///     .flow_control(20_000, 256 * 1024 * 1024)
+///     .max_attempts(3)
+///     .streams(4)
 ///     .build()
 ///     .await?;
 /// # Ok(()) }
@@ -306,6 +358,7 @@ impl JobBuilder {
 
     /// What a flow of these settings reads and commits with; the worker's Pub/Sub flows are
     /// built from it too.
+    #[doc(hidden)]
     pub fn parts(&self) -> Result<JobParts, crate::SourceError> {
         let source = PubSubSource::new(self.pubsub.clone(), &self.subscription, self.streams)?
             .with_max_lease(self.dedup.window)
@@ -348,7 +401,28 @@ pub struct JobParts {
     pub retry: RetrySettings,
 }
 
-/// A job ready to run: its store is open and prepared.
+/// A job ready to run: its store is open and prepared. Run it with a handler
+/// ([`Job::run_postgres`], [`Job::run_sqlite`]) or pull its batches ([`Job::stream`]).
+///
+/// ```no_run
+/// # async fn job() -> Result<(), sluice_connector::JobError> {
+/// use sluice_connector::prelude::*;
+/// let job = Job::builder("projects/my-project/subscriptions/clicks")
+///     .store("sqlite://state/clicks.db")
+///     .build()
+///     .await?;
+/// job.drain_on_signals();
+/// let report = job
+///     .run_sqlite(|tx: &rusqlite::Transaction<'_>, batch: &NewMessages<'_>| {
+///         for click in batch.iter() {
+///             tx.execute("INSERT INTO clicks (id, body) VALUES (?1, ?2)", (click.key(), click.data()))?;
+///         }
+///         Ok(())
+///     })
+///     .await?;
+/// println!("{} clicks, {} duplicates dropped", report.rows, report.duplicates);
+/// # Ok(()) }
+/// ```
 pub struct Job {
     settings: JobBuilder,
     store: Arc<dyn Store>,
@@ -357,17 +431,46 @@ pub struct Job {
     stop: CancellationToken,
 }
 
-/// What a job's run did.
+/// What a job's run, or one batch's commit, did: rows written (the messages your handler
+/// saw), duplicates dropped, dead letters, acks.
+///
+/// ```
+/// # use sluice_connector::prelude::*;
+/// fn log(report: &JobReport) {
+///     println!(
+///         "{} new, {} duplicates, {} dead-lettered, {} acked",
+///         report.rows, report.duplicates, report.dead_letters, report.acked
+///     );
+/// }
+/// log(&JobReport::default());
+/// ```
 pub type JobReport = CommitReport;
 
 impl Job {
-    /// A job's settings, to build it with.
+    /// A job's settings, to build it with ([`JobBuilder`] shows every knob).
+    ///
+    /// ```
+    /// # use sluice_connector::prelude::*;
+    /// let builder = Job::builder("projects/my-project/subscriptions/orders").name("orders");
+    /// ```
     pub fn builder(subscription: impl Into<String>) -> JobBuilder {
         JobBuilder::new(subscription)
     }
 
     /// Cancel this to drain the job: it stops pulling, commits and acks what it received,
     /// then its run returns.
+    ///
+    /// ```no_run
+    /// # async fn job() -> Result<(), sluice_connector::JobError> {
+    /// use sluice_connector::prelude::*;
+    /// let job = Job::builder("projects/p/subscriptions/s").build().await?;
+    /// let stop = job.stop_token();
+    /// tokio::spawn(async move {
+    ///     tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+    ///     stop.cancel(); // an hour's work, then drain
+    /// });
+    /// # Ok(()) }
+    /// ```
     pub fn stop_token(&self) -> CancellationToken {
         self.stop.clone()
     }
@@ -408,6 +511,8 @@ impl Job {
     /// Runs `handler` on every batch's new messages, in the PostgreSQL store's transaction,
     /// until [`Job::stop_token`] is cancelled.
     ///
+    /// See [`PostgresHandler`] for a handler.
+    ///
     /// # Errors
     /// The store is SQLite, or the subscription cannot be read.
     pub async fn run_postgres(self, handler: impl PostgresHandler) -> Result<JobReport, JobError> {
@@ -422,6 +527,8 @@ impl Job {
     /// Runs `handler` on every batch's new messages, in the SQLite store's transaction, until
     /// [`Job::stop_token`] is cancelled.
     ///
+    /// See [`Job`] for a run with a closure.
+    ///
     /// # Errors
     /// The store is PostgreSQL, or the subscription cannot be read.
     pub async fn run_sqlite(self, handler: impl SqliteHandler) -> Result<JobReport, JobError> {
@@ -433,7 +540,7 @@ impl Job {
         self.run(AnyHandler::Sqlite(Arc::new(handler))).await
     }
 
-    /// Batches to pull and commit one by one ([`JobStream::next_batch`]).
+    /// Batches to pull and commit one by one ([`JobStream`] has an example).
     ///
     /// # Errors
     /// The subscription cannot be read.

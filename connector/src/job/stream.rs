@@ -17,7 +17,35 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
-/// Batches of a job, pulled one at a time.
+/// Batches of a job, pulled one at a time. Each is acked only once committed: with your writes
+/// ([`JobBatch::commit_with_sqlite`], [`JobBatch::commit_with_postgres`]), or recorded done
+/// after you put its effect elsewhere ([`JobBatch::settle`]).
+///
+/// ```no_run
+/// # async fn job() -> Result<(), sluice_connector::JobError> {
+/// use sluice_connector::prelude::*;
+/// let job = Job::builder("projects/p/subscriptions/readings")
+///     .store("sqlite://state/readings.db")
+///     .event_time_attribute("ts")
+///     .watermark(std::time::Duration::from_secs(10))
+///     .build()
+///     .await?;
+/// job.drain_on_signals(); // SIGTERM: no more pulls, the stream ends after what it holds
+/// let mut stream = job.stream().await?;
+/// while let Some(batch) = stream.next_batch().await {
+///     println!("{} messages, watermark {:?}", batch.len(), batch.watermark());
+///     batch
+///         .commit_with_sqlite(|tx: &rusqlite::Transaction<'_>, new: &NewMessages<'_>| {
+///             for reading in new.iter() {
+///                 tx.execute("INSERT INTO readings (id, body) VALUES (?1, ?2)", (reading.key(), reading.data()))?;
+///             }
+///             Ok(())
+///         })
+///         .await?;
+/// }
+/// stream.close().await;
+/// # Ok(()) }
+/// ```
 pub struct JobStream {
     batches: Option<BatchSource>,
     source: Option<Box<dyn SourceHandle>>,
@@ -115,6 +143,23 @@ impl Drop for JobStream {
 }
 
 /// One batch of a [`JobStream`]: acked only once committed, nacked if dropped uncommitted.
+///
+/// A job whose effect lives in another system sends the batch there first, keyed so that a
+/// repeat is harmless, then settles it:
+///
+/// ```no_run
+/// # use sluice_connector::prelude::*;
+/// # async fn send(_: &str, _: Vec<Vec<u8>>) -> Result<(), std::io::Error> { Ok(()) }
+/// # async fn forward(batch: JobBatch<'_>) {
+/// let bodies = batch.messages().map(|m| m.data().to_vec()).collect();
+/// match send(&batch.id(), bodies).await {
+///     Ok(()) => {
+///         batch.settle().await;
+///     }
+///     Err(_) => batch.abandon(), // redelivered soon, sent again under the same keys
+/// }
+/// # }
+/// ```
 pub struct JobBatch<'s> {
     batch: Batch,
     stream: &'s JobStream,
@@ -160,6 +205,29 @@ impl JobBatch<'_> {
 
     /// Commits the batch with `handler`'s writes in the PostgreSQL store's transaction, then
     /// acks it (retrying and dead-lettering as a handler's run does).
+    ///
+    /// ```no_run
+    /// # use sluice_connector::prelude::*;
+    /// struct Insert;
+    ///
+    /// #[async_trait::async_trait]
+    /// impl PostgresHandler for Insert {
+    ///     async fn handle(
+    ///         &self,
+    ///         tx: &tokio_postgres::Transaction<'_>,
+    ///         batch: &NewMessages<'_>,
+    ///     ) -> Result<(), HandlerError> {
+    ///         for message in batch.iter() {
+    ///             tx.execute("INSERT INTO events (id) VALUES ($1)", &[&message.key()]).await?;
+    ///         }
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// # async fn commit(batch: JobBatch<'_>) -> Result<(), JobError> {
+    /// let report = batch.commit_with_postgres(Insert).await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// The store is SQLite (the batch is given back).

@@ -22,7 +22,22 @@ use google_cloud_auth::credentials::Credentials;
 /// except the tracking reader's own.
 pub const PROBE_ATTRIBUTE: &str = "sluice-probe";
 
-/// Where and as whom to talk to Pub/Sub.
+/// Where and as whom to talk to Pub/Sub. The default follows the environment: the emulator
+/// at `PUBSUB_EMULATOR_HOST` if set, else the real service with Application Default
+/// Credentials.
+///
+/// ```
+/// use sluice_connector::prelude::*;
+/// let emulator = PubSubConfig {
+///     project: Some("my-project".to_owned()),
+///     endpoint: Some("127.0.0.1:8085".to_owned()),
+/// };
+/// assert_eq!(emulator.endpoint().as_deref(), Some("http://127.0.0.1:8085"));
+/// assert_eq!(
+///     emulator.subscription_path("orders").unwrap(),
+///     "projects/my-project/subscriptions/orders"
+/// );
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PubSubConfig {
     /// `pubsub.project`; `None`: `PUBSUB_PROJECT_ID`, then `GOOGLE_CLOUD_PROJECT`.

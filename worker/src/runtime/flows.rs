@@ -2,7 +2,7 @@
 //! (JSONL files by glob) or a read of another target's table, all committing through the same
 //! ledger.
 
-use sluice_connector::{
+use sluice_connector::engine::{
     BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, Dedup, DedupSettings, FileSource,
     FlowRun, FlowWatermark, JobBuilder, JsonlSink, KeptOpen, KeySource, MessageSource,
     PubSubConfig, ReaderTurn, RetrySettings, RunUntil, SkipCommitted, SourceProgress, Stage,
@@ -106,7 +106,7 @@ fn pubsub_plan(
     flow: &Flow,
     settings: &sluice_pipeline::PubSubSource,
 ) -> Result<Plan, String> {
-    // The same front door a library job uses (`sluice_connector::Job`): every setting from
+    // The same front door a library job uses (`sluice_connector::engine::Job`): every setting from
     // the file.
     let dedup = match &settings.dedup.by {
         DedupBy::MessageId => Dedup::by_message_id(),
@@ -261,7 +261,7 @@ pub struct RunScope {
     /// whose event time lies in it.
     pub interval: Option<DataInterval>,
     /// Pub/Sub flows' sources kept running across the runs of a schedule, by flow name
-    /// (`sluice_connector::KeptOpen`); a flow not in it opens its own.
+    /// (`sluice_connector::engine::KeptOpen`); a flow not in it opens its own.
     pub kept: Option<Arc<HashMap<String, KeptOpen>>>,
 }
 
@@ -390,7 +390,7 @@ mod tests {
     /// builds its Pub/Sub flows on the same front door.
     #[test]
     fn a_jobs_defaults_are_the_files() {
-        use sluice_connector::defaults as job;
+        use sluice_connector::engine::defaults as job;
         use sluice_pipeline::defaults as file;
         assert_eq!(job::DEDUP_WINDOW, file::DEDUP_WINDOW);
         assert_eq!(job::BATCH_MAX_MESSAGES, file::BATCH_MAX_MESSAGES);

@@ -35,8 +35,8 @@
 
 use crate::runtime::flows;
 use crate::runtime::membership::ALIVE_WITHIN;
-use sluice_connector::pubsub::Admin;
-use sluice_connector::{PubSubConfig, parse_event_time};
+use sluice_connector::engine::pubsub::Admin;
+use sluice_connector::engine::{PubSubConfig, parse_event_time};
 use sluice_pipeline::{Pipeline, Source};
 use sluice_store::{ResetRows, Store};
 use std::process::ExitCode;
@@ -148,7 +148,7 @@ async fn seekable(
     if subscriptions.is_empty() {
         return Ok(Vec::new());
     }
-    let unreachable = |e: sluice_connector::SourceError| {
+    let unreachable = |e: sluice_connector::engine::SourceError| {
         RefreshError::Failed(format!("cannot ask Pub/Sub about the subscriptions: {e}"))
     };
     let admin = Admin::connect(&admin_config(pipeline))
@@ -166,7 +166,7 @@ async fn seekable(
                  retain_acked_messages on it, or reset without --seek (rows are then kept)"
             )));
         };
-        let oldest = sluice_connector::now_ms()
+        let oldest = sluice_connector::engine::now_ms()
             .saturating_sub(i64::try_from(window.as_millis()).unwrap_or(i64::MAX));
         if ms < oldest {
             return Err(RefreshError::Invalid(format!(
@@ -198,7 +198,7 @@ async fn seekable(
         }
         let window = admin.replay_window(&tracking).await.map_err(unreachable)?;
         let oldest = window.map(|w| {
-            sluice_connector::now_ms()
+            sluice_connector::engine::now_ms()
                 .saturating_sub(i64::try_from(w.as_millis()).unwrap_or(i64::MAX))
         });
         if oldest.is_none_or(|oldest| ms < oldest) {
@@ -222,7 +222,7 @@ async fn seek_subscription(
     subscription: &str,
     ms: i64,
 ) -> Result<(), RefreshError> {
-    let failed = |e: sluice_connector::SourceError| {
+    let failed = |e: sluice_connector::engine::SourceError| {
         RefreshError::Failed(format!(
             "the store was reset, but seeking {subscription} failed: {e}; run the command \
              again with --seek"
