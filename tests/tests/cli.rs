@@ -255,3 +255,48 @@ fn a_window_over_a_table_needs_its_live_writers_watermarks() {
     );
     assert!(!dir.path().join("s.db").exists(), "nothing was created");
 }
+
+/// `sluice status` on a file whose store is `sqlite://from_file.db`, with `SLUICE_STORE` set.
+fn status_with_store_env(dir: &Workdir, store: &str) -> std::process::Output {
+    let file = write(
+        dir,
+        "p.yaml",
+        &format!(
+            "store: sqlite://from_file.db\n{HEADER}    source: {{ pubsub: {{ subscription: s }} }}\n"
+        ),
+    );
+    std::process::Command::new(sluice_tests::sluice_bin())
+        .args(["status", "-c", file.to_str().unwrap()])
+        .env("SLUICE_STORE", store)
+        .current_dir(dir.path())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_store_from_the_environment_replaces_the_files_and_a_bad_one_is_refused_unechoed() {
+    let dir = Workdir::new();
+    let out = status_with_store_env(&dir, "sqlite://from_env.db");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        dir.path().join("from_env.db").exists(),
+        "status opened SLUICE_STORE's store"
+    );
+    assert!(
+        !dir.path().join("from_file.db").exists(),
+        "and not the file's"
+    );
+
+    let out = status_with_store_env(&dir, "mysql://root:hunter2@db/x");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("SLUICE_STORE"), "{stderr}");
+    assert!(
+        !stderr.contains("hunter2"),
+        "the URL's password is not echoed: {stderr}"
+    );
+}

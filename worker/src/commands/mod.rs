@@ -15,15 +15,42 @@ use sluice_pipeline::Pipeline;
 use std::path::Path;
 use std::process::ExitCode;
 
+/// The environment variable whose value, when set, replaces the file's `store:` (a deployment
+/// keeps the URL and its password in a secret, not in the pipeline file).
+pub const STORE_ENV: &str = "SLUICE_STORE";
+
 /// Loads the pipeline file, or prints every error (file, path, line, message) and gives the
-/// exit code 2 to return.
+/// exit code 2 to return. [`STORE_ENV`] replaces its store.
 pub fn load_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
-    sluice_pipeline::load(path).map_err(exit_invalid)
+    sluice_pipeline::load(path)
+        .map_err(exit_invalid)
+        .and_then(store_from_env)
 }
 
 /// As [`load_or_exit`], with the checks of what this version runs (`NOT_BUILT` errors).
 pub fn load_for_run_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
-    sluice_pipeline::load_for_run(path).map_err(exit_invalid)
+    sluice_pipeline::load_for_run(path)
+        .map_err(exit_invalid)
+        .and_then(store_from_env)
+}
+
+/// `pipeline` with its store from [`STORE_ENV`] when that is set; an unusable value is invalid
+/// input (exit 2), never silently ignored.
+fn store_from_env(mut pipeline: Pipeline) -> Result<Pipeline, ExitCode> {
+    let Some(value) = std::env::var_os(STORE_ENV) else {
+        return Ok(pipeline);
+    };
+    let url = value.to_str().map(str::trim).unwrap_or_default();
+    // The value is not echoed: it may hold a password.
+    if url.parse::<sluice_store::StoreUrl>().is_err() {
+        eprintln!(
+            "{STORE_ENV} is set but is not a store URL: set it to sqlite://PATH or \
+             postgres://USER@HOST/DB, or unset it to use the file's store"
+        );
+        return Err(ExitCode::from(2));
+    }
+    url.clone_into(&mut pipeline.store);
+    Ok(pipeline)
 }
 
 fn exit_invalid(errors: sluice_pipeline::ConfigErrors) -> ExitCode {

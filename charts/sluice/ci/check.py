@@ -1,0 +1,133 @@
+"""Checks the sluice chart with Helm's own Go SDK (helm-python-sdk) and Kubernetes' schemas
+(kubernetes-validate): the defaults and every ci/*-values.yaml scenario render and lint clean,
+every manifest is valid for Kubernetes 1.30 (strict), custom resources carry their required
+fields, and values that cannot work fail with a clear message.
+
+    python check.py check           # everything above; exit 1 with the findings
+    python check.py render [JSON]   # the manifests for these values, as JSON {path: text}
+
+Run by tests/tests/chart.rs with the virtualenv scripts/test prepares.
+"""
+
+import glob
+import json
+import os
+import sys
+
+import kubernetes_validate
+import yaml
+from helm_python import chart
+
+CHART = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KUBERNETES = "1.30"
+
+# Custom resources and the fields their operators require (no schema ships with
+# kubernetes-validate for them).
+REQUIRED = {
+    "ServiceMonitor": [("spec", "selector"), ("spec", "endpoints")],
+    "PodMonitor": [("spec", "selector"), ("spec", "podMetricsEndpoints")],
+    "PrometheusRule": [("spec", "groups")],
+    "ScaledObject": [("spec", "scaleTargetRef", "name"), ("spec", "triggers")],
+    "TriggerAuthentication": [("spec",)],
+}
+
+# Values that cannot work, and a piece of the message each must fail with.
+BAD = [
+    ("both autoscalers",
+     {"autoscaling": {"hpa": {"enabled": True}, "keda": {"enabled": True}}},
+     "either hpa or keda"),
+    ("no pipeline", {"pipeline": {"file": "", "existingConfigMap": ""}}, "set pipeline.file"),
+    ("negative replicas", {"replicaCount": -1}, "replicaCount"),
+    ("memory limit below the dedup tier's bound",
+     {"resources": {"limits": {"memory": "256Mi"}}}, "below 512Mi"),
+    ("a pool on SQLite", {"replicaCount": 3, "store": {"url": "sqlite://state/x.db"}},
+     "needs a postgres:// store"),
+    ("two monitors",
+     {"monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
+     "not both"),
+    ("control API without a token", {"control": {"enabled": True}}, "tokenSecret"),
+    ("an unknown value", {"replicas": 3}, "replicas"),
+    ("a store URL of no known scheme", {"store": {"url": "mysql://db/x"}}, "store"),
+]
+
+
+def render(values):
+    loaded = chart.Chart.load(CHART)
+    return loaded.render(values, name="sluice", namespace="streaming", is_install=True)
+
+
+def documents(manifests):
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                yield path, doc
+
+
+def check_scenario(label, values, findings):
+    lint = chart.lint(CHART, values)
+    for message in lint.get("messages") or []:
+        if message.get("severity", 0) >= 2:  # warning or error (info is advice)
+            findings.append(f"{label}: lint {message}")
+    try:
+        manifests = render(values)
+    except Exception as error:  # the SDK raises its own error types
+        findings.append(f"{label}: does not render: {error}")
+        return []
+    kinds = []
+    for path, doc in documents(manifests):
+        kind = doc.get("kind")
+        kinds.append(kind)
+        if kind in REQUIRED:
+            for field in REQUIRED[kind]:
+                node = doc
+                for key in field:
+                    node = node.get(key) if isinstance(node, dict) else None
+                if not node:
+                    findings.append(f"{label}: {path}: {kind} without {'.'.join(field)}")
+            continue
+        try:
+            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            findings.append(f"{label}: {path}: {kind}: {error.message} at {list(error.path)}")
+    return kinds
+
+
+def check():
+    findings = []
+    scenarios = [("defaults", {})]
+    for path in sorted(glob.glob(os.path.join(CHART, "ci", "*-values.yaml"))):
+        with open(path) as file:
+            scenarios.append((os.path.basename(path), yaml.safe_load(file) or {}))
+    for label, values in scenarios:
+        kinds = check_scenario(label, values, findings)
+        print(f"{label}: {', '.join(sorted(set(kinds)))}")
+    for label, values, expected in BAD:
+        try:
+            render(values)
+            findings.append(f"bad values accepted: {label}")
+        except Exception as error:
+            text = str(error)
+            if expected not in text:
+                findings.append(f"bad values ({label}) failed without saying `{expected}`: {text}")
+            else:
+                print(f"refused, {label}: {text.splitlines()[-1][:160]}")
+    for finding in findings:
+        print("FINDING", finding)
+    return 1 if findings else 0
+
+
+def main():
+    if sys.argv[1:2] == ["check"]:
+        sys.exit(check())
+    if sys.argv[1:2] == ["render"]:
+        values = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+        print(json.dumps(render(values)))
+        return
+    print(__doc__, file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

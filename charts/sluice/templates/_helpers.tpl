@@ -1,0 +1,92 @@
+{{/* The chart's name, or nameOverride. */}}
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's full name: the release name, with the chart's name unless it holds it. */}}
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "sluice.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "sluice.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels that select the release's pods. */}}
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Kubernetes' recommended labels. */}}
+{{- define "sluice.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "sluice.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: worker
+app.kubernetes.io/part-of: sluice
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "sluice.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "sluice.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sluice.configMapName" -}}
+{{- default (printf "%s-pipeline" (include "sluice.fullname" .)) .Values.pipeline.existingConfigMap -}}
+{{- end -}}
+
+{{- define "sluice.secretName" -}}
+{{- default (printf "%s-store" (include "sluice.fullname" .)) .Values.store.existingSecret -}}
+{{- end -}}
+
+{{/* A memory quantity (integer, with an optional binary or decimal suffix) in MiB. */}}
+{{- define "sluice.memoryMiB" -}}
+{{- $q := toString . -}}
+{{- if hasSuffix "Gi" $q -}}{{ mul (trimSuffix "Gi" $q | int64) 1024 }}
+{{- else if hasSuffix "Mi" $q -}}{{ trimSuffix "Mi" $q | int64 }}
+{{- else if hasSuffix "Ki" $q -}}{{ div (trimSuffix "Ki" $q | int64) 1024 }}
+{{- else if hasSuffix "G" $q -}}{{ div (mul (trimSuffix "G" $q | int64) 1000000000) 1048576 }}
+{{- else if hasSuffix "M" $q -}}{{ div (mul (trimSuffix "M" $q | int64) 1000000) 1048576 }}
+{{- else if hasSuffix "k" $q -}}{{ div (mul (trimSuffix "k" $q | int64) 1000) 1048576 }}
+{{- else -}}{{ div ($q | int64) 1048576 }}
+{{- end -}}
+{{- end -}}
+
+{{/* Refuses values that cannot work, with the reason (the schema checks types and ranges). */}}
+{{- define "sluice.validate" -}}
+{{- if and .Values.autoscaling.hpa.enabled .Values.autoscaling.keda.enabled -}}
+{{- fail "autoscaling: enable either hpa or keda, not both (both would own the Deployment's replicas)" -}}
+{{- end -}}
+{{- if and .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled -}}
+{{- fail "monitoring: enable either serviceMonitor or podMonitor, not both (each worker would be scraped twice)" -}}
+{{- end -}}
+{{- if and (not .Values.pipeline.existingConfigMap) (not (trim .Values.pipeline.file)) -}}
+{{- fail "pipeline: set pipeline.file (the pipeline YAML) or pipeline.existingConfigMap" -}}
+{{- end -}}
+{{- if and .Values.store.url (not (hasPrefix "postgres" .Values.store.url)) (gt (int .Values.replicaCount) 1) -}}
+{{- fail "store.url: a pool of more than one worker needs a postgres:// store (SQLite is one process's file)" -}}
+{{- end -}}
+{{- with .Values.resources.limits -}}
+{{- if .memory -}}
+{{- if lt (include "sluice.memoryMiB" .memory | int64) 512 -}}
+{{- fail (printf "resources.limits.memory %s is below 512Mi: one Pub/Sub flow holds up to 2,000,000 dedup keys in memory and 100 MiB of messages under flow control" (toString .memory)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.control.enabled (not .Values.control.tokenSecret) -}}
+{{- fail "control.enabled: set control.tokenSecret (a Secret with key token); the control API needs a bearer token off loopback" -}}
+{{- end -}}
+{{- if and .Values.autoscaling.keda.enabled .Values.autoscaling.keda.gcpPubsub.enabled (not .Values.autoscaling.keda.gcpPubsub.subscriptionName) -}}
+{{- fail "autoscaling.keda.gcpPubsub.subscriptionName: name the subscription whose backlog to scale on" -}}
+{{- end -}}
+{{- if and .Values.autoscaling.keda.enabled (not .Values.autoscaling.keda.prometheus.enabled) (not .Values.autoscaling.keda.gcpPubsub.enabled) -}}
+{{- fail "autoscaling.keda: enable the prometheus trigger, the gcpPubsub trigger, or both" -}}
+{{- end -}}
+{{- end -}}
