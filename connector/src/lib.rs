@@ -218,9 +218,12 @@ pub use job::{
     Dedup, HandlerError, Job, JobBatch, JobBuilder, JobError, JobReport, JobStream, Message,
     NewMessages, PostgresHandler, SqliteHandler, defaults,
 };
-pub use pubsub::PubSubConfig;
+pub use pubsub::{PubSubConfig, SourceError};
+pub use runner::FlowError;
 /// The SQLite driver a [`SqliteHandler`] is given a transaction of (the same version).
 pub use rusqlite;
+/// Why the store refused or failed ([`JobError::Store`]).
+pub use sluice_store::StoreError;
 /// The PostgreSQL driver a [`PostgresHandler`] is given a transaction of (the same version).
 pub use tokio_postgres;
 
@@ -232,6 +235,10 @@ pub mod prelude {
     };
     pub use crate::pubsub::PubSubConfig;
     pub use crate::{rusqlite, tokio_postgres};
+    /// The attribute a [`PostgresHandler`] implementation carries.
+    pub use async_trait::async_trait;
+    /// What [`Job::stop_token`] gives.
+    pub use tokio_util::sync::CancellationToken;
 }
 
 // The crate's own modules name the parts from the root (`crate::Delivery`).

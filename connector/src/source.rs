@@ -69,6 +69,10 @@ pub enum SourceError {
     /// A file source cannot read its files (none matches, one is unreadable).
     #[error("{0}")]
     File(String),
+    /// Pub/Sub refused the worker's identity (no credentials, or a missing permission, which
+    /// the message names). Not retried at start: an operator has to grant it.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Something that can be started to deliver messages.

@@ -40,14 +40,28 @@ BAD = [
     ("negative replicas", {"replicaCount": -1}, "replicaCount"),
     ("memory limit below the dedup tier's bound",
      {"resources": {"limits": {"memory": "256Mi"}}}, "below 512Mi"),
-    ("a pool on SQLite", {"replicaCount": 3, "store": {"url": "sqlite://state/x.db"}},
-     "needs a postgres:// store"),
+    ("a SQLite store", {"store": {"url": "sqlite://state/x.db"}}, "postgres"),
     ("two monitors",
      {"monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}},
      "not both"),
     ("control API without a token", {"control": {"enabled": True}}, "tokenSecret"),
     ("an unknown value", {"replicas": 3}, "replicas"),
-    ("a store URL of no known scheme", {"store": {"url": "mysql://db/x"}}, "store"),
+    ("a store URL and a Secret", {"store": {"url": "postgres://h/d", "existingSecret": "s"}},
+     "not both"),
+    ("annotations on an account the chart does not create",
+     {"serviceAccount": {"create": False, "gcpServiceAccount": "a@p.iam.gserviceaccount.com"}},
+     "serviceAccount"),
+    ("a project in the file and in values",
+     {"pubsub": {"project": "p"},
+      "pipeline": {"file": "pipeline: x\npubsub: { project: q }\n"}}, "pubsub.project"),
+    ("a pipeline file that is not YAML", {"pipeline": {"file": "pipeline: [x"}}, "not YAML"),
+    ("HPA minimum above maximum",
+     {"autoscaling": {"hpa": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}},
+     "above maxReplicas"),
+    ("KEDA at zero on Prometheus alone",
+     {"autoscaling": {"keda": {"enabled": True, "minReplicaCount": 0}}}, "gcpPubsub"),
+    ("no preStop pause", {"drain": {"preStopSeconds": 0}}, "preStopSeconds"),
+    ("a memory limit in octal", {"resources": {"limits": {"memory": "0600Mi"}}}, "memory"),
 ]
 
 
@@ -113,6 +127,8 @@ def check():
                 findings.append(f"bad values ({label}) failed without saying `{expected}`: {text}")
             else:
                 print(f"refused, {label}: {text.splitlines()[-1][:160]}")
+    refused = sum(1 for label, _, _ in BAD if not any(label in f for f in findings))
+    print(f"bad values refused: {refused} of {len(BAD)}")
     for finding in findings:
         print("FINDING", finding)
     return 1 if findings else 0

@@ -70,8 +70,33 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and (not .Values.pipeline.existingConfigMap) (not (trim .Values.pipeline.file)) -}}
 {{- fail "pipeline: set pipeline.file (the pipeline YAML) or pipeline.existingConfigMap" -}}
 {{- end -}}
-{{- if and .Values.store.url (not (hasPrefix "postgres" .Values.store.url)) (gt (int .Values.replicaCount) 1) -}}
-{{- fail "store.url: a pool of more than one worker needs a postgres:// store (SQLite is one process's file)" -}}
+{{- if and .Values.store.url .Values.store.existingSecret -}}
+{{- fail "store: set store.url or store.existingSecret, not both (the URL would be ignored)" -}}
+{{- end -}}
+{{- if and (not .Values.serviceAccount.create) (or .Values.serviceAccount.gcpServiceAccount .Values.serviceAccount.annotations) -}}
+{{- fail "serviceAccount: gcpServiceAccount and annotations go on a service account the chart creates (serviceAccount.create); annotate your own account yourself" -}}
+{{- end -}}
+{{- if .Values.pipeline.file -}}
+{{- $file := fromYaml .Values.pipeline.file -}}
+{{- if hasKey $file "Error" -}}
+{{- fail (printf "pipeline.file is not YAML: %s" (index $file "Error")) -}}
+{{- end -}}
+{{- if and .Values.pubsub.project (hasKey $file "pubsub") (hasKey (get $file "pubsub") "project") -}}
+{{- fail "pubsub.project: the pipeline file names a project already (its pubsub.project wins); set one of them" -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.autoscaling.hpa -}}
+{{- if and .enabled (gt (int .minReplicas) (int .maxReplicas)) -}}
+{{- fail "autoscaling.hpa: minReplicas is above maxReplicas" -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.autoscaling.keda -}}
+{{- if and .enabled (gt (int .minReplicaCount) (int .maxReplicaCount)) -}}
+{{- fail "autoscaling.keda: minReplicaCount is above maxReplicaCount" -}}
+{{- end -}}
+{{- if and .enabled (lt (int .minReplicaCount) 1) (not .gcpPubsub.enabled) -}}
+{{- fail "autoscaling.keda.minReplicaCount: 0 needs the gcpPubsub trigger (with no worker, sluice's own metrics are gone and the Prometheus trigger never scales up again)" -}}
+{{- end -}}
 {{- end -}}
 {{- with .Values.resources.limits -}}
 {{- if .memory -}}

@@ -248,7 +248,8 @@ impl JobBuilder {
     }
 
     /// Where Pub/Sub is (default: `PUBSUB_EMULATOR_HOST` if set, else the real service with
-    /// Application Default Credentials).
+    /// Application Default Credentials; the project, when neither this config nor the
+    /// environment names one, is the one those credentials name).
     pub fn pubsub(mut self, config: PubSubConfig) -> Self {
         self.pubsub = config;
         self
@@ -329,13 +330,15 @@ impl JobBuilder {
     /// # Errors
     /// The name is not an identifier, the store URL is unknown, or the store cannot be
     /// prepared.
-    pub async fn build(self) -> Result<Job, JobError> {
+    pub async fn build(mut self) -> Result<Job, JobError> {
         if !sluice_store::is_identifier(&self.name) {
             return Err(JobError::Invalid(format!(
                 "job name {:?}: an identifier ([a-z_][a-z0-9_]*) is needed",
                 self.name
             )));
         }
+        // A short subscription name with no project anywhere takes ADC's.
+        self.pubsub = self.pubsub.with_adc_project().await;
         let url = self.store_url();
         let kind = url.parse::<StoreUrl>()?;
         let store = sluice_store::open(&url)?;
@@ -420,7 +423,7 @@ pub struct JobParts {
 ///         Ok(())
 ///     })
 ///     .await?;
-/// println!("{} clicks, {} duplicates dropped", report.rows, report.duplicates);
+/// println!("{} clicks, {} copies the ledger caught", report.rows, report.duplicates);
 /// # Ok(()) }
 /// ```
 pub struct Job {
@@ -432,13 +435,15 @@ pub struct Job {
 }
 
 /// What a job's run, or one batch's commit, did: rows written (the messages your handler
-/// saw), duplicates dropped, dead letters, acks.
+/// saw), copies the ledger found duplicate, dead letters, acks. Copies the memory tier caught
+/// before a batch formed are acked at once and counted only in the metrics
+/// (`sluice_messages_duplicate_total{layer="memory"}`), not here.
 ///
 /// ```
 /// # use sluice_connector::prelude::*;
 /// fn log(report: &JobReport) {
 ///     println!(
-///         "{} new, {} duplicates, {} dead-lettered, {} acked",
+///         "{} new, {} ledger duplicates, {} dead-lettered, {} acked",
 ///         report.rows, report.duplicates, report.dead_letters, report.acked
 ///     );
 /// }
@@ -475,8 +480,9 @@ impl Job {
         self.stop.clone()
     }
 
-    /// Drains the job at the first SIGINT or SIGTERM (a deployment's stop), as `sluice run`
-    /// does.
+    /// Drains the job at the first SIGINT or SIGTERM (a deployment's stop), as `sluice run`'s
+    /// first signal does (its give-up at a second signal and exit at a third are not here: the
+    /// job's run returns once the drain is done). Unix only.
     ///
     /// ```no_run
     /// # async fn job() -> Result<(), sluice_connector::JobError> {
@@ -485,6 +491,7 @@ impl Job {
     /// job.drain_on_signals();
     /// # Ok(()) }
     /// ```
+    #[cfg(unix)]
     pub fn drain_on_signals(&self) {
         let stop = self.stop.clone();
         tokio::spawn(async move {

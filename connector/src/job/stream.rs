@@ -156,7 +156,9 @@ impl Drop for JobStream {
 ///     Ok(()) => {
 ///         batch.settle().await;
 ///     }
-///     Err(_) => batch.abandon(), // redelivered soon, sent again under the same keys
+///     // Redelivered soon and sent again: perhaps in another batch (another id), so the other
+///     // system also drops repeats of a message's own key.
+///     Err(_) => batch.abandon(),
 /// }
 /// # }
 /// ```

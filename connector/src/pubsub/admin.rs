@@ -32,6 +32,14 @@ fn is_not_found(error: &google_cloud_gax::error::Error) -> bool {
         || error.http_status_code() == Some(404)
 }
 
+/// Pub/Sub refused who is asking: no valid credentials, or a missing permission.
+fn is_identity_refusal(error: &google_cloud_gax::error::Error) -> bool {
+    error
+        .status()
+        .is_some_and(|s| matches!(s.code, Code::PermissionDenied | Code::Unauthenticated))
+        || matches!(error.http_status_code(), Some(401 | 403))
+}
+
 /// Pub/Sub answered and said no (as opposed to not answering): retrying will not help.
 fn is_refusal(error: &google_cloud_gax::error::Error) -> bool {
     error.status().is_some_and(|s| {
@@ -419,6 +427,11 @@ impl Admin {
         match result {
             Ok(_) => Ok(true),
             Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) if is_identity_refusal(&e) => Err(SourceError::Refused(format!(
+                "Pub/Sub refused to read subscription {subscription}: {e}. The worker's \
+                 identity needs pubsub.subscriptions.get (roles/pubsub.viewer) and \
+                 pubsub.subscriptions.consume (roles/pubsub.subscriber) on it"
+            ))),
             Err(e) => Err(rpc(e)),
         }
     }

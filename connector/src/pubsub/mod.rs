@@ -6,6 +6,7 @@
 //! (`http://`) endpoint is taken to be an emulator and gets anonymous credentials; otherwise
 //! Application Default Credentials are used.
 
+mod adc_project;
 mod admin;
 mod pause;
 mod source;
@@ -61,6 +62,34 @@ impl PubSubConfig {
         })
     }
 
+    /// This config with its project from Application Default Credentials when neither it nor
+    /// the environment names one (logged once); unchanged otherwise.
+    ///
+    /// ```no_run
+    /// # async fn resolve() {
+    /// use sluice_connector::prelude::*;
+    /// let config = PubSubConfig::default().with_adc_project().await;
+    /// println!("project: {:?}", config.project());
+    /// # }
+    /// ```
+    pub async fn with_adc_project(mut self) -> Self {
+        if self.project().is_some() {
+            return self;
+        }
+        match adc_project::adc_project().await {
+            Some((project, from)) => {
+                tracing::info!(
+                    project,
+                    from,
+                    "Pub/Sub project from Application Default Credentials"
+                );
+                self.project = Some(project);
+            }
+            None => tracing::debug!("no project in Application Default Credentials"),
+        }
+        self
+    }
+
     /// The project, from the file or the environment.
     pub fn project(&self) -> Option<String> {
         self.project
@@ -94,7 +123,8 @@ impl PubSubConfig {
         let project = self.project().ok_or_else(|| {
             SourceError::Name(format!(
                 "{kind} {name:?} is a short name but no project is set \
-                 (pubsub.project, PUBSUB_PROJECT_ID or GOOGLE_CLOUD_PROJECT)"
+                 (pubsub.project, PUBSUB_PROJECT_ID, GOOGLE_CLOUD_PROJECT or Application \
+                 Default Credentials)"
             ))
         })?;
         Ok(format!("projects/{project}/{kind}/{name}"))

@@ -23,6 +23,7 @@ use crate::delivery::{AckHandle, SourceMessage};
 use crate::source::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
 use async_trait::async_trait;
+use google_cloud_gax::error::rpc::Code;
 use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
 use google_cloud_pubsub::subscriber::ShutdownToken;
@@ -116,7 +117,8 @@ impl PubSubSource {
     }
 
     /// Asks Pub/Sub for the subscription until it answers, retrying with backoff (one log line
-    /// per step) while it is unreachable. A missing subscription is an error, not retried.
+    /// per step) while it is unreachable. A missing subscription, or a refusal of the worker's
+    /// identity (the missing permission named), is an error, not retried.
     /// Returns `false` if stopped before Pub/Sub answered.
     async fn wait_until_reachable(&self, stop: &CancellationToken) -> Result<bool, SourceError> {
         let mut backoff = Backoff::default();
@@ -135,6 +137,7 @@ impl PubSubSource {
                         self.subscription
                     )));
                 }
+                Ok(Err(refused @ SourceError::Refused(_))) => return Err(refused),
                 Ok(Err(error)) => error,
                 Err(_) => SourceError::Rpc(format!("no answer within {REACHABILITY_TIMEOUT:?}")),
             };
@@ -322,7 +325,20 @@ impl StreamTask {
                         }
                         continue;
                     }
-                    Some(Err(error)) => error.to_string(),
+                    Some(Err(error)) => {
+                        if error
+                            .status()
+                            .is_some_and(|s| s.code == Code::PermissionDenied)
+                        {
+                            // Kept retrying (a grant may take minutes to propagate), but said
+                            // plainly each time.
+                            tracing::error!(subscription = %self.subscription,
+                                "Pub/Sub refused to stream this subscription: the worker's \
+                                 identity needs pubsub.subscriptions.consume \
+                                 (roles/pubsub.subscriber) on it");
+                        }
+                        error.to_string()
+                    }
                     None => "stream ended".to_owned(),
                 };
                 let delay = backoff.next_delay();

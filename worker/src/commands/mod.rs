@@ -34,6 +34,26 @@ pub fn load_for_run_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
         .and_then(store_from_env)
 }
 
+/// `pipeline` with its Pub/Sub project from Application Default Credentials when it reads
+/// Pub/Sub and neither the file nor the environment names a project (a worker on GKE with
+/// Workload Identity, or on a VM, needs no `pubsub.project`).
+pub async fn with_adc_project(mut pipeline: Pipeline) -> Pipeline {
+    let reads_pubsub = pipeline
+        .flows
+        .iter()
+        .any(|f| matches!(f.source, sluice_pipeline::Source::PubSub(_)));
+    if reads_pubsub {
+        let config = sluice_connector::PubSubConfig {
+            project: pipeline.pubsub.project.clone(),
+            endpoint: pipeline.pubsub.endpoint.clone(),
+        }
+        .with_adc_project()
+        .await;
+        pipeline.pubsub.project = config.project;
+    }
+    pipeline
+}
+
 /// `pipeline` with its store from [`STORE_ENV`] when that is set; an unusable value is invalid
 /// input (exit 2), never silently ignored.
 fn store_from_env(mut pipeline: Pipeline) -> Result<Pipeline, ExitCode> {

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 /// `sluice full-refresh -c FILE [--seek TIME [--drop-unread]]`.
 pub async fn full_refresh_file(path: &Path, seek: Option<&Seek>) -> ExitCode {
     let pipeline = match super::load_or_exit(path) {
-        Ok(pipeline) => pipeline,
+        Ok(pipeline) => super::with_adc_project(pipeline).await,
         Err(exit) => return exit,
     };
     report(path, full_refresh(&pipeline, seek, None).await)
@@ -19,7 +19,7 @@ pub async fn full_refresh_file(path: &Path, seek: Option<&Seek>) -> ExitCode {
 /// `sluice reset FLOW -c FILE [--seek TIME [--drop-unread]]`.
 pub async fn reset_file(path: &Path, flow: &str, seek: Option<&Seek>) -> ExitCode {
     let pipeline = match super::load_or_exit(path) {
-        Ok(pipeline) => pipeline,
+        Ok(pipeline) => super::with_adc_project(pipeline).await,
         Err(exit) => return exit,
     };
     report(path, reset(&pipeline, flow, seek, None).await)

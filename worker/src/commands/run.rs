@@ -22,7 +22,7 @@ pub enum Refresh {
 /// `sluice run -c FILE`.
 pub async fn run_file(path: &Path, refresh: Refresh) -> ExitCode {
     let pipeline = match super::load_for_run_or_exit(path) {
-        Ok(pipeline) => pipeline,
+        Ok(pipeline) => super::with_adc_project(pipeline).await,
         Err(exit) => return exit,
     };
     let flows = match refresh {
