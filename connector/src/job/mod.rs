@@ -338,7 +338,9 @@ impl JobBuilder {
             )));
         }
         // A short subscription name with no project anywhere takes ADC's.
-        self.pubsub = self.pubsub.with_adc_project().await;
+        if !self.subscription.starts_with("projects/") {
+            self.pubsub = self.pubsub.with_adc_project().await;
+        }
         let url = self.store_url();
         let kind = url.parse::<StoreUrl>()?;
         let store = sluice_store::open(&url)?;

@@ -34,15 +34,15 @@ pub fn load_for_run_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
         .and_then(store_from_env)
 }
 
-/// `pipeline` with its Pub/Sub project from Application Default Credentials when it reads
-/// Pub/Sub and neither the file nor the environment names a project (a worker on GKE with
+/// `pipeline` with its Pub/Sub project from Application Default Credentials when it names a
+/// subscription by a short name and neither the file nor the environment names a project (a worker on GKE with
 /// Workload Identity, or on a VM, needs no `pubsub.project`).
 pub async fn with_adc_project(mut pipeline: Pipeline) -> Pipeline {
-    let reads_pubsub = pipeline
-        .flows
-        .iter()
-        .any(|f| matches!(f.source, sluice_pipeline::Source::PubSub(_)));
-    if reads_pubsub {
+    let short_names = pipeline.flows.iter().any(|f| match &f.source {
+        sluice_pipeline::Source::PubSub(source) => !source.subscription.starts_with("projects/"),
+        _ => false,
+    });
+    if short_names {
         let config = sluice_connector::PubSubConfig {
             project: pipeline.pubsub.project.clone(),
             endpoint: pipeline.pubsub.endpoint.clone(),
