@@ -702,6 +702,16 @@ pub fn flow_metric(port: u16, name: &str, flow: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
 }
 
+/// The HTTP status `GET http://127.0.0.1:{port}{path}` answers (`000`: no answer).
+pub fn http_status(port: u16, path: &str) -> String {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!("http://127.0.0.1:{port}{path}"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Polls `condition` every 200 ms until it holds or `within` passed; returns whether it held.
 pub async fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;

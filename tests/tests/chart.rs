@@ -11,7 +11,9 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use serde_json::Value;
-use sluice_tests::{PROJECT, PubSub, Workdir, Worker, emulator, eventually, sluice_bin};
+use sluice_tests::{
+    PROJECT, PubSub, Workdir, Worker, emulator, eventually, http_status, sluice_bin,
+};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -237,23 +239,20 @@ async fn the_default_pipeline_validates_and_a_worker_on_the_rendered_files_gets_
         .collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let worker = Worker::spawn_with_env(&args, &env, dir.path(), "chart");
-    let port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
-        .as_i64()
-        .unwrap();
-    let probe = |path: &str| {
-        let out = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
-            .arg(format!("http://127.0.0.1:{port}{path}"))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let port = u16::try_from(
+        deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+            .as_i64()
+            .unwrap(),
+    )
+    .unwrap();
     assert!(
-        eventually(Duration::from_secs(120), || probe("/readyz") == "200").await,
+        eventually(Duration::from_secs(120), || http_status(port, "/readyz")
+            == "200")
+        .await,
         "the worker never got ready:\n{}",
         worker.logs()
     );
-    assert_eq!(probe("/healthz"), "200");
+    assert_eq!(http_status(port, "/healthz"), "200");
     worker.terminate();
     assert!(worker.wait(Duration::from_secs(60)).success());
 }
