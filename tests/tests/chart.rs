@@ -94,7 +94,7 @@ fn every_scenario_renders_lints_and_validates_and_bad_values_are_refused() {
         .expect("the count of refusals");
     let (refused, of) = refused.split_once(" of ").unwrap();
     assert_eq!(refused, of, "every bad value refused with its reason");
-    assert!(of.parse::<u32>().unwrap() >= 16);
+    assert!(of.parse::<u32>().unwrap() >= 20);
 }
 
 #[test]

@@ -59,6 +59,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/* The pipeline's name: autoscaling.keda.pipelineName, else the chart's pipeline file's. */}}
+{{- define "sluice.pipelineName" -}}
+{{- if .Values.autoscaling.keda.pipelineName -}}
+{{- .Values.autoscaling.keda.pipelineName -}}
+{{- else if .Values.pipeline.file -}}
+{{- get (fromYaml .Values.pipeline.file) "pipeline" -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Refuses values that cannot work, with the reason (the schema checks types and ranges). */}}
 {{- define "sluice.validate" -}}
 {{- if and .Values.autoscaling.hpa.enabled .Values.autoscaling.keda.enabled -}}
@@ -83,6 +92,25 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- if and .Values.pubsub.project (hasKey $file "pubsub") (hasKey (get $file "pubsub") "project") -}}
 {{- fail "pubsub.project: the pipeline file names a project already (its pubsub.project wins); set one of them" -}}
+{{- end -}}
+{{- $listen := "" -}}
+{{- if kindIs "map" (get $file "metrics") -}}
+{{- $listen = toString (get (get $file "metrics") "listen") -}}
+{{- end -}}
+{{- if or (not (hasSuffix (printf ":%v" .Values.metrics.port) $listen)) (hasPrefix "127." $listen) (hasPrefix "localhost" $listen) -}}
+{{- fail (printf "pipeline.file: metrics.listen is %q; the pool needs it on all interfaces at metrics.port (\"0.0.0.0:%v\"): the probes, the Service and Prometheus reach it there" $listen .Values.metrics.port) -}}
+{{- end -}}
+{{- $named := toString (get $file "pipeline") -}}
+{{- with .Values.autoscaling.keda -}}
+{{- if and .enabled .pipelineName (ne .pipelineName $named) -}}
+{{- fail (printf "autoscaling.keda.pipelineName %q is not the pipeline file's %q (the lag query would find nothing)" .pipelineName $named) -}}
+{{- end -}}
+{{- end -}}
+{{- else -}}
+{{- with .Values.autoscaling.keda -}}
+{{- if and .enabled .prometheus.enabled (not .pipelineName) -}}
+{{- fail "autoscaling.keda.pipelineName: name the pipeline of pipeline.existingConfigMap (its `pipeline:`), for the lag query" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- with .Values.autoscaling.hpa -}}

@@ -101,16 +101,48 @@ fn bad(url: &str, why: &str) -> StoreError {
 
 /// `url` with its password replaced, for messages.
 pub(crate) fn redact(url: &str) -> String {
+    redact_password_parameters(&redact_userinfo(url))
+}
+
+/// `scheme://user:***@host...`: the password is everything between the user's `:` and the
+/// last `@` before the query (a password may hold an unescaped `@`).
+fn redact_userinfo(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    match rest.split_once('@') {
-        Some((credentials, host)) if credentials.contains(':') => {
-            let user = credentials.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}")
-        }
-        _ => url.to_owned(),
+    let before_query = rest.find('?').unwrap_or(rest.len());
+    match rest[..before_query].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{}", &rest[at + 1..]),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
     }
+}
+
+/// `password=***` for a `password` parameter, in a URL's query (`?password=...&...`) or in a
+/// key-value connection string (`host=h password=...`).
+fn redact_password_parameters(text: &str) -> String {
+    const KEY: &str = "password=";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(found) = rest.to_ascii_lowercase().find(KEY) {
+        let at_boundary =
+            found == 0 || matches!(rest.as_bytes()[found - 1], b'?' | b'&' | b' ' | b'\t');
+        let value_start = found + KEY.len();
+        out.push_str(&rest[..value_start]);
+        let value_end = rest[value_start..]
+            .find(['&', ' ', '\t'])
+            .map_or(rest.len(), |end| value_start + end);
+        if at_boundary {
+            out.push_str("***");
+        } else {
+            out.push_str(&rest[value_start..value_end]);
+        }
+        rest = &rest[value_end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Every sluice session commits synchronously: a commit that returned (and whose messages are
@@ -217,5 +249,23 @@ mod tests {
     fn passwords_are_redacted() {
         assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        // An unescaped `@` in the password, a password in the query, a key-value string.
+        assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
+        assert_eq!(
+            redact("postgres://h/db?user=u&password=secret&sslmode=require"),
+            "postgres://h/db?user=u&password=***&sslmode=require"
+        );
+        assert_eq!(
+            redact("postgres://u@h/db?Password=secret"),
+            "postgres://u@h/db?Password=***"
+        );
+        assert_eq!(
+            redact("host=h user=u password=secret dbname=d"),
+            "host=h user=u password=*** dbname=d"
+        );
+        assert_eq!(
+            redact("postgres://h/db?oldpassword=x"),
+            "postgres://h/db?oldpassword=x"
+        );
     }
 }
