@@ -216,7 +216,7 @@ mod watermark;
 pub use commit::CommitReport;
 pub use job::{
     Dedup, HandlerError, Job, JobBatch, JobBuilder, JobError, JobReport, JobStream, Message,
-    NewMessages, PostgresHandler, SqliteHandler, defaults,
+    NewMessages, PostgresHandler, SqliteHandler, defaults, postgres_handler,
 };
 pub use pubsub::{PubSubConfig, SourceError};
 pub use runner::FlowError;
@@ -231,7 +231,7 @@ pub use tokio_postgres;
 pub mod prelude {
     pub use crate::job::{
         Dedup, HandlerError, Job, JobBatch, JobError, JobReport, JobStream, Message, NewMessages,
-        PostgresHandler, SqliteHandler,
+        PostgresHandler, SqliteHandler, postgres_handler,
     };
     pub use crate::pubsub::PubSubConfig;
     pub use crate::{rusqlite, tokio_postgres};

@@ -338,3 +338,44 @@ async fn a_stream_style_job_sees_event_times_and_its_watermark_and_drains() {
     let db = Db(path);
     assert_eq!(db.query("SELECT COUNT(*) FROM events"), published as i64);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_on_postgresql_commits_with_a_closure_handler() {
+    let database = sluice_store::ScratchDatabase::create().await.unwrap();
+    let db = PgDb(database.url().to_owned());
+    db.text("CREATE TABLE orders (id TEXT PRIMARY KEY)");
+    let pubsub = PubSub::connect().await;
+    let (topic, subscriptions) = pubsub.topic_with("pgclosure", 1).await;
+    pubsub
+        .publish(&topic, sluice_tests::events_with_duplicates("o", 300, 30))
+        .await;
+    let job = Job::builder(pubsub.config.subscription_path(&subscriptions[0]).unwrap())
+        .name("orders_job")
+        .pubsub(pubsub.config.clone())
+        .dedup(Dedup::by_attribute("event_id"))
+        .store(database.url())
+        .build()
+        .await
+        .unwrap();
+    let stop = job.stop_token();
+    let mut stream = job.stream().await.unwrap();
+    let mut rows = 0;
+    while let Some(batch) = stream.next_batch().await {
+        let insert = postgres_handler(|tx, new| {
+            Box::pin(async move {
+                for order in new.iter() {
+                    tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&order.key()])
+                        .await?;
+                }
+                Ok(())
+            })
+        });
+        rows += batch.commit_with_postgres(insert).await.unwrap().rows;
+        if rows >= 300 {
+            stop.cancel(); // drain: the stream ends after what it holds
+        }
+    }
+    stream.close().await;
+    assert_eq!(rows, 300);
+    assert_eq!(db.query("SELECT COUNT(*) FROM orders"), 300);
+}

@@ -3,6 +3,7 @@
 
 use crate::batch::Batch;
 use crate::commit::BatchWork;
+use futures::future::BoxFuture;
 use sluice_store::{Effect, PostgresWork, SqliteWork, TransactionWork, WorkError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -90,6 +91,69 @@ pub trait PostgresHandler: Send + Sync + 'static {
         tx: &tokio_postgres::Transaction<'_>,
         batch: &NewMessages<'_>,
     ) -> Result<(), HandlerError>;
+}
+
+/// A [`PostgresHandler`] from a closure that returns its writes as a boxed future, for a job
+/// that would rather not name a type (the closure form of [`SqliteHandler`], which PostgreSQL's
+/// async transaction needs the box for).
+///
+/// ```no_run
+/// use sluice_connector::prelude::*;
+///
+/// # async fn job() -> Result<(), JobError> {
+/// let job = Job::builder("projects/p/subscriptions/orders")
+///     .store("postgres://jobs@db/jobs")
+///     .build()
+///     .await?;
+/// let mut stream = job.stream().await?;
+/// while let Some(batch) = stream.next_batch().await {
+///     let insert = postgres_handler(|tx, new| {
+///         Box::pin(async move {
+///             for order in new.iter() {
+///                 tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&order.key()])
+///                     .await?;
+///             }
+///             Ok(())
+///         })
+///     });
+///     batch.commit_with_postgres(insert).await?;
+/// }
+/// # Ok(()) }
+/// ```
+pub fn postgres_handler<F>(write: F) -> impl PostgresHandler
+where
+    F: for<'a> Fn(
+            &'a tokio_postgres::Transaction<'a>,
+            &'a NewMessages<'a>,
+        ) -> BoxFuture<'a, Result<(), HandlerError>>
+        + Send
+        + Sync
+        + 'static,
+{
+    PostgresFn(write)
+}
+
+/// [`postgres_handler`]'s handler.
+struct PostgresFn<F>(F);
+
+#[async_trait::async_trait]
+impl<F> PostgresHandler for PostgresFn<F>
+where
+    F: for<'a> Fn(
+            &'a tokio_postgres::Transaction<'a>,
+            &'a NewMessages<'a>,
+        ) -> BoxFuture<'a, Result<(), HandlerError>>
+        + Send
+        + Sync
+        + 'static,
+{
+    async fn handle(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        batch: &NewMessages<'_>,
+    ) -> Result<(), HandlerError> {
+        (self.0)(tx, batch).await
+    }
 }
 
 /// A handler failed; the transaction is rolled back (the dedup keys too), nothing is acked.

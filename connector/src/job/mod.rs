@@ -22,7 +22,9 @@
 mod handler;
 mod stream;
 
-pub use handler::{HandlerError, Message, NewMessages, PostgresHandler, SqliteHandler};
+pub use handler::{
+    HandlerError, Message, NewMessages, PostgresHandler, SqliteHandler, postgres_handler,
+};
 pub use stream::{JobBatch, JobStream};
 
 use crate::batch::{BatchSettings, DedupSettings, KeySource};
