@@ -169,7 +169,10 @@ where
 ///             // This message is at fault: dead-lettered after its attempts, the rest commit.
 ///             .ok_or_else(|| HandlerError::rejected("the payload is not an amount"))?;
 ///         // A database error: `?` decides (a constraint is the data's fault, a lock is not).
-///         tx.execute("INSERT INTO amounts (key, amount) VALUES (?1, ?2)", (message.key(), amount))?;
+///         tx.execute(
+///             "INSERT INTO amounts (key, amount) VALUES (?1, ?2)",
+///             (message.key(), amount),
+///         )?;
 ///     }
 ///     Ok(())
 /// };

@@ -422,7 +422,10 @@ pub struct JobParts {
 /// let report = job
 ///     .run_sqlite(|tx: &rusqlite::Transaction<'_>, batch: &NewMessages<'_>| {
 ///         for click in batch.iter() {
-///             tx.execute("INSERT INTO clicks (id, body) VALUES (?1, ?2)", (click.key(), click.data()))?;
+///             tx.execute(
+///                 "INSERT INTO clicks (id, body) VALUES (?1, ?2)",
+///                 (click.key(), click.data()),
+///             )?;
 ///         }
 ///         Ok(())
 ///     })

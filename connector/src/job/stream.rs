@@ -37,7 +37,10 @@ use tokio_util::sync::CancellationToken;
 ///     batch
 ///         .commit_with_sqlite(|tx: &rusqlite::Transaction<'_>, new: &NewMessages<'_>| {
 ///             for reading in new.iter() {
-///                 tx.execute("INSERT INTO readings (id, body) VALUES (?1, ?2)", (reading.key(), reading.data()))?;
+///                 tx.execute(
+///                     "INSERT INTO readings (id, body) VALUES (?1, ?2)",
+///                     (reading.key(), reading.data()),
+///                 )?;
 ///             }
 ///             Ok(())
 ///         })

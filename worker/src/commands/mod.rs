@@ -35,8 +35,8 @@ pub fn load_for_run_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
 }
 
 /// `pipeline` with its Pub/Sub project from Application Default Credentials when it names a
-/// subscription by a short name and neither the file nor the environment names a project (a worker on GKE with
-/// Workload Identity, or on a VM, needs no `pubsub.project`).
+/// subscription by a short name and neither the file nor the environment names a project (a
+/// worker on GKE with Workload Identity, or on a VM, needs no `pubsub.project`).
 pub async fn with_adc_project(mut pipeline: Pipeline) -> Pipeline {
     let short_names = pipeline.flows.iter().any(|f| match &f.source {
         sluice_pipeline::Source::PubSub(source) => !source.subscription.starts_with("projects/"),
