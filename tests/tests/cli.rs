@@ -2,7 +2,7 @@
 //! panics, retries logged once per backoff step.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_tests::{FlowYaml, PipelineYaml, Workdir, Worker, sluice_command};
+use sluice_tests::{FlowYaml, PipelineYaml, Workdir, Worker, http_status, sluice_command};
 use std::path::Path;
 use std::time::Duration;
 
@@ -140,16 +140,18 @@ fn unreachable_emulator_is_retried_with_backoff_not_a_panic() {
     let worker = Worker::start(&file, "w");
     std::thread::sleep(Duration::from_secs(8));
     // Alive, but not ready: its flow cannot start while Pub/Sub does not answer.
-    let probe = |path: &str| {
-        let out = std::process::Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
-            .arg(format!("http://127.0.0.1:{metrics_port}{path}"))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    assert_eq!(probe("/healthz"), "200", "{}", worker.logs());
-    assert_eq!(probe("/readyz"), "503", "{}", worker.logs());
+    assert_eq!(
+        http_status(metrics_port, "/healthz"),
+        "200",
+        "{}",
+        worker.logs()
+    );
+    assert_eq!(
+        http_status(metrics_port, "/readyz"),
+        "503",
+        "{}",
+        worker.logs()
+    );
     worker.terminate();
     let logs = worker.logs();
     let status = worker.wait(Duration::from_secs(30));
