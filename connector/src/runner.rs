@@ -103,6 +103,18 @@ pub struct FlowEnd {
 }
 
 /// Why a flow could not run to its end.
+///
+/// ```
+/// use sluice_connector::{FlowError, JobError, SourceError};
+/// fn explain(error: &JobError) -> &'static str {
+///     match error {
+///         JobError::Flow(FlowError::Source(SourceError::Refused(_))) => "grant the role it names",
+///         JobError::Flow(_) => "the subscription could not be read",
+///         _ => "see the message",
+///     }
+/// }
+/// # let _ = explain;
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FlowError {

@@ -54,6 +54,16 @@ impl Received {
 
 /// Why a source could not start: a Pub/Sub client could not be set up or used, or a file
 /// source cannot read its files.
+///
+/// ```
+/// use sluice_connector::{PubSubConfig, SourceError};
+/// // A short name needs a project from somewhere.
+/// let config = PubSubConfig { project: None, endpoint: None };
+/// # if std::env::var_os("PUBSUB_PROJECT_ID").is_none()
+/// #     && std::env::var_os("GOOGLE_CLOUD_PROJECT").is_none() {
+/// assert!(matches!(config.subscription_path("orders"), Err(SourceError::Name(_))));
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SourceError {
