@@ -19,10 +19,11 @@
 use crate::backoff::Backoff;
 use crate::budget::Budget;
 use crate::delivery::{AckHandle, SourceMessage};
+use crate::file_checkpoint::Checkpoints;
 use crate::source::{Received, SourceHandle};
 use async_trait::async_trait;
-use sluice_store::FlowHandle;
 use sluice_store::LedgerStore;
+use sluice_store::{FileCheckpoint, FlowHandle};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -87,29 +88,62 @@ pub(crate) struct Deliverer {
 }
 
 impl Deliverer {
-    /// Delivers a chunk, minus what the flow already committed; `false` once stopped.
-    pub(crate) async fn deliver(&self, chunk: Vec<SourceMessage>) -> bool {
+    /// Delivers a chunk, minus what the flow already committed; `false` once stopped. With
+    /// `track`, the chunk (ending at the checkpoint given) is registered there and its records
+    /// settle it when acked.
+    pub(crate) async fn deliver(
+        &self,
+        chunk: Vec<SourceMessage>,
+        track: Option<(&Arc<Checkpoints>, FileCheckpoint)>,
+    ) -> bool {
         let Some(present) = self.already_committed(&chunk).await else {
             return false;
         };
+        let to_deliver = present.iter().filter(|p| !**p).count();
+        let tracked =
+            track.map(|(checkpoints, end)| (checkpoints, checkpoints.chunk(to_deliver, end)));
+        let mut delivered = 0;
         for (message, present) in chunk.into_iter().zip(present) {
             if present {
                 self.progress.skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let permit = tokio::select! {
-                _ = self.stop.cancelled() => return false,
-                permit = self.budget.reserve_message() => permit,
-            };
-            let Some(permit) = permit else { return false };
-            let permits = self.budget.reserve_bytes(permit, message.size()).await;
-            let received = Received::new(message, Box::new(NoAck), permits);
-            if self.intake.send(received).await.is_err() {
+            if !self.deliver_one(message, tracked).await {
+                if let Some((checkpoints, seq)) = tracked {
+                    checkpoints.abandon(seq, to_deliver - delivered);
+                }
                 return false;
             }
-            self.progress.delivered.fetch_add(1, Ordering::Relaxed);
+            delivered += 1;
         }
         !self.stop.is_cancelled()
+    }
+
+    async fn deliver_one(
+        &self,
+        message: SourceMessage,
+        tracked: Option<(&Arc<Checkpoints>, u64)>,
+    ) -> bool {
+        let permit = tokio::select! {
+            _ = self.stop.cancelled() => return false,
+            permit = self.budget.reserve_message() => permit,
+        };
+        let Some(permit) = permit else { return false };
+        let permits = self.budget.reserve_bytes(permit, message.size()).await;
+        let handle: Box<dyn AckHandle> = match tracked {
+            Some((checkpoints, seq)) => checkpoints.ack_handle(seq),
+            None => Box::new(NoAck),
+        };
+        if self
+            .intake
+            .send(Received::new(message, handle, permits))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        self.progress.delivered.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Which records of the chunk the flow has committed before, asking the store until it

@@ -20,6 +20,15 @@
 //!   start as an error, later through [`crate::SourceProgress::failure`]; a failed flow never counts as
 //!   complete.
 //! * Files are read in path order, one line at a time, within the flow's budget.
+//! * **Read once in a pool.** With [`FileSource::in_pool`] (a `once` backfill run by several
+//!   replicas), only the holder of the flow's turn (the lease `feed/<flow>`, see
+//!   [`crate::ReaderTurn`]) reads; the others wait for it. The holder saves a checkpoint every
+//!   [`CHECKPOINT_EVERY`] ([`sluice_store::FileCheckpoint`]: the file and byte offset before
+//!   which every record is settled), and whoever takes the turn over (its holder died, or
+//!   finished) reads on from there: a crash re-reads what was in flight and at most
+//!   [`CHECKPOINT_EVERY`] of commits, which the skip above and the ledger keep from
+//!   committing twice, and a replica that gets the turn after the read finished reads nothing
+//!   and ends. The checkpoint goes with a reset of the flow.
 //!
 //! There is no publish time in a file: a record's publish time is its file's modification time,
 //! and a record without `event_time` takes that as its event time.
@@ -29,25 +38,34 @@
 //! [`SourceProgress::outside_interval`]; a line that is not a record has no event time and is
 //! dead-lettered by whichever run reads it first.
 
+use crate::backoff::Backoff;
 use crate::bounded::{Deliverer, SkipCommitted, SourceProgress};
 use crate::budget::Budget;
 use crate::delivery::{SourceMessage, SourceProblem};
 use crate::event_time::parse_event_time;
+use crate::file_checkpoint::Checkpoints;
 use crate::source::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
+use crate::telemetry::Counters;
+use crate::turn::{ReaderTurn, Turn};
 use async_trait::async_trait;
 use base64::Engine;
 use bytes::Bytes;
 use serde_json::Value;
+use sluice_store::{FeedStore, FileCheckpoint, FlowHandle};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncSeekExt, BufReader};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::bounded::CHUNK;
+
+/// How often the holder of a pooled read saves its checkpoint (when it moved).
+pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 
 /// JSONL files matched by a glob, read once.
 pub struct FileSource {
@@ -56,6 +74,19 @@ pub struct FileSource {
     progress: Arc<SourceProgress>,
     /// Only records with an event time in `[start, end)` (ms) are read.
     within: Option<(i64, i64)>,
+    pool: Option<FileTurn>,
+    counters: Option<Counters>,
+}
+
+/// What a file read in a pool needs: the flow's turn and where its checkpoint is kept.
+#[derive(Clone)]
+pub struct FileTurn {
+    /// The lease `feed/<flow>`.
+    pub turn: ReaderTurn,
+    /// Where the checkpoint is kept.
+    pub feed: Arc<dyn FeedStore>,
+    /// The flow.
+    pub flow: FlowHandle,
 }
 
 impl FileSource {
@@ -66,7 +97,23 @@ impl FileSource {
             skip: None,
             progress: Arc::new(SourceProgress::default()),
             within: None,
+            pool: None,
+            counters: None,
         }
+    }
+
+    /// Reads only while this worker holds the flow's turn, from the checkpoint the last holder
+    /// saved (see the module docs). Not with [`FileSource::within`]: a run's interval leaves
+    /// records out that a checkpoint would pass.
+    pub fn in_pool(mut self, turn: FileTurn) -> Self {
+        self.pool = Some(turn);
+        self
+    }
+
+    /// Counts the records read in `sluice_source_records_read_total`.
+    pub fn with_counters(mut self, counters: Counters) -> Self {
+        self.counters = Some(counters);
+        self
     }
 
     /// Reads only the records whose event time lies in `[start_ms, end_ms)` (a scheduled run's
@@ -92,6 +139,7 @@ impl FileSource {
 struct Matched {
     path: PathBuf,
     modified_ms: i64,
+    len: u64,
 }
 
 /// The files matching `pattern`, in path order; every one must be a readable file.
@@ -120,7 +168,11 @@ fn matching_files(pattern: &str) -> Result<(Vec<Matched>, u64), SourceError> {
             .and_then(|d| i64::try_from(d.as_millis()).ok())
             .unwrap_or_default();
         total += metadata.len();
-        files.push(Matched { path, modified_ms });
+        files.push(Matched {
+            path,
+            modified_ms,
+            len: metadata.len(),
+        });
     }
     if files.is_empty() {
         return Err(SourceError::File(format!("no file matches {pattern:?}")));
@@ -139,6 +191,13 @@ impl MessageSource for FileSource {
     ) -> Result<Box<dyn SourceHandle>, SourceError> {
         let (files, total) = matching_files(&self.pattern)?;
         self.progress.bytes_total.store(total, Ordering::Relaxed);
+        if self.pool.is_some() && self.within.is_some() {
+            return Err(SourceError::File(
+                "a file read in a pool keeps a checkpoint, which a data interval would pass \
+                 over records it leaves out"
+                    .to_owned(),
+            ));
+        }
         let reader = Reader {
             deliverer: Deliverer {
                 skip: self.skip,
@@ -148,16 +207,14 @@ impl MessageSource for FileSource {
                 stop: stop.clone(),
             },
             within: self.within,
+            counters: self.counters,
+            pattern: self.pattern,
         };
+        let pool = self.pool;
         let task = tokio::spawn(async move {
-            for file in files {
-                if let Err(why) = reader.read_file(&file).await {
-                    reader.deliverer.progress.fail(why);
-                    return;
-                }
-                if reader.deliverer.stop.is_cancelled() {
-                    return;
-                }
+            match pool {
+                None => reader.read_all(&files).await,
+                Some(pool) => reader.read_in_turns(&files, &pool).await,
             }
             // Dropping the reader closes the intake: the flow ends once it is all committed.
         });
@@ -169,23 +226,178 @@ impl MessageSource for FileSource {
     }
 }
 
+/// How a read of the files ended.
+enum ReadEnd {
+    /// Every file read to its end.
+    Done,
+    /// Stopped, or a file could not be read (the progress says so).
+    Stopped,
+    /// Another worker holds the turn now.
+    Lost,
+}
+
 /// Reads files into a [`Deliverer`], keeping the records of the data interval if there is one.
 struct Reader {
     deliverer: Deliverer,
     within: Option<(i64, i64)>,
+    counters: Option<Counters>,
+    pattern: String,
+}
+
+/// Where one file's read starts, and what it reports to.
+struct FileRead<'a> {
+    offset: i64,
+    line: i64,
+    checkpoints: Option<&'a Arc<Checkpoints>>,
+    turn: Option<&'a Turn>,
 }
 
 impl Reader {
-    /// Reads one file to its end (or until stopped); `Err` when it cannot be read.
-    async fn read_file(&self, file: &Matched) -> Result<(), String> {
+    /// Reads every file from its beginning.
+    async fn read_all(&self, files: &[Matched]) {
+        self.read_from(files, &FileCheckpoint::default(), None, None)
+            .await;
+    }
+
+    /// Reads in this worker's turns, each from the stored checkpoint, until every file was
+    /// read (by this worker or an earlier holder) or the source stops.
+    async fn read_in_turns(&self, files: &[Matched], pool: &FileTurn) {
+        let stop = self.deliverer.stop.clone();
+        let what = format!("files {}", self.pattern);
+        loop {
+            let Some(turn) = pool.turn.take(&pool.flow, &what, &stop).await else {
+                return;
+            };
+            let Some(from) = self.stored_checkpoint(pool).await else {
+                pool.turn.release(&pool.flow).await;
+                return;
+            };
+            if from != FileCheckpoint::default() {
+                tracing::info!(flow = %pool.flow.name, path = %from.path, line = from.line,
+                    "reading on from the checkpoint an earlier reader saved");
+            }
+            let checkpoints = Checkpoints::new(from.clone());
+            let saver = tokio::spawn(keep_saving(pool.clone(), checkpoints.clone(), from.clone()));
+            let end = self
+                .read_from(files, &from, Some(&checkpoints), Some(&turn))
+                .await;
+            if matches!(end, ReadEnd::Done) {
+                // The successor starts where this read settled: wait for it to settle.
+                tokio::select! {
+                    _ = checkpoints.settled() => {}
+                    _ = stop.cancelled() => {}
+                }
+            }
+            saver.abort();
+            let reached = checkpoints.reached();
+            if reached != from
+                && let Err(error) = pool.feed.save_file_checkpoint(&pool.flow, &reached).await
+            {
+                tracing::warn!(flow = %pool.flow.name, %error,
+                    "cannot save the file checkpoint; the next reader re-reads a little more");
+            }
+            match end {
+                ReadEnd::Lost => {
+                    tracing::warn!(flow = %pool.flow.name,
+                        "lost the reader's turn; reading on once it is this worker's again");
+                }
+                ReadEnd::Done | ReadEnd::Stopped => {
+                    drop(turn);
+                    pool.turn.release(&pool.flow).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The checkpoint saved for the flow (the beginning if none), asking until the store
+    /// answers; `None` once stopped.
+    async fn stored_checkpoint(&self, pool: &FileTurn) -> Option<FileCheckpoint> {
+        let mut backoff = Backoff::default();
+        loop {
+            match pool.feed.file_checkpoint(&pool.flow).await {
+                Ok(stored) => return Some(stored.unwrap_or_default()),
+                Err(error) => {
+                    let delay = backoff.next_delay();
+                    tracing::warn!(flow = %pool.flow.name, step = backoff.step(), %error,
+                        "cannot read the file checkpoint; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = self.deliverer.stop.cancelled() => return None,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the files from `from` on (the files before it and its first `offset` bytes are
+    /// taken as read).
+    async fn read_from(
+        &self,
+        files: &[Matched],
+        from: &FileCheckpoint,
+        checkpoints: Option<&Arc<Checkpoints>>,
+        turn: Option<&Turn>,
+    ) -> ReadEnd {
+        let from_path = PathBuf::from(&from.path);
+        for file in files {
+            let (offset, line) = match file.path.cmp(&from_path) {
+                std::cmp::Ordering::Less if !from.path.is_empty() => {
+                    self.deliverer
+                        .progress
+                        .bytes_read
+                        .fetch_add(file.len, Ordering::Relaxed);
+                    continue;
+                }
+                std::cmp::Ordering::Equal => (from.offset, from.line),
+                _ => (0, 0),
+            };
+            let read = FileRead {
+                offset,
+                line,
+                checkpoints,
+                turn,
+            };
+            match self.read_file(file, read).await {
+                Err(why) => {
+                    self.deliverer.progress.fail(why);
+                    return ReadEnd::Stopped;
+                }
+                Ok(ReadEnd::Done) => {}
+                Ok(end) => return end,
+            }
+            if self.deliverer.stop.is_cancelled() {
+                return ReadEnd::Stopped;
+            }
+        }
+        ReadEnd::Done
+    }
+
+    /// Reads one file to its end (or until stopped, or the turn is lost); `Err` when it
+    /// cannot be read.
+    async fn read_file(&self, file: &Matched, at: FileRead<'_>) -> Result<ReadEnd, String> {
         let unreadable = |e: std::io::Error| format!("cannot read {}: {e}", file.path.display());
-        let handle = tokio::fs::File::open(&file.path)
+        let mut handle = tokio::fs::File::open(&file.path)
             .await
             .map_err(unreadable)?;
+        let start = u64::try_from(at.offset).unwrap_or_default();
+        if start > 0 {
+            handle
+                .seek(std::io::SeekFrom::Start(start))
+                .await
+                .map_err(unreadable)?;
+            self.deliverer
+                .progress
+                .bytes_read
+                .fetch_add(start, Ordering::Relaxed);
+        }
+        let path_text = file.path.to_string_lossy().into_owned();
         let mut lines = BufReader::new(handle);
         let mut chunk = Vec::with_capacity(CHUNK);
         let mut line = Vec::new();
-        let mut number = 0usize;
+        let mut number = usize::try_from(at.line).unwrap_or_default();
+        let mut offset = start;
+        let mut records = 0u64;
         loop {
             line.clear();
             let read = lines
@@ -196,23 +408,54 @@ impl Reader {
                 break;
             }
             number += 1;
+            offset += read as u64;
             let progress = &self.deliverer.progress;
             progress
                 .bytes_read
                 .fetch_add(read as u64, Ordering::Relaxed);
             if let Some(message) = record(&line, &file.path, number, file.modified_ms) {
+                records += 1;
                 if self.in_interval(&message) {
                     chunk.push(message);
                 } else {
                     progress.outside_interval.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            if chunk.len() == CHUNK && !self.deliverer.deliver(std::mem::take(&mut chunk)).await {
-                return Ok(());
+            if chunk.len() == CHUNK {
+                let end = checkpoint(&path_text, offset, number);
+                if !self
+                    .deliver(std::mem::take(&mut chunk), &at, end, &mut records)
+                    .await
+                {
+                    return Ok(ReadEnd::Stopped);
+                }
+                if at.turn.is_some_and(Turn::lost) {
+                    return Ok(ReadEnd::Lost);
+                }
             }
         }
-        self.deliverer.deliver(chunk).await;
-        Ok(())
+        let end = checkpoint(&path_text, offset, number);
+        if !self.deliver(chunk, &at, end, &mut records).await {
+            return Ok(ReadEnd::Stopped);
+        }
+        Ok(ReadEnd::Done)
+    }
+
+    /// Delivers a chunk ending at `end` and counts the records read for it; `false` once
+    /// stopped.
+    async fn deliver(
+        &self,
+        chunk: Vec<SourceMessage>,
+        at: &FileRead<'_>,
+        end: FileCheckpoint,
+        records: &mut u64,
+    ) -> bool {
+        if let Some(counters) = &self.counters {
+            counters.records_read(std::mem::take(records));
+        }
+        self.deliverer
+            .deliver(chunk, at.checkpoints.map(|c| (c, end)))
+            .await
     }
 
     /// Whether a record belongs to this read: every record without a data interval; with one,
@@ -226,6 +469,33 @@ impl Reader {
         }
         let event = message.event_time_ms.unwrap_or(message.publish_time_ms);
         start <= event && event < end
+    }
+}
+
+/// The checkpoint after a line ending at byte `offset` of `path` (line `number`).
+fn checkpoint(path: &str, offset: u64, number: usize) -> FileCheckpoint {
+    FileCheckpoint {
+        path: path.to_owned(),
+        offset: i64::try_from(offset).unwrap_or(i64::MAX),
+        line: i64::try_from(number).unwrap_or(i64::MAX),
+    }
+}
+
+/// Saves the checkpoint every [`CHECKPOINT_EVERY`] while it moves (until aborted).
+async fn keep_saving(pool: FileTurn, checkpoints: Arc<Checkpoints>, mut saved: FileCheckpoint) {
+    loop {
+        tokio::time::sleep(CHECKPOINT_EVERY).await;
+        let reached = checkpoints.reached();
+        if reached == saved {
+            continue;
+        }
+        match pool.feed.save_file_checkpoint(&pool.flow, &reached).await {
+            Ok(()) => saved = reached,
+            Err(error) => {
+                tracing::debug!(flow = %pool.flow.name, %error,
+                    "cannot save the file checkpoint; trying again");
+            }
+        }
     }
 }
 

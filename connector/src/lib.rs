@@ -195,6 +195,7 @@ mod commit_bound;
 mod delivery;
 mod event_time;
 mod file;
+mod file_checkpoint;
 mod foreach;
 mod inprocess;
 mod job;
@@ -211,6 +212,7 @@ mod table;
 mod telemetry;
 mod time;
 mod tracking;
+mod turn;
 mod watermark;
 
 pub use commit::CommitReport;
@@ -259,7 +261,7 @@ pub mod engine {
     };
     pub use crate::delivery::{AckHandle, Delivery, SourceMessage, SourceProblem};
     pub use crate::event_time::{EventTimeError, parse_event_time};
-    pub use crate::file::FileSource;
+    pub use crate::file::{CHECKPOINT_EVERY, FileSource, FileTurn};
     pub use crate::foreach::{BatchHandler, ForeachBatchStage, StageRecord, StagedBatch, batch_id};
     pub use crate::inprocess::{InProcessAck, InProcessSource, InProcessTally, PACE_STEP};
     pub use crate::job::JobParts;
@@ -271,14 +273,13 @@ pub mod engine {
     pub use crate::source::{MessageSource, Received, SourceError, SourceHandle};
     pub use crate::stage::{Stage, StageError, TableStage};
     pub use crate::storable::UNSTORABLE;
-    pub use crate::table::{
-        DEFAULT_POLL, PAGE_ROWS, ReaderTurn, TURN_TTL, TableSource, TableWatermark,
-    };
+    pub use crate::table::{DEFAULT_POLL, PAGE_ROWS, TableSource, TableWatermark};
     pub use crate::telemetry::{COMMIT_ERROR_KINDS, Counters, DEAD_LETTER_REASONS, Snapshot};
     pub use crate::time::now_ms;
     pub use crate::tracking::{
         LEASE_TTL as TRACKER_LEASE_TTL, TICK as TRACKER_TICK, TrackerSettings, WatermarkTracker,
     };
+    pub use crate::turn::{ReaderTurn, TURN_TTL};
     pub use crate::watermark::{FlowWatermark, bucket_of};
     // The front door too, so that one import path serves the binary.
     pub use crate::{

@@ -22,7 +22,7 @@
 //! * **Pages commit in order, one reader at a time.** The flow's batches may commit several at
 //!   a time (PostgreSQL), but each waits for the one before it to have committed before it
 //!   moves the position (`page.rs`). In a pool, only the holder of the lease `feed/<flow>` reads (one replica at a time;
-//!   it changes hands within [`TURN_TTL`] of its holder's death), and every position change is
+//!   it changes hands within [`crate::turn::TURN_TTL`] of its holder's death), and every position change is
 //!   fenced by version, so a reader that lost its turn can never move the position: its pages
 //!   are given back and it reads on from the stored position once it holds the lease again.
 //! * **Following or catching up.** Following ([`TableSource::follow`], continuous pipelines),
@@ -45,11 +45,12 @@ use crate::page::{PageMark, PageTracker};
 use crate::source::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
 use crate::telemetry::Counters;
+use crate::turn::{ReaderTurn, Turn};
 use crate::watermark::FlowWatermark;
 use async_trait::async_trait;
 use sluice_store::{
-    FeedLag, FeedRow, FeedStore, FlowHandle, LeaseGrant, LeaseRequest, PoolStore, PositionAdvance,
-    ProgressStore, ReadPosition, StoreError, StoredRow, WatermarkRecord,
+    FeedLag, FeedRow, FeedStore, FlowHandle, PositionAdvance, ProgressStore, ReadPosition,
+    StoreError, StoredRow, WatermarkRecord,
 };
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -61,21 +62,10 @@ use tokio_util::sync::CancellationToken;
 
 /// Rows per page at most (a quarter of the message budget if that is smaller).
 pub const PAGE_ROWS: usize = 1_000;
-/// How long a reader's turn (`feed/<flow>` lease) lasts unless renewed.
-pub const TURN_TTL: Duration = Duration::from_secs(10);
 /// How often a following source looks for new commits by default.
 pub const DEFAULT_POLL: Duration = Duration::from_millis(100);
 /// How often the lag gauges are refreshed while reading.
 const LAG_INTERVAL: Duration = Duration::from_secs(1);
-
-/// The lease that makes one replica at a time read a table for a flow.
-#[derive(Clone)]
-pub struct ReaderTurn {
-    /// The pool's store.
-    pub pool: Arc<dyn PoolStore>,
-    /// This worker's id.
-    pub holder: String,
-}
 
 /// Where the table's watermark comes from and where the flow's goes.
 #[derive(Clone)]
@@ -252,7 +242,7 @@ struct Reader {
     tracker: Arc<PageTracker>,
     page_rows: usize,
     page_bytes: usize,
-    keeper: Option<TurnKeeper>,
+    keeper: Option<Turn>,
     lag_published: Option<Instant>,
 }
 
@@ -552,37 +542,16 @@ impl Reader {
         let Some(turn) = self.source.turn.clone() else {
             return true;
         };
-        let request = turn_request(&self.source.flow, &turn);
-        let mut waiting_logged = false;
-        loop {
-            match turn.pool.acquire_lease(&request).await {
-                Ok(LeaseGrant::Held { .. }) => {
-                    tracing::info!(flow = %self.source.flow.name, table = %self.source.table,
-                        "reading the table (this worker's turn)");
-                    self.keeper = Some(TurnKeeper::start(turn.pool.clone(), request));
-                    return true;
-                }
-                Ok(LeaseGrant::HeldBy(holder)) if !waiting_logged => {
-                    waiting_logged = true;
-                    tracing::info!(flow = %self.source.flow.name, %holder,
-                        "another worker reads the table for this flow; waiting for its turn");
-                }
-                Ok(LeaseGrant::HeldBy(_)) => {}
-                Err(error) => {
-                    tracing::warn!(flow = %self.source.flow.name, %error,
-                        "cannot ask for the reader's turn; retrying");
-                }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(TURN_TTL / 4) => {}
-                _ = self.deliverer.stop.cancelled() => return false,
-            }
-        }
+        let what = format!("table {}", self.source.table);
+        self.keeper = turn
+            .take(&self.source.flow, &what, &self.deliverer.stop)
+            .await;
+        self.keeper.is_some()
     }
 
     /// `false` if another worker has the turn now.
     fn keep_turn(&mut self) -> bool {
-        let lost = self.keeper.as_ref().is_some_and(TurnKeeper::lost);
+        let lost = self.keeper.as_ref().is_some_and(Turn::lost);
         if lost {
             tracing::warn!(flow = %self.source.flow.name,
                 "lost the reader's turn; reading on once it is this worker's again");
@@ -594,14 +563,7 @@ impl Reader {
     async fn leave_turn(&mut self) {
         self.keeper = None;
         if let Some(turn) = &self.source.turn {
-            let request = turn_request(&self.source.flow, turn);
-            if let Err(error) = turn
-                .pool
-                .release_lease(&request.pipeline, &request.role, &request.holder)
-                .await
-            {
-                tracing::debug!(%error, "cannot release the reader's turn; it expires");
-            }
+            turn.release(&self.source.flow).await;
         }
     }
 
@@ -657,57 +619,6 @@ impl Reader {
 
 /// The position moved under the reader.
 struct Moved;
-
-/// The lease request of a flow's reader.
-fn turn_request(flow: &FlowHandle, turn: &ReaderTurn) -> LeaseRequest {
-    LeaseRequest {
-        pipeline: flow.pipeline.to_string(),
-        role: format!("feed/{}", flow.name),
-        holder: turn.holder.clone(),
-        ttl: TURN_TTL,
-    }
-}
-
-/// Renews a held turn every quarter of its life, until dropped or until another worker holds
-/// it; a renewal the store cannot answer is tried again at the next (the fenced position keeps
-/// a late reader's commits out meanwhile).
-struct TurnKeeper {
-    lost: Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TurnKeeper {
-    fn start(pool: Arc<dyn PoolStore>, request: LeaseRequest) -> Self {
-        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = lost.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(TURN_TTL / 4).await;
-                match pool.acquire_lease(&request).await {
-                    Ok(LeaseGrant::Held { .. }) => {}
-                    Ok(LeaseGrant::HeldBy(_)) => {
-                        flag.store(true, Ordering::Release);
-                        return;
-                    }
-                    Err(error) => {
-                        tracing::debug!(%error, "cannot renew the reader's turn; retrying");
-                    }
-                }
-            }
-        });
-        Self { lost, task }
-    }
-
-    fn lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
-    }
-}
-
-impl Drop for TurnKeeper {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
 
 /// The ack handle of a table record: a page is found again by its position, not redelivered.
 struct NoAck;

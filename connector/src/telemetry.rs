@@ -71,6 +71,8 @@ struct Inner {
     feed_watermark: OnceLock<FlowWatermark>,
     /// `sluice_feed_rows_behind` and `sluice_feed_lag_seconds`, made for flows reading a table.
     feed_gauges: OnceLock<(Gauge, Gauge)>,
+    /// `sluice_source_records_read_total`, made when a bounded source first reads.
+    records_read: OnceLock<Counter>,
 }
 
 struct Tally {
@@ -160,6 +162,7 @@ impl Counters {
                 watermark_gauges: OnceLock::new(),
                 feed_watermark: OnceLock::new(),
                 feed_gauges: OnceLock::new(),
+                records_read: OnceLock::new(),
             }),
             pipeline: Arc::from(pipeline),
             flow: Arc::from(flow),
@@ -184,6 +187,18 @@ impl Counters {
     fn commit_error_counter(&self, kind: &'static str) -> Counter {
         metrics::counter!("sluice_commit_errors_total",
             "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone(), "kind" => kind)
+    }
+
+    /// Records a bounded source read from its files, skipped ones included (what a pool's
+    /// replicas read in total, against the file's size).
+    pub(crate) fn records_read(&self, n: u64) {
+        self.inner
+            .records_read
+            .get_or_init(|| {
+                metrics::counter!("sluice_source_records_read_total",
+                    "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone())
+            })
+            .increment(n);
     }
 
     pub(crate) fn received(&self, n: u64) {

@@ -74,6 +74,27 @@ pub trait PositionGate: Send + Sync + std::fmt::Debug {
     async fn wait(&self, version: i64) -> bool;
 }
 
+/// How far a file flow's read is known committed: every record of the files before `path`
+/// (in path order) and of `path` before byte `offset` (line `line`, 1-based, starts there) was
+/// committed, dead-lettered or found present. Kept in `sluice_read_positions` under the source
+/// [`FILE_SOURCE`] and deleted with the flow's reset, like a table position. Unlike a table
+/// position it is not written in the commit's transaction: it trails the commits (a reader
+/// that takes over re-reads what committed after it, and skips it as committed), so it bounds
+/// re-reading and guarantees nothing else.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FileCheckpoint {
+    /// The file the read stands in.
+    pub path: String,
+    /// The byte offset in it where the first record not known committed starts.
+    pub offset: i64,
+    /// That record's line number, minus one (lines before it).
+    pub line: i64,
+}
+
+/// The `source` a file flow's checkpoint is kept under (a table source is a full table name,
+/// which always holds `__`).
+pub const FILE_SOURCE: &str = "file";
+
 /// A row read from a feed, with its place in the range.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FeedRow {

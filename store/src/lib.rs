@@ -37,6 +37,7 @@ mod feed;
 mod local_clock;
 mod model;
 mod pool;
+mod pool_updates;
 mod postgres;
 mod progress;
 mod roles;
@@ -51,12 +52,16 @@ mod work;
 
 pub use drain::{DrainCensus, DrainReport};
 pub use error::StoreError;
-pub use feed::{FeedLag, FeedRow, PositionAdvance, PositionGate, RangeCursor, ReadPosition};
+pub use feed::{
+    FILE_SOURCE, FeedLag, FeedRow, FileCheckpoint, PositionAdvance, PositionGate, RangeCursor,
+    ReadPosition,
+};
 pub use model::{
     CommitBatch, CommitHook, CommitOutcome, Effect, Entry, FlowHandle, FlowProgress, Layout,
     MessageFields, ResetRows, RowCursor, StoredRow,
 };
 pub use pool::{LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, WorkerBeat, WorkerRecord};
+pub use pool_updates::{PoolUpdate, PoolUpdateState};
 /// Throwaway PostgreSQL databases, for tests and benchmarks (the `testing` feature).
 #[cfg(feature = "testing")]
 pub use postgres::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};

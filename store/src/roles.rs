@@ -6,9 +6,10 @@
 
 use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FeedLag, FeedRow,
-    FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep,
-    ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord, RunStart, StoreError, StoredRow,
-    WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat, WorkerRecord,
+    FileCheckpoint, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord, LeaseRequest,
+    LedgerUpkeep, PoolUpdate, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord, RunStart,
+    StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat,
+    WorkerRecord,
 };
 use async_trait::async_trait;
 
@@ -128,6 +129,50 @@ pub trait PoolStore: Send + Sync + 'static {
 
     /// The leases of `pipeline`, expired ones included.
     async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError>;
+
+    /// Records a request to update every replica of `pipeline` (see the `pool_updates` module
+    /// docs); returns its number.
+    async fn request_pool_update(
+        &self,
+        pipeline: &str,
+        request: &str,
+        requested_by: &str,
+    ) -> Result<i64, StoreError>;
+
+    /// Pool update `id` of `pipeline`; with no id, the oldest that has not ended.
+    async fn pool_update(
+        &self,
+        pipeline: &str,
+        id: Option<i64>,
+    ) -> Result<Option<PoolUpdate>, StoreError>;
+
+    /// Records that `worker` has stopped its flows for update `id`.
+    async fn drained_for_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        worker: &str,
+    ) -> Result<(), StoreError>;
+
+    /// Claims the clearing of update `id` for `worker`: `true` if it was pending, already
+    /// `worker`'s, or claimed longer than `stale_after` ago; `false` otherwise.
+    async fn claim_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        worker: &str,
+        stale_after: std::time::Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// Ends update `id` (`done` or failed) with `message`, unless it has ended already;
+    /// `false` then.
+    async fn finish_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        done: bool,
+        message: &str,
+    ) -> Result<bool, StoreError>;
 
     /// Records this worker's part in draining the once flow `flow` (see [`crate::DrainReport`]):
     /// reading (`drained: false`) or found its source empty holding nothing (`true`).
@@ -250,6 +295,19 @@ pub trait FeedStore: Send + Sync + 'static {
 
     /// The committed rows of `table` after `at` (in its range or after it).
     async fn feed_lag(&self, table: &str, at: &ReadPosition) -> Result<FeedLag, StoreError>;
+
+    /// `flow`'s file checkpoint, if one was saved since its last reset.
+    async fn file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+    ) -> Result<Option<FileCheckpoint>, StoreError>;
+
+    /// Saves `flow`'s file checkpoint, replacing the one saved before.
+    async fn save_file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+        at: &FileCheckpoint,
+    ) -> Result<(), StoreError>;
 }
 
 /// The runs of a triggered pipeline (`sluice_runs`; see the `runs` module docs): the role of

@@ -4,10 +4,11 @@
 
 use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FeedLag, FeedRow,
-    FeedStore, FlowHandle, FlowProgress, FlowStore, Inspect, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore, ProgressStore, ReadPosition, ResetRows,
-    RowCursor, RunEnd, RunRecord, RunStart, RunStore, Store, StoreError, StoredRow,
-    WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
+    FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Inspect, Layout, LeaseGrant,
+    LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore, PoolUpdate, ProgressStore,
+    ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord, RunStart, RunStore, Store, StoreError,
+    StoredRow, WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted, WorkerBeat,
+    WorkerRecord,
 };
 use async_trait::async_trait;
 
@@ -165,10 +166,79 @@ impl<S: Store + Inspect> FeedStore for FaultStore<S> {
     async fn feed_lag(&self, table: &str, at: &ReadPosition) -> Result<FeedLag, StoreError> {
         self.inner.feed_lag(table, at).await
     }
+
+    async fn file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+    ) -> Result<Option<FileCheckpoint>, StoreError> {
+        self.inner.file_checkpoint(flow).await
+    }
+
+    async fn save_file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+        at: &FileCheckpoint,
+    ) -> Result<(), StoreError> {
+        self.inner.save_file_checkpoint(flow, at).await
+    }
 }
 
 #[async_trait]
 impl<S: Store + Inspect> PoolStore for FaultStore<S> {
+    async fn request_pool_update(
+        &self,
+        pipeline: &str,
+        request: &str,
+        requested_by: &str,
+    ) -> Result<i64, StoreError> {
+        self.inner
+            .request_pool_update(pipeline, request, requested_by)
+            .await
+    }
+
+    async fn pool_update(
+        &self,
+        pipeline: &str,
+        id: Option<i64>,
+    ) -> Result<Option<PoolUpdate>, StoreError> {
+        self.inner.pool_update(pipeline, id).await
+    }
+
+    async fn drained_for_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        worker: &str,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .drained_for_pool_update(pipeline, id, worker)
+            .await
+    }
+
+    async fn claim_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        worker: &str,
+        stale_after: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner
+            .claim_pool_update(pipeline, id, worker, stale_after)
+            .await
+    }
+
+    async fn finish_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        done: bool,
+        message: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner
+            .finish_pool_update(pipeline, id, done, message)
+            .await
+    }
+
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
         self.inner.heartbeat(beat).await
     }

@@ -7,7 +7,7 @@
 #[macro_use]
 mod contract;
 use contract::*;
-use sluice_store::{FeedRow, PositionAdvance, ReadPosition};
+use sluice_store::{FeedRow, FileCheckpoint, PositionAdvance, ReadPosition};
 
 const TABLE: &str = "p__events";
 
@@ -330,7 +330,47 @@ async fn tables_from_before_feeds_are_upgraded(postgres: bool) {
     );
 }
 
+/// A file flow's checkpoint: none at first, the last one saved after that, per flow, and gone
+/// with the flow's reset (a table position of the same flow is a different source).
+async fn file_checkpoints_are_saved_replaced_and_reset(postgres: bool) {
+    let (_place, store, flows) = open_feed(postgres).await;
+    let reader = &flows[2];
+    assert_eq!(store.file_checkpoint(reader).await.unwrap(), None);
+    let at = |path: &str, offset: i64, line: i64| FileCheckpoint {
+        path: path.into(),
+        offset,
+        line,
+    };
+    store
+        .save_file_checkpoint(reader, &at("a.jsonl", 120, 4))
+        .await
+        .unwrap();
+    store
+        .save_file_checkpoint(reader, &at("b.jsonl", 30, 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.file_checkpoint(reader).await.unwrap(),
+        Some(at("b.jsonl", 30, 1))
+    );
+    assert_eq!(store.file_checkpoint(&flows[1]).await.unwrap(), None);
+    assert_eq!(
+        store.read_position(reader, TABLE).await.unwrap(),
+        ReadPosition::default()
+    );
+    store
+        .reset_flow(reader, None, ResetRows::All)
+        .await
+        .unwrap();
+    let reader = &store
+        .prepare(&layout(&["live", "other", "reader"]))
+        .await
+        .unwrap()[2];
+    assert_eq!(store.file_checkpoint(reader).await.unwrap(), None);
+}
+
 on_both_backends!(
+    file_checkpoints_are_saved_replaced_and_reset,
     every_committed_row_once_in_commit_order,
     stale_position_changes_are_refused,
     tables_from_before_feeds_are_upgraded,

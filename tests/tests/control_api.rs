@@ -4,7 +4,8 @@
 //! a non-loopback address it refuses calls without the bearer token (logged and counted in
 //! `sluice_control_rejected_total`). `ResetFlow` and `StartUpdate` stop the running flows,
 //! clear what was asked and start a new update in which only that replays, each record once;
-//! bad requests and requests while another worker runs are refused without touching anything.
+//! bad requests are refused without touching anything, and a request while another worker runs
+//! becomes a pool update both workers take part in (`pool_reset.rs` has a pool of three).
 //!
 //! Real parts: the Pub/Sub emulator, `sluice` processes, SQLite, a tonic client.
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -353,7 +354,8 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
     );
     exactly_once(2_500);
 
-    // A second worker of the pipeline is running: clearing beneath it is refused.
+    // A second worker of the pipeline is running: the update becomes a pool update, which
+    // both stop their flows for before `hist` is cleared, once.
     let other_file = dir.path().join("other.yaml");
     std::fs::write(
         &other_file,
@@ -373,20 +375,33 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
         "{}",
         other.logs()
     );
-    let refused = client
+    let third_read = at("max", "hist");
+    let pooled = client
         .start_update(StartUpdateRequest {
             full_refresh: false,
             refresh_flows: vec!["hist".into()],
         })
         .await
-        .err();
-    let refused = refused.expect("an update was accepted while another worker ran");
-    assert_eq!(
-        refused.code(),
-        tonic::Code::FailedPrecondition,
-        "{refused:?}"
+        .unwrap()
+        .into_inner();
+    assert!(pooled.message.contains("hist"), "{pooled:?}");
+    assert!(
+        eventually(Duration::from_secs(30), || other
+            .logs()
+            .contains("pool update done; resuming"))
+        .await,
+        "{}",
+        other.logs()
     );
-    assert!(refused.message().contains("other worker(s)"), "{refused:?}");
+    assert!(
+        eventually(Duration::from_secs(120), || count("hist") == 2_000
+            && at("min", "hist") > third_read)
+        .await,
+        "{}\n{}",
+        worker.logs(),
+        other.logs()
+    );
+    exactly_once(2_500);
     other.terminate();
     assert!(other.wait(Duration::from_secs(60)).success());
 

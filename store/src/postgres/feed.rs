@@ -4,7 +4,10 @@
 //! after one with a larger id is still read, in the range of its own commit.
 
 use crate::schema::check_table;
-use crate::{FeedLag, FeedRow, FlowHandle, PositionAdvance, ReadPosition, StoreError, StoredRow};
+use crate::{
+    FILE_SOURCE, FeedLag, FeedRow, FileCheckpoint, FlowHandle, PositionAdvance, ReadPosition,
+    StoreError, StoredRow,
+};
 use deadpool_postgres::{Client, GenericClient};
 
 const RETURNING: &str = "RETURNING version, range_from, range_to, after_a, after_b";
@@ -211,5 +214,44 @@ pub(super) async fn advance(
     if changed == 0 {
         return Err(StoreError::Moved);
     }
+    Ok(())
+}
+
+pub(super) async fn file_checkpoint(
+    client: &Client,
+    flow: &FlowHandle,
+) -> Result<Option<FileCheckpoint>, StoreError> {
+    let row = client
+        .query_opt(
+            "SELECT range_from, after_a, after_b FROM sluice_read_positions
+             WHERE flow_id = $1 AND source = $2",
+            &[&flow.id, &FILE_SOURCE],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(FileCheckpoint {
+        path: row.try_get(0)?,
+        offset: row.try_get::<_, Option<i64>>(1)?.unwrap_or_default(),
+        line: row.try_get::<_, Option<i64>>(2)?.unwrap_or_default(),
+    }))
+}
+
+pub(super) async fn save_file_checkpoint(
+    client: &Client,
+    flow: &FlowHandle,
+    at: &FileCheckpoint,
+) -> Result<(), StoreError> {
+    client
+        .execute(
+            "INSERT INTO sluice_read_positions
+                 (flow_id, source, version, range_from, range_to, after_a, after_b)
+             VALUES ($1, $2, 1, $3, '', $4, $5)
+             ON CONFLICT (flow_id, source) DO UPDATE SET
+                 version = sluice_read_positions.version + 1,
+                 range_from = excluded.range_from, after_a = excluded.after_a,
+                 after_b = excluded.after_b, updated_at = now()",
+            &[&flow.id, &FILE_SOURCE, &at.path, &at.offset, &at.line],
+        )
+        .await?;
     Ok(())
 }

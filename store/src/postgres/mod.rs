@@ -21,6 +21,7 @@ mod feed;
 mod flows;
 mod ledger;
 mod pool;
+mod pool_updates;
 mod progress;
 mod runs;
 mod schema;
@@ -37,10 +38,10 @@ use crate::Inspect;
 use crate::schema::table_name;
 use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FeedLag, FeedRow, FeedStore,
-    FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord, LeaseRequest,
-    LedgerStore, LedgerUpkeep, PoolStore, ProgressStore, ReadPosition, ResetRows, RowCursor,
-    RunEnd, RunRecord, RunStart, RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission,
-    WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
+    FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord,
+    LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore, PoolUpdate, ProgressStore, ReadPosition,
+    ResetRows, RowCursor, RunEnd, RunRecord, RunStart, RunStore, StoreError, StoredRow,
+    WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -537,10 +538,78 @@ impl FeedStore for PostgresStore {
         let (client, _) = self.ready().await?;
         feed::feed_lag(&client, table, at).await
     }
+
+    async fn file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+    ) -> Result<Option<FileCheckpoint>, StoreError> {
+        let (client, _) = self.ready().await?;
+        feed::file_checkpoint(&client, flow).await
+    }
+
+    async fn save_file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+        at: &FileCheckpoint,
+    ) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        feed::save_file_checkpoint(&client, flow, at).await
+    }
 }
 
 #[async_trait]
 impl PoolStore for PostgresStore {
+    async fn request_pool_update(
+        &self,
+        pipeline: &str,
+        request: &str,
+        requested_by: &str,
+    ) -> Result<i64, StoreError> {
+        let (client, _) = self.ready().await?;
+        pool_updates::request(&client, pipeline, request, requested_by).await
+    }
+
+    async fn pool_update(
+        &self,
+        pipeline: &str,
+        id: Option<i64>,
+    ) -> Result<Option<PoolUpdate>, StoreError> {
+        let (client, _) = self.ready().await?;
+        pool_updates::read(&client, pipeline, id).await
+    }
+
+    async fn drained_for_pool_update(
+        &self,
+        _pipeline: &str,
+        id: i64,
+        worker: &str,
+    ) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        pool_updates::drained(&client, id, worker).await
+    }
+
+    async fn claim_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        worker: &str,
+        stale_after: Duration,
+    ) -> Result<bool, StoreError> {
+        let (client, _) = self.ready().await?;
+        pool_updates::claim(&client, pipeline, id, worker, stale_after).await
+    }
+
+    async fn finish_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        done: bool,
+        message: &str,
+    ) -> Result<bool, StoreError> {
+        let (client, _) = self.ready().await?;
+        pool_updates::finish(&client, pipeline, id, done, message).await
+    }
+
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
         let (client, _) = self.ready().await?;
         pool::heartbeat(&client, beat).await?;

@@ -2,7 +2,10 @@
 //! `sluice_table_seqs` counter, a range `(from, to]` of `seq`.
 
 use crate::schema::check_table;
-use crate::{FeedLag, FeedRow, FlowHandle, PositionAdvance, ReadPosition, StoreError, StoredRow};
+use crate::{
+    FILE_SOURCE, FeedLag, FeedRow, FileCheckpoint, FlowHandle, PositionAdvance, ReadPosition,
+    StoreError, StoredRow,
+};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 /// A point as stored: the counter value, 0 for the beginning.
@@ -160,5 +163,42 @@ pub(crate) fn advance(
     if changed == 0 {
         return Err(StoreError::Moved);
     }
+    Ok(())
+}
+
+pub(crate) fn file_checkpoint(
+    conn: &Connection,
+    flow: &FlowHandle,
+) -> Result<Option<FileCheckpoint>, StoreError> {
+    Ok(conn
+        .query_row(
+            "SELECT range_from, after_a, after_b FROM sluice_read_positions
+             WHERE flow_id = ?1 AND source = ?2",
+            params![flow.id, FILE_SOURCE],
+            |row| {
+                Ok(FileCheckpoint {
+                    path: row.get(0)?,
+                    offset: row.get::<_, Option<i64>>(1)?.unwrap_or_default(),
+                    line: row.get::<_, Option<i64>>(2)?.unwrap_or_default(),
+                })
+            },
+        )
+        .optional()?)
+}
+
+pub(crate) fn save_file_checkpoint(
+    conn: &Connection,
+    flow: &FlowHandle,
+    at: &FileCheckpoint,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO sluice_read_positions
+             (flow_id, source, version, range_from, range_to, after_a, after_b)
+         VALUES (?1, ?2, 1, ?3, '', ?4, ?5)
+         ON CONFLICT (flow_id, source) DO UPDATE SET version = version + 1,
+             range_from = excluded.range_from, after_a = excluded.after_a,
+             after_b = excluded.after_b",
+        params![flow.id, FILE_SOURCE, at.path, at.offset, at.line],
+    )?;
     Ok(())
 }

@@ -10,6 +10,7 @@ mod feed;
 mod flows;
 mod ledger;
 mod pool;
+mod pool_updates;
 mod progress;
 mod runs;
 mod schema;
@@ -20,10 +21,10 @@ use crate::Inspect;
 use crate::local_clock::now_ms;
 use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FeedLag, FeedRow, FeedStore,
-    FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord, LeaseRequest,
-    LedgerStore, LedgerUpkeep, PoolStore, ProgressStore, ReadPosition, ResetRows, RowCursor,
-    RunEnd, RunRecord, RunStart, RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission,
-    WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
+    FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord,
+    LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore, PoolUpdate, ProgressStore, ReadPosition,
+    ResetRows, RowCursor, RunEnd, RunRecord, RunStart, RunStore, StoreError, StoredRow,
+    WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use rusqlite::Connection;
@@ -244,10 +245,91 @@ impl FeedStore for SqliteStore {
         self.call(move |conn| feed::feed_lag(conn, &table, &at))
             .await
     }
+
+    async fn file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+    ) -> Result<Option<FileCheckpoint>, StoreError> {
+        let flow = flow.clone();
+        self.call(move |conn| feed::file_checkpoint(conn, &flow))
+            .await
+    }
+
+    async fn save_file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+        at: &FileCheckpoint,
+    ) -> Result<(), StoreError> {
+        let (flow, at) = (flow.clone(), at.clone());
+        self.call(move |conn| feed::save_file_checkpoint(conn, &flow, &at))
+            .await
+    }
 }
 
 #[async_trait]
 impl PoolStore for SqliteStore {
+    async fn request_pool_update(
+        &self,
+        pipeline: &str,
+        request: &str,
+        requested_by: &str,
+    ) -> Result<i64, StoreError> {
+        let (pipeline, request, by) = (
+            pipeline.to_owned(),
+            request.to_owned(),
+            requested_by.to_owned(),
+        );
+        self.call(move |conn| pool_updates::request(conn, &pipeline, &request, &by, now_ms()))
+            .await
+    }
+
+    async fn pool_update(
+        &self,
+        pipeline: &str,
+        id: Option<i64>,
+    ) -> Result<Option<PoolUpdate>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| pool_updates::read(conn, &pipeline, id))
+            .await
+    }
+
+    async fn drained_for_pool_update(
+        &self,
+        _pipeline: &str,
+        id: i64,
+        worker: &str,
+    ) -> Result<(), StoreError> {
+        let worker = worker.to_owned();
+        self.call(move |conn| pool_updates::drained(conn, id, &worker))
+            .await
+    }
+
+    async fn claim_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        worker: &str,
+        stale_after: Duration,
+    ) -> Result<bool, StoreError> {
+        let (pipeline, worker) = (pipeline.to_owned(), worker.to_owned());
+        self.call(move |conn| {
+            pool_updates::claim(conn, &pipeline, id, &worker, stale_after, now_ms())
+        })
+        .await
+    }
+
+    async fn finish_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        done: bool,
+        message: &str,
+    ) -> Result<bool, StoreError> {
+        let (pipeline, message) = (pipeline.to_owned(), message.to_owned());
+        self.call(move |conn| pool_updates::finish(conn, &pipeline, id, done, &message, now_ms()))
+            .await
+    }
+
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
         let beat = beat.clone();
         self.call(move |conn| pool::heartbeat(conn, &beat, now_ms()))

@@ -90,6 +90,23 @@ CREATE TABLE IF NOT EXISTS sluice_read_positions (
     after_b    INTEGER,
     PRIMARY KEY (flow_id, source)
 );
+CREATE TABLE IF NOT EXISTS sluice_pool_updates (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    pipeline     TEXT NOT NULL,
+    request      TEXT NOT NULL,
+    requested_by TEXT NOT NULL,
+    requested_at INTEGER NOT NULL,
+    state        TEXT NOT NULL,
+    clearer      TEXT,
+    claimed_at   INTEGER,
+    message      TEXT,
+    finished_at  INTEGER
+);
+CREATE TABLE IF NOT EXISTS sluice_pool_update_drains (
+    update_id INTEGER NOT NULL,
+    worker    TEXT NOT NULL,
+    PRIMARY KEY (update_id, worker)
+);
 CREATE TABLE IF NOT EXISTS sluice_runs (
     run_id         INTEGER PRIMARY KEY AUTOINCREMENT,
     pipeline       TEXT NOT NULL,

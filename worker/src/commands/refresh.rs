@@ -1,9 +1,17 @@
 //! `sluice full-refresh -c FILE [--seek TIME [--drop-unread]]` and `sluice reset FLOW -c FILE
 //! [--seek TIME [--drop-unread]]`: the command-line front of `runtime/refresh.rs` (which states
-//! the guarantees). Exit 0 when done, 2 for invalid input, 1 when the store or Pub/Sub refused.
+//! the guarantees). With no worker of the pipeline running, the command clears by itself; with
+//! workers running, it asks them for a pool update (`runtime/pool_update.rs`) and waits until
+//! it ended. Exit 0 when done, 2 for invalid input, 1 when the store or Pub/Sub refused or the
+//! pool update failed.
 
+use crate::runtime::flows;
+use crate::runtime::membership;
+use crate::runtime::pool_update::{self, Part};
+use crate::runtime::refresh::RefreshError;
 pub use crate::runtime::refresh::Seek;
-use crate::runtime::refresh::{RefreshError, full_refresh, reset};
+use crate::runtime::update::{self, UpdateKind};
+use sluice_pipeline::Pipeline;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -13,7 +21,10 @@ pub async fn full_refresh_file(path: &Path, seek: Option<&Seek>) -> ExitCode {
         Ok(pipeline) => super::with_adc_project(pipeline).await,
         Err(exit) => return exit,
     };
-    report(path, full_refresh(&pipeline, seek, None).await)
+    let kind = UpdateKind::FullRefresh {
+        seek: seek.cloned(),
+    };
+    report(path, carry_out(&pipeline, kind).await)
 }
 
 /// `sluice reset FLOW -c FILE [--seek TIME [--drop-unread]]`.
@@ -22,7 +33,46 @@ pub async fn reset_file(path: &Path, flow: &str, seek: Option<&Seek>) -> ExitCod
         Ok(pipeline) => super::with_adc_project(pipeline).await,
         Err(exit) => return exit,
     };
-    report(path, reset(&pipeline, flow, seek, None).await)
+    let kind = UpdateKind::Reset {
+        flow: flow.to_owned(),
+        seek: seek.cloned(),
+    };
+    report(path, carry_out(&pipeline, kind).await)
+}
+
+/// Clears what `kind` asks: alone when no worker of the pipeline runs, else as a pool update
+/// the running workers carry out.
+async fn carry_out(pipeline: &Pipeline, kind: UpdateKind) -> Result<String, RefreshError> {
+    update::check(pipeline, &kind).await?;
+    let failed = |e: sluice_store::StoreError| RefreshError::Failed(format!("store: {e}"));
+    let store = sluice_store::open(&pipeline.store).map_err(failed)?;
+    store
+        .prepare(&flows::layout(pipeline))
+        .await
+        .map_err(failed)?;
+    let me = format!("cli-{}", membership::identity(&pipeline.name).worker);
+    let running = update::others_alive(pipeline, &*store, &me).await?;
+    if running.is_empty() {
+        return update::clear(pipeline, &kind, &[]).await;
+    }
+    eprintln!(
+        "{} worker(s) of pipeline {} are running ({}): asking them to stop their flows for \
+         the update; `sluice status` shows its progress",
+        running.len(),
+        pipeline.name,
+        running.join(", ")
+    );
+    let id = pool_update::request(pipeline, &*store, &kind, &me).await?;
+    let part = Part {
+        pipeline,
+        store: &store,
+        me: &me,
+        stopped_flows: false,
+        asker: true,
+    };
+    pool_update::take_part(&part, id)
+        .await
+        .map(|done| format!("pool update {id} done: {done}"))
 }
 
 fn report(path: &Path, result: Result<String, RefreshError>) -> ExitCode {

@@ -30,7 +30,7 @@ pub async fn run_file(path: &Path, refresh: Refresh) -> ExitCode {
         Refresh::Flows(flows) => flows,
     };
     if !flows.is_empty() {
-        let downstream = match refresh::refresh(&pipeline, &flows, None, None).await {
+        let downstream = match refresh::refresh(&pipeline, &flows, None, &[]).await {
             Ok(downstream) => downstream,
             Err(error) => {
                 eprintln!("{}: {error}", path.display());

@@ -4,7 +4,8 @@
 //! whether or not a worker runs. When the file sets `control.listen` and a worker answers there,
 //! its live view is shown instead (flow states, counters since it started, late rows, system
 //! lag, watermark age, when each flow's run started). A triggered pipeline's last and next run
-//! follow, from the store.
+//! follow, from the store, and so does a pool update in progress (what it asks, who asked,
+//! which replicas have stopped their flows for it and which are still running).
 
 use super::text::{rfc3339, table};
 use crate::runtime::flows;
@@ -71,6 +72,18 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
             return ExitCode::from(1);
         }
     }
+    match pool_update_summary(&pipeline).await {
+        Ok(Some((text, json))) => {
+            report.text.push('\n');
+            report.text.push_str(&text);
+            report.json["pool_update"] = json;
+        }
+        Ok(None) => {}
+        Err(error) => {
+            eprintln!("sluice status: pool update: {error}");
+            return ExitCode::from(1);
+        }
+    }
     match format {
         StatusFormat::Json => println!("{}", report.json),
         StatusFormat::Text => print!("{}", report.text),
@@ -87,6 +100,62 @@ async fn runs_summary(
     }
     let store = sluice_store::open(&pipeline.store)?;
     super::runs::summary(pipeline, &*store).await
+}
+
+/// The pool update in progress, if any: text and JSON.
+async fn pool_update_summary(
+    pipeline: &sluice_pipeline::Pipeline,
+) -> Result<Option<(String, serde_json::Value)>, sluice_store::StoreError> {
+    let store = sluice_store::open(&pipeline.store)?;
+    let Some(update) = store.pool_update(&pipeline.name, None).await? else {
+        return Ok(None);
+    };
+    let running: Vec<String> = store
+        .workers(&pipeline.name, ALIVE_WITHIN)
+        .await?
+        .into_iter()
+        .map(|w| w.worker)
+        .filter(|w| !update.drained.contains(w))
+        .collect();
+    let clearer = match &update.state {
+        sluice_store::PoolUpdateState::Clearing { by, .. } => Some(by.clone()),
+        _ => None,
+    };
+    let text = format!(
+        "pool update {} in progress ({}): {}\n  asked by {} at {}\n  flows stopped: {}\n  \
+         still running: {}{}\n",
+        update.id,
+        update.state.name(),
+        update.request,
+        update.requested_by,
+        rfc3339(update.requested_at_ms),
+        list(&update.drained),
+        list(&running),
+        clearer
+            .as_ref()
+            .map(|by| format!("\n  clearing: {by}"))
+            .unwrap_or_default(),
+    );
+    let json = serde_json::json!({
+        "id": update.id,
+        "state": update.state.name(),
+        "request": serde_json::from_str::<serde_json::Value>(&update.request)
+            .unwrap_or(serde_json::Value::String(update.request.clone())),
+        "requested_by": update.requested_by,
+        "requested_at_ms": update.requested_at_ms,
+        "stopped": update.drained,
+        "running": running,
+        "clearing": clearer,
+    });
+    Ok(Some((text, json)))
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
 }
 
 struct Report {

@@ -4,7 +4,7 @@
 
 use sluice_connector::engine::{
     BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, Dedup, DedupSettings, FileSource,
-    FlowRun, FlowWatermark, JobBuilder, JsonlSink, KeptOpen, KeySource, MessageSource,
+    FileTurn, FlowRun, FlowWatermark, JobBuilder, JsonlSink, KeptOpen, KeySource, MessageSource,
     PubSubConfig, ReaderTurn, RetrySettings, RunUntil, SkipCommitted, SourceProgress, Stage,
     TableSource, TableStage, TableWatermark,
 };
@@ -296,9 +296,21 @@ pub fn build(
             plan
         }
         Source::File { path } => {
-            let mut source = FileSource::new(path.clone()).skip_committed(skip);
+            let mut source = FileSource::new(path.clone())
+                .skip_committed(skip)
+                .with_counters(counters.clone());
             if let Some(interval) = scope.interval {
                 source = source.within(interval.start_ms, interval.end_ms);
+            } else if flow.once {
+                // A backfill is read once in a pool: by the turn's holder, from its checkpoint.
+                source = source.in_pool(FileTurn {
+                    turn: ReaderTurn {
+                        pool: store.clone(),
+                        holder: worker.to_owned(),
+                    },
+                    feed: store.clone(),
+                    flow: handle.clone(),
+                });
             }
             let progress = source.progress();
             bounded_plan(Box::new(source), progress, true)

@@ -423,10 +423,66 @@ mod tests {
         ) -> Result<sluice_store::FeedLag, StoreError> {
             unused("feed_lag")
         }
+
+        async fn file_checkpoint(
+            &self,
+            _: &FlowHandle,
+        ) -> Result<Option<sluice_store::FileCheckpoint>, StoreError> {
+            unused("file_checkpoint")
+        }
+
+        async fn save_file_checkpoint(
+            &self,
+            _: &FlowHandle,
+            _: &sluice_store::FileCheckpoint,
+        ) -> Result<(), StoreError> {
+            unused("save_file_checkpoint")
+        }
     }
 
     #[async_trait]
     impl sluice_store::PoolStore for FakeStore {
+        async fn request_pool_update(&self, _: &str, _: &str, _: &str) -> Result<i64, StoreError> {
+            unused("request_pool_update")
+        }
+
+        async fn pool_update(
+            &self,
+            _: &str,
+            _: Option<i64>,
+        ) -> Result<Option<sluice_store::PoolUpdate>, StoreError> {
+            unused("pool_update")
+        }
+
+        async fn drained_for_pool_update(
+            &self,
+            _: &str,
+            _: i64,
+            _: &str,
+        ) -> Result<(), StoreError> {
+            unused("drained_for_pool_update")
+        }
+
+        async fn claim_pool_update(
+            &self,
+            _: &str,
+            _: i64,
+            _: &str,
+            _: Duration,
+        ) -> Result<bool, StoreError> {
+            unused("claim_pool_update")
+        }
+
+        async fn finish_pool_update(
+            &self,
+            _: &str,
+            _: i64,
+            _: bool,
+            _: &str,
+        ) -> Result<bool, StoreError> {
+            unused("finish_pool_update")
+        }
+
         async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
             self.record(Call::Heartbeat(beat.worker.clone()));
             Ok(())

@@ -1,12 +1,13 @@
 //! What runs inside a worker process: the supervisor of updates, the runs of a triggered
 //! pipeline and its schedule, the scheduler that starts flows in `depends_on` order, the
-//! building of each flow, the board of their phases, the pool membership and drain quorum,
+//! building of each flow, the board of their phases, the pool membership, drain quorum and pool updates,
 //! watermarks and windows, refreshes, and the signals that drain.
 
 pub mod board;
 pub mod drain_quorum;
 pub mod flows;
 pub mod membership;
+pub mod pool_update;
 pub mod progress;
 pub mod refresh;
 pub mod run_record;

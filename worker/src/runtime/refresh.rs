@@ -64,7 +64,7 @@ impl RefreshError {
 }
 
 /// A `--seek` request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Seek {
     /// RFC 3339 or ms since epoch.
     pub time: String,
@@ -73,19 +73,19 @@ pub struct Seek {
     pub drop_unread: bool,
 }
 
-/// Resets every flow and, with `seek`, seeks every Pub/Sub flow's subscription. `caller` is
-/// the worker asking through its control API, if any (its own heartbeat is not "a worker
-/// running": it has stopped its flows first).
+/// Resets every flow and, with `seek`, seeks every Pub/Sub flow's subscription. `stopped` are
+/// the workers that have stopped their flows for it (the one asking through its control API,
+/// the replicas of a pool update): their heartbeats are not "a worker running".
 pub async fn full_refresh(
     pipeline: &Pipeline,
     seek: Option<&Seek>,
-    caller: Option<&str>,
+    stopped: &[String],
 ) -> Result<String, RefreshError> {
     let seek_ms = seek.map(|s| seek_time(&s.time)).transpose()?;
     let drop_unread = seek.is_some_and(|s| s.drop_unread);
     let all: Vec<String> = pipeline.flows.iter().map(|f| f.name.clone()).collect();
     let seeks = seekable(pipeline, &all, seek_ms, drop_unread).await?;
-    refresh(pipeline, &all, seek_ms, caller).await?;
+    refresh(pipeline, &all, seek_ms, stopped).await?;
     let mut done = format!(
         "full refresh of {}: {} flows cleared; the next run starts the chain from the beginning",
         pipeline.name,
@@ -96,6 +96,20 @@ pub async fn full_refresh(
         done.push_str(&format!("; {subscription} seeked to {ms} ms"));
     }
     Ok(done)
+}
+
+/// Checks a full refresh's seek without doing anything: every Pub/Sub flow's subscription can
+/// replay from its time.
+pub async fn full_refresh_seeks(pipeline: &Pipeline, seek: &Seek) -> Result<(), RefreshError> {
+    let all: Vec<String> = pipeline.flows.iter().map(|f| f.name.clone()).collect();
+    seekable(
+        pipeline,
+        &all,
+        Some(seek_time(&seek.time)?),
+        seek.drop_unread,
+    )
+    .await?;
+    Ok(())
 }
 
 fn seek_time(time: &str) -> Result<i64, RefreshError> {
@@ -234,17 +248,17 @@ async fn seek_subscription(
     admin.seek_to_time(subscription, ms).await.map_err(failed)
 }
 
-/// Resets one flow and, with `seek`, seeks its subscription (`caller`: as for
+/// Resets one flow and, with `seek`, seeks its subscription (`stopped`: as for
 /// [`full_refresh`]).
 pub async fn reset(
     pipeline: &Pipeline,
     flow: &str,
     seek: Option<&Seek>,
-    caller: Option<&str>,
+    stopped: &[String],
 ) -> Result<String, RefreshError> {
     let seeks = reset_seeks(pipeline, flow, seek).await?;
     let seek_ms = seeks.first().map(|(_, ms)| *ms);
-    let downstream = refresh(pipeline, &[flow.to_owned()], seek_ms, caller).await?;
+    let downstream = refresh(pipeline, &[flow.to_owned()], seek_ms, stopped).await?;
     let mut done = format!("flow {flow} reset");
     if !downstream.is_empty() {
         done.push_str(&format!(
@@ -327,8 +341,8 @@ fn rows_reset(flow: &sluice_pipeline::Flow, seek_ms: Option<i64>) -> ResetRows {
     }
 }
 
-/// Resets the named flows (their store state) after checking no worker is running (`caller`,
-/// the worker asking with its flows stopped, aside). Rows go where the source gives them
+/// Resets the named flows (their store state) after checking no worker is running (those of
+/// `stopped`, which have stopped their flows for it, aside). Rows go where the source gives them
 /// again: all of a file or table flow's; of a Pub/Sub flow, those published since `seek_ms`
 /// (none without a seek). A named flow whose rows go takes the flows downstream of its table
 /// with it (their rows would come again as new commits): returns those not named.
@@ -336,7 +350,7 @@ pub async fn refresh(
     pipeline: &Pipeline,
     names: &[String],
     seek_ms: Option<i64>,
-    caller: Option<&str>,
+    stopped: &[String],
 ) -> Result<Vec<String>, RefreshError> {
     for name in names {
         if !pipeline.flows.iter().any(|f| &f.name == name) {
@@ -365,7 +379,7 @@ pub async fn refresh(
         .await
         .map_err(failed)?
         .into_iter()
-        .filter(|w| Some(w.worker.as_str()) != caller)
+        .filter(|w| !stopped.contains(&w.worker))
         .collect();
     if !running.is_empty() {
         let names: Vec<&str> = running.iter().map(|w| w.worker.as_str()).collect();

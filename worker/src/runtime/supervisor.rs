@@ -61,6 +61,11 @@ pub async fn execute(
     let (store, handles, completed) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
     crate::runtime::watermarks::create_tracking_subscriptions(pipeline, shutdown.drain.clone());
     let worker = beat.worker.clone();
+    // Beaten once before any update starts: a pool update's clearer that has not seen this
+    // worker report its flows stopped then waits for it (see `pool_update.rs`).
+    if let Err(error) = store.heartbeat(&beat).await {
+        tracing::debug!(%error, "first heartbeat failed; the membership retries");
+    }
     let membership = Membership::start(store.clone(), beat);
     {
         let (readiness, drain) = (readiness.clone(), shutdown.drain.clone());

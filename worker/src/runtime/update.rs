@@ -25,11 +25,14 @@ use tokio::sync::{mpsc, oneshot};
 /// Requests waiting for the run loop, at most (a caller beyond that waits to be queued).
 pub const PENDING_REQUESTS: usize = 4;
 
-/// What a new update clears before it starts.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a new update clears before it starts (recorded as JSON for a pool update).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum UpdateKind {
-    /// `StartUpdate { full_refresh: true }`: every flow.
-    FullRefresh,
+    /// `StartUpdate { full_refresh: true }` (no seek) or `sluice full-refresh`: every flow.
+    FullRefresh {
+        /// The seek of every Pub/Sub flow's subscription, if asked.
+        seek: Option<refresh::Seek>,
+    },
     /// `StartUpdate { refresh_flows }`: these flows (none: just run the chain again).
     Refresh(Vec<String>),
     /// `ResetFlow { flow, seek }`: one flow, its subscription seeked when asked.
@@ -76,17 +79,10 @@ impl UpdateSender {
     }
 }
 
-/// Checks a request before anything is stopped: the flows exist, a seek can be replayed, and
-/// no other worker of the pipeline is running (clearing under it could let its memory drop a record the store no
-/// longer holds).
-pub async fn check(
-    pipeline: &Pipeline,
-    store: &dyn PoolStore,
-    kind: &UpdateKind,
-    caller: &str,
-) -> Result<(), RefreshError> {
+/// Checks a request before anything is stopped: the flows exist and a seek can be replayed.
+pub async fn check(pipeline: &Pipeline, kind: &UpdateKind) -> Result<(), RefreshError> {
     let named: &[String] = match kind {
-        UpdateKind::FullRefresh => &[],
+        UpdateKind::FullRefresh { .. } => &[],
         UpdateKind::Refresh(flows) => flows,
         UpdateKind::Reset { flow, .. } => std::slice::from_ref(flow),
     };
@@ -99,41 +95,51 @@ pub async fn check(
             )));
         }
     }
-    if let UpdateKind::Reset { flow, seek } = kind {
-        refresh::reset_seeks(pipeline, flow, seek.as_ref()).await?;
+    match kind {
+        UpdateKind::Reset { flow, seek } => {
+            refresh::reset_seeks(pipeline, flow, seek.as_ref()).await?;
+        }
+        UpdateKind::FullRefresh { seek: Some(seek) } => {
+            refresh::full_refresh_seeks(pipeline, seek).await?;
+        }
+        UpdateKind::FullRefresh { seek: None } | UpdateKind::Refresh(_) => {}
     }
-    let others: Vec<String> = store
+    Ok(())
+}
+
+/// The other live workers of the pipeline (heartbeat within [`ALIVE_WITHIN`]): with any, a
+/// request becomes a pool update (`runtime/pool_update.rs`).
+pub async fn others_alive(
+    pipeline: &Pipeline,
+    store: &dyn PoolStore,
+    me: &str,
+) -> Result<Vec<String>, RefreshError> {
+    Ok(store
         .workers(&pipeline.name, ALIVE_WITHIN)
         .await
         .map_err(|e| RefreshError::Failed(format!("store: {e}")))?
         .into_iter()
         .map(|w| w.worker)
-        .filter(|w| w != caller)
-        .collect();
-    if !others.is_empty() {
-        return Err(RefreshError::Failed(format!(
-            "{} other worker(s) of pipeline {} are running ({}); stop them first",
-            others.len(),
-            pipeline.name,
-            others.join(", ")
-        )));
-    }
-    Ok(())
+        .filter(|w| w != me)
+        .collect())
 }
 
-/// Clears what the request asks for; the flows of the previous update have stopped.
+/// Clears what the request asks for; the flows of the previous update have stopped, in this
+/// worker and in every worker of `stopped` (their heartbeats do not refuse the clear).
 pub async fn clear(
     pipeline: &Pipeline,
     kind: &UpdateKind,
-    caller: &str,
+    stopped: &[String],
 ) -> Result<String, RefreshError> {
     match kind {
-        UpdateKind::FullRefresh => refresh::full_refresh(pipeline, None, Some(caller)).await,
+        UpdateKind::FullRefresh { seek } => {
+            refresh::full_refresh(pipeline, seek.as_ref(), stopped).await
+        }
         UpdateKind::Refresh(names) if names.is_empty() => {
             Ok("nothing cleared; the chain runs again".to_owned())
         }
         UpdateKind::Refresh(names) => {
-            let downstream = refresh::refresh(pipeline, names, None, Some(caller)).await?;
+            let downstream = refresh::refresh(pipeline, names, None, stopped).await?;
             let cleared: Vec<&String> = names.iter().chain(&downstream).collect();
             Ok(format!(
                 "cleared: {}",
@@ -145,7 +151,7 @@ pub async fn clear(
             ))
         }
         UpdateKind::Reset { flow, seek } => {
-            refresh::reset(pipeline, flow, seek.as_ref(), Some(caller)).await
+            refresh::reset(pipeline, flow, seek.as_ref(), stopped).await
         }
     }
 }

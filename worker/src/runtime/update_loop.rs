@@ -2,10 +2,15 @@
 //! (the scheduler starts each flow when its predecessors succeeded), and carries out the
 //! control API's `StartUpdate` and `ResetFlow`: a request accepted while an update runs drains
 //! it, clears what was asked and starts a new update in its place; one accepted between runs
-//! (a scheduled pipeline waiting for its fire) clears and asks for a run at once.
+//! (a scheduled pipeline waiting for its fire) clears and asks for a run at once. While other
+//! replicas of the pipeline run, a request becomes a pool update (`pool_update.rs`), and so
+//! does one another replica or `sluice reset` asked for: this worker stops its update, takes
+//! part until the update ends, and starts a new one; it takes part in an unfinished one before
+//! each update it starts.
 
 use crate::runtime::board::FlowBoard;
 use crate::runtime::flows::RunScope;
+use crate::runtime::pool_update::{self, Part, PoolWatch};
 use crate::runtime::refresh::RefreshError;
 use crate::runtime::scheduler::{self, FlowOutcome, RunContext};
 use crate::runtime::signals::Shutdown;
@@ -85,11 +90,26 @@ pub struct Updates<'a> {
     /// An update ran since the handles and completions were read: read them again first.
     ran: bool,
     number: u64,
+    /// The pipeline's pool updates.
+    pool: PoolWatch,
+    /// The last pool update this worker took part in.
+    handled: i64,
+}
+
+/// What stops a running update.
+enum Interrupt {
+    /// A control request this worker carries out alone (it is the pipeline's only worker).
+    Local(UpdateRequest),
+    /// A control request this worker recorded as pool update `id` (other replicas run).
+    Asked(UpdateRequest, i64),
+    /// Pool update `id`, asked for elsewhere.
+    Joined(i64),
 }
 
 impl<'a> Updates<'a> {
     /// The updates of a prepared worker.
     pub fn new(prepared: Prepared<'a>) -> Self {
+        let pool = PoolWatch::start(prepared.store.clone(), &prepared.pipeline.name);
         Self {
             pipeline: prepared.pipeline,
             layout: prepared.layout,
@@ -103,6 +123,8 @@ impl<'a> Updates<'a> {
             completed: prepared.completed,
             ran: false,
             number: 1,
+            pool,
+            handled: 0,
         }
     }
 
@@ -119,6 +141,7 @@ impl<'a> Updates<'a> {
             self.reread(shutdown).await?;
         }
         loop {
+            self.join_unfinished(shutdown).await?;
             // Each update drains on its own token, so a control request can stop it without
             // stopping the worker; a signal stops both.
             let this_update = Shutdown {
@@ -143,7 +166,8 @@ impl<'a> Updates<'a> {
                 &readiness,
             );
             tokio::pin!(run);
-            let request = loop {
+            let handled = self.handled;
+            let interrupt = loop {
                 tokio::select! {
                     outcomes = &mut run => break Err(outcomes),
                     Some(request) = self.requests.recv() => {
@@ -153,17 +177,20 @@ impl<'a> Updates<'a> {
                             break Ok(accepted);
                         }
                     }
+                    update = self.pool.next_after(handled) => break Ok(Interrupt::Joined(update.id)),
                 }
             };
-            let request = match request {
-                Ok(request) => request,
+            let interrupt = match interrupt {
+                Ok(interrupt) => interrupt,
                 Err(outcomes) => {
                     self.ran = true;
                     return Ok(outcomes);
                 }
             };
-            tracing::info!(update = self.number, kind = ?request.kind,
-                "stopping the running flows for a new update");
+            tracing::info!(
+                update = self.number,
+                "stopping the running flows for a new update"
+            );
             this_update.drain.cancel();
             let give_up = this_update.give_up.clone();
             let deadline = tokio::spawn(async move {
@@ -182,8 +209,72 @@ impl<'a> Updates<'a> {
                     source.close().await;
                 }
             }
-            self.clear(request, shutdown).await?;
+            match interrupt {
+                Interrupt::Local(request) => self.clear(request, shutdown).await?,
+                Interrupt::Asked(request, id) => {
+                    self.take_part(Some(request), id, shutdown).await?;
+                }
+                Interrupt::Joined(id) => self.take_part(None, id, shutdown).await?,
+            }
         }
+    }
+
+    /// Takes part in the pipeline's unfinished pool update, if there is one this worker has
+    /// not, before it starts flows.
+    async fn join_unfinished(&mut self, shutdown: &Shutdown) -> Result<(), RunError> {
+        match self.store.pool_update(&self.pipeline.name, None).await {
+            Ok(Some(update)) if update.id > self.handled => {
+                tracing::info!(
+                    update = update.id,
+                    "a pool update is in progress; taking part before running flows"
+                );
+                self.take_part(None, update.id, shutdown).await
+            }
+            Ok(_) => Ok(()),
+            Err(error) => {
+                tracing::warn!(%error, "cannot look for a pool update in progress");
+                Ok(())
+            }
+        }
+    }
+
+    /// Takes part in pool update `id` with this worker's flows stopped, until it ends (or the
+    /// worker drains); reads the flows again and answers `asked`, the request that this worker
+    /// recorded as the update, if it did.
+    async fn take_part(
+        &mut self,
+        asked: Option<UpdateRequest>,
+        id: i64,
+        shutdown: &Shutdown,
+    ) -> Result<(), RunError> {
+        let part = Part {
+            pipeline: self.pipeline,
+            store: &self.store,
+            me: &self.worker,
+            stopped_flows: true,
+            asker: asked.is_some(),
+        };
+        let outcome = tokio::select! {
+            outcome = pool_update::take_part(&part, id) => outcome,
+            _ = shutdown.drain.cancelled() => Err(RefreshError::Failed(
+                "the worker is draining; the pool update goes on without it".to_owned(),
+            )),
+        };
+        self.handled = self.handled.max(id);
+        match &outcome {
+            Ok(message) => tracing::info!(update = id, %message, "pool update done; resuming"),
+            Err(error) => tracing::warn!(update = id, %error, "pool update failed; resuming"),
+        }
+        self.reread(shutdown).await?;
+        self.ran = false;
+        self.number += 1;
+        if let Some(request) = asked {
+            let _ = request.reply.send(outcome.map(|message| Started {
+                message,
+                update: self.number,
+            }));
+        }
+        Ok(())
     }
 
     /// Marks the worker ready while it waits between runs (it serves and would run the next
@@ -202,16 +293,26 @@ impl<'a> Updates<'a> {
     ) -> Result<Waited<T>, RunError> {
         tokio::pin!(until);
         loop {
-            tokio::select! {
+            let handled = self.handled;
+            let interrupt = tokio::select! {
                 came = &mut until => return Ok(Waited::Came(came)),
                 Some(request) = self.requests.recv() => {
-                    if let Some(accepted) =
-                        accept(self.pipeline, &*self.store, request, &self.worker, shutdown).await
-                    {
-                        self.clear(accepted, shutdown).await?;
-                        return Ok(Waited::Requested);
-                    }
+                    accept(self.pipeline, &*self.store, request, &self.worker, shutdown).await
                 }
+                update = self.pool.next_after(handled) => Some(Interrupt::Joined(update.id)),
+            };
+            match interrupt {
+                None => {}
+                Some(Interrupt::Local(request)) => {
+                    self.clear(request, shutdown).await?;
+                    return Ok(Waited::Requested);
+                }
+                Some(Interrupt::Asked(request, id)) => {
+                    self.take_part(Some(request), id, shutdown).await?;
+                    return Ok(Waited::Requested);
+                }
+                // Another's request: this worker had no flow running, and waits on.
+                Some(Interrupt::Joined(id)) => self.take_part(None, id, shutdown).await?,
             }
         }
     }
@@ -223,7 +324,12 @@ impl<'a> Updates<'a> {
 
     /// Clears what an accepted request asks, reads the flows again and answers it.
     async fn clear(&mut self, request: UpdateRequest, shutdown: &Shutdown) -> Result<(), RunError> {
-        let cleared = update::clear(self.pipeline, &request.kind, &self.worker).await;
+        let cleared = update::clear(
+            self.pipeline,
+            &request.kind,
+            std::slice::from_ref(&self.worker),
+        )
+        .await;
         self.reread(shutdown).await?;
         self.ran = false;
         self.number += 1;
@@ -241,27 +347,34 @@ impl<'a> Updates<'a> {
     }
 }
 
-/// Checks a control request against the running update; answers a refused one at once.
+/// Checks a control request; answers a refused one at once. With other replicas running, an
+/// accepted one is recorded as a pool update.
 async fn accept(
     pipeline: &Pipeline,
     store: &dyn Store,
     request: UpdateRequest,
     worker: &str,
     shutdown: &Shutdown,
-) -> Option<UpdateRequest> {
+) -> Option<Interrupt> {
+    let refuse = |request: UpdateRequest, error: RefreshError| {
+        tracing::warn!(%error, kind = ?request.kind, "update request refused");
+        let _ = request.reply.send(Err(error));
+        None
+    };
     if shutdown.drain.is_cancelled() {
-        let _ = request.reply.send(Err(RefreshError::Failed(
-            "the worker is draining; start a new one instead".to_owned(),
-        )));
-        return None;
+        let error = RefreshError::Failed("the worker is draining; start a new one instead".into());
+        return refuse(request, error);
     }
-    match update::check(pipeline, store, &request.kind, worker).await {
-        Ok(()) => Some(request),
-        Err(error) => {
-            tracing::warn!(%error, kind = ?request.kind, "update request refused");
-            let _ = request.reply.send(Err(error));
-            None
-        }
+    if let Err(error) = update::check(pipeline, &request.kind).await {
+        return refuse(request, error);
+    }
+    match update::others_alive(pipeline, store, worker).await {
+        Err(error) => refuse(request, error),
+        Ok(others) if others.is_empty() => Some(Interrupt::Local(request)),
+        Ok(_) => match pool_update::request(pipeline, store, &request.kind, worker).await {
+            Ok(id) => Some(Interrupt::Asked(request, id)),
+            Err(error) => refuse(request, error),
+        },
     }
 }
 

@@ -71,7 +71,7 @@ impl Control for ControlService {
     ) -> Result<Response<StartUpdateResponse>, Status> {
         let request = request.into_inner();
         let kind = if request.full_refresh {
-            UpdateKind::FullRefresh
+            UpdateKind::FullRefresh { seek: None }
         } else {
             UpdateKind::Refresh(request.refresh_flows)
         };

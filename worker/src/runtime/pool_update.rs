@@ -1,0 +1,264 @@
+//! Updates of a running pool: `sluice reset`, `sluice full-refresh` and the control API's
+//! `StartUpdate`/`ResetFlow` while other replicas of the pipeline run.
+//!
+//! # Guarantees
+//!
+//! * **Nothing is cleared under a running flow.** The request is recorded in the store
+//!   (`sluice_pool_updates`); every replica stops its running update the way a drain does
+//!   (what it received is committed and acked) and reports it stopped; the clear happens only
+//!   once every live replica (heartbeat within [`ALIVE_WITHIN`]) has reported, checked again
+//!   after the clearer claimed it, so no replica's memory can drop a record the store no longer
+//!   holds. Exactly one replica clears (the store's claim; a claim left by a clearer that died
+//!   is taken over after [`CLAIM_STALE_AFTER`]); what it clears is what the same request does
+//!   to a stopped pool (`runtime/refresh.rs`).
+//! * **Everyone resumes from fresh state.** Once the update has ended every replica reads its
+//!   flows again from the store and starts a new update with empty dedup caches. A replica
+//!   that starts while an update is unfinished takes part in it before it runs any flow (it
+//!   beats first, so a clearer that has not seen its report waits for it).
+//! * **A request never hangs the pool.** The asker withdraws a request that not every live
+//!   replica has reported stopped for within [`DRAIN_WAIT`]; the replicas then resume with
+//!   nothing cleared. One update at a time: a second request waits for the first.
+//!
+//! Every replica stops all its flows for an update, not only those it clears: a flow that is
+//! not cleared resumes where it stood (its acked messages do not come back), so nothing of it
+//! is replayed.
+
+use crate::runtime::membership::ALIVE_WITHIN;
+use crate::runtime::refresh::RefreshError;
+use crate::runtime::update::{self, UpdateKind};
+use sluice_pipeline::Pipeline;
+use sluice_store::{PoolStore, PoolUpdate, PoolUpdateState, StoreError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// How often a replica looks for a pool update, and a participant at its progress.
+pub const POLL: Duration = Duration::from_secs(1);
+/// A clearing claim older than this is taken over: its clearer died while clearing.
+pub const CLAIM_STALE_AFTER: Duration = Duration::from_secs(60);
+/// How long the asker waits for every live replica to stop its flows.
+pub const DRAIN_WAIT: Duration = Duration::from_secs(300);
+
+/// Who takes part in an update, and how.
+pub struct Part<'a> {
+    /// The pipeline.
+    pub pipeline: &'a Pipeline,
+    /// Its store.
+    pub store: &'a Arc<dyn sluice_store::Store>,
+    /// This process: a worker id, or the command line's name.
+    pub me: &'a str,
+    /// A worker that has stopped its flows (reports it); `false` for the command line.
+    pub stopped_flows: bool,
+    /// The asker: withdraws the request after [`DRAIN_WAIT`].
+    pub asker: bool,
+}
+
+/// Records a request for an update of the running pool; returns its number.
+pub async fn request(
+    pipeline: &Pipeline,
+    store: &dyn PoolStore,
+    kind: &UpdateKind,
+    me: &str,
+) -> Result<i64, RefreshError> {
+    let request = serde_json::to_string(kind)
+        .map_err(|e| RefreshError::Failed(format!("cannot record the request: {e}")))?;
+    let id = store
+        .request_pool_update(&pipeline.name, &request, me)
+        .await
+        .map_err(|e| RefreshError::Failed(format!("store: {e}")))?;
+    tracing::info!(
+        update = id,
+        ?kind,
+        "pool update requested: every replica stops its flows"
+    );
+    Ok(id)
+}
+
+/// Takes part in pool update `id` until it ends: reports this worker's flows stopped, clears
+/// the update when every live replica has and this one holds the claim, and returns the
+/// update's outcome.
+pub async fn take_part(part: &Part<'_>, id: i64) -> Result<String, RefreshError> {
+    let pipeline = &part.pipeline.name;
+    let store = part.store;
+    if part.stopped_flows {
+        retry("report this worker's flows stopped", || {
+            store.drained_for_pool_update(pipeline, id, part.me)
+        })
+        .await;
+    }
+    let started = Instant::now();
+    let mut last_wait = String::new();
+    loop {
+        let update = retry("read the pool update", || {
+            store.pool_update(pipeline, Some(id))
+        })
+        .await;
+        let Some(update) = update else {
+            return Err(RefreshError::Failed(format!("pool update {id} is gone")));
+        };
+        match update.state {
+            PoolUpdateState::Done => return Ok(update.message.unwrap_or_default()),
+            PoolUpdateState::Failed => {
+                return Err(RefreshError::Failed(update.message.unwrap_or_default()));
+            }
+            PoolUpdateState::Pending | PoolUpdateState::Clearing { .. } => {}
+        }
+        let waiting = still_running(store.as_ref(), &update).await;
+        if waiting.is_empty() {
+            if let Some(outcome) = clear_if_claimed(part, &update).await {
+                return outcome;
+            }
+        } else {
+            let wait = waiting.join(", ");
+            if wait != last_wait {
+                tracing::info!(update = id, waiting_for = %wait,
+                    "pool update: waiting for replicas to stop their flows");
+                last_wait = wait;
+            }
+            if part.asker
+                && update.state == PoolUpdateState::Pending
+                && started.elapsed() > DRAIN_WAIT
+            {
+                let why = format!(
+                    "pool update {id} withdrawn: {} did not stop its flows within {} s; nothing \
+                     was cleared",
+                    waiting.join(", "),
+                    DRAIN_WAIT.as_secs()
+                );
+                let _ = store.finish_pool_update(pipeline, id, false, &why).await;
+                return Err(RefreshError::Failed(why));
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Claims the update and clears it if every live replica stopped (checked again once
+/// claimed); the outcome when this call ended it, `None` to keep waiting.
+async fn clear_if_claimed(
+    part: &Part<'_>,
+    update: &PoolUpdate,
+) -> Option<Result<String, RefreshError>> {
+    let pipeline = &part.pipeline.name;
+    let store = part.store;
+    let claimed = store
+        .claim_pool_update(pipeline, update.id, part.me, CLAIM_STALE_AFTER)
+        .await
+        .ok()?;
+    if !claimed {
+        return None;
+    }
+    // A replica that joined before the claim has beaten: it must have stopped too.
+    let update = store.pool_update(pipeline, Some(update.id)).await.ok()??;
+    if !still_running(store.as_ref(), &update).await.is_empty() {
+        return None;
+    }
+    let outcome = match serde_json::from_str::<UpdateKind>(&update.request) {
+        Ok(kind) => {
+            tracing::info!(
+                update = update.id,
+                ?kind,
+                "pool update: every replica stopped; clearing"
+            );
+            update::clear(part.pipeline, &kind, &update.drained).await
+        }
+        Err(error) => Err(RefreshError::Invalid(format!(
+            "pool update {}: unreadable request {:?}: {error}",
+            update.id, update.request
+        ))),
+    };
+    let (done, message) = match &outcome {
+        Ok(message) => (true, message.clone()),
+        Err(error) => (false, error.to_string()),
+    };
+    retry("record the pool update's outcome", || {
+        store.finish_pool_update(pipeline, update.id, done, &message)
+    })
+    .await;
+    tracing::info!(update = update.id, done, %message, "pool update ended");
+    Some(outcome)
+}
+
+/// The live replicas that have not reported their flows stopped for `update`.
+async fn still_running(store: &dyn PoolStore, update: &PoolUpdate) -> Vec<String> {
+    let live = retry("read the pool's workers", || {
+        store.workers(&update.pipeline, ALIVE_WITHIN)
+    })
+    .await;
+    live.into_iter()
+        .map(|w| w.worker)
+        .filter(|w| !update.drained.contains(w))
+        .collect()
+}
+
+/// Asks the store until it answers, waiting [`POLL`] between tries (an update waits for the
+/// store like everything else; a worker that cannot reach it cannot run flows either).
+async fn retry<T, F, Fut>(what: &str, mut ask: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut logged = false;
+    loop {
+        match ask().await {
+            Ok(answer) => return answer,
+            Err(error) => {
+                if !logged {
+                    tracing::warn!(%error, "pool update: cannot {what}; retrying");
+                    logged = true;
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+}
+
+/// The pipeline's oldest unfinished pool update, looked up every [`POLL`].
+pub struct PoolWatch {
+    current: watch::Receiver<Option<PoolUpdate>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PoolWatch {
+    /// Starts watching `pipeline`'s pool updates.
+    pub fn start(store: Arc<dyn PoolStore>, pipeline: &str) -> Self {
+        let (send, current) = watch::channel(None);
+        let pipeline = pipeline.to_owned();
+        let task = tokio::spawn(async move {
+            loop {
+                match store.pool_update(&pipeline, None).await {
+                    Ok(update) => {
+                        send.send_if_modified(|shown| {
+                            let changed = *shown != update;
+                            *shown = update;
+                            changed
+                        });
+                    }
+                    Err(error) => tracing::debug!(%error, "cannot look for pool updates"),
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        });
+        Self { current, task }
+    }
+
+    /// Waits for an unfinished update numbered above `handled`.
+    pub async fn next_after(&mut self, handled: i64) -> PoolUpdate {
+        loop {
+            if let Some(update) = self.current.borrow_and_update().as_ref()
+                && update.id > handled
+            {
+                return update.clone();
+            }
+            if self.current.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+impl Drop for PoolWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
