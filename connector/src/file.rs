@@ -289,8 +289,12 @@ impl Reader {
                 }
             }
             saver.abort();
+            // A save in flight lands before the last one, never after it.
+            let _ = saver.await;
             let reached = checkpoints.reached();
+            // A reader that lost its turn leaves the checkpoint to its successor.
             if reached != from
+                && !matches!(end, ReadEnd::Lost)
                 && let Err(error) = pool.feed.save_file_checkpoint(&pool.flow, &reached).await
             {
                 tracing::warn!(flow = %pool.flow.name, %error,

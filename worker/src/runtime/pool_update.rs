@@ -8,16 +8,23 @@
 //!   (what it received is committed and acked) and reports it stopped; the clear happens only
 //!   once every live replica (heartbeat within [`ALIVE_WITHIN`]) has reported, checked again
 //!   after the clearer claimed it, so no replica's memory can drop a record the store no longer
-//!   holds. Exactly one replica clears (the store's claim; a claim left by a clearer that died
-//!   is taken over after [`CLAIM_STALE_AFTER`]); what it clears is what the same request does
-//!   to a stopped pool (`runtime/refresh.rs`).
+//!   holds. Exactly one replica clears (the store's claim, renewed while it clears; a claim
+//!   left by a clearer that died is taken over after [`CLAIM_STALE_AFTER`], and the clear,
+//!   which is idempotent, runs again); what it clears is what the same request does to a
+//!   stopped pool (`runtime/refresh.rs`).
+//!
+//! What it does not cover: a replica whose heartbeat is more than [`ALIVE_WITHIN`] late while
+//! it still runs flows counts as gone, as for every clear (see `refresh.rs`).
 //! * **Everyone resumes from fresh state.** Once the update has ended every replica reads its
 //!   flows again from the store and starts a new update with empty dedup caches. A replica
 //!   that starts while an update is unfinished takes part in it before it runs any flow (it
 //!   beats first, so a clearer that has not seen its report waits for it).
 //! * **A request never hangs the pool.** The asker withdraws a request that not every live
-//!   replica has reported stopped for within [`DRAIN_WAIT`]; the replicas then resume with
-//!   nothing cleared. One update at a time: a second request waits for the first.
+//!   replica has reported stopped for within [`DRAIN_WAIT`] (any participant does after twice
+//!   that, if the asker died); the replicas then resume with nothing cleared. A withdrawal
+//!   claims the update first, so one being cleared is never withdrawn. The clearer renews its
+//!   claim while it clears. One update at a time: two recorded at once go through oldest
+//!   first (a replica waiting in the newer reports itself stopped for the older too).
 //!
 //! Every replica stops all its flows for an update, not only those it clears: a flow that is
 //! not cleared resumes where it stood (its acked messages do not come back), so nothing of it
@@ -103,6 +110,9 @@ pub async fn take_part(part: &Part<'_>, id: i64) -> Result<String, RefreshError>
             }
             PoolUpdateState::Pending | PoolUpdateState::Clearing { .. } => {}
         }
+        if part.stopped_flows {
+            report_older(part, id).await;
+        }
         let waiting = still_running(store.as_ref(), &update).await;
         if waiting.is_empty() {
             if let Some(outcome) = clear_if_claimed(part, &update).await {
@@ -113,24 +123,69 @@ pub async fn take_part(part: &Part<'_>, id: i64) -> Result<String, RefreshError>
             if wait != last_wait {
                 tracing::info!(update = id, waiting_for = %wait,
                     "pool update: waiting for replicas to stop their flows");
-                last_wait = wait;
+                last_wait = wait.clone();
             }
-            if part.asker
-                && update.state == PoolUpdateState::Pending
-                && started.elapsed() > DRAIN_WAIT
+            // The asker gives up after DRAIN_WAIT; anyone after twice that (the asker died).
+            let patience = if part.asker {
+                DRAIN_WAIT
+            } else {
+                DRAIN_WAIT * 2
+            };
+            if started.elapsed() > patience
+                && let Some(withdrawn) = withdraw(part, id, &wait).await
             {
-                let why = format!(
-                    "pool update {id} withdrawn: {} did not stop its flows within {} s; nothing \
-                     was cleared",
-                    waiting.join(", "),
-                    DRAIN_WAIT.as_secs()
-                );
-                let _ = store.finish_pool_update(pipeline, id, false, &why).await;
-                return Err(RefreshError::Failed(why));
+                return Err(withdrawn);
             }
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// Reports this worker's flows stopped for every unfinished update older than `id` too: two
+/// requests recorded at once (neither asker saw the other's) then both go through, in order,
+/// instead of each waiting for the replicas that wait in the other.
+async fn report_older(part: &Part<'_>, id: i64) {
+    let pipeline = &part.pipeline.name;
+    if let Ok(Some(oldest)) = part.store.pool_update(pipeline, None).await
+        && oldest.id < id
+        && !oldest.drained.iter().any(|w| w == part.me)
+    {
+        tracing::info!(
+            update = oldest.id,
+            waiting = id,
+            "an older pool update is unfinished; taking part in it first"
+        );
+        let _ = part
+            .store
+            .drained_for_pool_update(pipeline, oldest.id, part.me)
+            .await;
+    }
+}
+
+/// Withdraws update `id`, which the replicas of `waiting` did not stop their flows for: only
+/// while it is pending, which claiming it first makes sure of (a clearer that has begun is
+/// left to finish). The error to return, or `None` when it could not be withdrawn.
+async fn withdraw(part: &Part<'_>, id: i64, waiting: &str) -> Option<RefreshError> {
+    let pipeline = &part.pipeline.name;
+    let claimed = part
+        .store
+        .claim_pool_update(pipeline, id, part.me, CLAIM_STALE_AFTER)
+        .await
+        .ok()?;
+    if !claimed {
+        return None;
+    }
+    let why = format!(
+        "pool update {id} withdrawn: {waiting} did not stop its flows within {} s; nothing \
+         was cleared",
+        DRAIN_WAIT.as_secs()
+    );
+    retry("record the withdrawal", || {
+        part.store.finish_pool_update(pipeline, id, false, &why)
+    })
+    .await;
+    tracing::warn!(update = id, %why, "pool update withdrawn");
+    Some(RefreshError::Failed(why))
 }
 
 /// Claims the update and clears it if every live replica stopped (checked again once
@@ -160,7 +215,11 @@ async fn clear_if_claimed(
                 ?kind,
                 "pool update: every replica stopped; clearing"
             );
-            update::clear(part.pipeline, &kind, &update.drained).await
+            // The claim is renewed while the clear lasts: only a dead clearer's is taken over.
+            let keeper = keep_claim(part, update.id);
+            let cleared = update::clear(part.pipeline, &kind, &update.drained).await;
+            drop(keeper);
+            cleared
         }
         Err(error) => Err(RefreshError::Invalid(format!(
             "pool update {}: unreadable request {:?}: {error}",
@@ -177,6 +236,33 @@ async fn clear_if_claimed(
     .await;
     tracing::info!(update = update.id, done, %message, "pool update ended");
     Some(outcome)
+}
+
+/// Renews this process's claim on update `id` every tenth of [`CLAIM_STALE_AFTER`] until the
+/// guard is dropped.
+fn keep_claim(part: &Part<'_>, id: i64) -> tokio_util::sync::DropGuard {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (store, pipeline, me) = (
+        part.store.clone(),
+        part.pipeline.name.clone(),
+        part.me.to_owned(),
+    );
+    let stopped = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(CLAIM_STALE_AFTER / 10) => {}
+                _ = stopped.cancelled() => return,
+            }
+            if let Err(error) = store
+                .claim_pool_update(&pipeline, id, &me, CLAIM_STALE_AFTER)
+                .await
+            {
+                tracing::debug!(%error, "cannot renew the pool update's claim; retrying");
+            }
+        }
+    });
+    stop.drop_guard()
 }
 
 /// The live replicas that have not reported their flows stopped for `update`.

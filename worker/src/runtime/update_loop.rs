@@ -94,6 +94,8 @@ pub struct Updates<'a> {
     pool: PoolWatch,
     /// The last pool update this worker took part in.
     handled: i64,
+    /// The first look for an unfinished pool update was made.
+    joined: bool,
 }
 
 /// What stops a running update.
@@ -125,6 +127,7 @@ impl<'a> Updates<'a> {
             number: 1,
             pool,
             handled: 0,
+            joined: false,
         }
     }
 
@@ -220,21 +223,27 @@ impl<'a> Updates<'a> {
     }
 
     /// Takes part in the pipeline's unfinished pool update, if there is one this worker has
-    /// not, before it starts flows.
+    /// not, before it starts flows. The first time, the flows are read again too: this worker
+    /// has beaten since it first read them, so an update cleared before that is in the store.
     async fn join_unfinished(&mut self, shutdown: &Shutdown) -> Result<(), RunError> {
-        match self.store.pool_update(&self.pipeline.name, None).await {
-            Ok(Some(update)) if update.id > self.handled => {
+        let unfinished = store_retry::until_stored(
+            "look for a pool update in progress",
+            Retry::WhileUnavailable,
+            &shutdown.drain,
+            || self.store.pool_update(&self.pipeline.name, None),
+        )
+        .await
+        .map_err(RunError::Store)?;
+        match unfinished {
+            Some(update) if update.id > self.handled => {
                 tracing::info!(
                     update = update.id,
                     "a pool update is in progress; taking part before running flows"
                 );
                 self.take_part(None, update.id, shutdown).await
             }
-            Ok(_) => Ok(()),
-            Err(error) => {
-                tracing::warn!(%error, "cannot look for a pool update in progress");
-                Ok(())
-            }
+            _ if !std::mem::replace(&mut self.joined, true) => self.reread(shutdown).await,
+            _ => Ok(()),
         }
     }
 
@@ -261,6 +270,7 @@ impl<'a> Updates<'a> {
             )),
         };
         self.handled = self.handled.max(id);
+        self.joined = true;
         match &outcome {
             Ok(message) => tracing::info!(update = id, %message, "pool update done; resuming"),
             Err(error) => tracing::warn!(update = id, %error, "pool update failed; resuming"),
