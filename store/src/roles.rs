@@ -146,6 +146,9 @@ pub trait PoolStore: Send + Sync + 'static {
         id: Option<i64>,
     ) -> Result<Option<PoolUpdate>, StoreError>;
 
+    /// The newest pool update of `pipeline`, ended or not.
+    async fn latest_pool_update(&self, pipeline: &str) -> Result<Option<PoolUpdate>, StoreError>;
+
     /// Records that `worker` has stopped its flows for update `id`.
     async fn drained_for_pool_update(
         &self,

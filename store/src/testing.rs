@@ -204,6 +204,10 @@ impl<S: Store + Inspect> PoolStore for FaultStore<S> {
         self.inner.pool_update(pipeline, id).await
     }
 
+    async fn latest_pool_update(&self, pipeline: &str) -> Result<Option<PoolUpdate>, StoreError> {
+        self.inner.latest_pool_update(pipeline).await
+    }
+
     async fn drained_for_pool_update(
         &self,
         pipeline: &str,

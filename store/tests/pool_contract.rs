@@ -129,7 +129,105 @@ async fn heartbeats_list_live_workers(postgres: bool) {
     );
 }
 
+/// Pool updates: the oldest unfinished one is found, drain reports are listed once, one
+/// claimer at a time (a claim older than `stale_after` is taken over, the holder renews its
+/// own), an update ends once and is never rewritten, the newest is found ended or not.
+async fn pool_updates_are_claimed_once_and_end_once(postgres: bool) {
+    let (_place, store, _flows) = open(postgres).await;
+    assert_eq!(store.pool_update("p", None).await.unwrap(), None);
+    assert_eq!(store.latest_pool_update("p").await.unwrap(), None);
+    let first = store
+        .request_pool_update("p", r#"{"Refresh":["a"]}"#, "w1")
+        .await
+        .unwrap();
+    let second = store.request_pool_update("p", "{}", "w2").await.unwrap();
+    store
+        .request_pool_update("other", "{}", "w9")
+        .await
+        .unwrap();
+    assert!(second > first);
+    let open = store.pool_update("p", None).await.unwrap().unwrap();
+    assert_eq!((open.id, open.state.name()), (first, "pending"));
+    assert_eq!(open.requested_by, "w1");
+    for worker in ["w2", "w1", "w2"] {
+        store
+            .drained_for_pool_update("p", first, worker)
+            .await
+            .unwrap();
+    }
+    let open = store.pool_update("p", Some(first)).await.unwrap().unwrap();
+    assert_eq!(open.drained, ["w1", "w2"]);
+    let long = Duration::from_secs(60);
+    assert!(
+        store
+            .claim_pool_update("p", first, "w1", long)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .claim_pool_update("p", first, "w2", long)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .claim_pool_update("p", first, "w1", long)
+            .await
+            .unwrap(),
+        "renewed"
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        store
+            .claim_pool_update("p", first, "w2", Duration::from_millis(1))
+            .await
+            .unwrap(),
+        "a stale claim is taken over"
+    );
+    let clearing = store.pool_update("p", Some(first)).await.unwrap().unwrap();
+    assert!(matches!(
+        clearing.state,
+        sluice_store::PoolUpdateState::Clearing { ref by, .. } if by == "w2"
+    ));
+    assert!(
+        store
+            .finish_pool_update("p", first, true, "cleared: a")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .finish_pool_update("p", first, false, "late")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .claim_pool_update("p", first, "w1", long)
+            .await
+            .unwrap()
+    );
+    let done = store.pool_update("p", Some(first)).await.unwrap().unwrap();
+    assert_eq!(done.state, sluice_store::PoolUpdateState::Done);
+    assert_eq!(done.message.as_deref(), Some("cleared: a"));
+    assert_eq!(
+        store.pool_update("p", None).await.unwrap().unwrap().id,
+        second
+    );
+    assert!(
+        store
+            .finish_pool_update("p", second, false, "withdrawn")
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.pool_update("p", None).await.unwrap(), None);
+    let latest = store.latest_pool_update("p").await.unwrap().unwrap();
+    assert_eq!((latest.id, latest.state.name()), (second, "failed"));
+}
+
 on_both_backends!(
+    pool_updates_are_claimed_once_and_end_once,
     drain_reports_come_with_the_readers_heartbeats,
     leases_have_one_holder_and_move_when_they_expire,
     heartbeats_list_live_workers,

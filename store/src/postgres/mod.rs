@@ -575,7 +575,13 @@ impl PoolStore for PostgresStore {
         id: Option<i64>,
     ) -> Result<Option<PoolUpdate>, StoreError> {
         let (client, _) = self.ready().await?;
-        pool_updates::read(&client, pipeline, id).await
+        let which = id.map_or(pool_updates::Which::OldestOpen, pool_updates::Which::Id);
+        pool_updates::read(&client, pipeline, which).await
+    }
+
+    async fn latest_pool_update(&self, pipeline: &str) -> Result<Option<PoolUpdate>, StoreError> {
+        let (client, _) = self.ready().await?;
+        pool_updates::read(&client, pipeline, pool_updates::Which::Latest).await
     }
 
     async fn drained_for_pool_update(

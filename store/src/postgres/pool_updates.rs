@@ -22,26 +22,48 @@ pub(super) async fn request(
     Ok(row.try_get(0)?)
 }
 
+/// Which update [`read`] reads.
+pub(super) enum Which {
+    /// This one.
+    Id(i64),
+    /// The oldest unfinished.
+    OldestOpen,
+    /// The newest.
+    Latest,
+}
+
 pub(super) async fn read(
     client: &Client,
     pipeline: &str,
-    id: Option<i64>,
+    which: Which,
 ) -> Result<Option<PoolUpdate>, StoreError> {
-    let row = client
-        .query_opt(
-            concat!(
-                "SELECT id, request, requested_by, ",
-                ms!("requested_at"),
-                ", state, clearer, ",
-                ms!("claimed_at"),
-                ", message FROM sluice_pool_updates
-                 WHERE pipeline = $1
-                   AND (id = $2 OR ($2::int8 IS NULL AND state IN ('pending', 'clearing')))
-                 ORDER BY id LIMIT 1"
-            ),
-            &[&pipeline, &id],
-        )
-        .await?;
+    const SELECT: &str = concat!(
+        "SELECT id, request, requested_by, ",
+        ms!("requested_at"),
+        ", state, clearer, ",
+        ms!("claimed_at"),
+        ", message FROM sluice_pool_updates WHERE pipeline = $1"
+    );
+    let row = match which {
+        Which::Id(id) => {
+            client
+                .query_opt(&format!("{SELECT} AND id = $2"), &[&pipeline, &id])
+                .await?
+        }
+        Which::OldestOpen => {
+            client
+                .query_opt(
+                    &format!("{SELECT} AND state IN ('pending', 'clearing') ORDER BY id LIMIT 1"),
+                    &[&pipeline],
+                )
+                .await?
+        }
+        Which::Latest => {
+            client
+                .query_opt(&format!("{SELECT} ORDER BY id DESC LIMIT 1"), &[&pipeline])
+                .await?
+        }
+    };
     let Some(row) = row else { return Ok(None) };
     let state: String = row.try_get(4)?;
     let state = match state.as_str() {

@@ -289,7 +289,14 @@ impl PoolStore for SqliteStore {
         id: Option<i64>,
     ) -> Result<Option<PoolUpdate>, StoreError> {
         let pipeline = pipeline.to_owned();
-        self.call(move |conn| pool_updates::read(conn, &pipeline, id))
+        let which = id.map_or(pool_updates::Which::OldestOpen, pool_updates::Which::Id);
+        self.call(move |conn| pool_updates::read(conn, &pipeline, which))
+            .await
+    }
+
+    async fn latest_pool_update(&self, pipeline: &str) -> Result<Option<PoolUpdate>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| pool_updates::read(conn, &pipeline, pool_updates::Which::Latest))
             .await
     }
 

@@ -19,18 +19,38 @@ pub(crate) fn request(
     Ok(conn.last_insert_rowid())
 }
 
+/// Which update [`read`] reads.
+pub(crate) enum Which {
+    /// This one.
+    Id(i64),
+    /// The oldest unfinished.
+    OldestOpen,
+    /// The newest.
+    Latest,
+}
+
 pub(crate) fn read(
     conn: &mut Connection,
     pipeline: &str,
-    id: Option<i64>,
+    which: Which,
 ) -> Result<Option<PoolUpdate>, StoreError> {
+    let (filter, order) = match which {
+        Which::Id(_) => ("id = ?2", "id"),
+        Which::OldestOpen => ("state IN ('pending', 'clearing') AND ?2 IS NULL", "id"),
+        Which::Latest => ("?2 IS NULL", "id DESC"),
+    };
+    let id = match which {
+        Which::Id(id) => Some(id),
+        _ => None,
+    };
     let row = conn
         .query_row(
-            "SELECT id, request, requested_by, requested_at, state, clearer, claimed_at, message
-             FROM sluice_pool_updates
-             WHERE pipeline = ?1
-               AND (id = ?2 OR (?2 IS NULL AND state IN ('pending', 'clearing')))
-             ORDER BY id LIMIT 1",
+            &format!(
+                "SELECT id, request, requested_by, requested_at, state, clearer, claimed_at,
+                     message
+                 FROM sluice_pool_updates WHERE pipeline = ?1 AND {filter}
+                 ORDER BY {order} LIMIT 1"
+            ),
             params![pipeline, id],
             |row| {
                 let state: String = row.get(4)?;

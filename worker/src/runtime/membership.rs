@@ -454,6 +454,13 @@ mod tests {
             unused("pool_update")
         }
 
+        async fn latest_pool_update(
+            &self,
+            _: &str,
+        ) -> Result<Option<sluice_store::PoolUpdate>, StoreError> {
+            unused("latest_pool_update")
+        }
+
         async fn drained_for_pool_update(
             &self,
             _: &str,

@@ -299,7 +299,7 @@ where
     }
 }
 
-/// The pipeline's oldest unfinished pool update, looked up every [`POLL`].
+/// The pipeline's oldest unfinished pool update (else its newest), looked up every [`POLL`].
 pub struct PoolWatch {
     current: watch::Receiver<Option<PoolUpdate>>,
     task: tokio::task::JoinHandle<()>,
@@ -312,7 +312,13 @@ impl PoolWatch {
         let pipeline = pipeline.to_owned();
         let task = tokio::spawn(async move {
             loop {
-                match store.pool_update(&pipeline, None).await {
+                // The oldest unfinished; else the newest, so that a worker that missed one
+                // (counted gone while it ran) still learns of it and starts afresh.
+                let found = match store.pool_update(&pipeline, None).await {
+                    Ok(None) => store.latest_pool_update(&pipeline).await,
+                    other => other,
+                };
+                match found {
                     Ok(update) => {
                         send.send_if_modified(|shown| {
                             let changed = *shown != update;
@@ -328,7 +334,7 @@ impl PoolWatch {
         Self { current, task }
     }
 
-    /// Waits for an unfinished update numbered above `handled`.
+    /// Waits for an update numbered above `handled` (an ended one: this worker missed it).
     pub async fn next_after(&mut self, handled: i64) -> PoolUpdate {
         loop {
             if let Some(update) = self.current.borrow_and_update().as_ref()

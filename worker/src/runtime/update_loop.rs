@@ -242,7 +242,15 @@ impl<'a> Updates<'a> {
                 );
                 self.take_part(None, update.id, shutdown).await
             }
-            _ if !std::mem::replace(&mut self.joined, true) => self.reread(shutdown).await,
+            _ if !std::mem::replace(&mut self.joined, true) => {
+                // Updates that ended before this worker started are not its to take part in.
+                if let Ok(Some(latest)) = self.store.latest_pool_update(&self.pipeline.name).await
+                    && latest.state.ended()
+                {
+                    self.handled = self.handled.max(latest.id);
+                }
+                self.reread(shutdown).await
+            }
             _ => Ok(()),
         }
     }
