@@ -287,8 +287,9 @@ impl BatchSource {
             handle: received.handle,
             _permits: received.permits,
             received_at: received.received_at,
-            attempts: 0,
+            attempts: received.earlier_attempts,
             last_error: None,
+            ordering_key: received.ordering_key,
         };
         self.dedup.admit(delivery)
     }
@@ -402,8 +403,10 @@ impl Batch {
     }
 
     /// Gives back (nacks) the deliveries received longer than `bound` ago, with what is parked
-    /// behind their keys, and keeps the rest; returns how many messages were given back.
-    pub(crate) fn nack_older_than(&mut self, bound: Duration) -> u64 {
+    /// behind their keys, and keeps the rest; with `whole`, all of them once one is (a flow
+    /// keeping ordering keys in order: what came after a given-back message must not commit
+    /// before it comes again). Returns how many messages were given back.
+    pub(crate) fn nack_older_than(&mut self, bound: Duration, whole: bool) -> u64 {
         if self
             .deliveries
             .iter()
@@ -413,7 +416,7 @@ impl Batch {
         }
         let (stale, fresh): (Vec<Delivery>, Vec<Delivery>) = std::mem::take(&mut self.deliveries)
             .into_iter()
-            .partition(|d| d.received_at.elapsed() > bound);
+            .partition(|d| whole || d.received_at.elapsed() > bound);
         self.deliveries = fresh;
         self.untrack();
         if let Some(oldest) = self.deliveries.iter().map(|d| d.received_at).min() {
@@ -449,6 +452,41 @@ impl Batch {
         }
         self.dedup.counters.nacked(nacked);
         nacked
+    }
+
+    /// Splits into `lanes` batches (some empty), a delivery going to `lane_of(delivery)`,
+    /// each keeping the receive order; for batches without a page (Pub/Sub).
+    pub(crate) fn into_lanes(
+        mut self,
+        lanes: usize,
+        lane_of: impl Fn(&Delivery) -> usize,
+    ) -> Vec<Batch> {
+        let id = self.id;
+        self.untrack();
+        let mut parts: Vec<Batch> = (0..lanes.max(1))
+            .map(|_| Batch {
+                id,
+                deliveries: Vec::new(),
+                dedup: self.dedup.clone(),
+                tracked_since: None,
+                page: None,
+                page_part: None,
+            })
+            .collect();
+        let count = parts.len();
+        for delivery in std::mem::take(&mut self.deliveries) {
+            let part = &mut parts[lane_of(&delivery) % count];
+            if part.deliveries.is_empty() {
+                part.track(delivery.received_at);
+            }
+            part.deliveries.push(delivery);
+        }
+        parts
+    }
+
+    /// The receive instant of its oldest delivery.
+    pub(crate) fn oldest_received(&self) -> Option<std::time::Instant> {
+        self.deliveries.iter().map(|d| d.received_at).min()
     }
 
     /// Splits into one batch per delivery (to isolate a message that makes a batch fail).

@@ -11,7 +11,10 @@
 //! * a stage failure or a commit the store refuses ([`StoreError::Rejected`]): a batch of several
 //!   is split into single messages to find the culprit, without charging anyone; a single
 //!   message uses one attempt per failure, and once it has used `max_attempts` it is committed as
-//!   a dead letter (reason `max_attempts`, with its last error) and then acked;
+//!   a dead letter (reason `max_attempts`, with its last error) and then acked; its attempts
+//!   start from Pub/Sub's `delivery_attempt` when the subscription has a dead-letter policy,
+//!   so a restart does not reset them; with `poison: nack` ([`CommitThenAck::hand_poison_back`])
+//!   a failing single is nacked at once instead, for Pub/Sub's retry and dead-letter policies;
 //! * a delivery held longer than the flow's commit bound ([`RetrySettings::commit_bound`], the
 //!   dedup window minus a margin, see `commit_bound.rs`): given back (nacked), never committed,
 //!   whether the committer finds it so before staging or the store finds the batch past its
@@ -95,9 +98,19 @@ pub struct CommitThenAck {
     give_up: CancellationToken,
     sink: Option<Arc<JsonlSink>>,
     work: Option<Arc<dyn BatchWork>>,
+    /// Ordering keys are kept in order: a batch with a stale delivery is given back whole.
+    keep_order: bool,
+    /// A message that fails is handed back to Pub/Sub (`poison: nack`) instead of retried.
+    hand_poison_back: bool,
 }
 
 impl CommitThenAck {
+    /// Keeps ordering keys in order (see [`Batch`]'s `nack_older_than`); the runner sets it for
+    /// a source that says it is [`crate::SourceHandle::ordered`].
+    pub(crate) fn keep_order(&mut self) {
+        self.keep_order = true;
+    }
+
     /// Also writes each committed batch's new records to a JSONL sink file (see
     /// [`crate::JsonlSink`]).
     pub fn with_sink(mut self, sink: Arc<JsonlSink>) -> Self {
@@ -108,6 +121,14 @@ impl CommitThenAck {
     /// Does `work` in each batch's transaction instead of writing target rows.
     pub(crate) fn with_work(mut self, work: Arc<dyn BatchWork>) -> Self {
         self.work = Some(work);
+        self
+    }
+
+    /// Hands a message that fails back to Pub/Sub at once (a nack), never dead-lettering it in
+    /// the table: the subscription's retry policy and dead-letter topic take over
+    /// (`poison: nack`).
+    pub fn hand_poison_back(mut self) -> Self {
+        self.hand_poison_back = true;
         self
     }
 
@@ -139,6 +160,8 @@ impl CommitThenAck {
             give_up,
             sink: None,
             work: None,
+            keep_order: false,
+            hand_poison_back: false,
         }
     }
 
@@ -198,7 +221,7 @@ impl CommitThenAck {
     ) -> Option<Vec<Batch>> {
         loop {
             if let Some(bound) = self.retry.commit_bound {
-                let stale = batch.nack_older_than(bound);
+                let stale = batch.nack_older_than(bound, self.keep_order);
                 if stale > 0 {
                     tracing::warn!(flow = %self.flow.name, batch = batch.id, stale,
                         bound_ms = bound.as_millis() as u64,
@@ -210,7 +233,11 @@ impl CommitThenAck {
                 }
             }
             let exhausted = match batch.deliveries() {
-                [single] if single.attempts >= self.retry.max_attempts => Some(single),
+                [single]
+                    if single.attempts >= self.retry.max_attempts && !self.hand_poison_back =>
+                {
+                    Some(single)
+                }
                 _ => None,
             };
             let effects = match exhausted {
@@ -349,6 +376,15 @@ impl CommitThenAck {
             }
             if message_at_fault {
                 batch.count_failed_attempt(&failure.to_string());
+                if self.hand_poison_back {
+                    tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %failure,
+                        attempts = batch.deliveries()[0].attempts,
+                        "message failed; handed back to Pub/Sub (poison: nack), whose retry \
+                         and dead-letter policies take over");
+                    report.abandoned += batch.len() as u64;
+                    batch.abandon();
+                    return None;
+                }
             }
             if self.give_up.is_cancelled() {
                 tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %failure,

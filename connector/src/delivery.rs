@@ -74,6 +74,8 @@ pub struct Delivery {
     pub attempts: u32,
     /// The error of the last failed attempt.
     pub last_error: Option<String>,
+    /// Its Pub/Sub ordering key, if it has one.
+    pub ordering_key: Option<std::sync::Arc<str>>,
 }
 
 impl Delivery {

@@ -98,6 +98,7 @@ impl MessageSource for RunView {
                 kept: VecDeque::new(),
             });
         }
+        let ordered = guard.as_ref().is_some_and(|open| open.handle.ordered());
         let forwarder = tokio::spawn(async move {
             let Some(open) = guard.as_mut() else {
                 return;
@@ -106,7 +107,7 @@ impl MessageSource for RunView {
             // Dropping `intake` here closes the run's channel: the run ends once it settled
             // what it was given; the guard goes with the task, for the next run.
         });
-        Ok(Box::new(ViewHandle { forwarder }))
+        Ok(Box::new(ViewHandle { forwarder, ordered }))
     }
 }
 
@@ -139,10 +140,15 @@ async fn hand_over(open: &mut Open, intake: &mpsc::Sender<Received>, stop: &Canc
 /// A run's view, running.
 struct ViewHandle {
     forwarder: tokio::task::JoinHandle<()>,
+    ordered: bool,
 }
 
 #[async_trait]
 impl SourceHandle for ViewHandle {
+    fn ordered(&self) -> bool {
+        self.ordered
+    }
+
     async fn close(self: Box<Self>) {
         // The view ends when its run stops; the kept source goes on.
         let _ = self.forwarder.await;

@@ -192,6 +192,7 @@ mod bounded;
 mod budget;
 mod commit;
 mod commit_bound;
+mod commit_lanes;
 mod delivery;
 mod event_time;
 mod file;

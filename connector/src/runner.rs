@@ -24,8 +24,6 @@ use crate::source::SourceError;
 use crate::telemetry::Counters;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 /// Batches waiting for the committers beyond one per committer: the batcher fills the next
@@ -165,25 +163,14 @@ impl FlowRun {
                 }
             })
         };
-        let committers = self.committer.concurrency().max(1);
-        let (ready_tx, ready) = mpsc::channel(COMMIT_QUEUE + committers);
-        let ready = Arc::new(tokio::sync::Mutex::new(ready));
-        let committer = Arc::new(self.committer);
-        let mut commit_tasks = JoinSet::new();
-        for _ in 0..committers {
-            let (ready, committer) = (ready.clone(), committer.clone());
-            commit_tasks.spawn(async move {
-                let mut report = CommitReport::default();
-                loop {
-                    // The lock is held only while waiting for the next batch, not while
-                    // committing it.
-                    let next = ready.lock().await.recv().await;
-                    let Some(batch) = next else { break };
-                    report += committer.process(batch).await;
-                }
-                report
-            });
+        let ordered = handle.ordered();
+        let mut committer = self.committer;
+        if ordered {
+            committer.keep_order();
         }
+        let count = committer.concurrency();
+        let (dispatch, mut commit_tasks) =
+            crate::commit_lanes::start(Arc::new(committer), count, ordered, COMMIT_QUEUE);
         let commits = async move {
             let mut report = CommitReport::default();
             while let Some(joined) = commit_tasks.join_next().await {
@@ -213,7 +200,7 @@ impl FlowRun {
                         agreement.reading().await;
                     }
                     counters.publish_cache_entries(batches.cache_entries());
-                    if ready_tx.send(batch).await.is_err() {
+                    if !dispatch.send(batch).await {
                         break;
                     }
                 }
@@ -235,7 +222,7 @@ impl FlowRun {
                 }
             }
         }
-        drop(ready_tx);
+        drop(dispatch);
         let committed = commits.await;
         lag_sampler.abort();
         counters.publish_lag();

@@ -8,6 +8,7 @@
 use crate::budget::{Budget, Permits};
 use crate::delivery::{AckHandle, SourceMessage};
 use async_trait::async_trait;
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -27,6 +28,12 @@ pub struct Received {
     /// After the records of a table source's page, on its own (its message is empty and never
     /// batched): the page's position change.
     pub(crate) page: Option<crate::page::PageMark>,
+    /// The Pub/Sub ordering key, if the message has one.
+    pub(crate) ordering_key: Option<Arc<str>>,
+    /// Deliveries of this message before this one, as Pub/Sub counts them (a subscription with
+    /// a dead-letter policy says so in `delivery_attempt`): the attempts it starts with, so a
+    /// restart does not reset them.
+    pub(crate) earlier_attempts: u32,
 }
 
 impl Received {
@@ -42,7 +49,23 @@ impl Received {
             permits,
             received_at: Instant::now(),
             page: None,
+            ordering_key: None,
+            earlier_attempts: 0,
         }
+    }
+
+    /// Carries the message's Pub/Sub ordering key.
+    pub(crate) fn with_ordering_key(mut self, key: Option<Arc<str>>) -> Self {
+        self.ordering_key = key;
+        self
+    }
+
+    /// Starts its attempt count from Pub/Sub's `delivery_attempt` (1 for a first delivery).
+    pub(crate) fn with_delivery_attempt(mut self, attempt: Option<i32>) -> Self {
+        self.earlier_attempts = attempt
+            .and_then(|n| u32::try_from(n.saturating_sub(1)).ok())
+            .unwrap_or(0);
+        self
     }
 
     /// Makes this the end of a page, carrying its mark instead of a record.
@@ -116,4 +139,11 @@ pub trait SourceHandle: Send {
     /// Waits until the source has shut down, after every handed-over message has been settled
     /// (pending acks flushed).
     async fn close(self: Box<Self>);
+
+    /// Whether the messages of one ordering key must commit in the order they came (a Pub/Sub
+    /// subscription with message ordering): the runner then keeps each key's batches in order
+    /// (see `runner.rs`).
+    fn ordered(&self) -> bool {
+        false
+    }
 }

@@ -202,10 +202,26 @@ pub struct PubSubSource {
     pub batch: BatchSettings,
     /// `max_attempts:` — default 5, at least 1.
     pub max_attempts: u32,
+    /// `poison:` — what becomes of a message that keeps failing; default
+    /// [`Poison::DeadLetter`].
+    pub poison: Poison,
     /// `drain_idle:` — default 5 s.
     pub drain_idle: Duration,
     /// `streams:` — concurrent StreamingPull streams, default 16, 1..=64.
     pub streams: usize,
+}
+
+/// `poison:` — what becomes of a message whose processing fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Poison {
+    /// `dead_letter`: after `max_attempts` failed attempts (counted by Pub/Sub's
+    /// `delivery_attempt` when the subscription has a dead-letter policy), a row in the
+    /// pipeline's dead-letter table, and the message acked.
+    #[default]
+    DeadLetter,
+    /// `nack`: each failure hands the message back to Pub/Sub, whose retry policy and
+    /// dead-letter topic take over (it never reaches the dead-letter table).
+    Nack,
 }
 
 /// `dedup:`.

@@ -162,8 +162,17 @@ pub(crate) struct RawPubSub {
     pub(crate) flow_control: Option<RawFlowControl>,
     pub(crate) batch: Option<RawBatch>,
     pub(crate) max_attempts: Option<i64>,
+    pub(crate) poison: Option<RawPoison>,
     pub(crate) drain_idle: Option<Humane>,
     pub(crate) streams: Option<i64>,
+}
+
+/// `source.pubsub.poison`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RawPoison {
+    DeadLetter,
+    Nack,
 }
 
 /// `source.pubsub.dedup`.

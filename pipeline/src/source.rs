@@ -9,11 +9,11 @@ use crate::errors::{Collector, ErrorCode};
 use crate::fields::{count, duration, non_empty, positive_duration, required, size};
 use crate::model::{
     BatchSettings, DedupBy, DedupSettings, EventTimeSettings, Flow, FlowControl, OnBadTimestamp,
-    OnMissingKey, PubSubSource, Source, TrackingSubscription, WatermarkSettings,
+    OnMissingKey, Poison, PubSubSource, Source, TrackingSubscription, WatermarkSettings,
 };
 use crate::raw::{
     OneOrMany, RawDedup, RawDedupBy, RawEventTime, RawFlow, RawOnBadTimestamp, RawOnMissing,
-    RawPubSub, RawSource, RawWatermark,
+    RawPoison, RawPubSub, RawSource, RawWatermark,
 };
 
 /// Converts `flows[i]`; `path` is `flows[i]`.
@@ -139,6 +139,10 @@ fn pubsub_source(c: &mut Collector<'_>, raw: RawPubSub, path: &str) -> PubSubSou
             MAX_ATTEMPTS,
             (1, i64::from(u32::MAX)),
         ),
+        poison: match raw.poison {
+            None | Some(RawPoison::DeadLetter) => Poison::DeadLetter,
+            Some(RawPoison::Nack) => Poison::Nack,
+        },
         drain_idle: positive_duration(c, raw.drain_idle, &format!("{path}.drain_idle"), DRAIN_IDLE),
         streams: count(
             c,

@@ -90,6 +90,7 @@ fn spec_example_loads_into_the_expected_model() {
                         max_delay: Duration::from_millis(50),
                     },
                     max_attempts: 5,
+                    poison: Poison::DeadLetter,
                     drain_idle: Duration::from_secs(5),
                     streams: 16,
                 }),
@@ -147,6 +148,7 @@ flows:
                 max_delay: Duration::from_millis(50),
             },
             max_attempts: 5,
+            poison: Poison::DeadLetter,
             drain_idle: Duration::from_secs(5),
             streams: 16,
         }

@@ -18,6 +18,12 @@ pub struct PrivatePostgres {
 impl PrivatePostgres {
     /// Creates the cluster and starts it; panics with the reason when it cannot.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// As [`PrivatePostgres::start`], with server settings (`track_commit_timestamp=on`) added
+    /// to its configuration file.
+    pub fn start_with(settings: &[&str]) -> Self {
         // The newest release installed (`/usr/lib/postgresql/<major>/bin`).
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .expect("PostgreSQL's server binaries under /usr/lib/postgresql")
@@ -64,6 +70,14 @@ impl PrivatePostgres {
                 "--no-sync",
             ],
         );
+        if !settings.is_empty() {
+            let conf = std::path::Path::new(&data).join("postgresql.conf");
+            let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+            for setting in settings {
+                text.push_str(&format!("\n{setting}\n"));
+            }
+            std::fs::write(&conf, text).expect("postgresql.conf written");
+        }
         server.resume();
         server
     }

@@ -21,9 +21,16 @@ pub struct StageCall {
 #[derive(Default, Clone)]
 pub struct StageRecorder {
     calls: Arc<Mutex<Vec<StageCall>>>,
+    refused: Arc<Mutex<Vec<String>>>,
 }
 
 impl StageRecorder {
+    /// From now on, refuses (INVALID_ARGUMENT: the message is at fault) every call holding a
+    /// record whose key contains `needle`.
+    pub fn refuse_keys_containing(&self, needle: &str) {
+        self.refused.lock().unwrap().push(needle.to_owned());
+    }
+
     /// A copy of the calls so far.
     pub fn calls(&self) -> Vec<StageCall> {
         self.calls.lock().unwrap().clone()
@@ -37,12 +44,25 @@ impl Stage for StageRecorder {
         request: tonic::Request<ProcessRequest>,
     ) -> Result<tonic::Response<ProcessResponse>, tonic::Status> {
         let request = request.into_inner();
+        let keys: Vec<String> = request.records.into_iter().map(|r| r.key).collect();
+        let refused = self
+            .refused
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|needle| keys.iter().any(|k| k.contains(needle.as_str())))
+            .cloned();
         self.calls.lock().unwrap().push(StageCall {
             flow: request.flow,
             batch_id: request.batch_id,
-            keys: request.records.into_iter().map(|r| r.key).collect(),
+            keys,
         });
-        Ok(tonic::Response::new(ProcessResponse {}))
+        match refused {
+            Some(needle) => Err(tonic::Status::invalid_argument(format!(
+                "a record with {needle:?} in its key cannot be processed"
+            ))),
+            None => Ok(tonic::Response::new(ProcessResponse {})),
+        }
     }
 }
 

@@ -8,6 +8,24 @@ use google_cloud_gax::retry_policy::{Aip194Strict, RetryPolicy, RetryPolicyExt};
 use google_cloud_pubsub::client::{Publisher, SubscriptionAdmin, TopicAdmin};
 use google_cloud_pubsub::model::Message;
 
+/// What a subscription [`Admin::create_subscription_with`] creates has (tests and the bench
+/// make subscriptions with Pub/Sub's features; sluice itself creates only tracking ones).
+#[derive(Debug, Clone, Default)]
+pub struct SubscriptionSettings {
+    /// Seconds a delivery may wait for its ack before Pub/Sub redelivers it.
+    pub ack_deadline_seconds: i32,
+    /// Keep acked messages (for seeks back in time).
+    pub retain_acked_messages: bool,
+    /// Exactly-once delivery: acks are confirmed.
+    pub exactly_once_delivery: bool,
+    /// Messages of one ordering key delivered in publish order.
+    pub message_ordering: bool,
+    /// A dead-letter policy: the topic and the delivery attempts before a message goes there.
+    pub dead_letter: Option<(String, i32)>,
+    /// A filter on attributes.
+    pub filter: Option<String>,
+}
+
 /// Admin clients for one endpoint.
 #[derive(Debug, Clone)]
 pub struct Admin {
@@ -178,16 +196,43 @@ impl Admin {
         ack_deadline_seconds: i32,
         retain_acked_messages: bool,
     ) -> Result<String, SourceError> {
+        let settings = SubscriptionSettings {
+            ack_deadline_seconds,
+            retain_acked_messages,
+            ..SubscriptionSettings::default()
+        };
+        self.create_subscription_with(subscription, topic, &settings)
+            .await
+    }
+
+    /// Creates a subscription with the features of `settings`; returns its path.
+    pub async fn create_subscription_with(
+        &self,
+        subscription: &str,
+        topic: &str,
+        settings: &SubscriptionSettings,
+    ) -> Result<String, SourceError> {
         let path = self.config.subscription_path(subscription)?;
-        self.subscriptions
+        let mut create = self
+            .subscriptions
             .create_subscription()
             .set_name(&path)
             .set_topic(self.config.topic_path(topic)?)
-            .set_ack_deadline_seconds(ack_deadline_seconds)
-            .set_retain_acked_messages(retain_acked_messages)
-            .send()
-            .await
-            .map_err(rpc)?;
+            .set_ack_deadline_seconds(settings.ack_deadline_seconds)
+            .set_retain_acked_messages(settings.retain_acked_messages)
+            .set_enable_exactly_once_delivery(settings.exactly_once_delivery)
+            .set_enable_message_ordering(settings.message_ordering);
+        if let Some(filter) = &settings.filter {
+            create = create.set_filter(filter);
+        }
+        if let Some((dead_letter_topic, max_delivery_attempts)) = &settings.dead_letter {
+            create = create.set_dead_letter_policy(
+                google_cloud_pubsub::model::DeadLetterPolicy::new()
+                    .set_dead_letter_topic(self.config.topic_path(dead_letter_topic)?)
+                    .set_max_delivery_attempts(*max_delivery_attempts),
+            );
+        }
+        create.send().await.map_err(rpc)?;
         Ok(path)
     }
 
@@ -418,6 +463,15 @@ impl Admin {
 
     /// Whether a subscription exists. `Err` when Pub/Sub cannot be asked (unreachable).
     pub async fn subscription_exists(&self, subscription: &str) -> Result<bool, SourceError> {
+        Ok(self.subscription(subscription).await?.is_some())
+    }
+
+    /// The subscription as Pub/Sub describes it (`None`: it does not exist); a refusal of the
+    /// worker's identity names the permissions it needs.
+    pub async fn subscription(
+        &self,
+        subscription: &str,
+    ) -> Result<Option<google_cloud_pubsub::model::Subscription>, SourceError> {
         let result = self
             .subscriptions
             .get_subscription()
@@ -425,8 +479,8 @@ impl Admin {
             .send()
             .await;
         match result {
-            Ok(_) => Ok(true),
-            Err(e) if is_not_found(&e) => Ok(false),
+            Ok(found) => Ok(Some(found)),
+            Err(e) if is_not_found(&e) => Ok(None),
             Err(e) if is_identity_refusal(&e) => Err(SourceError::Refused(format!(
                 "Pub/Sub refused to read subscription {subscription}: {e}. The worker's \
                  identity needs pubsub.subscriptions.get (roles/pubsub.viewer) and \

@@ -6,14 +6,20 @@
 //! (`http://`) endpoint is taken to be an emulator and gets anonymous credentials; otherwise
 //! Application Default Credentials are used.
 
+mod ack;
 mod adc_project;
 mod admin;
 mod pause;
+mod settings;
 mod source;
 
 /// Where the error of a source lives: the seam of every source (`crate::source`).
 pub use crate::source::SourceError;
-pub use admin::{Admin, TrackingStart, log_tracking_start, publish_all, tracking_filter};
+pub use ack::ACK_FAILURE_REASONS;
+pub use admin::{
+    Admin, SubscriptionSettings, TrackingStart, log_tracking_start, publish_all, tracking_filter,
+};
+pub use settings::describe as describe_subscription;
 pub use source::PubSubSource;
 
 use google_cloud_auth::credentials::Credentials;

@@ -15,11 +15,12 @@
 //! client. A stream that lived through a pause of the process gives back what it reads after it
 //! and is reopened (`pause.rs`).
 
+use super::ack::{PubSubAck, register_ack_failures};
 use super::pause::{Epoch, PauseWatch};
 use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig};
 use crate::backoff::Backoff;
 use crate::budget::Budget;
-use crate::delivery::{AckHandle, SourceMessage};
+use crate::delivery::SourceMessage;
 use crate::source::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
 use async_trait::async_trait;
@@ -27,7 +28,6 @@ use google_cloud_gax::error::rpc::Code;
 use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
 use google_cloud_pubsub::subscriber::ShutdownToken;
-use google_cloud_pubsub::subscriber::handler::Handler;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -119,19 +119,26 @@ impl PubSubSource {
     /// Asks Pub/Sub for the subscription until it answers, retrying with backoff (one log line
     /// per step) while it is unreachable. A missing subscription, or a refusal of the worker's
     /// identity (the missing permission named), is an error, not retried.
-    /// Returns `false` if stopped before Pub/Sub answered.
-    async fn wait_until_reachable(&self, stop: &CancellationToken) -> Result<bool, SourceError> {
+    /// Returns whether the subscription has message ordering, or `None` if stopped before
+    /// Pub/Sub answered.
+    async fn wait_until_reachable(
+        &self,
+        stop: &CancellationToken,
+    ) -> Result<Option<bool>, SourceError> {
         let mut backoff = Backoff::default();
         loop {
             let asked = tokio::time::timeout(REACHABILITY_TIMEOUT, async {
                 Admin::connect(&self.config)
                     .await?
-                    .subscription_exists(&self.subscription)
+                    .subscription(&self.subscription)
                     .await
             });
             let error = match asked.await {
-                Ok(Ok(true)) => return Ok(true),
-                Ok(Ok(false)) => {
+                Ok(Ok(Some(found))) => {
+                    super::settings::log_settings(&self.subscription, &found);
+                    return Ok(Some(found.enable_message_ordering));
+                }
+                Ok(Ok(None)) => {
                     return Err(SourceError::Name(format!(
                         "subscription {} does not exist",
                         self.subscription
@@ -146,7 +153,7 @@ impl PubSubSource {
                 retry_in_ms = delay.as_millis() as u64, %error,
                 "Pub/Sub unreachable; retrying");
             tokio::select! {
-                _ = stop.cancelled() => return Ok(false),
+                _ = stop.cancelled() => return Ok(None),
                 _ = tokio::time::sleep(delay) => {}
             }
         }
@@ -175,13 +182,14 @@ impl MessageSource for PubSubSource {
         budget: Budget,
         stop: CancellationToken,
     ) -> Result<Box<dyn SourceHandle>, SourceError> {
-        if !self.wait_until_reachable(&stop).await? {
+        let Some(ordered) = self.wait_until_reachable(&stop).await? else {
             return Ok(Box::new(RunningPubSub {
                 stop,
                 tokens: Arc::default(),
                 tasks: JoinSet::new(),
+                ordered: false,
             }));
-        }
+        };
         let client = self.client().await?;
         let tokens = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = JoinSet::new();
@@ -191,10 +199,11 @@ impl MessageSource for PubSubSource {
             bytes: i64::try_from(max_bytes.div_ceil(self.streams)).unwrap_or(i64::MAX),
         };
         let pauses = PauseWatch::start(self.pause_threshold);
+        register_ack_failures(&self.subscription);
         for index in 0..self.streams {
             let stream = StreamTask {
                 client: client.clone(),
-                subscription: self.subscription.clone(),
+                subscription: Arc::from(self.subscription.as_str()),
                 intake: intake.clone(),
                 budget: budget.clone(),
                 stop: stop.clone(),
@@ -212,6 +221,7 @@ impl MessageSource for PubSubSource {
             stop,
             tokens,
             tasks,
+            ordered,
         }))
     }
 }
@@ -220,10 +230,15 @@ struct RunningPubSub {
     stop: CancellationToken,
     tokens: Arc<Mutex<Vec<ShutdownToken>>>,
     tasks: JoinSet<()>,
+    ordered: bool,
 }
 
 #[async_trait]
 impl SourceHandle for RunningPubSub {
+    fn ordered(&self) -> bool {
+        self.ordered
+    }
+
     async fn close(mut self: Box<Self>) {
         self.stop.cancel();
         while self.tasks.join_next().await.is_some() {}
@@ -245,7 +260,7 @@ struct FlowControl {
 
 struct StreamTask {
     client: Subscriber,
-    subscription: String,
+    subscription: Arc<str>,
     intake: mpsc::Sender<Received>,
     budget: Budget,
     stop: CancellationToken,
@@ -270,7 +285,7 @@ impl StreamTask {
         'reopen: loop {
             let mut stream = self
                 .client
-                .subscribe(&self.subscription)
+                .subscribe(&*self.subscription)
                 .set_max_lease_extension(LEASE_EXTENSION)
                 .set_max_lease(self.max_lease)
                 .set_max_outstanding_messages(self.flow_control.messages)
@@ -312,12 +327,22 @@ impl StreamTask {
                     }
                     Some(Ok((message, handler))) => {
                         backoff = Backoff::default();
+                        let ordering_key = (!message.ordering_key.is_empty())
+                            .then(|| Arc::from(message.ordering_key.as_str()));
+                        let delivery_attempt = handler.delivery_attempt();
                         let message = convert(message);
                         let permits = self.budget.reserve_bytes(permit, message.size()).await;
-                        let handle = Box::new(PubSubAck(handler));
+                        let handle = Box::new(PubSubAck {
+                            handler,
+                            subscription: self.subscription.clone(),
+                        });
                         if self
                             .intake
-                            .send(Received::new(message, handle, permits))
+                            .send(
+                                Received::new(message, handle, permits)
+                                    .with_ordering_key(ordering_key)
+                                    .with_delivery_attempt(delivery_attempt),
+                            )
                             .await
                             .is_err()
                         {
@@ -368,17 +393,5 @@ fn convert(message: Message) -> SourceMessage {
         data: message.data,
         event_time_ms: None,
         problem: None,
-    }
-}
-
-struct PubSubAck(Handler);
-
-impl AckHandle for PubSubAck {
-    fn ack(self: Box<Self>) {
-        self.0.ack();
-    }
-
-    fn nack(self: Box<Self>) {
-        self.0.nack();
     }
 }

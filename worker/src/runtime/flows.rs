@@ -11,7 +11,7 @@ use sluice_connector::engine::{
 use sluice_pipeline::defaults;
 use sluice_pipeline::timetable::DataInterval;
 use sluice_pipeline::{
-    DedupBy, Flow, Mode, OnBadTimestamp, OnMissingKey, Pipeline, Source, TargetKind,
+    DedupBy, Flow, Mode, OnBadTimestamp, OnMissingKey, Pipeline, Poison, Source, TargetKind,
 };
 use sluice_store::{FlowHandle, Store, table_name};
 use std::collections::HashMap;
@@ -362,6 +362,11 @@ pub fn build(
     );
     if let Some(sink) = &sink {
         committer = committer.with_sink(sink.clone());
+    }
+    if let Source::PubSub(settings) = &flow.source
+        && settings.poison == Poison::Nack
+    {
+        committer = committer.hand_poison_back();
     }
     let run = FlowRun {
         source: plan.source,
