@@ -116,6 +116,31 @@ impl PubSub {
         (topic, subs)
     }
 
+    /// A fresh topic and one subscription `<topic>-sub` on it with `settings` (ordering,
+    /// exactly-once delivery, a dead-letter policy: the ack deadline is 10 s unless set).
+    pub async fn topic_with_subscription(
+        &self,
+        prefix: &str,
+        settings: sluice_connector::engine::pubsub::SubscriptionSettings,
+    ) -> (String, String) {
+        let topic = unique(prefix);
+        self.admin.create_topic(&topic).await.unwrap();
+        let subscription = format!("{topic}-sub");
+        let settings = sluice_connector::engine::pubsub::SubscriptionSettings {
+            ack_deadline_seconds: if settings.ack_deadline_seconds == 0 {
+                10
+            } else {
+                settings.ack_deadline_seconds
+            },
+            ..settings
+        };
+        self.admin
+            .create_subscription_with(&subscription, &topic, &settings)
+            .await
+            .unwrap();
+        (topic, subscription)
+    }
+
     /// Waits until `subscription` exists (a worker creates `<subscription>-tracking` for
     /// `tracking_subscription: auto` as its flow starts); panics after `within`.
     pub async fn wait_until_exists(&self, subscription: &str, within: Duration) {

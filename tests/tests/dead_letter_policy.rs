@@ -25,9 +25,7 @@ async fn a_poison_message_reaches_the_dead_letter_topic_across_a_restart() {
     let (stage, recorder) = stage_server().await;
     recorder.refuse_keys_containing("poison");
     let pubsub = PubSub::connect().await;
-    let topic = unique("dlp");
-    let dead_letter_topic = format!("{topic}-dead");
-    pubsub.admin.create_topic(&topic).await.unwrap();
+    let dead_letter_topic = unique("dlp-dead");
     pubsub.admin.create_topic(&dead_letter_topic).await.unwrap();
     let dead_letters = format!("{dead_letter_topic}-sub");
     pubsub
@@ -35,20 +33,15 @@ async fn a_poison_message_reaches_the_dead_letter_topic_across_a_restart() {
         .create_subscription(&dead_letters, &dead_letter_topic, 10)
         .await
         .unwrap();
-    let subscription = format!("{topic}-sub");
-    pubsub
-        .admin
-        .create_subscription_with(
-            &subscription,
-            &topic,
-            &SubscriptionSettings {
-                ack_deadline_seconds: 10,
+    let (topic, subscription) = pubsub
+        .topic_with_subscription(
+            "dlp",
+            SubscriptionSettings {
                 dead_letter: Some((dead_letter_topic.clone(), MAX_DELIVERY_ATTEMPTS)),
                 ..SubscriptionSettings::default()
             },
         )
-        .await
-        .unwrap();
+        .await;
     let dir = Workdir::new();
     let db = dir.db("dlp.db");
     let file = PipelineYaml::new("test")

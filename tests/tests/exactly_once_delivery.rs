@@ -13,7 +13,7 @@ use sluice_bench::free_port;
 use sluice_connector::engine::pubsub::SubscriptionSettings;
 use sluice_tests::{
     Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, events_with_duplicates, eventually,
-    flow_metric, unique,
+    flow_metric,
 };
 use std::time::Duration;
 
@@ -35,22 +35,15 @@ fn metric_sum(port: u16, name: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread")]
 async fn confirmed_acks_on_an_exactly_once_subscription() {
     let pubsub = PubSub::connect().await;
-    let topic = unique("eod");
-    pubsub.admin.create_topic(&topic).await.unwrap();
-    let subscription = format!("{topic}-sub");
-    pubsub
-        .admin
-        .create_subscription_with(
-            &subscription,
-            &topic,
-            &SubscriptionSettings {
-                ack_deadline_seconds: 10,
+    let (topic, subscription) = pubsub
+        .topic_with_subscription(
+            "eod",
+            SubscriptionSettings {
                 exactly_once_delivery: true,
                 ..SubscriptionSettings::default()
             },
         )
-        .await
-        .unwrap();
+        .await;
     let dir = Workdir::new();
     let db = dir.db("eod.db");
     let port = free_port().unwrap();

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use google_cloud_pubsub::model::Message;
 use sluice_connector::engine::pubsub::SubscriptionSettings;
 use sluice_tests::{
-    FlowYaml, PgDb, PipelineYaml, PrivatePostgres, PubSub, Workdir, Worker, eventually, unique,
+    FlowYaml, PgDb, PipelineYaml, PrivatePostgres, PubSub, Workdir, Worker, eventually,
 };
 use std::time::Duration;
 
@@ -57,22 +57,15 @@ async fn each_ordering_key_commits_in_publish_order_with_keys_in_parallel() {
         .unwrap();
     let db = PgDb(database.url().to_owned());
     let pubsub = PubSub::connect().await;
-    let topic = unique("ordered");
-    pubsub.admin.create_topic(&topic).await.unwrap();
-    let subscription = format!("{topic}-sub");
-    pubsub
-        .admin
-        .create_subscription_with(
-            &subscription,
-            &topic,
-            &SubscriptionSettings {
-                ack_deadline_seconds: 10,
+    let (topic, subscription) = pubsub
+        .topic_with_subscription(
+            "ordered",
+            SubscriptionSettings {
                 message_ordering: true,
                 ..SubscriptionSettings::default()
             },
         )
-        .await
-        .unwrap();
+        .await;
     let dir = Workdir::new();
     let file = PipelineYaml::new("test")
         .mode("continuous")
