@@ -181,9 +181,18 @@ impl CommitThenAck {
         let mut report = CommitReport::default();
         let mut queue = VecDeque::from([batch]);
         while let Some(batch) = queue.pop_front() {
+            let given_back = report.abandoned;
             if let Some(rest) = self.process_one(batch, &mut report, work.as_ref()).await {
                 for (i, single) in rest.into_iter().enumerate() {
                     queue.insert(i, single);
+                }
+            }
+            // Keeping ordering keys in order: what follows a given-back message in the batch
+            // must not commit before it comes again.
+            if self.keep_order && report.abandoned > given_back {
+                for rest in queue.drain(..) {
+                    report.abandoned += rest.len() as u64;
+                    rest.abandon();
                 }
             }
         }
@@ -233,8 +242,12 @@ impl CommitThenAck {
                 }
             }
             let exhausted = match batch.deliveries() {
+                // Dead-lettered only after failing here too: attempts that Pub/Sub counted
+                // (`delivery_attempt`) may have been deliveries given back, not failures.
                 [single]
-                    if single.attempts >= self.retry.max_attempts && !self.hand_poison_back =>
+                    if single.attempts >= self.retry.max_attempts
+                        && single.last_error.is_some()
+                        && !self.hand_poison_back =>
                 {
                     Some(single)
                 }

@@ -17,6 +17,14 @@
 //!   part holding a message received up to [`REGIVE_GRACE`] after it: Pub/Sub redelivers the
 //!   key from the given-back message on, and nothing received before that redelivery may
 //!   commit ahead of it.
+//!
+//! What it does not cover: a give-back is rare (a store stuck for most of the dedup window, or
+//! `poison: nack`), and then order holds only for messages sluice reads within
+//! [`REGIVE_GRACE`] of it: a message of the key that waited longer in the client's buffer (the
+//! flow's budget full) can commit before the given-back one returns. Lanes are fed in turn, so
+//! a lane that retries holds the others back once its queue is full. A stream-style library
+//! job (`JobStream`) commits its batches in the order its caller commits them, without lanes,
+//! and a scheduled run's kept-open source starts each run's lanes afresh.
 
 use crate::batch::Batch;
 use crate::commit::{CommitReport, CommitThenAck};

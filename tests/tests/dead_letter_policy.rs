@@ -120,7 +120,7 @@ async fn a_poison_message_reaches_the_dead_letter_topic_across_a_restart() {
         "Pub/Sub counted the deliveries across the restart ({deliveries} single calls)"
     );
     let attempts: Vec<u32> = logs
-        .match_indices("attempts=")
+        .match_indices(" attempts=")
         .filter_map(|(at, key)| {
             let digits: String = logs[at + key.len()..]
                 .chars()

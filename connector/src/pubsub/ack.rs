@@ -11,19 +11,51 @@
 //! * On other subscriptions an ack is best effort (the client drops its RPC errors), and the
 //!   ledger makes a redelivery harmless, as always.
 //! * A nack gives the message back at once in both cases.
+//! * Confirmed acks still waiting for Pub/Sub's answer are waited for (up to the flush timeout)
+//!   when the source closes, before its streams shut down: a drain's last acks are sent.
 
 use crate::delivery::AckHandle;
 use google_cloud_pubsub::error::AckError;
 use google_cloud_pubsub::subscriber::handler::Handler;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tokio::sync::Notify;
 
-/// The reasons `sluice_ack_failures_total` counts.
-pub const ACK_FAILURE_REASONS: [&str; 4] = ["lease_expired", "rpc", "shutdown", "other"];
+/// The reasons `sluice_ack_failures_total` counts: the lease expired first, the RPC failed,
+/// the stream shut down before the ack was sent, the stream shut down with its result unknown.
+pub const ACK_FAILURE_REASONS: [&str; 5] = ["lease_expired", "rpc", "shutdown", "unknown", "other"];
+
+/// Confirmed acks sent and not answered yet, for a source's close to wait for.
+#[derive(Debug, Default)]
+pub(crate) struct PendingAcks {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl PendingAcks {
+    /// Waits until every confirmed ack sent so far has its answer.
+    pub(crate) async fn settled(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    fn done(&self) {
+        if self.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+}
 
 /// The ack handle of one Pub/Sub delivery.
 pub(crate) struct PubSubAck {
     pub(crate) handler: Handler,
     pub(crate) subscription: Arc<str>,
+    pub(crate) pending: Arc<PendingAcks>,
 }
 
 impl AckHandle for PubSubAck {
@@ -31,13 +63,16 @@ impl AckHandle for PubSubAck {
         let PubSubAck {
             handler,
             subscription,
+            pending,
         } = *self;
         match (handler, tokio::runtime::Handle::try_current()) {
             (Handler::ExactlyOnce(handler), Ok(runtime)) => {
+                pending.count.fetch_add(1, Ordering::AcqRel);
                 runtime.spawn(async move {
                     if let Err(error) = handler.confirmed_ack().await {
                         ack_failed(&subscription, &error);
                     }
+                    pending.done();
                 });
             }
             (handler, _) => handler.ack(),
@@ -55,6 +90,7 @@ fn ack_failed(subscription: &str, error: &AckError) {
         AckError::LeaseExpired => "lease_expired",
         AckError::Rpc { .. } => "rpc",
         AckError::ShutdownBeforeAck => "shutdown",
+        AckError::Shutdown(_) => "unknown",
         _ => "other",
     };
     metrics::counter!("sluice_ack_failures_total",

@@ -15,7 +15,7 @@
 //! client. A stream that lived through a pause of the process gives back what it reads after it
 //! and is reopened (`pause.rs`).
 
-use super::ack::{PubSubAck, register_ack_failures};
+use super::ack::{PendingAcks, PubSubAck, register_ack_failures};
 use super::pause::{Epoch, PauseWatch};
 use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig};
 use crate::backoff::Backoff;
@@ -188,6 +188,7 @@ impl MessageSource for PubSubSource {
                 tokens: Arc::default(),
                 tasks: JoinSet::new(),
                 ordered: false,
+                pending: Arc::default(),
             }));
         };
         let client = self.client().await?;
@@ -200,6 +201,7 @@ impl MessageSource for PubSubSource {
         };
         let pauses = PauseWatch::start(self.pause_threshold);
         register_ack_failures(&self.subscription);
+        let pending = Arc::new(PendingAcks::default());
         for index in 0..self.streams {
             let stream = StreamTask {
                 client: client.clone(),
@@ -214,6 +216,7 @@ impl MessageSource for PubSubSource {
                 pauses: pauses.clone(),
                 deliver_probes: self.deliver_probes,
                 reopens: self.reopens.clone(),
+                pending: pending.clone(),
             };
             tasks.spawn(stream.run());
         }
@@ -222,6 +225,7 @@ impl MessageSource for PubSubSource {
             tokens,
             tasks,
             ordered,
+            pending,
         }))
     }
 }
@@ -231,6 +235,7 @@ struct RunningPubSub {
     tokens: Arc<Mutex<Vec<ShutdownToken>>>,
     tasks: JoinSet<()>,
     ordered: bool,
+    pending: Arc<PendingAcks>,
 }
 
 #[async_trait]
@@ -240,6 +245,13 @@ impl SourceHandle for RunningPubSub {
     }
 
     async fn close(mut self: Box<Self>) {
+        // Confirmed acks already sent get their answers while the streams still run.
+        if tokio::time::timeout(CLOSE_TIMEOUT, self.pending.settled())
+            .await
+            .is_err()
+        {
+            tracing::warn!("confirmed acks still unanswered at close; they may come back");
+        }
         self.stop.cancel();
         while self.tasks.join_next().await.is_some() {}
         let tokens =
@@ -271,6 +283,7 @@ struct StreamTask {
     pauses: PauseWatch,
     deliver_probes: bool,
     reopens: Option<Arc<AtomicU64>>,
+    pending: Arc<PendingAcks>,
 }
 
 impl StreamTask {
@@ -335,6 +348,7 @@ impl StreamTask {
                         let handle = Box::new(PubSubAck {
                             handler,
                             subscription: self.subscription.clone(),
+                            pending: self.pending.clone(),
                         });
                         if self
                             .intake
