@@ -19,8 +19,9 @@
 //!   Upstream once flows stay drained (IDLE) and are not re-read. `full-refresh` resets every
 //!   flow, so the next run starts the chain from the beginning, in `depends_on` order.
 //! * **Never under a running worker.** A worker keeps recent keys in memory; resetting beneath
-//!   it could let it drop a record the store no longer holds. These commands refuse while any
-//!   worker of the pipeline has beaten within the last 15 s.
+//!   it could let it drop a record the store no longer holds. The clear refuses while any
+//!   worker of the pipeline has beaten within the last 15 s, except those that stopped their
+//!   flows for it (the asking worker, a pool update's replicas: `pool_update.rs`).
 //! * `--seek TIME` is refused unless the subscription retains acked messages for long enough
 //!   to replay everything since TIME, and so does the flow's tracking subscription (if it
 //!   exists), which is seeked to TIME first so the replay is tracked; the seeks happen after

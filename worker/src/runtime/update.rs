@@ -5,8 +5,9 @@
 //! # Guarantees
 //!
 //! * **Nothing is cleared under a running flow.** A request is checked first (known flows, a
-//!   seek the subscription can replay, no *other* worker of the pipeline alive); a refused
-//!   request leaves the running update alone. An accepted one stops every flow of the update
+//!   seek the subscription can replay); a refused request leaves the running update alone.
+//!   With other workers of the pipeline alive it becomes a pool update they all stop their
+//!   flows for (`pool_update.rs`). An accepted one stops every flow of the update
 //!   the way a drain does (what was received is committed and acked, or nacked after
 //!   [`crate::runtime::signals::DRAIN_DEADLINE`] if the store stays down), and only then clears the
 //!   flows asked for, exactly as `sluice full-refresh` and `sluice reset` do.
