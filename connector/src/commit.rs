@@ -102,6 +102,8 @@ pub struct CommitThenAck {
     keep_order: bool,
     /// A message that fails is handed back to Pub/Sub (`poison: nack`) instead of retried.
     hand_poison_back: bool,
+    /// New dead letters also go to the outbox of the pipeline's dead-letter topic.
+    publish_dead_letters: bool,
 }
 
 impl CommitThenAck {
@@ -129,6 +131,14 @@ impl CommitThenAck {
     /// (`poison: nack`).
     pub fn hand_poison_back(mut self) -> Self {
         self.hand_poison_back = true;
+        self
+    }
+
+    /// Places each new dead letter in the outbox of the pipeline's dead-letter topic in the
+    /// same transaction as its dead-letter row (`dead_letter.topic`; see
+    /// `sluice_store::OutboxLetter`).
+    pub fn publish_dead_letters(mut self) -> Self {
+        self.publish_dead_letters = true;
         self
     }
 
@@ -162,6 +172,7 @@ impl CommitThenAck {
             work: None,
             keep_order: false,
             hand_poison_back: false,
+            publish_dead_letters: false,
         }
     }
 
@@ -516,6 +527,7 @@ impl CommitThenAck {
             position: batch.position().cloned(),
             position_gate: batch.position_gate(),
             work,
+            publish_dead_letters: self.publish_dead_letters,
         };
         (commit, sink_commit)
     }

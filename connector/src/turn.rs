@@ -1,5 +1,6 @@
 //! A reader's turn in a pool: the lease `feed/<flow>` that makes one replica at a time read a
-//! bounded or followed source for a flow (a table, a file backfill).
+//! bounded or followed source for a flow (a table, a file backfill), and the same for other
+//! one-holder work (`dead_letter_topic`, the dead-letter publisher).
 //!
 //! # Guarantees
 //!
@@ -29,10 +30,10 @@ pub struct ReaderTurn {
 }
 
 impl ReaderTurn {
-    fn request(&self, flow: &FlowHandle) -> LeaseRequest {
+    fn request(&self, pipeline: &str, role: &str) -> LeaseRequest {
         LeaseRequest {
-            pipeline: flow.pipeline.to_string(),
-            role: format!("feed/{}", flow.name),
+            pipeline: pipeline.to_owned(),
+            role: role.to_owned(),
             holder: self.holder.clone(),
             ttl: TURN_TTL,
         }
@@ -47,24 +48,34 @@ impl ReaderTurn {
         what: &str,
         stop: &CancellationToken,
     ) -> Option<Turn> {
-        let request = self.request(flow);
+        let role = format!("feed/{}", flow.name);
+        self.take_role(&flow.pipeline, &role, what, stop).await
+    }
+
+    /// [`ReaderTurn::take`] for any one-holder role of `pipeline` (`role` is the lease's name).
+    pub(crate) async fn take_role(
+        &self,
+        pipeline: &str,
+        role: &str,
+        what: &str,
+        stop: &CancellationToken,
+    ) -> Option<Turn> {
+        let request = self.request(pipeline, role);
         let mut waiting_logged = false;
         loop {
             match self.pool.acquire_lease(&request).await {
                 Ok(LeaseGrant::Held { .. }) => {
-                    tracing::info!(flow = %flow.name, source = what,
-                        "reading the source (this worker's turn)");
+                    tracing::info!(role, source = what, "this worker's turn");
                     return Some(Turn::keep(self.pool.clone(), request));
                 }
                 Ok(LeaseGrant::HeldBy(holder)) if !waiting_logged => {
                     waiting_logged = true;
-                    tracing::info!(flow = %flow.name, source = what, %holder,
-                        "another worker reads the source for this flow; waiting for its turn");
+                    tracing::info!(role, source = what, %holder,
+                        "another worker holds this turn; waiting for it");
                 }
                 Ok(LeaseGrant::HeldBy(_)) => {}
                 Err(error) => {
-                    tracing::warn!(flow = %flow.name, %error,
-                        "cannot ask for the reader's turn; retrying");
+                    tracing::warn!(role, %error, "cannot ask for the turn; retrying");
                 }
             }
             tokio::select! {
@@ -76,7 +87,13 @@ impl ReaderTurn {
 
     /// Gives `flow`'s turn up at once if this worker holds it (else it expires).
     pub(crate) async fn release(&self, flow: &FlowHandle) {
-        let request = self.request(flow);
+        self.release_role(&flow.pipeline, &format!("feed/{}", flow.name))
+            .await;
+    }
+
+    /// Gives a role's turn up at once if this worker holds it (else it expires).
+    pub(crate) async fn release_role(&self, pipeline: &str, role: &str) {
+        let request = self.request(pipeline, role);
         if let Err(error) = self
             .pool
             .release_lease(&request.pipeline, &request.role, &request.holder)

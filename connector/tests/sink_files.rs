@@ -67,6 +67,7 @@ async fn committed_batches_become_files_and_crash_leftovers_are_resolved() {
         position: None,
         position_gate: None,
         work: None,
+        publish_dead_letters: false,
     };
 
     // A normal batch: committed, then published.

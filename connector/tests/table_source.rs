@@ -94,6 +94,7 @@ async fn commit(
             position: None,
             position_gate: None,
             work: None,
+            publish_dead_letters: false,
         })
         .await
         .unwrap();

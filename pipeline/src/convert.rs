@@ -48,6 +48,9 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
             token_file.map(|t| PathBuf::from(non_empty(c, t, "control.token_file"))),
         ),
     };
+    let dead_letter_topic = raw
+        .dead_letter
+        .map(|d| required(c, d.topic, "dead_letter.topic"));
     let schedule = raw.schedule.map(|s| schedule(c, s));
     let targets = raw
         .targets
@@ -71,6 +74,7 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
         metrics_listen,
         control_listen,
         control_token_file,
+        dead_letter_topic,
         schedule,
         targets,
         flows,

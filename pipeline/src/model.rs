@@ -24,6 +24,9 @@ pub struct Pipeline {
     pub control_listen: Option<String>,
     /// `control.token_file` — bearer token for a non-loopback control API.
     pub control_token_file: Option<PathBuf>,
+    /// `dead_letter.topic` — short name or `projects/P/topics/T`: every dead letter is also
+    /// published there, once committed (`None`: the dead-letter table only).
+    pub dead_letter_topic: Option<String>,
     /// `schedule:` — triggered mode only (an `INVALID_SCHEDULE` error in continuous mode).
     pub schedule: Option<Schedule>,
     /// `targets:` in file order.

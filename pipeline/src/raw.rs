@@ -20,6 +20,7 @@ pub(crate) struct RawPipeline {
     pub(crate) pubsub: Option<RawPubSubSettings>,
     pub(crate) metrics: Option<RawMetrics>,
     pub(crate) control: Option<RawControl>,
+    pub(crate) dead_letter: Option<RawDeadLetter>,
     pub(crate) schedule: Option<RawSchedule>,
     pub(crate) targets: Option<Vec<RawTarget>>,
     pub(crate) flows: Option<Vec<RawFlow>>,
@@ -54,6 +55,13 @@ pub(crate) struct RawMetrics {
 pub(crate) struct RawControl {
     pub(crate) listen: Option<String>,
     pub(crate) token_file: Option<String>,
+}
+
+/// `dead_letter:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDeadLetter {
+    pub(crate) topic: Option<String>,
 }
 
 /// `schedule:`.

@@ -481,3 +481,22 @@ fn a_tracking_subscription_that_is_a_flows_own_subscription() {
     );
     assert!(e.message.contains("acks every message"), "{e}");
 }
+
+#[test]
+fn a_dead_letter_topic_is_named() {
+    let file = edit(2, "mode: continuous\ndead_letter: { topic: orders-dead }");
+    let pipeline = parse(&file, Path::new("p.yaml")).expect("valid");
+    assert_eq!(pipeline.dead_letter_topic.as_deref(), Some("orders-dead"));
+    one(
+        &edit(2, "mode: continuous\ndead_letter: {}"),
+        ErrorCode::MissingField,
+        "dead_letter.topic",
+        3,
+    );
+    one(
+        &edit(2, "mode: continuous\ndead_letter: { topic: t, table: x }"),
+        ErrorCode::UnknownKey,
+        "dead_letter.table",
+        3,
+    );
+}

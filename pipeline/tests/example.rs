@@ -23,6 +23,7 @@ fn spec_example_loads_into_the_expected_model() {
         metrics_listen: Some("127.0.0.1:9464".into()),
         control_listen: Some("127.0.0.1:50051".into()),
         control_token_file: None,
+        dead_letter_topic: None,
         schedule: None,
         targets: vec![
             Target {

@@ -36,6 +36,7 @@ mod error;
 mod feed;
 mod local_clock;
 mod model;
+mod outbox;
 mod pool;
 mod pool_updates;
 mod postgres;
@@ -60,6 +61,7 @@ pub use model::{
     CommitBatch, CommitHook, CommitOutcome, Effect, Entry, FlowHandle, FlowProgress, Layout,
     MessageFields, ResetRows, RowCursor, StoredRow,
 };
+pub use outbox::{OutboxCensus, OutboxLetter};
 pub use pool::{LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, WorkerBeat, WorkerRecord};
 pub use pool_updates::{PoolUpdate, PoolUpdateState};
 /// Throwaway PostgreSQL databases, for tests and benchmarks (the `testing` feature).
@@ -72,7 +74,8 @@ pub use progress::{
 #[cfg(feature = "testing")]
 pub use roles::Inspect;
 pub use roles::{
-    FeedStore, FlowStore, LedgerStore, PoolStore, ProgressStore, RunStore, Store, WindowStore,
+    FeedStore, FlowStore, LedgerStore, OutboxStore, PoolStore, ProgressStore, RunStore, Store,
+    WindowStore,
 };
 pub use runs::{RunEnd, RunRecord, RunStart, RunState, RunTrigger};
 pub use schema::{is_identifier, table_name, window_table_name};

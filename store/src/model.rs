@@ -111,6 +111,10 @@ pub struct CommitBatch {
     /// [`crate::TransactionWork`]). With it, the work is the batch's effect: no target rows
     /// are written; dead letters, ledger keys and counters are.
     pub work: Option<crate::TransactionWork>,
+    /// Whether the pipeline publishes its dead letters to a topic (`dead_letter.topic`): then
+    /// the same transaction places each new dead letter in the outbox too (see
+    /// [`crate::OutboxLetter`]).
+    pub publish_dead_letters: bool,
 }
 
 /// Work done inside a commit's transaction, after the ledger has said which entries are new

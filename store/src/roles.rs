@@ -7,9 +7,9 @@
 use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FeedLag, FeedRow,
     FileCheckpoint, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord, LeaseRequest,
-    LedgerUpkeep, PoolUpdate, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord, RunStart,
-    StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowsEmitted, WorkerBeat,
-    WorkerRecord,
+    LedgerUpkeep, OutboxCensus, OutboxLetter, PoolUpdate, ReadPosition, ResetRows, RowCursor,
+    RunEnd, RunRecord, RunStart, StoreError, StoredRow, WatermarkRecord, WindowEmission,
+    WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 
@@ -313,6 +313,29 @@ pub trait FeedStore: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 }
 
+/// The dead-letter outbox (see the `outbox` module docs): the role of the publisher of a
+/// pipeline's `dead_letter.topic`.
+#[async_trait]
+pub trait OutboxStore: Send + Sync + 'static {
+    /// Up to `limit` letters of `pipeline` waiting to be published, oldest first; the same
+    /// statement counts a publish of each (before it happens), so a successor of a publisher
+    /// that died knows which letters it may have published.
+    async fn take_outbox(
+        &self,
+        pipeline: &str,
+        limit: usize,
+    ) -> Result<Vec<OutboxLetter>, StoreError>;
+
+    /// Removes letters Pub/Sub confirmed.
+    async fn outbox_published(&self, pipeline: &str, ids: &[i64]) -> Result<(), StoreError>;
+
+    /// Keeps a letter the topic can never take, with the reason, and takes it no more.
+    async fn outbox_refused(&self, pipeline: &str, id: i64, why: &str) -> Result<(), StoreError>;
+
+    /// How many letters wait and how many were refused.
+    async fn outbox_census(&self, pipeline: &str) -> Result<OutboxCensus, StoreError>;
+}
+
 /// The runs of a triggered pipeline (`sluice_runs`; see the `runs` module docs): the role of
 /// the scheduler, `sluice runs` and `sluice status`.
 #[async_trait]
@@ -349,7 +372,14 @@ pub trait Inspect: Send + Sync + 'static {
 /// The durable store behind every flow: every role. Implementations are shared by all flows
 /// of a worker (`Arc<dyn Store>`).
 pub trait Store:
-    LedgerStore + FlowStore + FeedStore + PoolStore + ProgressStore + WindowStore + RunStore
+    LedgerStore
+    + FlowStore
+    + FeedStore
+    + PoolStore
+    + ProgressStore
+    + WindowStore
+    + RunStore
+    + OutboxStore
 {
 }
 
@@ -361,6 +391,7 @@ impl<T> Store for T where
         + ProgressStore
         + WindowStore
         + RunStore
+        + OutboxStore
         + ?Sized
 {
 }

@@ -5,10 +5,10 @@
 use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FeedLag, FeedRow,
     FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Inspect, Layout, LeaseGrant,
-    LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore, PoolUpdate, ProgressStore,
-    ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord, RunStart, RunStore, Store, StoreError,
-    StoredRow, WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted, WorkerBeat,
-    WorkerRecord,
+    LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore,
+    PoolStore, PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord,
+    RunStart, RunStore, Store, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore,
+    WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 
@@ -364,6 +364,29 @@ impl<S: Store + Inspect> RunStore for FaultStore<S> {
 
     async fn last_fire(&self, pipeline: &str) -> Result<Option<i64>, StoreError> {
         self.inner.last_fire(pipeline).await
+    }
+}
+
+#[async_trait]
+impl<S: Store + Inspect> OutboxStore for FaultStore<S> {
+    async fn take_outbox(
+        &self,
+        pipeline: &str,
+        limit: usize,
+    ) -> Result<Vec<OutboxLetter>, StoreError> {
+        self.inner.take_outbox(pipeline, limit).await
+    }
+
+    async fn outbox_published(&self, pipeline: &str, ids: &[i64]) -> Result<(), StoreError> {
+        self.inner.outbox_published(pipeline, ids).await
+    }
+
+    async fn outbox_refused(&self, pipeline: &str, id: i64, why: &str) -> Result<(), StoreError> {
+        self.inner.outbox_refused(pipeline, id, why).await
+    }
+
+    async fn outbox_census(&self, pipeline: &str) -> Result<OutboxCensus, StoreError> {
+        self.inner.outbox_census(pipeline).await
     }
 }
 

@@ -96,6 +96,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
         position: None,
         position_gate: None,
         work: None,
+        publish_dead_letters: false,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };
     let refused = store.commit(late).await;
@@ -107,6 +108,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
         position: None,
         position_gate: None,
         work: None,
+        publish_dead_letters: false,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };
     let out = store.commit(in_time).await.unwrap();

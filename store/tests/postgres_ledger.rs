@@ -42,6 +42,7 @@ fn batch(flow: &FlowHandle, keys: &[&str], window_ms: i64) -> CommitBatch {
         position: None,
         position_gate: None,
         work: None,
+        publish_dead_letters: false,
     }
 }
 

@@ -164,6 +164,7 @@ async fn a_commit_records_its_messages_settled(postgres: bool) {
         position: None,
         position_gate: None,
         work: None,
+        publish_dead_letters: false,
         ..batch(flow, entries)
     };
     let mut late = row("c");

@@ -229,6 +229,50 @@ impl PubSub {
             taken
         })
     }
+
+    /// Every message delivered on `subscription` (acked), copies included, until `n` distinct
+    /// message ids have come and then nothing more for `quiet`, or until `within` passed.
+    pub async fn collect_all(
+        &self,
+        subscription: &str,
+        n: usize,
+        within: Duration,
+        quiet: Duration,
+    ) -> Vec<google_cloud_pubsub::model::Message> {
+        let path = self.config.subscription_path(subscription).unwrap();
+        let client = Subscriber::builder()
+            .with_endpoint(self.config.endpoint().unwrap())
+            .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
+            .build()
+            .await
+            .unwrap();
+        let mut stream = client
+            .subscribe(path)
+            .set_max_lease_extension(Duration::from_secs(10))
+            .build();
+        let token = stream.shutdown_token();
+        let mut messages = Vec::new();
+        let mut ids = HashSet::new();
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let until = if ids.len() >= n {
+                deadline.min(tokio::time::Instant::now() + quiet)
+            } else {
+                deadline
+            };
+            match tokio::time::timeout_at(until, stream.next()).await {
+                Ok(Some(Ok((message, handler)))) => {
+                    handler.ack();
+                    ids.insert(message.message_id.clone());
+                    messages.push(message);
+                }
+                _ => break,
+            }
+        }
+        drop(stream);
+        token.shutdown().await;
+        messages
+    }
 }
 
 /// A message keyed by the `event_id` attribute, with a small JSON payload.

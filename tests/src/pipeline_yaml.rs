@@ -37,6 +37,7 @@ pub struct PipelineYaml {
     metrics_listen: Option<String>,
     control: Option<String>,
     schedule: Option<String>,
+    dead_letter_topic: Option<String>,
     targets: Vec<String>,
     flows: Vec<FlowYaml>,
 }
@@ -52,6 +53,7 @@ impl PipelineYaml {
             metrics_listen: None,
             control: None,
             schedule: None,
+            dead_letter_topic: None,
             targets: Vec::new(),
             flows: Vec::new(),
         }
@@ -100,6 +102,12 @@ impl PipelineYaml {
     /// `schedule: INLINE_MAP` (`{ cron: "*/5 * * * * *" }`).
     pub fn schedule(mut self, inline_map: &str) -> Self {
         self.schedule = Some(inline_map.to_owned());
+        self
+    }
+
+    /// `dead_letter: { topic: TOPIC }`.
+    pub fn dead_letter_topic(mut self, topic: &str) -> Self {
+        self.dead_letter_topic = Some(topic.to_owned());
         self
     }
 
@@ -177,6 +185,9 @@ impl PipelineYaml {
         }
         if let Some(schedule) = &self.schedule {
             out.push_str(&format!("schedule: {schedule}\n"));
+        }
+        if let Some(topic) = &self.dead_letter_topic {
+            out.push_str(&format!("dead_letter: {{ topic: {} }}\n", quoted(topic)));
         }
         out.push_str("targets:\n");
         for target in &self.targets {

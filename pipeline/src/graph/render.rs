@@ -200,6 +200,7 @@ mod tests {
             metrics_listen: None,
             control_listen: None,
             control_token_file: None,
+            dead_letter_topic: None,
             schedule: None,
             targets: ["t", "u"]
                 .into_iter()

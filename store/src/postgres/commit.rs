@@ -4,6 +4,9 @@
 //! autocommit mode. So a commit is one round trip (the statement is prepared once per
 //! connection) and one transaction; see `ledger.rs` for why the claims decide duplicates.
 //!
+//! A pipeline that publishes its dead letters (`$19`, its name) also places each new dead letter
+//! in the outbox (`crate::OutboxLetter`) in this statement.
+//!
 //! For a flow with a watermark the same statement records every entry's message as settled in
 //! its publish-time bucket (each once: one `INSERT ... ON CONFLICT` may not touch a row twice).
 //!
@@ -90,6 +93,15 @@ pub(crate) fn statement(table: Option<&str>, dead_letter: &str) -> String {
             WHERE i.reason IS NOT NULL
             RETURNING 1
         ),
+        outbox AS (
+            INSERT INTO sluice_dead_letter_outbox (pipeline, flow, dedup_key, message_id,
+                                                   publish_time_ms, attributes, data, reason,
+                                                   error, attempts, committed_at)
+            SELECT $19::text, $13, i.key, i.message_id, i.publish_ms, i.attributes, i.data,
+                   i.reason, i.error, i.attempts, now()
+            FROM input i JOIN fresh f ON f.key = i.key
+            WHERE i.reason IS NOT NULL AND $19::text IS NOT NULL
+        ),
         counted AS (
             INSERT INTO sluice_flow_counters AS c (flow_id, shard, committed, duplicates,
                                                    dead_lettered, batches, last_commit_at)
@@ -143,6 +155,8 @@ pub(crate) struct Arguments<'a> {
     progress_ids: Vec<&'a str>,
     /// The commit deadline on the server's clock, ms (`None`: none).
     commit_by_ms: Option<i64>,
+    /// The pipeline, when its new dead letters go to the outbox too.
+    outbox_pipeline: Option<&'a str>,
 }
 
 impl<'a> Arguments<'a> {
@@ -172,6 +186,7 @@ impl<'a> Arguments<'a> {
             progress_buckets: Vec::new(),
             progress_ids: Vec::new(),
             commit_by_ms: commit_by_server_ms,
+            outbox_pipeline: batch.publish_dead_letters.then_some(&*batch.flow.pipeline),
         };
         if batch.watermark_progress {
             let settled: std::collections::BTreeSet<(i64, &str)> = batch
@@ -226,12 +241,12 @@ impl<'a> Arguments<'a> {
         self.window_ms
     }
 
-    /// Parameters `$1..$18` of [`statement`].
+    /// Parameters `$1..$19` of [`statement`].
     pub(crate) fn params<'b>(
         &'b self,
         flow_id: &'b i64,
         flow: &'b &'b str,
-    ) -> [&'b (dyn tokio_postgres::types::ToSql + Sync); 18] {
+    ) -> [&'b (dyn tokio_postgres::types::ToSql + Sync); 19] {
         [
             flow_id,
             &self.keys,
@@ -251,6 +266,7 @@ impl<'a> Arguments<'a> {
             &self.progress_buckets,
             &self.progress_ids,
             &self.commit_by_ms,
+            &self.outbox_pipeline,
         ]
     }
 }

@@ -20,6 +20,7 @@ mod error;
 mod feed;
 mod flows;
 mod ledger;
+mod outbox;
 mod pool;
 mod pool_updates;
 mod progress;
@@ -39,9 +40,10 @@ use crate::schema::table_name;
 use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FeedLag, FeedRow, FeedStore,
     FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore, PoolUpdate, ProgressStore, ReadPosition,
-    ResetRows, RowCursor, RunEnd, RunRecord, RunStart, RunStore, StoreError, StoredRow,
-    WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
+    LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore, PoolStore,
+    PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord, RunStart,
+    RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted,
+    WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -676,6 +678,33 @@ impl PoolStore for PostgresStore {
     async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
         let (client, _) = self.ready().await?;
         pool::drain_census(&client, flow).await
+    }
+}
+
+#[async_trait]
+impl OutboxStore for PostgresStore {
+    async fn take_outbox(
+        &self,
+        pipeline: &str,
+        limit: usize,
+    ) -> Result<Vec<OutboxLetter>, StoreError> {
+        let (client, _) = self.ready().await?;
+        outbox::take(&client, pipeline, limit).await
+    }
+
+    async fn outbox_published(&self, pipeline: &str, ids: &[i64]) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        outbox::published(&client, pipeline, ids).await
+    }
+
+    async fn outbox_refused(&self, pipeline: &str, id: i64, why: &str) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        outbox::refused(&client, pipeline, id, why).await
+    }
+
+    async fn outbox_census(&self, pipeline: &str) -> Result<OutboxCensus, StoreError> {
+        let (client, _) = self.ready().await?;
+        outbox::census(&client, pipeline).await
     }
 }
 

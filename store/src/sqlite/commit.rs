@@ -1,6 +1,6 @@
 //! One batch, one SQLite transaction: ledger keys first (multi-row upsert with `RETURNING`, so
 //! the ledger itself says which keys are new), then target rows for the new keys only (or the
-//! caller's own work instead, `crate::TransactionWork`), then dead letters and flow counters, and, for a flow with a watermark, its messages settled. Multi-row
+//! caller's own work instead, `crate::TransactionWork`), then dead letters (and their outbox rows, for a pipeline that publishes them) and flow counters, and, for a flow with a watermark, its messages settled. Multi-row
 //! statements amortise SQLite's per-statement cost, which dominates at these row sizes. A batch
 //! past its `commit_by_ms` is refused (`StoreError::Stale`) once the write lock is held, and a
 //! reading flow's batch whose position moved (`StoreError::Moved`) before anything is written.
@@ -171,6 +171,16 @@ pub(crate) fn commit(
             attempts,
             batch.now_ms
         ])?;
+        if batch.publish_dead_letters {
+            super::outbox::insert(
+                &tx,
+                &batch.flow.pipeline,
+                &batch.flow.name,
+                entry,
+                (reason, error, *attempts),
+                batch.now_ms,
+            )?;
+        }
         dead += 1;
     }
 

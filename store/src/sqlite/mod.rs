@@ -9,6 +9,7 @@ mod error;
 mod feed;
 mod flows;
 mod ledger;
+mod outbox;
 mod pool;
 mod pool_updates;
 mod progress;
@@ -22,9 +23,10 @@ use crate::local_clock::now_ms;
 use crate::{
     BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FeedLag, FeedRow, FeedStore,
     FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerStore, LedgerUpkeep, PoolStore, PoolUpdate, ProgressStore, ReadPosition,
-    ResetRows, RowCursor, RunEnd, RunRecord, RunStart, RunStore, StoreError, StoredRow,
-    WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
+    LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore, PoolStore,
+    PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord, RunStart,
+    RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted,
+    WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use rusqlite::Connection;
@@ -456,6 +458,36 @@ impl ProgressStore for SqliteStore {
         let pipeline = pipeline.to_owned();
         self.call(move |conn| progress::watermarks(conn, &pipeline))
             .await
+    }
+}
+
+#[async_trait]
+impl OutboxStore for SqliteStore {
+    async fn take_outbox(
+        &self,
+        pipeline: &str,
+        limit: usize,
+    ) -> Result<Vec<OutboxLetter>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| outbox::take(conn, &pipeline, limit))
+            .await
+    }
+
+    async fn outbox_published(&self, pipeline: &str, ids: &[i64]) -> Result<(), StoreError> {
+        let (pipeline, ids) = (pipeline.to_owned(), ids.to_vec());
+        self.call(move |conn| outbox::published(conn, &pipeline, &ids))
+            .await
+    }
+
+    async fn outbox_refused(&self, pipeline: &str, id: i64, why: &str) -> Result<(), StoreError> {
+        let (pipeline, why) = (pipeline.to_owned(), why.to_owned());
+        self.call(move |conn| outbox::refused(conn, &pipeline, id, &why))
+            .await
+    }
+
+    async fn outbox_census(&self, pipeline: &str) -> Result<OutboxCensus, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| outbox::census(conn, &pipeline)).await
     }
 }
 

@@ -123,6 +123,24 @@ CREATE TABLE IF NOT EXISTS sluice_runs (
     error          TEXT,
     UNIQUE (pipeline, fire_key)
 );
+CREATE TABLE IF NOT EXISTS sluice_dead_letter_outbox (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    pipeline        TEXT NOT NULL,
+    flow            TEXT NOT NULL,
+    dedup_key       TEXT NOT NULL,
+    message_id      TEXT NOT NULL,
+    publish_time_ms INTEGER NOT NULL,
+    attributes      TEXT NOT NULL,
+    data            BLOB NOT NULL,
+    reason          TEXT NOT NULL,
+    error           TEXT NOT NULL,
+    attempts        INTEGER NOT NULL,
+    committed_at    INTEGER NOT NULL,
+    publishes       INTEGER NOT NULL DEFAULT 0,
+    refused         TEXT
+);
+CREATE INDEX IF NOT EXISTS sluice_dead_letter_outbox_waiting
+    ON sluice_dead_letter_outbox (pipeline, id);
 CREATE TABLE IF NOT EXISTS sluice_window_marks (
     flow_id        INTEGER PRIMARY KEY,
     emitted_before INTEGER NOT NULL,

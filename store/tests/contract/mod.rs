@@ -66,6 +66,7 @@ pub fn batch_with_window(flow: &FlowHandle, entries: Vec<Entry>, window_ms: i64)
         position: None,
         position_gate: None,
         work: None,
+        publish_dead_letters: false,
     }
 }
 

@@ -363,6 +363,9 @@ pub fn build(
     if let Some(sink) = &sink {
         committer = committer.with_sink(sink.clone());
     }
+    if pipeline.dead_letter_topic.is_some() {
+        committer = committer.publish_dead_letters();
+    }
     if let Source::PubSub(settings) = &flow.source
         && settings.poison == Poison::Nack
     {

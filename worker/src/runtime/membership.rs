@@ -647,4 +647,27 @@ mod tests {
             unused("last_fire")
         }
     }
+
+    #[async_trait]
+    impl sluice_store::OutboxStore for FakeStore {
+        async fn take_outbox(
+            &self,
+            _: &str,
+            _: usize,
+        ) -> Result<Vec<sluice_store::OutboxLetter>, StoreError> {
+            unused("take_outbox")
+        }
+
+        async fn outbox_published(&self, _: &str, _: &[i64]) -> Result<(), StoreError> {
+            unused("outbox_published")
+        }
+
+        async fn outbox_refused(&self, _: &str, _: i64, _: &str) -> Result<(), StoreError> {
+            unused("outbox_refused")
+        }
+
+        async fn outbox_census(&self, _: &str) -> Result<sluice_store::OutboxCensus, StoreError> {
+            unused("outbox_census")
+        }
+    }
 }

@@ -4,6 +4,7 @@
 //! watermarks and windows, refreshes, and the signals that drain.
 
 pub mod board;
+pub mod dead_letters;
 pub mod drain_quorum;
 pub mod flows;
 pub mod membership;

@@ -66,6 +66,9 @@ pub async fn execute(
     if let Err(error) = store.heartbeat(&beat).await {
         tracing::debug!(%error, "first heartbeat failed; the membership retries");
     }
+    let publishing = crate::runtime::dead_letters::start(pipeline, &store, &worker)
+        .await
+        .map_err(RunError::Invalid)?;
     let membership = Membership::start(store.clone(), beat);
     {
         let (readiness, drain) = (readiness.clone(), shutdown.drain.clone());
@@ -95,6 +98,9 @@ pub async fn execute(
         }
         (None, Mode::Continuous) => updates.run(shutdown, Default::default()).await?,
     };
+    if let Some(publishing) = publishing {
+        publishing.finish().await;
+    }
     membership.stop().await;
     drop(observed);
     Ok(outcomes)

@@ -1,0 +1,120 @@
+//! The dead-letter outbox on SQLite (see [`crate::OutboxLetter`]).
+
+use crate::{OutboxCensus, OutboxLetter, StoreError};
+use bytes::Bytes;
+use rusqlite::{Connection, TransactionBehavior, params};
+
+/// Places one new dead letter in the outbox, inside the commit's transaction.
+pub(super) fn insert(
+    tx: &rusqlite::Transaction<'_>,
+    pipeline: &str,
+    flow: &str,
+    entry: &crate::Entry,
+    (reason, error, attempts): (&str, &str, u32),
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let m = &entry.message;
+    tx.prepare_cached(
+        "INSERT INTO sluice_dead_letter_outbox (pipeline, flow, dedup_key, message_id,
+         publish_time_ms, attributes, data, reason, error, attempts, committed_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )?
+    .execute(params![
+        pipeline,
+        flow,
+        entry.key.as_str(),
+        m.message_id,
+        m.publish_time_ms,
+        m.attributes_json,
+        &m.data[..],
+        reason,
+        error,
+        attempts,
+        now_ms
+    ])?;
+    Ok(())
+}
+
+pub(super) fn take(
+    conn: &mut Connection,
+    pipeline: &str,
+    limit: usize,
+) -> Result<Vec<OutboxLetter>, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let letters = {
+        let mut statement = tx.prepare_cached(
+            "UPDATE sluice_dead_letter_outbox SET publishes = publishes + 1
+             WHERE id IN (SELECT id FROM sluice_dead_letter_outbox
+                          WHERE pipeline = ?1 AND refused IS NULL ORDER BY id LIMIT ?2)
+             RETURNING id, flow, dedup_key, message_id, publish_time_ms, attributes, data,
+                       reason, error, attempts, publishes - 1",
+        )?;
+        let rows = statement.query_map(
+            params![pipeline, i64::try_from(limit).unwrap_or(i64::MAX)],
+            |row| {
+                Ok(OutboxLetter {
+                    id: row.get(0)?,
+                    flow: row.get(1)?,
+                    dedup_key: row.get(2)?,
+                    message_id: row.get(3)?,
+                    publish_time_ms: row.get(4)?,
+                    attributes_json: row.get(5)?,
+                    data: Bytes::from(row.get::<_, Vec<u8>>(6)?),
+                    reason: row.get(7)?,
+                    error: row.get(8)?,
+                    attempts: row.get(9)?,
+                    earlier_publishes: row.get(10)?,
+                })
+            },
+        )?;
+        rows.collect::<Result<Vec<_>, _>>()?
+    };
+    tx.commit()?;
+    let mut letters = letters;
+    letters.sort_by_key(|l| l.id);
+    Ok(letters)
+}
+
+pub(super) fn published(
+    conn: &mut Connection,
+    pipeline: &str,
+    ids: &[i64],
+) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    {
+        let mut statement = tx.prepare_cached(
+            "DELETE FROM sluice_dead_letter_outbox WHERE pipeline = ?1 AND id = ?2",
+        )?;
+        for id in ids {
+            statement.execute(params![pipeline, id])?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+pub(super) fn refused(
+    conn: &mut Connection,
+    pipeline: &str,
+    id: i64,
+    why: &str,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "UPDATE sluice_dead_letter_outbox SET refused = ?3 WHERE pipeline = ?1 AND id = ?2",
+        params![pipeline, id, why],
+    )?;
+    Ok(())
+}
+
+pub(super) fn census(conn: &mut Connection, pipeline: &str) -> Result<OutboxCensus, StoreError> {
+    let (waiting, refused): (i64, i64) = conn.query_row(
+        "SELECT COALESCE(SUM(refused IS NULL), 0), COALESCE(SUM(refused IS NOT NULL), 0)
+         FROM sluice_dead_letter_outbox WHERE pipeline = ?1",
+        params![pipeline],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )?;
+    Ok(OutboxCensus {
+        waiting: u64::try_from(waiting).unwrap_or(0),
+        refused: u64::try_from(refused).unwrap_or(0),
+    })
+}

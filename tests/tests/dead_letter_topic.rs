@@ -1,0 +1,162 @@
+//! `dead_letter: { topic }`: every dead letter also reaches the pipeline's dead-letter topic,
+//! once, across a SIGKILL. The kill lands where it claims: after the dead letters committed
+//! (their source messages acked) and before any was published, shown by the outbox holding
+//! every one of them with publishes tried (the topic does not exist yet, so each failed). The
+//! successor publishes each once, with the reason and attempts as attributes and the payload
+//! intact.
+//!
+//! Real parts: the Pub/Sub emulator (topics, publishing and a subscription on the dead-letter
+//! topic), `sluice` processes, SQLite.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use bytes::Bytes;
+use google_cloud_pubsub::model::Message;
+use sluice_tests::{Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, eventually, unique};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+const GOOD: usize = 40;
+const BAD: usize = 20;
+
+fn message(n: usize, bad: bool) -> Message {
+    let ts = if bad {
+        "not a time"
+    } else {
+        "2026-12-01T00:00:00Z"
+    };
+    Message::new()
+        .set_data(Bytes::from(format!("payload {n}")))
+        .set_attributes([
+            ("event_id", format!("e{n}")),
+            ("ts", ts.to_owned()),
+            ("bad", bad.to_string()),
+        ])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_dead_letter_reaches_the_topic_once_across_a_sigkill() {
+    let pubsub = PubSub::connect().await;
+    let topic = unique("dlt-source");
+    pubsub.admin.create_topic(&topic).await.unwrap();
+    let subscription = format!("{topic}-sub");
+    pubsub
+        .admin
+        .create_subscription(&subscription, &topic, 10)
+        .await
+        .unwrap();
+    let dead_letter_topic = unique("dlt-out");
+    let dir = Workdir::new();
+    let db = dir.db("dlt.db");
+    let file = PipelineYaml::new("test")
+        .sqlite(&db)
+        .mode("continuous")
+        .pubsub_emulator()
+        .dead_letter_topic(&dead_letter_topic)
+        .target_table("events")
+        .flow(
+            FlowYaml::pubsub("live", "events", &subscription)
+                .dedup_attribute("event_id")
+                .event_time_attribute("ts")
+                .batch(25, "20ms")
+                .streams(1),
+        )
+        .write(dir.path(), "p.yaml");
+    let store = Db(db);
+    let worker = Worker::start(&file, "first");
+    let messages: Vec<_> = (0..GOOD + BAD)
+        .map(|n| message(n, n % 3 == 0 && n / 3 < BAD))
+        .collect();
+    pubsub.publish(&topic, messages).await;
+
+    // The dead letters committed, and each one's publish was tried (the topic is missing).
+    let tried = || {
+        store.query("SELECT COUNT(*) FROM sluice_dead_letter_outbox WHERE publishes > 0") as usize
+    };
+    assert!(
+        eventually(Duration::from_secs(120), || store.dead_letters() as usize
+            == BAD
+            && tried() == BAD)
+        .await,
+        "dead letters {} tried {}: {}",
+        store.dead_letters(),
+        tried(),
+        worker.logs()
+    );
+    let first_logs = worker.logs();
+    worker.kill9();
+    assert_eq!(
+        store.query("SELECT COUNT(*) FROM sluice_dead_letter_outbox"),
+        BAD as i64,
+        "the kill landed after the commits and before any publish"
+    );
+    assert!(
+        first_logs.contains("cannot publish dead letters; they wait in the outbox"),
+        "{first_logs}"
+    );
+
+    pubsub.admin.create_topic(&dead_letter_topic).await.unwrap();
+    let received_on = format!("{dead_letter_topic}-sub");
+    pubsub
+        .admin
+        .create_subscription(&received_on, &dead_letter_topic, 10)
+        .await
+        .unwrap();
+    let worker = Worker::start(&file, "second");
+    let letters = pubsub
+        .collect_all(
+            &received_on,
+            BAD,
+            Duration::from_secs(120),
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(
+        eventually(Duration::from_secs(30), || store
+            .query("SELECT COUNT(*) FROM sluice_dead_letter_outbox")
+            == 0)
+        .await,
+        "the outbox emptied: {}",
+        worker.logs()
+    );
+    let logs = worker.logs();
+    drop(worker);
+
+    let mut copies: BTreeMap<String, usize> = BTreeMap::new();
+    for letter in &letters {
+        *copies
+            .entry(letter.attributes["sluice_dead_letter_id"].clone())
+            .or_default() += 1;
+        assert_eq!(letter.attributes["sluice_reason"], "bad_timestamp");
+        assert_eq!(letter.attributes["sluice_attempts"], "1");
+        assert_eq!(letter.attributes["sluice_flow"], "live");
+        assert_eq!(letter.attributes["bad"], "true");
+        let n = &letter.attributes["event_id"][1..];
+        assert_eq!(
+            letter.data,
+            Bytes::from(format!("payload {n}")),
+            "payload intact"
+        );
+    }
+    assert_eq!(
+        copies.len(),
+        BAD,
+        "every dead letter reached the topic: {logs}"
+    );
+    assert!(
+        copies.values().all(|&c| c == 1),
+        "each once: {copies:?}\n{logs}"
+    );
+    let ids: BTreeSet<_> = letters
+        .iter()
+        .map(|l| l.attributes["event_id"].clone())
+        .collect();
+    assert_eq!(ids.len(), BAD);
+    assert_eq!(
+        store.query("SELECT COUNT(*) FROM test__events"),
+        GOOD as i64
+    );
+    assert!(
+        logs.contains("publishing dead letters again"),
+        "the successor said the letters had been tried before: {logs}"
+    );
+}
