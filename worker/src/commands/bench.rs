@@ -1,4 +1,4 @@
-//! `sluice bench throughput|watermark|chain|job`: the benchmarks of BENCHMARKS.md, run from the worker
+//! `sluice bench throughput|watermark|chain|job|latency`: the benchmarks of BENCHMARKS.md, run from the worker
 //! binary (the harness is the `sluice-bench` crate).
 
 use clap::Subcommand;
@@ -15,6 +15,9 @@ pub enum BenchCommand {
     Chain(sluice_bench::ChainArgs),
     /// A library job upserting into its own table against `sluice run`'s plain table.
     Job(sluice_bench::JobArgs),
+    /// Publish-to-commit latency at steady rates, unordered and ordered, against the raw
+    /// client's publish-to-receive latency; draws a plot.
+    Latency(sluice_bench::LatencyArgs),
 }
 
 /// Runs one benchmark; exit 1 when it could not run.
@@ -32,6 +35,13 @@ pub async fn bench(which: BenchCommand) -> ExitCode {
             }
         },
         BenchCommand::Job(args) => match sluice_bench::job(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("sluice bench: {error}");
+                ExitCode::from(1)
+            }
+        },
+        BenchCommand::Latency(args) => match sluice_bench::latency(args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("sluice bench: {error}");

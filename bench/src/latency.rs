@@ -1,0 +1,541 @@
+//! `sluice bench latency`: publish-to-commit latency at steady publish rates, on one emulator,
+//! in one run, beside the official client's publish-to-receive latency as the baseline.
+//!
+//! For each rate and each subscription kind (unordered; ordered, with `--keys` ordering keys),
+//! on a fresh topic and subscription each:
+//! 1. **raw client**: the official subscriber (`--streams` streams) acks each message on
+//!    receipt; its latency is receipt time minus publish time;
+//! 2. **sluice**: a flow (dedup by message id, batches of up to 1000 or 50 ms, the defaults)
+//!    commits into a fresh SQLite store and acks after commit; its latency is the moment the
+//!    commit returned minus publish time (measured around the store's `commit`).
+//!
+//! The publisher stamps each message with the wall-clock time at which it handed it to the
+//! client (`sent_us`), so both latencies include the client's publish batching (5 ms). The
+//! first second of each measurement is left out (streams opening, the emulator's JIT).
+
+use crate::emulator::Emulator;
+use crate::stores::{Backend, FreshStore};
+use crate::throughput::{BenchError, PROJECT, WARM_UP_MESSAGES, backlog, raw_drain};
+use async_trait::async_trait;
+use bytes::Bytes;
+use google_cloud_pubsub::client::Subscriber;
+use google_cloud_pubsub::model::Message;
+use sluice_connector::engine::pubsub::{Admin, SubscriptionSettings};
+use sluice_connector::engine::{
+    BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, KeySource,
+    PubSubConfig, PubSubSource, RetrySettings, RunUntil, TableStage,
+};
+use sluice_store::{
+    CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LedgerStore, LedgerUpkeep,
+    StoreError, table_name,
+};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
+
+/// Options of `sluice bench latency`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LatencyArgs {
+    /// Publish rates to measure, messages per second.
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000u32, 5_000, 10_000])]
+    pub rates: Vec<u32>,
+    /// Seconds of publishing per measurement.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 100)]
+    pub size: usize,
+    /// StreamingPull streams (the same for the raw client and sluice).
+    #[arg(long, default_value_t = 4)]
+    pub streams: usize,
+    /// Ordering keys of the ordered measurements (message `i` has key `i mod keys`).
+    #[arg(long, default_value_t = 64)]
+    pub keys: usize,
+    /// Where the plot of latency against rate is written (SVG).
+    #[arg(long, default_value = "docs/bench-latency.svg")]
+    pub plot: PathBuf,
+}
+
+/// Latency percentiles of one measurement, in milliseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Percentiles {
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
+    pub(crate) max: f64,
+    /// Messages measured (after the first second).
+    pub(crate) count: usize,
+}
+
+/// Who reads a measurement's subscription.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reader {
+    Raw,
+    Sluice,
+}
+
+/// One rate's four measurements: (raw, sluice) unordered, then ordered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RatePoint {
+    pub(crate) rate: u32,
+    pub(crate) unordered: [Percentiles; 2],
+    pub(crate) ordered: [Percentiles; 2],
+}
+
+/// Runs the benchmark, prints a Markdown table and writes the plot.
+pub async fn latency(args: LatencyArgs) -> Result<(), BenchError> {
+    println!("# sluice bench latency");
+    println!(
+        "rates {:?} msg/s, {} s each, {} B, streams {}, ordering keys {}",
+        args.rates, args.seconds, args.size, args.streams, args.keys
+    );
+    let (_emulator, endpoint) = match std::env::var("PUBSUB_EMULATOR_HOST") {
+        Ok(host) => (None, format!("http://{host}")),
+        Err(_) => {
+            let emulator = Emulator::start()?;
+            let endpoint = emulator.endpoint();
+            (Some(emulator), endpoint)
+        }
+    };
+    let config = PubSubConfig {
+        project: Some(PROJECT.to_owned()),
+        endpoint: Some(endpoint),
+    };
+    let admin = Admin::connect(&config).await?;
+    let run_id: u32 = rand::random();
+    let warm = backlog(
+        &admin,
+        &format!("lat-warm-{run_id}"),
+        WARM_UP_MESSAGES,
+        args.size,
+    )
+    .await?;
+    raw_drain(&config, &warm, WARM_UP_MESSAGES, args.streams).await?;
+    println!();
+    println!(
+        "| msg/s | subscription | raw client p50 / p99 / max ms | sluice p50 / p99 / max ms | \
+         p99 ratio | messages measured (raw, sluice) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let mut points = Vec::new();
+    for &rate in &args.rates {
+        let mut point = RatePoint {
+            rate,
+            unordered: [Percentiles::default(); 2],
+            ordered: [Percentiles::default(); 2],
+        };
+        for ordered in [false, true] {
+            let mut pair = [Percentiles::default(); 2];
+            // Raw first in odd rates' unordered runs and every other run after, so neither
+            // side always gets the fresher emulator.
+            let readers = if (rate / 1000 + u32::from(ordered)) % 2 == 0 {
+                [Reader::Raw, Reader::Sluice]
+            } else {
+                [Reader::Sluice, Reader::Raw]
+            };
+            for reader in readers {
+                let name = format!(
+                    "lat-{run_id}-{rate}-{}-{}",
+                    if ordered { "ord" } else { "unord" },
+                    if reader == Reader::Raw {
+                        "raw"
+                    } else {
+                        "sluice"
+                    }
+                );
+                let measured =
+                    measure(&admin, &config, &args, &name, rate, ordered, reader).await?;
+                pair[usize::from(reader == Reader::Sluice)] = measured;
+            }
+            let [raw, sluice] = pair;
+            println!(
+                "| {rate} | {} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {:.2} | {}, {} |",
+                if ordered { "ordered" } else { "unordered" },
+                raw.p50,
+                raw.p99,
+                raw.max,
+                sluice.p50,
+                sluice.p99,
+                sluice.max,
+                sluice.p99 / raw.p99.max(1e-9),
+                raw.count,
+                sluice.count
+            );
+            if ordered {
+                point.ordered = pair;
+            } else {
+                point.unordered = pair;
+            }
+        }
+        points.push(point);
+    }
+    println!();
+    for point in &points {
+        println!(
+            "at {} msg/s: ordered / unordered sluice p50 {:.2}, p99 {:.2}",
+            point.rate,
+            point.ordered[1].p50 / point.unordered[1].p50.max(1e-9),
+            point.ordered[1].p99 / point.unordered[1].p99.max(1e-9)
+        );
+    }
+    crate::latency_plot::draw(&args.plot, &points)
+        .map_err(|e| BenchError::Stalled(format!("cannot draw {}: {e}", args.plot.display())))?;
+    println!("\nplot: {}", args.plot.display());
+    Ok(())
+}
+
+/// Publishes at `rate` for `args.seconds` to a fresh topic read by `reader`; the latencies of
+/// every message published after the first second.
+async fn measure(
+    admin: &Admin,
+    config: &PubSubConfig,
+    args: &LatencyArgs,
+    name: &str,
+    rate: u32,
+    ordered: bool,
+    reader: Reader,
+) -> Result<Percentiles, BenchError> {
+    admin.create_topic(name).await?;
+    let subscription = admin
+        .create_subscription_with(
+            &format!("{name}-sub"),
+            name,
+            &SubscriptionSettings {
+                ack_deadline_seconds: 60,
+                message_ordering: ordered,
+                ..SubscriptionSettings::default()
+            },
+        )
+        .await?;
+    let samples = Samples::default();
+    let stop = CancellationToken::new();
+    let (reading, store) = match reader {
+        Reader::Raw => (
+            tokio::spawn(raw_reader(
+                config.clone(),
+                subscription,
+                args.streams,
+                samples.clone(),
+                stop.clone(),
+            )),
+            None,
+        ),
+        Reader::Sluice => {
+            let fresh = FreshStore::open(Backend::Sqlite, "").await?;
+            let source = PubSubSource::new(config.clone(), &subscription, args.streams)?;
+            let run = sluice_flow(&fresh, Box::new(source), samples.clone()).await?;
+            let drain = stop.clone();
+            (
+                tokio::spawn(async move {
+                    let _ = run.run(drain).await;
+                }),
+                Some(fresh),
+            )
+        }
+    };
+    // Let the streams open before the clock starts.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let published = publish_steadily(admin, name, rate, args, ordered).await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while samples.len() < published && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    let _ = reading.await;
+    drop(store);
+    let got = samples.len();
+    if got < published {
+        return Err(BenchError::Stalled(format!(
+            "{name}: {got} of {published} messages arrived"
+        )));
+    }
+    Ok(samples.percentiles(u64::from(rate)))
+}
+
+/// Publishes `rate` messages a second for `args.seconds`, in 10 ms steps; returns how many.
+async fn publish_steadily(
+    admin: &Admin,
+    topic: &str,
+    rate: u32,
+    args: &LatencyArgs,
+    ordered: bool,
+) -> Result<usize, BenchError> {
+    let publisher = admin.publisher(topic).await?;
+    let payload = Bytes::from(vec![b'x'; args.size]);
+    let total = usize::try_from(u64::from(rate) * args.seconds).unwrap_or(usize::MAX);
+    let started = Instant::now();
+    let mut sent = 0usize;
+    let mut confirmations = tokio::task::JoinSet::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    while sent < total {
+        tick.tick().await;
+        let due = ((started.elapsed().as_secs_f64() * f64::from(rate)) as usize).min(total);
+        let mut pending = Vec::with_capacity(due.saturating_sub(sent));
+        for i in sent..due {
+            let mut message = Message::new()
+                .set_data(payload.clone())
+                .set_attributes([("i", i.to_string()), ("sent_us", now_us().to_string())]);
+            if ordered {
+                message = message.set_ordering_key(format!("k{}", i % args.keys.max(1)));
+            }
+            pending.push(publisher.publish(message));
+        }
+        sent = due;
+        confirmations.spawn(futures::future::join_all(pending));
+    }
+    while let Some(joined) = confirmations.join_next().await {
+        let results = joined.map_err(|e| BenchError::Stalled(e.to_string()))?;
+        if let Some(Err(error)) = results.into_iter().find(Result::is_err) {
+            return Err(BenchError::Stalled(format!("publish failed: {error}")));
+        }
+    }
+    Ok(total)
+}
+
+/// The official client alone: ack on receipt, record the latency.
+async fn raw_reader(
+    config: PubSubConfig,
+    subscription: String,
+    streams: usize,
+    samples: Samples,
+    stop: CancellationToken,
+) {
+    let mut builder = Subscriber::builder().with_grpc_subchannel_count(streams);
+    if let Some(endpoint) = config.endpoint() {
+        builder = builder
+            .with_endpoint(endpoint)
+            .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build());
+    }
+    let Ok(client) = builder.build().await else {
+        return;
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..streams {
+        let (client, samples, stop, subscription) = (
+            client.clone(),
+            samples.clone(),
+            stop.clone(),
+            subscription.clone(),
+        );
+        tasks.spawn(async move {
+            let mut stream = client.subscribe(subscription).build();
+            let token = stream.shutdown_token();
+            loop {
+                let next = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    next = stream.next() => next,
+                };
+                let Some(Ok((message, handler))) = next else {
+                    break;
+                };
+                let at = now_us();
+                handler.ack();
+                samples.record_message(&message, at);
+            }
+            drop(stream);
+            token.shutdown().await;
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// A sluice flow from `source` into `fresh`, recording each committed message's latency.
+async fn sluice_flow(
+    fresh: &FreshStore,
+    source: Box<dyn sluice_connector::engine::MessageSource>,
+    samples: Samples,
+) -> Result<FlowRun, BenchError> {
+    let store = fresh.store.clone();
+    let flow = store
+        .prepare(&Layout {
+            pipeline: "bench".into(),
+            tables: vec!["events".into()],
+            flows: vec!["ingest".into()],
+        })
+        .await
+        .map_err(|e| BenchError::Store(e.to_string()))?
+        .remove(0);
+    let window = Duration::from_secs(600);
+    Ok(FlowRun {
+        source,
+        budget: Budget::new(10_000, 100 << 20),
+        dedup: DedupSettings {
+            key: KeySource::MessageId,
+            window,
+        },
+        batch: BatchSettings {
+            max_messages: 1_000,
+            max_delay: Duration::from_millis(50),
+        },
+        committer: CommitThenAck::new(
+            Arc::new(Timed {
+                inner: store,
+                samples,
+            }),
+            flow,
+            Arc::from(table_name("bench", "events").map_err(|e| BenchError::Store(e.to_string()))?),
+            Arc::new(TableStage::default()),
+            RetrySettings {
+                max_attempts: 5,
+                dedup_window: window,
+                commit_bound: Some(sluice_connector::engine::commit_bound(window)),
+            },
+            CancellationToken::new(),
+        ),
+        counters: Counters::new("bench", "ingest"),
+        until: RunUntil::Drained,
+        drain_agreement: None,
+    })
+}
+
+/// A store whose commits record, for each message they wrote, when they returned.
+struct Timed {
+    inner: Arc<dyn sluice_store::Store>,
+    samples: Samples,
+}
+
+#[async_trait]
+impl LedgerStore for Timed {
+    async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
+        let attributes: Vec<String> = batch
+            .entries
+            .iter()
+            .map(|e| e.message.attributes_json.clone())
+            .collect();
+        let outcome = self.inner.commit(batch).await?;
+        let at = now_us();
+        for (json, written) in attributes.iter().zip(&outcome.written) {
+            if *written {
+                self.samples.record_json(json, at);
+            }
+        }
+        Ok(outcome)
+    }
+
+    fn commit_concurrency(&self) -> usize {
+        self.inner.commit_concurrency()
+    }
+
+    async fn keys_present(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        keys: &[String],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.inner.keys_present(flow, table, keys).await
+    }
+
+    async fn commit_recorded(
+        &self,
+        flow: &FlowHandle,
+        commit_id: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.commit_recorded(flow, commit_id).await
+    }
+
+    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
+        self.inner.flow_progress(flow).await
+    }
+
+    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
+        self.inner.ledger_upkeep().await
+    }
+}
+
+/// `(message number, latency µs)` of every message that arrived (raw) or committed (sluice).
+#[derive(Clone, Default)]
+struct Samples(Arc<Mutex<Vec<(u64, u64)>>>);
+
+impl Samples {
+    fn push(&self, i: u64, sent_us: u64, at_us: u64) {
+        if let Ok(mut samples) = self.0.lock() {
+            samples.push((i, at_us.saturating_sub(sent_us)));
+        }
+    }
+
+    fn record_message(&self, message: &Message, at_us: u64) {
+        let number = |key: &str| message.attributes.get(key).and_then(|v| v.parse().ok());
+        if let (Some(i), Some(sent)) = (number("i"), number("sent_us")) {
+            self.push(i, sent, at_us);
+        }
+    }
+
+    /// From a message's attributes as the store holds them (a JSON object of strings).
+    fn record_json(&self, json: &str, at_us: u64) {
+        if let (Some(i), Some(sent)) = (json_number(json, "i"), json_number(json, "sent_us")) {
+            self.push(i, sent, at_us);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// Percentiles of the messages after the first second (`i >= rate`).
+    fn percentiles(&self, rate: u64) -> Percentiles {
+        let mut latencies: Vec<u64> = self
+            .0
+            .lock()
+            .map(|s| {
+                s.iter()
+                    .filter(|(i, _)| *i >= rate)
+                    .map(|(_, l)| *l)
+                    .collect()
+            })
+            .unwrap_or_default();
+        latencies.sort_unstable();
+        let at = |q: f64| {
+            let index = ((latencies.len() as f64 - 1.0) * q).round() as usize;
+            latencies.get(index).map_or(0.0, |&us| us as f64 / 1000.0)
+        };
+        Percentiles {
+            p50: at(0.50),
+            p99: at(0.99),
+            max: at(1.0),
+            count: latencies.len(),
+        }
+    }
+}
+
+/// The number in string attribute `key` of a flat JSON object of strings (`"key":"123"`).
+fn json_number(json: &str, key: &str) -> Option<u64> {
+    let pattern = format!("\"{key}\":\"");
+    let start = json.find(&pattern)? + pattern.len();
+    let digits: String = json[start..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_as_stored_give_their_numbers() {
+        let json = r#"{"i":"42","sent_us":"1700000000123456"}"#;
+        assert_eq!(json_number(json, "i"), Some(42));
+        assert_eq!(json_number(json, "sent_us"), Some(1_700_000_000_123_456));
+        assert_eq!(json_number(json, "missing"), None);
+    }
+
+    #[test]
+    fn the_first_second_is_left_out() {
+        let samples = Samples::default();
+        for i in 0..200u64 {
+            samples.push(i, 0, if i < 100 { 1_000_000 } else { (i - 99) * 1000 });
+        }
+        let p = samples.percentiles(100);
+        assert_eq!(p.count, 100);
+        assert_eq!(p.max, 101.0);
+        assert!((p.p50 - 51.0).abs() <= 1.0);
+    }
+}
