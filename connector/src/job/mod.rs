@@ -369,7 +369,11 @@ impl JobBuilder {
     pub fn parts(&self) -> Result<JobParts, crate::SourceError> {
         let source = PubSubSource::new(self.pubsub.clone(), &self.subscription, self.streams)?
             .with_max_lease(self.dedup.window)
-            .with_pause_threshold(pause_threshold(self.dedup.window));
+            .with_pause_threshold(pause_threshold(self.dedup.window))
+            .with_intent(crate::pubsub::FlowIntent {
+                dedup_by_message_id: matches!(self.dedup.key, crate::batch::KeySource::MessageId),
+                poison_nack: false,
+            });
         Ok(JobParts {
             source,
             budget: Budget::new(self.max_outstanding.0, self.max_outstanding.1),

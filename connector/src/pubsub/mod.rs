@@ -19,6 +19,7 @@ pub use ack::ACK_FAILURE_REASONS;
 pub use admin::{
     Admin, SubscriptionSettings, TrackingStart, log_tracking_start, publish_all, tracking_filter,
 };
+pub use settings::FlowIntent;
 pub use settings::describe as describe_subscription;
 pub use source::PubSubSource;
 

@@ -17,6 +17,7 @@
 
 use super::ack::{PendingAcks, PubSubAck, register_ack_failures};
 use super::pause::{Epoch, PauseWatch};
+use super::settings::FlowIntent;
 use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig};
 use crate::backoff::Backoff;
 use crate::budget::Budget;
@@ -63,6 +64,7 @@ pub struct PubSubSource {
     pause_threshold: Duration,
     deliver_probes: bool,
     reopens: Option<Arc<AtomicU64>>,
+    intent: FlowIntent,
 }
 
 impl PubSubSource {
@@ -80,6 +82,7 @@ impl PubSubSource {
             pause_threshold: PAUSE_THRESHOLD,
             deliver_probes: false,
             reopens: None,
+            intent: FlowIntent::default(),
         })
     }
 
@@ -111,6 +114,13 @@ impl PubSubSource {
         self
     }
 
+    /// What the flow does with the messages, for the warnings at start (see
+    /// [`FlowIntent`]).
+    pub fn with_intent(mut self, intent: FlowIntent) -> Self {
+        self.intent = intent;
+        self
+    }
+
     /// The subscription's full path.
     pub fn subscription(&self) -> &str {
         &self.subscription
@@ -135,7 +145,7 @@ impl PubSubSource {
             });
             let error = match asked.await {
                 Ok(Ok(Some(found))) => {
-                    super::settings::log_settings(&self.subscription, &found);
+                    super::settings::log_settings(&self.subscription, &found, &self.intent);
                     return Ok(Some(found.enable_message_ordering));
                 }
                 Ok(Ok(None)) => {

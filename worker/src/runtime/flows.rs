@@ -2,6 +2,7 @@
 //! (JSONL files by glob) or a read of another target's table, all committing through the same
 //! ledger.
 
+use sluice_connector::engine::pubsub::FlowIntent;
 use sluice_connector::engine::{
     BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, Dedup, DedupSettings, FileSource,
     FileTurn, FlowRun, FlowWatermark, JobBuilder, JsonlSink, KeptOpen, KeySource, MessageSource,
@@ -140,8 +141,12 @@ fn pubsub_plan(
     } else {
         RunUntil::Drained
     };
+    let intent = FlowIntent {
+        dedup_by_message_id: settings.dedup.by == DedupBy::MessageId,
+        poison_nack: settings.poison == Poison::Nack,
+    };
     Ok(Plan {
-        source: Box::new(parts.source),
+        source: Box::new(parts.source.with_intent(intent)),
         dedup: parts.dedup,
         batch: parts.batch,
         budget: parts.budget,
