@@ -9,13 +9,18 @@
 //!    commits into a fresh SQLite store and acks after commit; its latency is the moment the
 //!    commit returned minus publish time (measured around the store's `commit`).
 //!
+//! Then ordering's cost in throughput: the same backlog (`--backlog` messages, each with an
+//! ordering key) drained from an unordered and an ordered subscription, by each reader.
+//!
 //! The publisher stamps each message with the wall-clock time at which it handed it to the
 //! client (`sent_us`), so both latencies include the client's publish batching (5 ms). The
 //! first second of each measurement is left out (streams opening, the emulator's JIT).
 
 use crate::emulator::Emulator;
 use crate::stores::{Backend, FreshStore};
-use crate::throughput::{BenchError, PROJECT, WARM_UP_MESSAGES, backlog, raw_drain};
+use crate::throughput::{
+    BenchError, PROJECT, Progress, WARM_UP_MESSAGES, backlog, raw_drain, sluice_drain,
+};
 use async_trait::async_trait;
 use bytes::Bytes;
 use google_cloud_pubsub::client::Subscriber;
@@ -52,6 +57,9 @@ pub struct LatencyArgs {
     /// Ordering keys of the ordered measurements (message `i` has key `i mod keys`).
     #[arg(long, default_value_t = 64)]
     pub keys: usize,
+    /// Messages of the backlog drained to measure ordering's cost in throughput (0: skip).
+    #[arg(long, default_value_t = 50_000)]
+    pub backlog: usize,
     /// Where the plot of latency against rate is written (SVG).
     #[arg(long, default_value = "docs/bench-latency.svg")]
     pub plot: PathBuf,
@@ -178,10 +186,101 @@ pub async fn latency(args: LatencyArgs) -> Result<(), BenchError> {
             point.ordered[1].p99 / point.unordered[1].p99.max(1e-9)
         );
     }
+    if args.backlog > 0 {
+        ordering_cost(&admin, &config, &args, run_id).await?;
+    }
     crate::latency_plot::draw(&args.plot, &points)
         .map_err(|e| BenchError::Stalled(format!("cannot draw {}: {e}", args.plot.display())))?;
     println!("\nplot: {}", args.plot.display());
     Ok(())
+}
+
+/// Ordering's cost in throughput: the same backlog (every message with an ordering key)
+/// drained from an unordered and from an ordered subscription, by the raw client and by
+/// sluice into SQLite.
+async fn ordering_cost(
+    admin: &Admin,
+    config: &PubSubConfig,
+    args: &LatencyArgs,
+    run_id: u32,
+) -> Result<(), BenchError> {
+    println!();
+    println!(
+        "| backlog of {} messages, {} ordering keys | raw client msg/s | sluice msg/s | sluice / raw |",
+        args.backlog, args.keys
+    );
+    println!("|---|---|---|---|");
+    let mut sluice_rates = [0.0; 2];
+    for ordered in [false, true] {
+        let kind = if ordered { "ordered" } else { "unordered" };
+        let mut rates = [0.0; 2];
+        for (slot, reader) in [Reader::Raw, Reader::Sluice].into_iter().enumerate() {
+            let name = format!("lat-{run_id}-backlog-{kind}-{slot}");
+            let subscription = keyed_backlog(admin, &name, args, ordered).await?;
+            let took = match reader {
+                Reader::Raw => raw_drain(config, &subscription, args.backlog, args.streams).await?,
+                Reader::Sluice => {
+                    let source = PubSubSource::new(config.clone(), &subscription, args.streams)?;
+                    sluice_drain(
+                        Box::new(source),
+                        args.backlog,
+                        Backend::Sqlite,
+                        "",
+                        Progress::None,
+                    )
+                    .await?
+                    .wall
+                }
+            };
+            rates[slot] = args.backlog as f64 / took.as_secs_f64().max(1e-9);
+        }
+        sluice_rates[usize::from(ordered)] = rates[1];
+        println!(
+            "| {kind} | {:.0} | {:.0} | {:.2} |",
+            rates[0],
+            rates[1],
+            rates[1] / rates[0].max(1e-9)
+        );
+    }
+    println!(
+        "\nsluice ordered / unordered throughput: {:.2}",
+        sluice_rates[1] / sluice_rates[0].max(1e-9)
+    );
+    Ok(())
+}
+
+/// A topic and a subscription (`ordered` or not) holding `args.backlog` messages, message `i`
+/// with ordering key `i mod keys`; returns the subscription's path.
+async fn keyed_backlog(
+    admin: &Admin,
+    name: &str,
+    args: &LatencyArgs,
+    ordered: bool,
+) -> Result<String, BenchError> {
+    admin.create_topic(name).await?;
+    let subscription = admin
+        .create_subscription_with(
+            &format!("{name}-sub"),
+            name,
+            &SubscriptionSettings {
+                ack_deadline_seconds: 60,
+                message_ordering: ordered,
+                ..SubscriptionSettings::default()
+            },
+        )
+        .await?;
+    let publisher = admin.publisher(name).await?;
+    let payload = Bytes::from(vec![b'x'; args.size]);
+    for start in (0..args.backlog).step_by(10_000) {
+        let end = (start + 10_000).min(args.backlog);
+        let messages = (start..end).map(|i| {
+            Message::new()
+                .set_data(payload.clone())
+                .set_ordering_key(format!("k{}", i % args.keys.max(1)))
+        });
+        sluice_connector::engine::pubsub::publish_all(&publisher, messages).await?;
+    }
+    Ok(subscription)
 }
 
 /// Publishes at `rate` for `args.seconds` to a fresh topic read by `reader`; the latencies of

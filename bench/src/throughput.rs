@@ -240,8 +240,8 @@ async fn capacity(args: &ThroughputArgs) -> Result<(), BenchError> {
 }
 
 #[derive(Debug, Clone)]
-struct Measured {
-    wall: Duration,
+pub(crate) struct Measured {
+    pub(crate) wall: Duration,
     cpu: Duration,
     /// What the store occupied and wrote (PostgreSQL drains).
     footprint: Option<String>,
@@ -352,7 +352,7 @@ fn google_cloud_auth_anonymous() -> google_cloud_auth::credentials::Credentials 
 
 /// What a commit records besides the rows and the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Progress {
+pub(crate) enum Progress {
     /// Nothing: a flow without a watermark.
     None,
     /// Each message id settled toward the flow's watermark (`sluice_watermark_messages`), as a
@@ -370,7 +370,7 @@ impl Progress {
 }
 
 /// sluice end to end into a fresh store of `backend`, until `n` messages are acked.
-async fn sluice_drain(
+pub(crate) async fn sluice_drain(
     source: Box<dyn MessageSource>,
     n: usize,
     backend: Backend,
