@@ -1,4 +1,4 @@
-//! The plot of `sluice bench latency`: p50 and p99 latency against publish rate, for the raw
+//! The plot of `sluice bench latency`: p50 and p99 latency (log scale) against publish rate, for the raw
 //! client and sluice, unordered and ordered (an SVG; text is left to the viewer's fonts).
 
 use crate::latency::RatePoint;
@@ -43,11 +43,12 @@ pub(crate) fn draw(path: &Path, points: &[RatePoint]) -> Result<(), String> {
         }),
     ];
     let max_rate = points.iter().map(|p| p.rate).max().unwrap_or(1);
-    let top = points
+    // Logarithmic: a saturated emulator's seconds beside the tens of milliseconds below it.
+    let values = points
         .iter()
-        .flat_map(|p| series.iter().map(move |s| (s.3)(p)))
-        .fold(250.0f64, f64::max)
-        * 1.1;
+        .flat_map(|p| series.iter().map(move |s| (s.3)(p)));
+    let top = values.clone().fold(250.0f64, f64::max) * 1.5;
+    let bottom = values.fold(250.0f64, f64::min).max(1.0) / 1.5;
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
@@ -58,12 +59,12 @@ pub(crate) fn draw(path: &Path, points: &[RatePoint]) -> Result<(), String> {
         .margin(16)
         .x_label_area_size(44)
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..f64::from(max_rate) * 1.05, 0f64..top)
+        .build_cartesian_2d(0f64..f64::from(max_rate) * 1.05, (bottom..top).log_scale())
         .map_err(|e| e.to_string())?;
     chart
         .configure_mesh()
         .x_desc("publish rate, msg/s")
-        .y_desc("latency, ms")
+        .y_desc("latency, ms (log scale)")
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()

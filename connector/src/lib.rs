@@ -261,7 +261,7 @@ pub mod engine {
     pub use crate::commit_bound::{
         MAX_COMMIT_MARGIN, commit_bound, commit_margin, pause_threshold,
     };
-    pub use crate::dead_letter_topic::{DeadLetterTopic, PUBLISHER_ROLE};
+    pub use crate::dead_letter_topic::{DeadLetterTopic, FLUSH_GRACE, PUBLISHER_ROLE};
     pub use crate::delivery::{AckHandle, Delivery, SourceMessage, SourceProblem};
     pub use crate::event_time::{EventTimeError, parse_event_time};
     pub use crate::file::{CHECKPOINT_EVERY, FileSource, FileTurn};

@@ -48,9 +48,13 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
             token_file.map(|t| PathBuf::from(non_empty(c, t, "control.token_file"))),
         ),
     };
-    let dead_letter_topic = raw
-        .dead_letter
-        .map(|d| required(c, d.topic, "dead_letter.topic"));
+    let dead_letter_topic = raw.dead_letter.map(|d| {
+        let topic = required(c, d.topic, "dead_letter.topic");
+        if let Err(why) = check_topic(&topic) {
+            c.push(ErrorCode::InvalidValue, "dead_letter.topic", why);
+        }
+        topic
+    });
     let schedule = raw.schedule.map(|s| schedule(c, s));
     let targets = raw
         .targets
@@ -78,6 +82,33 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
         schedule,
         targets,
         flows,
+    }
+}
+
+/// A topic name as Pub/Sub accepts it: `projects/P/topics/T` or `T`, where `T` has 3 to 255
+/// characters, starts with a letter, holds only letters, digits and `-_.~+%`, and does not
+/// start with `goog` (Pub/Sub's resource name rules). An empty name is `required`'s error.
+fn check_topic(name: &str) -> Result<(), String> {
+    let short = match name.strip_prefix("projects/") {
+        None => name,
+        Some(rest) => match rest.split_once("/topics/") {
+            Some((project, topic)) if !project.is_empty() && !project.contains('/') => topic,
+            _ => return Err(format!("`{name}` is not projects/PROJECT/topics/TOPIC")),
+        },
+    };
+    let allowed = |ch: char| ch.is_ascii_alphanumeric() || "-_.~+%".contains(ch);
+    if name.is_empty()
+        || ((3..=255).contains(&short.len())
+            && short.starts_with(|ch: char| ch.is_ascii_alphabetic())
+            && short.chars().all(allowed)
+            && !short.starts_with("goog"))
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{short}` is not a topic name: 3 to 255 letters, digits or -_.~+%, starting with \
+             a letter and not with goog"
+        ))
     }
 }
 

@@ -493,6 +493,28 @@ fn a_dead_letter_topic_is_named() {
         "dead_letter.topic",
         3,
     );
+    for bad in [
+        "ab",
+        "projects/p/subscriptions/s",
+        "1topic",
+        "goog-dead",
+        "a b c",
+    ] {
+        one(
+            &edit(
+                2,
+                &format!("mode: continuous\ndead_letter: {{ topic: \"{bad}\" }}"),
+            ),
+            ErrorCode::InvalidValue,
+            "dead_letter.topic",
+            3,
+        );
+    }
+    let full = edit(
+        2,
+        "mode: continuous\ndead_letter: { topic: projects/p/topics/dead-1 }",
+    );
+    parse(&full, Path::new("p.yaml")).expect("a full path is valid");
     one(
         &edit(2, "mode: continuous\ndead_letter: { topic: t, table: x }"),
         ErrorCode::UnknownKey,

@@ -317,13 +317,15 @@ pub trait FeedStore: Send + Sync + 'static {
 /// pipeline's `dead_letter.topic`.
 #[async_trait]
 pub trait OutboxStore: Send + Sync + 'static {
-    /// Up to `limit` letters of `pipeline` waiting to be published, oldest first; the same
+    /// Letters of `pipeline` waiting to be published, oldest first: at most `limit`, and no
+    /// more once `max_bytes` of payload are reached (the first one always). The same
     /// statement counts a publish of each (before it happens), so a successor of a publisher
     /// that died knows which letters it may have published.
     async fn take_outbox(
         &self,
         pipeline: &str,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<OutboxLetter>, StoreError>;
 
     /// Removes letters Pub/Sub confirmed.

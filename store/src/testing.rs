@@ -373,8 +373,9 @@ impl<S: Store + Inspect> OutboxStore for FaultStore<S> {
         &self,
         pipeline: &str,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<OutboxLetter>, StoreError> {
-        self.inner.take_outbox(pipeline, limit).await
+        self.inner.take_outbox(pipeline, limit, max_bytes).await
     }
 
     async fn outbox_published(&self, pipeline: &str, ids: &[i64]) -> Result<(), StoreError> {

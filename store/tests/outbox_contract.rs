@@ -21,7 +21,7 @@ async fn a_published_dead_letter_is_owed_once_and_counted_when_taken_again(postg
     store.commit(again).await.unwrap();
     store.commit(batch(live, vec![dead("d")])).await.unwrap();
 
-    let taken = store.take_outbox("p", 10).await.unwrap();
+    let taken = store.take_outbox("p", 10, 1 << 20).await.unwrap();
     let keys: Vec<&str> = taken.iter().map(|l| l.dedup_key.as_str()).collect();
     assert_eq!(
         keys,
@@ -45,17 +45,31 @@ async fn a_published_dead_letter_is_owed_once_and_counted_when_taken_again(postg
     );
     assert!(taken.iter().all(|l| l.earlier_publishes == 0));
 
+    // A byte budget smaller than one letter still takes the first, and only it.
+    let first_only = store.take_outbox("p", 10, 1).await.unwrap();
+    assert_eq!(first_only.len(), 1);
+    assert_eq!(
+        (first_only[0].id, first_only[0].earlier_publishes),
+        (a.id, 1)
+    );
+
     // The publisher died before recording: taken again, each says it may have been published.
-    let again = store.take_outbox("p", 1).await.unwrap();
+    let again = store.take_outbox("p", 1, 1 << 20).await.unwrap();
     assert_eq!(again.len(), 1);
-    assert_eq!((again[0].id, again[0].earlier_publishes), (a.id, 1));
+    assert_eq!((again[0].id, again[0].earlier_publishes), (a.id, 2));
 
     store.outbox_published("p", &[a.id]).await.unwrap();
     store
         .outbox_refused("p", taken[1].id, "too large")
         .await
         .unwrap();
-    assert!(store.take_outbox("p", 10).await.unwrap().is_empty());
+    assert!(
+        store
+            .take_outbox("p", 10, 1 << 20)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(
         store.outbox_census("p").await.unwrap(),
         sluice_store::OutboxCensus {
@@ -63,7 +77,13 @@ async fn a_published_dead_letter_is_owed_once_and_counted_when_taken_again(postg
             refused: 1
         }
     );
-    assert!(store.take_outbox("other", 10).await.unwrap().is_empty());
+    assert!(
+        store
+            .take_outbox("other", 10, 1 << 20)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 on_both_backends!(a_published_dead_letter_is_owed_once_and_counted_when_taken_again);

@@ -214,7 +214,9 @@ async fn each_ordering_key_keeps_publish_order_across_sigkills() {
     let mut landed = Vec::new();
     for kill in 1..=KILLS {
         // Somewhere in this worker's share of the stream, a little at random.
-        let at = total * kill as i64 / (KILLS as i64 + 1) + rand::random_range(0..total / 20);
+        let at = (total * kill as i64 / (KILLS as i64 + 1) + rand::random_range(0..total / 20))
+            .max(landed.last().map_or(0, |before| before + total / 20))
+            .min(total - 1);
         assert!(
             eventually(Duration::from_secs(300), || settled() >= at).await,
             "{} of {total} settled before kill {kill}: {}",
@@ -227,6 +229,11 @@ async fn each_ordering_key_keeps_publish_order_across_sigkills() {
         assert!(
             at_kill < total,
             "kill {kill} landed after everything settled: {logs}"
+        );
+        assert!(
+            landed.last().is_none_or(|&before| at_kill > before),
+            "kill {kill} landed before this worker committed anything ({at_kill} settled, \
+             {landed:?} before): {logs}"
         );
         landed.push(at_kill);
         worker = Worker::start(&file(kill), &format!("w{kill}"));

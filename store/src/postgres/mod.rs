@@ -687,9 +687,10 @@ impl OutboxStore for PostgresStore {
         &self,
         pipeline: &str,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<OutboxLetter>, StoreError> {
         let (client, _) = self.ready().await?;
-        outbox::take(&client, pipeline, limit).await
+        outbox::take(&client, pipeline, limit, max_bytes).await
     }
 
     async fn outbox_published(&self, pipeline: &str, ids: &[i64]) -> Result<(), StoreError> {

@@ -9,16 +9,22 @@ pub(super) async fn take(
     client: &Client,
     pipeline: &str,
     limit: usize,
+    max_bytes: usize,
 ) -> Result<Vec<OutboxLetter>, StoreError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let max_bytes = i64::try_from(max_bytes).unwrap_or(i64::MAX);
     let rows = client
         .query(
             "UPDATE sluice_dead_letter_outbox SET publishes = publishes + 1
-             WHERE id IN (SELECT id FROM sluice_dead_letter_outbox
-                          WHERE pipeline = $1 AND refused IS NULL ORDER BY id LIMIT $2)
+             WHERE id IN (SELECT id FROM (
+                              SELECT id, sum(octet_length(data)) OVER (ORDER BY id)
+                                         - octet_length(data) AS before
+                              FROM sluice_dead_letter_outbox
+                              WHERE pipeline = $1 AND refused IS NULL ORDER BY id LIMIT $2) page
+                          WHERE before < $3 OR before = 0)
              RETURNING id, flow, dedup_key, message_id, publish_time_ms, attributes, data,
                        reason, error, attempts, publishes - 1",
-            &[&pipeline, &limit],
+            &[&pipeline, &limit, &max_bytes],
         )
         .await?;
     let mut letters = rows

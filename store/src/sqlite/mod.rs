@@ -467,9 +467,10 @@ impl OutboxStore for SqliteStore {
         &self,
         pipeline: &str,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<OutboxLetter>, StoreError> {
         let pipeline = pipeline.to_owned();
-        self.call(move |conn| outbox::take(conn, &pipeline, limit))
+        self.call(move |conn| outbox::take(conn, &pipeline, limit, max_bytes))
             .await
     }
 

@@ -39,18 +39,27 @@ pub(super) fn take(
     conn: &mut Connection,
     pipeline: &str,
     limit: usize,
+    max_bytes: usize,
 ) -> Result<Vec<OutboxLetter>, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let letters = {
         let mut statement = tx.prepare_cached(
             "UPDATE sluice_dead_letter_outbox SET publishes = publishes + 1
-             WHERE id IN (SELECT id FROM sluice_dead_letter_outbox
-                          WHERE pipeline = ?1 AND refused IS NULL ORDER BY id LIMIT ?2)
+             WHERE id IN (SELECT id FROM (
+                              SELECT id, sum(length(data)) OVER (ORDER BY id)
+                                         - length(data) AS before
+                              FROM sluice_dead_letter_outbox
+                              WHERE pipeline = ?1 AND refused IS NULL ORDER BY id LIMIT ?2)
+                          WHERE before < ?3 OR before = 0)
              RETURNING id, flow, dedup_key, message_id, publish_time_ms, attributes, data,
                        reason, error, attempts, publishes - 1",
         )?;
         let rows = statement.query_map(
-            params![pipeline, i64::try_from(limit).unwrap_or(i64::MAX)],
+            params![
+                pipeline,
+                i64::try_from(limit).unwrap_or(i64::MAX),
+                i64::try_from(max_bytes).unwrap_or(i64::MAX)
+            ],
             |row| {
                 Ok(OutboxLetter {
                     id: row.get(0)?,

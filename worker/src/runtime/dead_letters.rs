@@ -4,7 +4,7 @@
 
 use sluice_connector::PubSubConfig;
 use sluice_connector::engine::pubsub::Admin;
-use sluice_connector::engine::{DeadLetterTopic, ReaderTurn};
+use sluice_connector::engine::{DeadLetterTopic, FLUSH_GRACE, ReaderTurn};
 use sluice_pipeline::Pipeline;
 use sluice_store::Store;
 use std::sync::Arc;
@@ -17,11 +17,24 @@ pub struct Publishing {
 }
 
 impl Publishing {
-    /// Stops taking new work, publishes what waits for a short grace, and returns.
-    pub async fn finish(self) {
+    /// Stops taking new work and publishes what waits for at most the publisher's flush grace
+    /// (a little longer, then it is aborted), or until `give_up` (the second signal): what is
+    /// left waits in the outbox for the next holder.
+    pub async fn finish(mut self, give_up: &CancellationToken) {
         self.stop.cancel();
-        if let Err(error) = self.task.await {
-            tracing::warn!(%error, "the dead-letter publisher ended abnormally");
+        let limit = FLUSH_GRACE + std::time::Duration::from_secs(5);
+        tokio::select! {
+            ended = &mut self.task => {
+                if let Err(error) = ended {
+                    tracing::warn!(%error, "the dead-letter publisher ended abnormally");
+                }
+            }
+            _ = tokio::time::sleep(limit) => {
+                tracing::warn!("the dead-letter publisher did not stop in time; what it had \
+                    not published waits in the outbox");
+                self.task.abort();
+            }
+            _ = give_up.cancelled() => self.task.abort(),
         }
     }
 }

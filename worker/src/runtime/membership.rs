@@ -654,6 +654,7 @@ mod tests {
             &self,
             _: &str,
             _: usize,
+            _: usize,
         ) -> Result<Vec<sluice_store::OutboxLetter>, StoreError> {
             unused("take_outbox")
         }

@@ -99,7 +99,7 @@ pub async fn execute(
         (None, Mode::Continuous) => updates.run(shutdown, Default::default()).await?,
     };
     if let Some(publishing) = publishing {
-        publishing.finish().await;
+        publishing.finish(&shutdown.give_up).await;
     }
     membership.stop().await;
     drop(observed);
