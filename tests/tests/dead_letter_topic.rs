@@ -3,7 +3,7 @@
 //! (their source messages acked) and before any was published, shown by the outbox holding
 //! every one of them with publishes tried (the topic does not exist yet, so each failed). The
 //! successor publishes each once, with the reason and attempts as attributes and the payload
-//! intact.
+//! intact. `sluice status` shows the letters waiting meanwhile.
 //!
 //! Real parts: the Pub/Sub emulator (topics, publishing and a subscription on the dead-letter
 //! topic), `sluice` processes, SQLite.
@@ -11,7 +11,9 @@
 
 use bytes::Bytes;
 use google_cloud_pubsub::model::Message;
-use sluice_tests::{Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, eventually, unique};
+use sluice_tests::{
+    Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, eventually, sluice_command, unique,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -68,14 +70,21 @@ async fn each_dead_letter_reaches_the_topic_once_across_a_sigkill() {
         .collect();
     pubsub.publish(&topic, messages).await;
 
-    // The dead letters committed, and each one's publish was tried (the topic is missing).
+    // The dead letters committed, and each one's publish was tried and refused (the topic is
+    // missing).
     let tried = || {
         store.query("SELECT COUNT(*) FROM sluice_dead_letter_outbox WHERE publishes > 0") as usize
+    };
+    let refused_seen = || {
+        worker
+            .logs()
+            .contains("cannot publish dead letters; they wait in the outbox")
     };
     assert!(
         eventually(Duration::from_secs(120), || store.dead_letters() as usize
             == BAD
-            && tried() == BAD)
+            && tried() == BAD
+            && refused_seen())
         .await,
         "dead letters {} tried {}: {}",
         store.dead_letters(),
@@ -89,10 +98,16 @@ async fn each_dead_letter_reaches_the_topic_once_across_a_sigkill() {
         BAD as i64,
         "the kill landed after the commits and before any publish"
     );
-    assert!(
-        first_logs.contains("cannot publish dead letters; they wait in the outbox"),
-        "{first_logs}"
+
+    // `sluice status` says what waits.
+    let out = sluice_command(
+        &["status", "-c", file.to_str().unwrap(), "--format", "json"],
+        None,
     );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(json["dead_letter_topic"]["waiting"], BAD, "{json}");
+    assert_eq!(json["dead_letter_topic"]["refused"], 0, "{json}");
 
     pubsub.admin.create_topic(&dead_letter_topic).await.unwrap();
     let received_on = format!("{dead_letter_topic}-sub");

@@ -4,7 +4,8 @@
 //! whether or not a worker runs. When the file sets `control.listen` and a worker answers there,
 //! its live view is shown instead (flow states, counters since it started, late rows, system
 //! lag, watermark age, when each flow's run started). A triggered pipeline's last and next run
-//! follow, from the store, and so does a pool update in progress (what it asks, who asked,
+//! follow, from the store, and so do the dead letters waiting for `dead_letter.topic` and a
+//! pool update in progress (what it asks, who asked,
 //! which replicas have stopped their flows for it and which are still running).
 
 use super::text::{rfc3339, table};
@@ -82,6 +83,15 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
         // A store no worker of this version prepared yet has no pool updates to show.
         Err(error) => eprintln!("sluice status: cannot read pool updates: {error}"),
     }
+    match dead_letter_topic_summary(&pipeline).await {
+        Ok(Some((text, json))) => {
+            report.text.push('\n');
+            report.text.push_str(&text);
+            report.json["dead_letter_topic"] = json;
+        }
+        Ok(None) => {}
+        Err(error) => eprintln!("sluice status: cannot read the dead-letter outbox: {error}"),
+    }
     match format {
         StatusFormat::Json => println!("{}", report.json),
         StatusFormat::Text => print!("{}", report.text),
@@ -98,6 +108,28 @@ async fn runs_summary(
     }
     let store = sluice_store::open(&pipeline.store)?;
     super::runs::summary(pipeline, &*store).await
+}
+
+/// With `dead_letter.topic`: the letters waiting to be published there and those refused.
+async fn dead_letter_topic_summary(
+    pipeline: &sluice_pipeline::Pipeline,
+) -> Result<Option<(String, serde_json::Value)>, sluice_store::StoreError> {
+    let Some(topic) = &pipeline.dead_letter_topic else {
+        return Ok(None);
+    };
+    let store = sluice_store::open(&pipeline.store)?;
+    let census = store.outbox_census(&pipeline.name).await?;
+    let text = format!(
+        "dead-letter topic {topic}: {} waiting to be published, {} refused (over Pub/Sub's \
+         limits; in the dead-letter table)\n",
+        census.waiting, census.refused
+    );
+    let json = serde_json::json!({
+        "topic": topic,
+        "waiting": census.waiting,
+        "refused": census.refused,
+    });
+    Ok(Some((text, json)))
 }
 
 /// The pool update in progress, if any: text and JSON.
