@@ -91,7 +91,6 @@ async fn each_dead_letter_reaches_the_topic_once_across_a_sigkill() {
         tried(),
         worker.logs()
     );
-    let first_logs = worker.logs();
     worker.kill9();
     assert_eq!(
         store.query("SELECT COUNT(*) FROM sluice_dead_letter_outbox"),
