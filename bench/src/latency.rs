@@ -16,14 +16,10 @@
 //! client (`sent_us`), so both latencies include the client's publish batching (5 ms). The
 //! first second of each measurement is left out (streams opening, the emulator's JIT).
 
-use crate::emulator::Emulator;
 use crate::stores::{Backend, FreshStore};
-use crate::throughput::{
-    BenchError, PROJECT, Progress, WARM_UP_MESSAGES, backlog, raw_drain, sluice_drain,
-};
+use crate::throughput::{BenchError, Progress, WarmEmulator, raw_drain, sluice_drain};
 use async_trait::async_trait;
 use bytes::Bytes;
-use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
 use sluice_connector::engine::pubsub::{Admin, SubscriptionSettings};
 use sluice_connector::engine::{
@@ -97,28 +93,8 @@ pub async fn latency(args: LatencyArgs) -> Result<(), BenchError> {
         "rates {:?} msg/s, {} s each, {} B, streams {}, ordering keys {}",
         args.rates, args.seconds, args.size, args.streams, args.keys
     );
-    let (_emulator, endpoint) = match std::env::var("PUBSUB_EMULATOR_HOST") {
-        Ok(host) => (None, format!("http://{host}")),
-        Err(_) => {
-            let emulator = Emulator::start()?;
-            let endpoint = emulator.endpoint();
-            (Some(emulator), endpoint)
-        }
-    };
-    let config = PubSubConfig {
-        project: Some(PROJECT.to_owned()),
-        endpoint: Some(endpoint),
-    };
-    let admin = Admin::connect(&config).await?;
-    let run_id: u32 = rand::random();
-    let warm = backlog(
-        &admin,
-        &format!("lat-warm-{run_id}"),
-        WARM_UP_MESSAGES,
-        args.size,
-    )
-    .await?;
-    raw_drain(&config, &warm, WARM_UP_MESSAGES, args.streams).await?;
+    let emulator = WarmEmulator::start(args.size, args.streams).await?;
+    let (config, admin, run_id) = (&emulator.config, &emulator.admin, emulator.run_id);
     println!();
     println!(
         "| msg/s | subscription | raw client p50 / p99 / max ms | sluice p50 / p99 / max ms | \
@@ -154,8 +130,7 @@ pub async fn latency(args: LatencyArgs) -> Result<(), BenchError> {
                         "sluice"
                     }
                 );
-                let measured =
-                    measure(&admin, &config, &args, &name, rate, ordered, reader).await?;
+                let measured = measure(admin, config, &args, &name, rate, ordered, reader).await?;
                 pair[usize::from(reader == Reader::Sluice)] = measured;
             }
             let [raw, sluice] = pair;
@@ -190,7 +165,7 @@ pub async fn latency(args: LatencyArgs) -> Result<(), BenchError> {
         );
     }
     if args.backlog > 0 {
-        ordering_cost(&admin, &config, &args, run_id).await?;
+        ordering_cost(admin, config, &args, run_id).await?;
     }
     crate::latency_plot::draw(&args.plot, &points)
         .map_err(|e| BenchError::Stalled(format!("cannot draw {}: {e}", args.plot.display())))?;
@@ -252,16 +227,15 @@ async fn ordering_cost(
     Ok(())
 }
 
-/// A topic and a subscription (`ordered` or not) holding `args.backlog` messages, message `i`
-/// with ordering key `i mod keys`; returns the subscription's path.
-async fn keyed_backlog(
+/// A fresh topic `name` and its subscription `<name>-sub` (`ordered` or not); returns the
+/// subscription's path.
+async fn topic_and_subscription(
     admin: &Admin,
     name: &str,
-    args: &LatencyArgs,
     ordered: bool,
 ) -> Result<String, BenchError> {
     admin.create_topic(name).await?;
-    let subscription = admin
+    Ok(admin
         .create_subscription_with(
             &format!("{name}-sub"),
             name,
@@ -271,7 +245,18 @@ async fn keyed_backlog(
                 ..SubscriptionSettings::default()
             },
         )
-        .await?;
+        .await?)
+}
+
+/// A topic and a subscription (`ordered` or not) holding `args.backlog` messages, message `i`
+/// with ordering key `i mod keys`; returns the subscription's path.
+async fn keyed_backlog(
+    admin: &Admin,
+    name: &str,
+    args: &LatencyArgs,
+    ordered: bool,
+) -> Result<String, BenchError> {
+    let subscription = topic_and_subscription(admin, name, ordered).await?;
     let publisher = admin.publisher(name).await?;
     let payload = Bytes::from(vec![b'x'; args.size]);
     for start in (0..args.backlog).step_by(10_000) {
@@ -297,31 +282,28 @@ async fn measure(
     ordered: bool,
     reader: Reader,
 ) -> Result<Percentiles, BenchError> {
-    admin.create_topic(name).await?;
-    let subscription = admin
-        .create_subscription_with(
-            &format!("{name}-sub"),
-            name,
-            &SubscriptionSettings {
-                ack_deadline_seconds: 60,
-                message_ordering: ordered,
-                ..SubscriptionSettings::default()
-            },
-        )
-        .await?;
+    let subscription = topic_and_subscription(admin, name, ordered).await?;
     let samples = Samples::default();
     let stop = CancellationToken::new();
     let (reading, store) = match reader {
-        Reader::Raw => (
-            tokio::spawn(raw_reader(
+        Reader::Raw => {
+            let recording = samples.clone();
+            let streams = crate::throughput::raw_streams(
                 config.clone(),
                 subscription,
                 args.streams,
-                samples.clone(),
                 stop.clone(),
-            )),
-            None,
-        ),
+                Arc::new(move |message: &Message| recording.record_message(message, now_us())),
+            );
+            (
+                tokio::spawn(async move {
+                    if let Err(error) = streams.await {
+                        eprintln!("sluice bench: the raw client failed: {error}");
+                    }
+                }),
+                None,
+            )
+        }
         Reader::Sluice => {
             let fresh = FreshStore::open(Backend::Sqlite, "").await?;
             let source = PubSubSource::new(config.clone(), &subscription, args.streams)?;
@@ -394,57 +376,6 @@ async fn publish_steadily(
         }
     }
     Ok(total)
-}
-
-/// The official client alone: ack on receipt, record the latency.
-async fn raw_reader(
-    config: PubSubConfig,
-    subscription: String,
-    streams: usize,
-    samples: Samples,
-    stop: CancellationToken,
-) {
-    let mut builder = Subscriber::builder().with_grpc_subchannel_count(streams);
-    if let Some(endpoint) = config.endpoint() {
-        builder = builder
-            .with_endpoint(endpoint)
-            .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build());
-    }
-    let client = match builder.build().await {
-        Ok(client) => client,
-        Err(error) => {
-            eprintln!("sluice bench: cannot build the raw subscriber: {error}");
-            return;
-        }
-    };
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..streams {
-        let (client, samples, stop, subscription) = (
-            client.clone(),
-            samples.clone(),
-            stop.clone(),
-            subscription.clone(),
-        );
-        tasks.spawn(async move {
-            let mut stream = client.subscribe(subscription).build();
-            let token = stream.shutdown_token();
-            loop {
-                let next = tokio::select! {
-                    _ = stop.cancelled() => break,
-                    next = stream.next() => next,
-                };
-                let Some(Ok((message, handler))) = next else {
-                    break;
-                };
-                let at = now_us();
-                handler.ack();
-                samples.record_message(&message, at);
-            }
-            drop(stream);
-            token.shutdown().await;
-        });
-    }
-    while tasks.join_next().await.is_some() {}
 }
 
 /// A sluice flow from `source` into `fresh`, recording each committed message's latency.

@@ -107,29 +107,47 @@ pub async fn throughput(args: ThroughputArgs) -> Result<(), BenchError> {
     capacity(&args).await
 }
 
+/// The emulator a benchmark runs on (`PUBSUB_EMULATOR_HOST`'s, else one of its own, kept
+/// while the value lives), warmed up: its client config, admin, and a run id for fresh names.
+pub(crate) struct WarmEmulator {
+    _own: Option<Emulator>,
+    pub(crate) config: PubSubConfig,
+    pub(crate) admin: Admin,
+    pub(crate) run_id: u32,
+}
+
+impl WarmEmulator {
+    /// Starts (or finds) the emulator and drains a warm-up backlog of `size`-byte messages
+    /// with `streams` streams (its JIT makes the first drain several times slower).
+    pub(crate) async fn start(size: usize, streams: usize) -> Result<Self, BenchError> {
+        let (own, endpoint) = match std::env::var("PUBSUB_EMULATOR_HOST") {
+            Ok(host) => (None, format!("http://{host}")),
+            Err(_) => {
+                let emulator = Emulator::start()?;
+                let endpoint = emulator.endpoint();
+                (Some(emulator), endpoint)
+            }
+        };
+        let config = PubSubConfig {
+            project: Some(PROJECT.to_owned()),
+            endpoint: Some(endpoint),
+        };
+        let admin = Admin::connect(&config).await?;
+        let run_id: u32 = rand::random();
+        let warm = backlog(&admin, &format!("warm-{run_id}"), WARM_UP_MESSAGES, size).await?;
+        raw_drain(&config, &warm, WARM_UP_MESSAGES, streams).await?;
+        Ok(Self {
+            _own: own,
+            config,
+            admin,
+            run_id,
+        })
+    }
+}
+
 async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
-    let (_emulator, endpoint) = match std::env::var("PUBSUB_EMULATOR_HOST") {
-        Ok(host) => (None, format!("http://{host}")),
-        Err(_) => {
-            let emulator = Emulator::start()?;
-            let endpoint = emulator.endpoint();
-            (Some(emulator), endpoint)
-        }
-    };
-    let config = PubSubConfig {
-        project: Some(PROJECT.to_owned()),
-        endpoint: Some(endpoint),
-    };
-    let admin = Admin::connect(&config).await?;
-    let run_id: u32 = rand::random();
-    let warm = backlog(
-        &admin,
-        &format!("warm-{run_id}"),
-        WARM_UP_MESSAGES,
-        args.size,
-    )
-    .await?;
-    raw_drain(&config, &warm, WARM_UP_MESSAGES, args.streams).await?;
+    let emulator = WarmEmulator::start(args.size, args.streams).await?;
+    let (config, admin, run_id) = (&emulator.config, &emulator.admin, emulator.run_id);
     let backends = args.backends();
     println!();
     let mut header = "| round | raw client msg/s |".to_owned();
@@ -151,14 +169,14 @@ async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
                 None => format!("raw-{run_id}-{round}"),
                 Some(backend) => format!("{}-{run_id}-{round}", backend.name().to_lowercase()),
             };
-            subscriptions.push(backlog(&admin, &name, args.messages, args.size).await?);
+            subscriptions.push(backlog(admin, &name, args.messages, args.size).await?);
         }
         let mut rates = vec![0.0; contenders.len()];
         let shift = (round - 1) % contenders.len();
         for slot in (0..contenders.len()).map(|i| (i + shift) % contenders.len()) {
             let took = match contenders[slot] {
                 None => {
-                    raw_drain(&config, &subscriptions[slot], args.messages, args.streams).await?
+                    raw_drain(config, &subscriptions[slot], args.messages, args.streams).await?
                 }
                 Some(backend) => {
                     let source =
@@ -297,6 +315,45 @@ pub(crate) async fn raw_drain(
     n: usize,
     streams: usize,
 ) -> Result<Duration, BenchError> {
+    let acked = Arc::new(AtomicU64::new(0));
+    let done = CancellationToken::new();
+    let started = Instant::now();
+    let counting = {
+        let (acked, done) = (acked.clone(), done.clone());
+        move |_: &google_cloud_pubsub::model::Message| {
+            if acked.fetch_add(1, Ordering::Relaxed) + 1 >= n as u64 {
+                done.cancel();
+            }
+        }
+    };
+    let mut reading = tokio::spawn(raw_streams(
+        config.clone(),
+        subscription.to_owned(),
+        streams,
+        done.clone(),
+        Arc::new(counting),
+    ));
+    let took = tokio::select! {
+        took = wait_for(&acked, n, &done, started) => took,
+        built = &mut reading => match built {
+            Ok(Err(error)) => Err(error),
+            _ => Err(BenchError::Stalled("the raw client's streams ended".to_owned())),
+        },
+    };
+    done.cancel();
+    let _ = reading.await;
+    took
+}
+
+/// The official client alone on `subscription`: `streams` streams, each message acked on
+/// receipt and then shown to `on_message`, until `stop`.
+pub(crate) async fn raw_streams(
+    config: PubSubConfig,
+    subscription: String,
+    streams: usize,
+    stop: CancellationToken,
+    on_message: Arc<dyn Fn(&google_cloud_pubsub::model::Message) + Send + Sync>,
+) -> Result<(), BenchError> {
     let mut builder = Subscriber::builder().with_grpc_subchannel_count(streams);
     if let Some(endpoint) = config.endpoint() {
         builder = builder
@@ -307,43 +364,34 @@ pub(crate) async fn raw_drain(
         .build()
         .await
         .map_err(|e| SourceError::Client(e.to_string()))?;
-    let acked = Arc::new(AtomicU64::new(0));
-    let done = CancellationToken::new();
-    let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..streams {
-        let (client, acked, done, subscription) = (
+        let (client, stop, subscription, on_message) = (
             client.clone(),
-            acked.clone(),
-            done.clone(),
-            subscription.to_owned(),
+            stop.clone(),
+            subscription.clone(),
+            on_message.clone(),
         );
         tasks.spawn(async move {
             let mut stream = client.subscribe(subscription).build();
             let token = stream.shutdown_token();
             loop {
                 let next = tokio::select! {
-                    _ = done.cancelled() => break,
+                    _ = stop.cancelled() => break,
                     next = stream.next() => next,
                 };
-                match next {
-                    Some(Ok((_message, handler))) => {
-                        handler.ack();
-                        if acked.fetch_add(1, Ordering::Relaxed) + 1 >= n as u64 {
-                            done.cancel();
-                        }
-                    }
-                    _ => break,
-                }
+                let Some(Ok((message, handler))) = next else {
+                    break;
+                };
+                handler.ack();
+                on_message(&message);
             }
             drop(stream);
             token.shutdown().await;
         });
     }
-    let took = wait_for(&acked, n, &done, started).await;
-    done.cancel();
     while tasks.join_next().await.is_some() {}
-    took
+    Ok(())
 }
 
 fn google_cloud_auth_anonymous() -> google_cloud_auth::credentials::Credentials {

@@ -189,20 +189,9 @@ impl PubSub {
         ack: bool,
         take: fn(&google_cloud_pubsub::model::Message) -> T,
     ) -> tokio::task::JoinHandle<HashSet<T>> {
-        let config = self.config.clone();
-        let path = config.subscription_path(subscription).unwrap();
+        let (config, subscription) = (self.config.clone(), subscription.to_owned());
         tokio::spawn(async move {
-            let client = Subscriber::builder()
-                .with_endpoint(config.endpoint().unwrap())
-                .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
-                .build()
-                .await
-                .unwrap();
-            // The same lease extension (and so stream ack deadline) as sluice's streams.
-            let mut stream = client
-                .subscribe(path)
-                .set_max_lease_extension(Duration::from_secs(10))
-                .build();
+            let mut stream = plain_stream(&config, &subscription).await;
             let token = stream.shutdown_token();
             let mut ids = HashSet::new();
             let mut taken = HashSet::new();
@@ -239,17 +228,7 @@ impl PubSub {
         within: Duration,
         quiet: Duration,
     ) -> Vec<google_cloud_pubsub::model::Message> {
-        let path = self.config.subscription_path(subscription).unwrap();
-        let client = Subscriber::builder()
-            .with_endpoint(self.config.endpoint().unwrap())
-            .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
-            .build()
-            .await
-            .unwrap();
-        let mut stream = client
-            .subscribe(path)
-            .set_max_lease_extension(Duration::from_secs(10))
-            .build();
+        let mut stream = plain_stream(&self.config, subscription).await;
         let token = stream.shutdown_token();
         let mut messages = Vec::new();
         let mut ids = HashSet::new();
@@ -273,6 +252,24 @@ impl PubSub {
         token.shutdown().await;
         messages
     }
+}
+
+/// One stream of the official client on the emulator's `subscription`, with the same lease
+/// extension (and so stream ack deadline) as sluice's streams.
+async fn plain_stream(
+    config: &PubSubConfig,
+    subscription: &str,
+) -> google_cloud_pubsub::subscriber::MessageStream {
+    let client = Subscriber::builder()
+        .with_endpoint(config.endpoint().unwrap())
+        .with_credentials(google_cloud_auth::credentials::anonymous::Builder::new().build())
+        .build()
+        .await
+        .unwrap();
+    client
+        .subscribe(config.subscription_path(subscription).unwrap())
+        .set_max_lease_extension(Duration::from_secs(10))
+        .build()
 }
 
 /// A message keyed by the `event_id` attribute, with a small JSON payload.
