@@ -217,7 +217,20 @@ async fn clear_if_claimed(
             );
             // The claim is renewed while the clear lasts: only a dead clearer's is taken over.
             let keeper = keep_claim(part, update.id);
-            let cleared = update::clear(part.pipeline, &kind, &update.drained).await;
+            let mut cleared = update::clear(part.pipeline, &kind, &update.drained).await;
+            // A deadlock with another session (a `sluice status` preparing the tables, say)
+            // rolled the clear back whole: it is tried again.
+            for _ in 1..CLEAR_ATTEMPTS {
+                match &cleared {
+                    Err(RefreshError::Failed(why)) if rolled_back_by_contention(why) => {
+                        tracing::warn!(update = update.id, %why,
+                            "pool update: the clear met a deadlock; clearing again");
+                        tokio::time::sleep(POLL).await;
+                        cleared = update::clear(part.pipeline, &kind, &update.drained).await;
+                    }
+                    _ => break,
+                }
+            }
             drop(keeper);
             cleared
         }
@@ -236,6 +249,16 @@ async fn clear_if_claimed(
     .await;
     tracing::info!(update = update.id, done, %message, "pool update ended");
     Some(outcome)
+}
+
+/// How many times a clear is tried when a deadlock rolls it back.
+const CLEAR_ATTEMPTS: usize = 5;
+
+/// Whether a failed clear's error is PostgreSQL's deadlock (40P01) or serialization failure
+/// (40001): its transaction was rolled back whole and may simply be run again. (The SQLSTATE
+/// is in the store error's text, never localised.)
+fn rolled_back_by_contention(why: &str) -> bool {
+    why.contains("40P01") || why.contains("40001")
 }
 
 /// Renews this process's claim on update `id` every tenth of [`CLAIM_STALE_AFTER`] until the
@@ -352,5 +375,23 @@ impl PoolWatch {
 impl Drop for PoolWatch {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rolled_back_by_contention;
+
+    #[test]
+    fn deadlocks_and_serialization_failures_are_cleared_again() {
+        assert!(rolled_back_by_contention(
+            "store: store unavailable: 40P01: deadlock detected"
+        ));
+        assert!(rolled_back_by_contention(
+            "store: store unavailable: 40001: could not serialize access"
+        ));
+        assert!(!rolled_back_by_contention(
+            "store: store unavailable: 57P01: terminating connection"
+        ));
     }
 }
