@@ -102,9 +102,13 @@ async fn a_chain_in_a_pool_under_sigkill_lands_every_record_once_at_every_stage(
     .await;
     assert!(
         landed,
-        "only {} of {DISTINCT} exported; logs of w0:\n{}",
+        "only {} of {DISTINCT} exported; holders {holders:?}; logs of every worker:\n{}",
         exported(),
-        workers[0].logs()
+        workers
+            .iter()
+            .map(|w| w.logs())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
     );
     tokio::time::sleep(Duration::from_secs(15)).await;
     stop_all(workers);
