@@ -17,18 +17,14 @@
 //! first second of each measurement is left out (streams opening, the emulator's JIT).
 
 use crate::stores::{Backend, FreshStore};
-use crate::throughput::{BenchError, Progress, WarmEmulator, raw_drain, sluice_drain};
+use crate::throughput::{BenchError, Progress, WarmEmulator, bench_flow, raw_drain, sluice_drain};
 use async_trait::async_trait;
 use bytes::Bytes;
 use google_cloud_pubsub::model::Message;
 use sluice_connector::engine::pubsub::{Admin, SubscriptionSettings};
-use sluice_connector::engine::{
-    BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, KeySource,
-    PubSubConfig, PubSubSource, RetrySettings, RunUntil, TableStage,
-};
+use sluice_connector::engine::{Counters, FlowRun, KeySource, PubSubConfig, PubSubSource};
 use sluice_store::{
-    CommitBatch, CommitOutcome, FlowHandle, FlowProgress, Layout, LedgerStore, LedgerUpkeep,
-    StoreError, table_name,
+    CommitBatch, CommitOutcome, FlowHandle, FlowProgress, LedgerStore, LedgerUpkeep, StoreError,
 };
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -384,47 +380,13 @@ async fn sluice_flow(
     source: Box<dyn sluice_connector::engine::MessageSource>,
     samples: Samples,
 ) -> Result<FlowRun, BenchError> {
-    let store = fresh.store.clone();
-    let flow = store
-        .prepare(&Layout {
-            pipeline: "bench".into(),
-            tables: vec!["events".into()],
-            flows: vec!["ingest".into()],
-        })
-        .await
-        .map_err(|e| BenchError::Store(e.to_string()))?
-        .remove(0);
-    let window = Duration::from_secs(600);
-    Ok(FlowRun {
-        source,
-        budget: Budget::new(10_000, 100 << 20),
-        dedup: DedupSettings {
-            key: KeySource::MessageId,
-            window,
-        },
-        batch: BatchSettings {
-            max_messages: 1_000,
-            max_delay: Duration::from_millis(50),
-        },
-        committer: CommitThenAck::new(
-            Arc::new(Timed {
-                inner: store,
-                samples,
-            }),
-            flow,
-            Arc::from(table_name("bench", "events").map_err(|e| BenchError::Store(e.to_string()))?),
-            Arc::new(TableStage::default()),
-            RetrySettings {
-                max_attempts: 5,
-                dedup_window: window,
-                commit_bound: Some(sluice_connector::engine::commit_bound(window)),
-            },
-            CancellationToken::new(),
-        ),
-        counters: Counters::new("bench", "ingest"),
-        until: RunUntil::Drained,
-        drain_agreement: None,
-    })
+    let timed = Arc::new(Timed {
+        inner: fresh.store.clone(),
+        samples,
+    });
+    let counters = Counters::new("bench", "ingest");
+    let (run, _) = bench_flow(&fresh.store, timed, source, KeySource::MessageId, counters).await?;
+    Ok(run)
 }
 
 /// A store whose commits record, for each message they wrote, when they returned.

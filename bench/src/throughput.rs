@@ -428,52 +428,15 @@ pub(crate) async fn sluice_drain(
     let store_error = |e: sluice_store::StoreError| BenchError::Store(e.to_string());
     let fresh = FreshStore::open(backend, postgres_server).await?;
     let (store, postgres) = (fresh.store.clone(), fresh.postgres.clone());
-    let flow = store
-        .prepare(&Layout {
-            pipeline: "bench".into(),
-            tables: vec!["events".into()],
-            flows: vec!["ingest".into()],
-        })
-        .await
-        .map_err(|e| BenchError::Store(e.to_string()))?
-        .remove(0);
     let counters = Counters::new("bench", "ingest");
     if progress == Progress::Watermark {
         counters.attach_watermark(FlowWatermark::new());
     }
-    let run = FlowRun {
-        source,
-        budget: Budget::new(10_000, 100 << 20),
-        dedup: DedupSettings {
-            key: KeySource::Attribute {
-                name: "key".into(),
-                dead_letter_if_missing: false,
-            },
-            window: Duration::from_secs(600),
-        },
-        batch: BatchSettings {
-            max_messages: 1_000,
-            max_delay: Duration::from_millis(50),
-        },
-        committer: CommitThenAck::new(
-            store,
-            flow.clone(),
-            Arc::from(table_name("bench", "events").map_err(|e| BenchError::Store(e.to_string()))?),
-            Arc::new(TableStage::default()),
-            RetrySettings {
-                max_attempts: 5,
-                dedup_window: Duration::from_secs(600),
-                // As the worker's Pub/Sub flows: the deadline travels with every commit.
-                commit_bound: Some(sluice_connector::engine::commit_bound(Duration::from_secs(
-                    600,
-                ))),
-            },
-            CancellationToken::new(),
-        ),
-        counters: counters.clone(),
-        until: RunUntil::Drained,
-        drain_agreement: None,
+    let key = KeySource::Attribute {
+        name: "key".into(),
+        dead_letter_if_missing: false,
     };
+    let (run, flow) = bench_flow(&store, store.clone(), source, key, counters.clone()).await?;
     let wal_before = match &postgres {
         Some(store) => Some(store.footprint().await.map_err(store_error)?.wal_position),
         None => None,
@@ -528,6 +491,56 @@ pub(crate) async fn sluice_drain(
         cpu,
         footprint,
     })
+}
+
+/// The flow every emulator drain of the benchmarks runs, as the worker's Pub/Sub flows do:
+/// budget 10 000 / 100 MiB, dedup by `key` over 10 minutes, batches of up to 1 000 / 50 ms,
+/// rows into `bench__events` of `store` (prepared here), committed through `ledger` (the store
+/// itself, or a wrapper around it) with the commit bound.
+pub(crate) async fn bench_flow(
+    store: &Arc<dyn sluice_store::Store>,
+    ledger: Arc<dyn LedgerStore>,
+    source: Box<dyn MessageSource>,
+    key: KeySource,
+    counters: Counters,
+) -> Result<(FlowRun, sluice_store::FlowHandle), BenchError> {
+    let store_error = |e: sluice_store::StoreError| BenchError::Store(e.to_string());
+    let flow = store
+        .prepare(&Layout {
+            pipeline: "bench".into(),
+            tables: vec!["events".into()],
+            flows: vec!["ingest".into()],
+        })
+        .await
+        .map_err(store_error)?
+        .remove(0);
+    let window = Duration::from_secs(600);
+    let run = FlowRun {
+        source,
+        budget: Budget::new(10_000, 100 << 20),
+        dedup: DedupSettings { key, window },
+        batch: BatchSettings {
+            max_messages: 1_000,
+            max_delay: Duration::from_millis(50),
+        },
+        committer: CommitThenAck::new(
+            ledger,
+            flow.clone(),
+            Arc::from(table_name("bench", "events").map_err(store_error)?),
+            Arc::new(TableStage::default()),
+            RetrySettings {
+                max_attempts: 5,
+                dedup_window: window,
+                // As the worker's Pub/Sub flows: the deadline travels with every commit.
+                commit_bound: Some(sluice_connector::engine::commit_bound(window)),
+            },
+            CancellationToken::new(),
+        ),
+        counters,
+        until: RunUntil::Drained,
+        drain_agreement: None,
+    };
+    Ok((run, flow))
 }
 
 /// The channel of the ack-only baseline: the size of a flow's intake channel.
