@@ -290,6 +290,7 @@ impl BatchSource {
             attempts: received.earlier_attempts,
             last_error: None,
             ordering_key: received.ordering_key,
+            store_refused: None,
         };
         self.dedup.admit(delivery)
     }
@@ -395,6 +396,14 @@ impl Batch {
 
     /// Records a failed attempt of a single-message batch (batches of several are split
     /// first, so an innocent message is not charged for its neighbour).
+    /// The store refused the dead letter of this batch's message as it was (see
+    /// [`Delivery::store_refused`]).
+    pub(crate) fn refused_by_store(&mut self, why: &str) {
+        for delivery in &mut self.deliveries {
+            delivery.store_refused = Some(why.to_owned());
+        }
+    }
+
     pub(crate) fn count_failed_attempt(&mut self, error: &str) {
         for delivery in &mut self.deliveries {
             delivery.attempts += 1;

@@ -15,6 +15,9 @@
 //!   start from Pub/Sub's `delivery_attempt` when the subscription has a dead-letter policy,
 //!   so a restart does not reset them; with `poison: nack` ([`CommitThenAck::hand_poison_back`])
 //!   a failing single is nacked at once instead, for Pub/Sub's retry and dead-letter policies;
+//! * a dead letter the store refuses as it is (a value over one of its limits): committed at
+//!   once without the message's data and attributes (reason `unstorable`, the store's error in
+//!   its text), so that no record, however malformed, is retried for ever;
 //! * a delivery held longer than the flow's commit bound ([`RetrySettings::commit_bound`], the
 //!   dedup window minus a margin, see `commit_bound.rs`): given back (nacked), never committed,
 //!   whether the committer finds it so before staging or the store finds the batch past its
@@ -28,6 +31,7 @@ use crate::batch::Batch;
 use crate::delivery::Delivery;
 use crate::sink::{JsonlSink, SinkCommit};
 use crate::stage::Stage;
+use crate::storable::UNSTORABLE;
 use crate::time::now_ms;
 use sluice_store::LedgerStore;
 use sluice_store::{CommitBatch, Effect, Entry, FlowHandle, MessageFields, StoreError};
@@ -264,7 +268,20 @@ impl CommitThenAck {
                 }
                 _ => None,
             };
+            let refused = match batch.deliveries() {
+                [single] => single.store_refused.as_ref(),
+                _ => None,
+            };
             let effects = match exhausted {
+                // The store refused this message's dead letter as it was: kept bare.
+                _ if let Some(why) = refused => Ok(vec![Effect::DeadLetter {
+                    reason: UNSTORABLE.to_owned(),
+                    error: format!(
+                        "the store refused it as it was ({why}); kept without its data and \
+                         attributes"
+                    ),
+                    attempts: batch.deliveries()[0].attempts,
+                }]),
                 // A table source's page whose records were all duplicates in memory: only its
                 // position change commits.
                 None if batch.is_empty() => Ok(Vec::new()),
@@ -397,6 +414,16 @@ impl CommitThenAck {
                 tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %failure,
                     "batch failed; retrying its messages one by one to find the culprit");
                 return Some(batch.into_singles());
+            }
+            if let (Failure::Store(StoreError::Rejected(why)), [Some(_)]) =
+                (&failure, dead.as_slice())
+            {
+                // A dead letter the store cannot hold (a value over one of its limits):
+                // kept without the payload, at once; retrying it as it is would never end.
+                tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %why,
+                    "the store refused a dead letter; keeping it without its payload");
+                batch.refused_by_store(why);
+                continue;
             }
             if message_at_fault {
                 batch.count_failed_attempt(&failure.to_string());
@@ -549,6 +576,20 @@ fn count_written(dead: &[Option<String>], written: &[bool]) -> (u64, u64, u64) {
 
 fn entry(delivery: &Delivery, effect: Effect) -> Entry {
     let message = &delivery.message;
+    if delivery.store_refused.is_some() {
+        // What the store could not hold is left out: the dead letter keeps the message's
+        // identity, its reason and the store's error.
+        return Entry {
+            key: delivery.key.clone(),
+            message: MessageFields {
+                message_id: message.message_id.chars().take(BARE_ID_CHARS).collect(),
+                publish_time_ms: message.publish_time_ms,
+                attributes_json: "{}".to_owned(),
+                data: bytes::Bytes::new(),
+            },
+            effect,
+        };
+    }
     Entry {
         key: delivery.key.clone(),
         message: MessageFields {
@@ -561,6 +602,10 @@ fn entry(delivery: &Delivery, effect: Effect) -> Entry {
         effect,
     }
 }
+
+/// A dead letter kept without its payload keeps this much of its message id (a file record's
+/// id may be as long as its line).
+const BARE_ID_CHARS: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 enum Failure {

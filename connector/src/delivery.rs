@@ -76,6 +76,9 @@ pub struct Delivery {
     pub last_error: Option<String>,
     /// Its Pub/Sub ordering key, if it has one.
     pub ordering_key: Option<std::sync::Arc<str>>,
+    /// Why the store refused this message's dead letter as it was (a value it cannot hold):
+    /// the dead letter is then kept without the message's data and attributes.
+    pub store_refused: Option<String>,
 }
 
 impl Delivery {

@@ -186,6 +186,7 @@
 //! module, `engine`, for the `sluice` binary and its tests. They follow the binary, not this
 //! crate's semantic version: build jobs on [`Job`].
 
+mod ack_fence;
 mod backoff;
 mod batch;
 mod bounded;
@@ -253,6 +254,7 @@ use engine::*;
 /// Not part of the library's interface: they change with the binary.
 #[doc(hidden)]
 pub mod engine {
+    pub use crate::ack_fence::AckFence;
     pub use crate::backoff::Backoff;
     pub use crate::batch::{Batch, BatchSettings, BatchSource, DedupSettings, Idle, KeySource};
     pub use crate::bounded::{SkipCommitted, SourceProgress};

@@ -265,9 +265,22 @@ fn target(c: &mut Collector<'_>, raw: RawTarget, path: &str) -> Target {
                     format!("unknown sink format `{format}`; the only one is jsonl"),
                 );
             }
+            let path_at = format!("{path}.sink.path");
+            let folder = required(c, sink.path, &path_at);
+            if let Some((scheme, _)) = folder.split_once("://") {
+                c.push(
+                    ErrorCode::InvalidValue,
+                    &path_at,
+                    format!(
+                        "`{folder}`: a sink writes files to a local folder; `{scheme}://` is \
+                         not a place sinks can write to (object storage is not built yet), \
+                         so give a path like out/events"
+                    ),
+                );
+            }
             TargetKind::Sink {
                 format,
-                path: PathBuf::from(required(c, sink.path, &format!("{path}.sink.path"))),
+                path: PathBuf::from(folder),
             }
         }
         RawKind::Window => {

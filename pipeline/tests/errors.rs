@@ -522,3 +522,19 @@ fn a_dead_letter_topic_is_named() {
         3,
     );
 }
+
+#[test]
+fn a_sink_path_with_a_url_scheme_is_refused() {
+    for folder in ["gs://bucket/events", "s3://bucket/x", "file:///tmp/x"] {
+        let e = one(
+            &edit(
+                5,
+                &format!("    kind: sink\n    sink: {{ path: \"{folder}\" }}"),
+            ),
+            ErrorCode::InvalidValue,
+            "targets[0].sink.path",
+            6,
+        );
+        assert!(e.to_string().contains("local folder"), "{e}");
+    }
+}

@@ -27,6 +27,10 @@ pub enum StoreError {
     /// replica committed meanwhile.
     #[error("too late to commit: the batch is past its commit deadline")]
     Stale,
+    /// A clear made under a pool update's claim found the claim gone (another process took it
+    /// over, or the update ended): nothing was deleted. The clearer stops clearing.
+    #[error("the pool update's claim was lost: {0}")]
+    ClaimLost(String),
     /// A reading flow's position is no longer the version the change named (another replica
     /// moved it, or the flow was reset): nothing was written. The reader reloads its position.
     #[error("the read position moved: another reader or a reset changed it")]

@@ -31,6 +31,7 @@
 //! see [`LeaseRequest`]), and once-flow completion ([`FlowStore::record_completion`]) that every
 //! replica reads at start.
 
+mod commit_time;
 mod drain;
 mod error;
 mod feed;
@@ -51,6 +52,7 @@ mod url;
 mod windows;
 mod work;
 
+pub use commit_time::RESTAMP_AFTER_MS;
 pub use drain::{DrainCensus, DrainReport};
 pub use error::StoreError;
 pub use feed::{
@@ -63,7 +65,7 @@ pub use model::{
 };
 pub use outbox::{OutboxCensus, OutboxLetter};
 pub use pool::{LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, WorkerBeat, WorkerRecord};
-pub use pool_updates::{PoolUpdate, PoolUpdateState};
+pub use pool_updates::{ClearClaim, PoolUpdate, PoolUpdateState};
 /// Throwaway PostgreSQL databases, for tests and benchmarks (the `testing` feature).
 #[cfg(feature = "testing")]
 pub use postgres::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};

@@ -10,8 +10,17 @@
 //!   pending update to `clearing` for one caller, or takes a claim over that is older than the
 //!   caller's `stale_after` (its clearer died). The caller clears only once it holds the claim
 //!   and every live replica reported its flows stopped.
-//! * **Ended once.** [`crate::PoolStore::finish_pool_update`] writes the outcome of an update
-//!   that has not ended; an ended update is never rewritten.
+//! * **Ended once, by its clearer.** [`crate::PoolStore::finish_pool_update`] writes the
+//!   outcome of an update that the caller holds the claim of; an ended update is never
+//!   rewritten, and a clearer whose claim was taken over cannot end it.
+//! * **A clear is fenced by its claim.** A reset made for an update
+//!   ([`crate::FlowStore::reset_flow`] with a [`ClearClaim`]) checks, in its own transaction and
+//!   holding the update's row against a takeover until it commits, that the update is still
+//!   being cleared by that clearer; otherwise nothing is deleted ([`crate::StoreError::ClaimLost`]).
+//!   So a clearer paused or cut off past [`crate::PoolStore::claim_pool_update`]'s `stale_after`,
+//!   whose claim another took over, cannot clear under replicas that resumed. Clearer ids are
+//!   unique per process (a worker id, or the command line's `cli@host/pid`), so the id is the
+//!   fencing token.
 
 /// Where a pool update stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +55,15 @@ impl PoolUpdateState {
             PoolUpdateState::Failed => "failed",
         }
     }
+}
+
+/// The claim a clear is made under: the update and its clearer (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClearClaim {
+    /// The update's number.
+    pub update: i64,
+    /// The clearer that claimed it.
+    pub clearer: String,
 }
 
 /// A pool update as recorded.

@@ -5,10 +5,10 @@
 //! `Arc<dyn LedgerStore>`), and an `Arc<dyn Store>` coerces to any of them.
 
 use crate::{
-    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FeedLag, FeedRow,
-    FileCheckpoint, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord, LeaseRequest,
-    LedgerUpkeep, OutboxCensus, OutboxLetter, PoolUpdate, ReadPosition, ResetRows, RowCursor,
-    RunEnd, RunRecord, RunStart, StoreError, StoredRow, WatermarkRecord, WindowEmission,
+    BucketCounts, BucketMessage, ClearClaim, CommitBatch, CommitOutcome, DrainCensus, FeedLag,
+    FeedRow, FileCheckpoint, FlowHandle, FlowProgress, Layout, LeaseGrant, LeaseRecord,
+    LeaseRequest, LedgerUpkeep, OutboxCensus, OutboxLetter, PoolUpdate, ReadPosition, ResetRows,
+    RowCursor, RunEnd, RunRecord, RunStart, StoreError, StoredRow, WatermarkRecord, WindowEmission,
     WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
@@ -76,12 +76,15 @@ pub trait FlowStore: Send + Sync + 'static {
     /// again are then written once again; rows it cannot give again stay. Handles of the flow
     /// taken before are stale afterwards (PostgreSQL gives the flow a new id when every row
     /// goes, leaving its old ledger keys to expire with their partitions): prepare again. Callers make sure no
-    /// worker is running the flow meanwhile (its memory tier would still remember keys).
+    /// worker is running the flow meanwhile (its memory tier would still remember keys). With
+    /// `claim`, the reset happens only if that clearer still holds that pool update's claim
+    /// (checked in the reset's transaction; `StoreError::ClaimLost` otherwise).
     async fn reset_flow(
         &self,
         flow: &FlowHandle,
         table: Option<&str>,
         rows: ResetRows,
+        claim: Option<&ClearClaim>,
     ) -> Result<(), StoreError>;
 
     /// Up to `limit` rows of `table` (a full target table name) after `after`, in the order
@@ -167,12 +170,13 @@ pub trait PoolStore: Send + Sync + 'static {
         stale_after: std::time::Duration,
     ) -> Result<bool, StoreError>;
 
-    /// Ends update `id` (`done` or failed) with `message`, unless it has ended already;
-    /// `false` then.
+    /// Ends update `id` (`done` or failed) with `message`, if `clearer` holds its claim;
+    /// `false` otherwise (it has ended, or another took the claim over).
     async fn finish_pool_update(
         &self,
         pipeline: &str,
         id: i64,
+        clearer: &str,
         done: bool,
         message: &str,
     ) -> Result<bool, StoreError>;
@@ -345,7 +349,10 @@ pub trait RunStore: Send + Sync + 'static {
     /// Records that `run` starts now, running, and returns it. A fire recorded already
     /// (`run.trigger.is_fire()`, the same `fire_ms`) is not recorded again: a run of it that has
     /// not ended is handed to `run.worker` (its runner died or stopped) and returned, one that
-    /// ended is returned as it is, and the caller does not run it again.
+    /// ended is returned as it is, and the caller does not run it again. While another
+    /// worker's run (of another fire, or not a fire) is running and that worker is alive
+    /// ([`RunStart::alive_within`]), nothing is recorded and that run is returned: the caller
+    /// sees its `worker` is not `run.worker` and waits.
     async fn begin_run(&self, run: &RunStart) -> Result<RunRecord, StoreError>;
 
     /// Records how run `run_id` ended, with the store's clock, if it is still running and

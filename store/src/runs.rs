@@ -9,6 +9,13 @@
 //!   the scheduler over from one that died mid-run finishes the same run (same id, same
 //!   interval) and one that finds it ended does not run it again. Manual runs and runs fired
 //!   by a table's update have no fire time of their own and are recorded each time.
+//! * **One run at a time in a pool.** [`crate::RunStore::begin_run`] starts nothing while
+//!   another run of the pipeline is `running` by another worker whose heartbeat is within
+//!   [`RunStart::alive_within`] (a manual run asked of a replica that is not the scheduler,
+//!   say): it returns that run instead, and the caller waits for it to end. The check and the
+//!   insert are one transaction, serialized per pipeline. A run left `running` by a worker
+//!   that died does not hold others back (its fire is finished by the next scheduler, a manual
+//!   run recorded failed).
 //! * **An ended run stays ended.** [`crate::RunStore::end_run`] records an end only for a
 //!   running run, by the worker that runs it now: a replica that lost a run to another cannot
 //!   overwrite how the other ended it.
@@ -99,6 +106,9 @@ pub struct RunStart {
     pub trigger: RunTrigger,
     /// The worker running it.
     pub worker: String,
+    /// Another worker's run in progress holds this one back while that worker's heartbeat is
+    /// within this (the pool's "alive").
+    pub alive_within: std::time::Duration,
 }
 
 /// A run as recorded.

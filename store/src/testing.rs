@@ -3,12 +3,12 @@
 //! cannot be made to do on demand. Tests that use it say it is a fake around a real one.
 
 use crate::{
-    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FeedLag, FeedRow,
-    FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Inspect, Layout, LeaseGrant,
-    LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore,
-    PoolStore, PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord,
-    RunStart, RunStore, Store, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore,
-    WindowsEmitted, WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, ClearClaim, CommitBatch, CommitOutcome, DrainCensus, FeedLag,
+    FeedRow, FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Inspect, Layout,
+    LeaseGrant, LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter,
+    OutboxStore, PoolStore, PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd,
+    RunRecord, RunStart, RunStore, Store, StoreError, StoredRow, WatermarkRecord, WindowEmission,
+    WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 
@@ -121,8 +121,9 @@ impl<S: Store + Inspect> FlowStore for FaultStore<S> {
         flow: &FlowHandle,
         table: Option<&str>,
         rows: ResetRows,
+        claim: Option<&ClearClaim>,
     ) -> Result<(), StoreError> {
-        self.inner.reset_flow(flow, table, rows).await
+        self.inner.reset_flow(flow, table, rows, claim).await
     }
 
     async fn read_rows(
@@ -235,11 +236,12 @@ impl<S: Store + Inspect> PoolStore for FaultStore<S> {
         &self,
         pipeline: &str,
         id: i64,
+        clearer: &str,
         done: bool,
         message: &str,
     ) -> Result<bool, StoreError> {
         self.inner
-            .finish_pool_update(pipeline, id, done, message)
+            .finish_pool_update(pipeline, id, clearer, done, message)
             .await
     }
 

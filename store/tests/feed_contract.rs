@@ -192,7 +192,7 @@ async fn stale_position_changes_are_refused(postgres: bool) {
     assert_eq!(store.count_rows(TABLE, Some("reader")).await.unwrap(), 1);
 
     store
-        .reset_flow(reader, None, ResetRows::All)
+        .reset_flow(reader, None, ResetRows::All, None)
         .await
         .unwrap();
     assert_eq!(
@@ -200,6 +200,81 @@ async fn stale_position_changes_are_refused(postgres: bool) {
         ReadPosition::default(),
         "a reset reads the table again from its beginning"
     );
+}
+
+/// The gate of a test's pages: the version its committed pages reached.
+#[derive(Debug)]
+struct TestGate(tokio::sync::watch::Sender<i64>);
+
+#[async_trait::async_trait]
+impl sluice_store::PositionGate for TestGate {
+    async fn wait(&self, version: i64) -> bool {
+        self.0.subscribe().wait_for(|v| *v >= version).await.is_ok()
+    }
+}
+
+/// PostgreSQL only: a page that waits for the page before it does not hold a connection
+/// while it waits. With a pool of one connection, page 2's commit starts first and waits for
+/// page 1 inside its transaction; page 1 must still get the connection and commit, then page 2
+/// commits. (Before the fix page 2 held the only connection in an open transaction for as long
+/// as it waited, so page 1's commit timed out waiting for a connection, again and again.)
+#[tokio::test]
+async fn postgres_a_page_waiting_for_the_one_before_it_holds_no_connection() {
+    let database = ScratchDatabase::create().await.unwrap();
+    let store: Arc<dyn InspectableStore> =
+        Arc::new(PostgresStore::open(&format!("{}?pool_size=1", database.url())).unwrap());
+    let flows = store
+        .prepare(&layout(&["live", "other", "reader"]))
+        .await
+        .unwrap();
+    let (live, reader) = (flows[0].clone(), flows[2].clone());
+    store
+        .commit(batch(&live, vec![row("a"), row("b")]))
+        .await
+        .unwrap();
+    let planned = store
+        .plan_range(&reader, TABLE, &ReadPosition::default())
+        .await
+        .unwrap();
+    let rows = store.read_range(TABLE, &planned, 10).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    let gate = Arc::new(TestGate(tokio::sync::watch::Sender::new(planned.version)));
+    let page = |version: i64, row_index: usize, key: &str| {
+        let mut page = batch(&reader, vec![row(key)]);
+        page.position = Some(PositionAdvance {
+            table: Arc::from(TABLE),
+            expected_version: version,
+            after: Some(rows[row_index].cursor),
+        });
+        page.position_gate = Some(gate.clone() as Arc<dyn sluice_store::PositionGate>);
+        page
+    };
+    let second = {
+        let (store, page) = (store.clone(), page(planned.version + 1, 1, "second"));
+        tokio::spawn(async move { store.commit(page).await })
+    };
+    // The second page's transaction is open and waiting for the first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let mut first = store.commit(page(planned.version, 0, "first")).await;
+    while matches!(first, Err(StoreError::Unavailable(_)))
+        && started.elapsed() < Duration::from_secs(35)
+    {
+        first = store.commit(page(planned.version, 0, "first")).await;
+    }
+    assert!(
+        first.is_ok(),
+        "the first page never got a connection while the second waited: {first:?}"
+    );
+    gate.0.send_replace(planned.version + 1);
+    let second = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("the second page committed once the first had")
+        .unwrap();
+    assert!(second.is_ok(), "{second:?}");
+    assert_eq!(store.count_rows(TABLE, Some("reader")).await.unwrap(), 2);
+    let at = store.read_position(&reader, TABLE).await.unwrap();
+    assert_eq!(at.version, planned.version + 2);
 }
 
 /// PostgreSQL only: transactions commit in another order than their ids. A writer whose
@@ -359,7 +434,7 @@ async fn file_checkpoints_are_saved_replaced_and_reset(postgres: bool) {
         ReadPosition::default()
     );
     store
-        .reset_flow(reader, None, ResetRows::All)
+        .reset_flow(reader, None, ResetRows::All, None)
         .await
         .unwrap();
     let reader = &store

@@ -58,6 +58,7 @@ async fn reset_forgets_one_flow_only(postgres: bool) {
                 since_ms: 2_000,
                 hold_watermark: false,
             },
+            None,
         )
         .await
         .unwrap();
@@ -72,7 +73,7 @@ async fn reset_forgets_one_flow_only(postgres: bool) {
     store.record_completion(live).await.unwrap();
 
     store
-        .reset_flow(live, Some("p__events"), ResetRows::All)
+        .reset_flow(live, Some("p__events"), ResetRows::All, None)
         .await
         .unwrap();
     // Handles taken before a reset are stale: prepare again, as a worker does at start.
@@ -119,7 +120,7 @@ async fn reset_forgets_one_flow_only(postgres: bool) {
     // A bad table name is refused, not spliced.
     assert!(
         store
-            .reset_flow(live, Some("x\"; DROP"), ResetRows::All)
+            .reset_flow(live, Some("x\"; DROP"), ResetRows::All, None)
             .await
             .is_err()
     );

@@ -35,7 +35,7 @@ async fn a_reset_keeps_the_ledger_keys_of_the_rows_it_keeps(postgres: bool) {
         .await
         .unwrap();
     store
-        .reset_flow(&flows[0], Some("p__events"), ResetRows::Keep)
+        .reset_flow(&flows[0], Some("p__events"), ResetRows::Keep, None)
         .await
         .unwrap();
     let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
@@ -65,6 +65,7 @@ async fn a_reset_keeps_the_ledger_keys_of_the_rows_it_keeps(postgres: bool) {
                 since_ms: 3_000,
                 hold_watermark: false,
             },
+            None,
         )
         .await
         .unwrap();

@@ -41,7 +41,7 @@ async fn drain_reports_come_with_the_readers_heartbeats(postgres: bool) {
         1
     );
     store
-        .reset_flow(&flows[1], Some("p__events"), ResetRows::All)
+        .reset_flow(&flows[1], Some("p__events"), ResetRows::All, None)
         .await
         .unwrap();
     let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
@@ -191,14 +191,21 @@ async fn pool_updates_are_claimed_once_and_end_once(postgres: bool) {
         sluice_store::PoolUpdateState::Clearing { ref by, .. } if by == "w2"
     ));
     assert!(
+        !store
+            .finish_pool_update("p", first, "w1", false, "stale")
+            .await
+            .unwrap(),
+        "a clearer whose claim was taken over cannot end the update"
+    );
+    assert!(
         store
-            .finish_pool_update("p", first, true, "cleared: a")
+            .finish_pool_update("p", first, "w2", true, "cleared: a")
             .await
             .unwrap()
     );
     assert!(
         !store
-            .finish_pool_update("p", first, false, "late")
+            .finish_pool_update("p", first, "w2", false, "late")
             .await
             .unwrap()
     );
@@ -216,8 +223,21 @@ async fn pool_updates_are_claimed_once_and_end_once(postgres: bool) {
         second
     );
     assert!(
+        !store
+            .finish_pool_update("p", second, "w1", false, "withdrawn")
+            .await
+            .unwrap(),
+        "withdrawn only once claimed"
+    );
+    assert!(
         store
-            .finish_pool_update("p", second, false, "withdrawn")
+            .claim_pool_update("p", second, "w1", long)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .finish_pool_update("p", second, "w1", false, "withdrawn")
             .await
             .unwrap()
     );
@@ -226,7 +246,60 @@ async fn pool_updates_are_claimed_once_and_end_once(postgres: bool) {
     assert_eq!((latest.id, latest.state.name()), (second, "failed"));
 }
 
+/// A reset made under a pool update's claim deletes only while its clearer holds the claim:
+/// once another took it over, the paused clearer's reset deletes nothing.
+async fn a_reset_under_a_lost_claim_deletes_nothing(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    store
+        .commit(batch(&flows[1], vec![row("k1"), row("k2")]))
+        .await
+        .unwrap();
+    let id = store.request_pool_update("p", "{}", "w1").await.unwrap();
+    let long = Duration::from_secs(60);
+    assert!(store.claim_pool_update("p", id, "w1", long).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        store
+            .claim_pool_update("p", id, "w2", Duration::from_millis(1))
+            .await
+            .unwrap(),
+        "w1 was paused past its claim: w2 takes it over"
+    );
+    let stale = sluice_store::ClearClaim {
+        update: id,
+        clearer: "w1".into(),
+    };
+    let refused = store
+        .reset_flow(&flows[1], Some("p__events"), ResetRows::All, Some(&stale))
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::ClaimLost(_))),
+        "{refused:?}"
+    );
+    assert_eq!(store.count_rows("p__events", None).await.unwrap(), 2);
+    let held = sluice_store::ClearClaim {
+        update: id,
+        clearer: "w2".into(),
+    };
+    store
+        .reset_flow(&flows[1], Some("p__events"), ResetRows::All, Some(&held))
+        .await
+        .unwrap();
+    assert_eq!(store.count_rows("p__events", None).await.unwrap(), 0);
+    assert!(
+        store
+            .finish_pool_update("p", id, "w2", true, "done")
+            .await
+            .unwrap()
+    );
+    let ended = store
+        .reset_flow(&flows[1], Some("p__events"), ResetRows::All, Some(&held))
+        .await;
+    assert!(matches!(ended, Err(StoreError::ClaimLost(_))), "{ended:?}");
+}
+
 on_both_backends!(
+    a_reset_under_a_lost_claim_deletes_nothing,
     pool_updates_are_claimed_once_and_end_once,
     drain_reports_come_with_the_readers_heartbeats,
     leases_have_one_holder_and_move_when_they_expire,

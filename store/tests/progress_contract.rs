@@ -402,7 +402,7 @@ async fn reset_forgets_buckets_and_watermark(postgres: bool) {
     }
 
     store
-        .reset_flow(stale, Some("p__events"), ResetRows::All)
+        .reset_flow(stale, Some("p__events"), ResetRows::All, None)
         .await
         .unwrap();
     let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();
@@ -507,6 +507,7 @@ async fn a_reset_with_a_seek_holds_the_watermark_at_the_replay(postgres: bool) {
                 since_ms: 2_500,
                 hold_watermark: true,
             },
+            None,
         )
         .await
         .unwrap();
@@ -518,6 +519,7 @@ async fn a_reset_with_a_seek_holds_the_watermark_at_the_replay(postgres: bool) {
                 since_ms: 2_500,
                 hold_watermark: false,
             },
+            None,
         )
         .await
         .unwrap();

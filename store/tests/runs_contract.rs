@@ -15,6 +15,7 @@ fn start(fire_ms: i64, trigger: RunTrigger, worker: &str) -> RunStart {
         interval: Some((fire_ms - 1_000, fire_ms)),
         trigger,
         worker: worker.into(),
+        alive_within: Duration::from_secs(15),
     }
 }
 
@@ -127,7 +128,60 @@ async fn history_and_last_fire(postgres: bool) {
     assert_eq!(store.last_fire("q").await.unwrap(), Some(99_000));
 }
 
+/// One run at a time in a pool: while a live worker's manual run goes on, neither a fire nor
+/// another worker's manual run begins (the running one is returned instead); a dead worker's
+/// run holds nothing back; the same worker's own runs are its business.
+async fn a_live_workers_run_holds_back_the_others(postgres: bool) {
+    let (_place, store, _) = open(postgres).await;
+    let beat = |worker: &str| WorkerBeat {
+        pipeline: "p".into(),
+        worker: worker.into(),
+        host: "h".into(),
+        pid: 1,
+    };
+    store.heartbeat(&beat("w1")).await.unwrap();
+    store.heartbeat(&beat("w2")).await.unwrap();
+    // A run left running by a worker that is not alive (no heartbeat) holds nothing back.
+    let orphan = store
+        .begin_run(&start(5_000, RunTrigger::Manual, "gone"))
+        .await
+        .unwrap();
+    assert_eq!(orphan.worker, "gone");
+    let manual = store
+        .begin_run(&start(10_000, RunTrigger::Manual, "w2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (manual.worker.as_str(), manual.state),
+        ("w2", RunState::Running),
+        "gone's run does not hold w2 back"
+    );
+    for (fire, trigger) in [(20_000, RunTrigger::Schedule), (30_000, RunTrigger::Manual)] {
+        let held = store.begin_run(&start(fire, trigger, "w1")).await.unwrap();
+        assert_eq!(held.run_id, manual.run_id, "w2's run goes on alone");
+        assert_eq!(held.worker, "w2");
+    }
+    assert_eq!(
+        store.runs("p", 10).await.unwrap().len(),
+        2,
+        "nothing recorded"
+    );
+    let ended = RunEnd {
+        state: RunState::Completed,
+        rows: Vec::new(),
+        error: None,
+    };
+    assert!(store.end_run(manual.run_id, "w2", &ended).await.unwrap());
+    let fire = store
+        .begin_run(&start(20_000, RunTrigger::Schedule, "w1"))
+        .await
+        .unwrap();
+    assert_eq!((fire.worker.as_str(), fire.fire_ms), ("w1", 20_000));
+    assert_eq!(fire.state, RunState::Running);
+}
+
 on_both_backends!(
+    a_live_workers_run_holds_back_the_others,
     a_fire_is_one_run_taken_over_until_it_ends,
     history_and_last_fire,
 );

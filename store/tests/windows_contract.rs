@@ -563,7 +563,7 @@ async fn a_reset_counts_the_flows_windows_again(postgres: bool) {
 
     // Every row kept: the windows are counted again from them, the late row too.
     store
-        .reset_flow(stale, Some("p__events"), ResetRows::Keep)
+        .reset_flow(stale, Some("p__events"), ResetRows::Keep, None)
         .await
         .unwrap();
     assert_eq!(place.window_marks().await, 1, "the other flow's mark only");
@@ -595,6 +595,7 @@ async fn a_reset_counts_the_flows_windows_again(postgres: bool) {
                 since_ms: 5_000,
                 hold_watermark: false,
             },
+            None,
         )
         .await
         .unwrap();
@@ -625,7 +626,7 @@ async fn a_reset_counts_the_flows_windows_again(postgres: bool) {
 
     // Every row goes and none comes again: no window is left.
     store
-        .reset_flow(live, Some("p__events"), ResetRows::All)
+        .reset_flow(live, Some("p__events"), ResetRows::All, None)
         .await
         .unwrap();
     let flows = store.prepare(&layout(&["live", "other"])).await.unwrap();

@@ -22,6 +22,7 @@ pub struct StageCall {
 pub struct StageRecorder {
     calls: Arc<Mutex<Vec<StageCall>>>,
     refused: Arc<Mutex<Vec<String>>>,
+    slowest: Arc<Mutex<Option<std::time::Duration>>>,
 }
 
 impl StageRecorder {
@@ -29,6 +30,12 @@ impl StageRecorder {
     /// record whose key contains `needle`.
     pub fn refuse_keys_containing(&self, needle: &str) {
         self.refused.lock().unwrap().push(needle.to_owned());
+    }
+
+    /// From now on, answers each call after a random delay of up to `slowest` (a stage whose
+    /// answers take their time, unevenly).
+    pub fn answer_within(&self, slowest: std::time::Duration) {
+        *self.slowest.lock().unwrap() = Some(slowest);
     }
 
     /// A copy of the calls so far.
@@ -44,6 +51,12 @@ impl Stage for StageRecorder {
         request: tonic::Request<ProcessRequest>,
     ) -> Result<tonic::Response<ProcessResponse>, tonic::Status> {
         let request = request.into_inner();
+        let slowest = *self.slowest.lock().unwrap();
+        if let Some(slowest) = slowest {
+            let millis = u64::try_from(slowest.as_millis()).unwrap_or(u64::MAX);
+            let delay = std::time::Duration::from_millis(rand::random_range(0..=millis));
+            tokio::time::sleep(delay).await;
+        }
         let keys: Vec<String> = request.records.into_iter().map(|r| r.key).collect();
         let refused = self
             .refused

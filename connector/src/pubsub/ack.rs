@@ -11,9 +11,12 @@
 //! * On other subscriptions an ack is best effort (the client drops its RPC errors), and the
 //!   ledger makes a redelivery harmless, as always.
 //! * A nack gives the message back at once in both cases.
+//! * A source with an ack fence (`ack_fence.rs`) asks it first: an ack it withholds becomes a
+//!   nack, counted in `sluice_acks_withheld_total{subscription}`.
 //! * Confirmed acks still waiting for Pub/Sub's answer are waited for (up to the flush timeout)
 //!   when the source closes, before its streams shut down: a drain's last acks are sent.
 
+use crate::ack_fence::AckFence;
 use crate::delivery::AckHandle;
 use google_cloud_pubsub::error::AckError;
 use google_cloud_pubsub::subscriber::handler::Handler;
@@ -56,6 +59,7 @@ pub(crate) struct PubSubAck {
     pub(crate) handler: Handler,
     pub(crate) subscription: Arc<str>,
     pub(crate) pending: Arc<PendingAcks>,
+    pub(crate) fence: Option<Arc<dyn AckFence>>,
 }
 
 impl AckHandle for PubSubAck {
@@ -64,7 +68,15 @@ impl AckHandle for PubSubAck {
             handler,
             subscription,
             pending,
+            fence,
         } = *self;
+        if fence.is_some_and(|fence| !fence.acks_allowed()) {
+            metrics::counter!("sluice_acks_withheld_total",
+                "subscription" => subscription.to_string())
+            .increment(1);
+            handler.nack();
+            return;
+        }
         match (handler, tokio::runtime::Handle::try_current()) {
             (Handler::ExactlyOnce(handler), Ok(runtime)) => {
                 pending.count.fetch_add(1, Ordering::AcqRel);
@@ -108,4 +120,6 @@ pub(crate) fn register_ack_failures(subscription: &str) {
             "subscription" => subscription.to_owned(), "reason" => reason)
         .increment(0);
     }
+    metrics::counter!("sluice_acks_withheld_total", "subscription" => subscription.to_owned())
+        .increment(0);
 }

@@ -19,6 +19,7 @@ use super::ack::{PendingAcks, PubSubAck, register_ack_failures};
 use super::pause::{Epoch, PauseWatch};
 use super::settings::FlowIntent;
 use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig};
+use crate::ack_fence::AckFence;
 use crate::backoff::Backoff;
 use crate::budget::Budget;
 use crate::delivery::SourceMessage;
@@ -65,6 +66,7 @@ pub struct PubSubSource {
     deliver_probes: bool,
     reopens: Option<Arc<AtomicU64>>,
     intent: FlowIntent,
+    fence: Option<Arc<dyn AckFence>>,
 }
 
 impl PubSubSource {
@@ -83,6 +85,7 @@ impl PubSubSource {
             deliver_probes: false,
             reopens: None,
             intent: FlowIntent::default(),
+            fence: None,
         })
     }
 
@@ -118,6 +121,13 @@ impl PubSubSource {
     /// [`FlowIntent`]).
     pub fn with_intent(mut self, intent: FlowIntent) -> Self {
         self.intent = intent;
+        self
+    }
+
+    /// Acks only while `fence` allows them; a message it withholds the ack of is given back
+    /// (see `ack_fence.rs`). Default: no fence.
+    pub fn with_ack_fence(mut self, fence: Arc<dyn AckFence>) -> Self {
+        self.fence = Some(fence);
         self
     }
 
@@ -227,6 +237,7 @@ impl MessageSource for PubSubSource {
                 deliver_probes: self.deliver_probes,
                 reopens: self.reopens.clone(),
                 pending: pending.clone(),
+                fence: self.fence.clone(),
             };
             tasks.spawn(stream.run());
         }
@@ -294,6 +305,7 @@ struct StreamTask {
     deliver_probes: bool,
     reopens: Option<Arc<AtomicU64>>,
     pending: Arc<PendingAcks>,
+    fence: Option<Arc<dyn AckFence>>,
 }
 
 impl StreamTask {
@@ -359,6 +371,7 @@ impl StreamTask {
                             handler,
                             subscription: self.subscription.clone(),
                             pending: self.pending.clone(),
+                            fence: self.fence.clone(),
                         });
                         if self
                             .intake

@@ -132,6 +132,30 @@ pub(crate) fn statement(table: Option<&str>, dead_letter: &str) -> String {
     )
 }
 
+/// Seals a transaction with work in it just before it commits (see `commit_time.rs`): on the
+/// server's clock (`clock_timestamp()`, the moment the statement runs, not the transaction's
+/// start), returns `false` if the deadline `$1` (ms, or NULL) has passed, and otherwise, if the
+/// transaction has lasted more than `$6` ms, stamps the expiry of the keys it won (`$4`) again
+/// from now: a row per generation of the window from now, as a commit writes them.
+pub(crate) const SEAL: &str = "
+    WITH c AS (
+        SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8 AS t,
+               (extract(epoch FROM now()) * 1000)::int8 AS s
+    ),
+    ok AS (
+        SELECT ($1::int8 IS NULL OR t <= $1::int8) AS ok, t, s FROM c
+    ),
+    restamp AS (
+        INSERT INTO sluice_ledger AS l (generation, flow_id, key, expires_at)
+        SELECT g, $2, k.key, ok.t + $3
+        FROM ok CROSS JOIN unnest($4::text[]) AS k(key)
+        CROSS JOIN LATERAL generate_series(ok.t / $5, (ok.t + $3) / $5) AS g
+        WHERE ok.ok AND ok.t - ok.s > $6
+        ORDER BY k.key, g
+        ON CONFLICT (generation, flow_id, key) DO UPDATE SET expires_at = excluded.expires_at
+    )
+    SELECT ok FROM ok";
+
 /// The statement's parameters for one batch: entries with a key already seen earlier in the
 /// batch are left out (they are duplicates of that first entry).
 pub(crate) struct Arguments<'a> {
@@ -239,6 +263,11 @@ impl<'a> Arguments<'a> {
     /// The window this batch's keys are kept for, ms.
     pub(crate) fn window_ms(&self) -> i64 {
         self.window_ms
+    }
+
+    /// The commit deadline on the server's clock, ms (`None`: none).
+    pub(crate) fn commit_by_ms(&self) -> Option<i64> {
+        self.commit_by_ms
     }
 
     /// Parameters `$1..$19` of [`statement`].

@@ -25,8 +25,10 @@ fn names_missing_generation(
     *code == SqlState::CHECK_VIOLATION && table == Some("sluice_ledger") && constraint.is_none()
 }
 
-/// Only a refusal of the data itself (integrity or data exceptions, SQLSTATE classes 22 and 23)
-/// is `Rejected`, which costs the messages attempts. Schema trouble (class 42: a table dropped
+/// Only a refusal of the data itself (data exceptions, integrity, and program limits a value
+/// can exceed: SQLSTATE classes 22, 23 and 54, e.g. 54000 for an index entry too large) is
+/// `Rejected`, which costs the messages attempts (a batch is split to find the message at
+/// fault, which ends as a dead letter). Schema trouble (class 42: a table dropped
 /// by hand, a missing privilege) is `Config`. Everything else (connection lost, server shutting
 /// down, serialization failures and deadlocks, disk full, too many connections) leaves the data
 /// blameless and is `Unavailable`: the batch is retried with backoff.
@@ -36,7 +38,7 @@ pub(crate) fn classify(error: tokio_postgres::Error) -> StoreError {
     };
     let text = format!("{}: {}", db.code().code(), db.message());
     match &db.code().code()[..2] {
-        "22" | "23" if !is_missing_generation(&error) => StoreError::Rejected(text),
+        "22" | "23" | "54" if !is_missing_generation(&error) => StoreError::Rejected(text),
         "42" => StoreError::Config(text),
         _ => StoreError::Unavailable(text),
     }

@@ -2,7 +2,7 @@
 //! and asking which keys it has already written.
 
 use crate::schema::{check_table, table_name};
-use crate::{FlowHandle, ResetRows, RowCursor, StoreError, StoredRow};
+use crate::{ClearClaim, FlowHandle, ResetRows, RowCursor, StoreError, StoredRow};
 use deadpool_postgres::Client;
 
 /// Forgets the flow in one transaction: its counters, completion, commit marks, watermark
@@ -12,12 +12,14 @@ use deadpool_postgres::Client;
 /// letter is kept stays in the ledger, so its redelivery stays a duplicate. When every row goes
 /// (`ResetRows::All`) the flow gets a new id instead, so its ledger keys (in every generation)
 /// belong to no flow any more and leave with their partitions; otherwise the keys of the
-/// deleted rows are deleted from every generation.
+/// deleted rows are deleted from every generation. With `claim`, only while its clearer holds
+/// the pool update (the update's row held until the reset commits).
 pub(super) async fn reset_flow(
     client: &mut Client,
     flow: &FlowHandle,
     table: Option<&str>,
     rows: ResetRows,
+    claim: Option<&ClearClaim>,
 ) -> Result<(), StoreError> {
     let dead_letter = table_name(&flow.pipeline, "dead_letter")?;
     if let Some(table) = table {
@@ -25,6 +27,9 @@ pub(super) async fn reset_flow(
     }
     let name: &str = &flow.name;
     let tx = client.transaction().await?;
+    if let Some(claim) = claim {
+        super::pool_updates::hold_claim(&tx, &flow.pipeline, claim).await?;
+    }
     // The flow's row first, as an emission of its windows locks it first too (see
     // windows.rs): the two queue instead of deadlocking on its mark.
     tx.execute(

@@ -38,12 +38,12 @@ pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 use crate::Inspect;
 use crate::schema::table_name;
 use crate::{
-    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FeedLag, FeedRow, FeedStore,
-    FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore, PoolStore,
-    PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord, RunStart,
-    RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted,
-    WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, ClearClaim, CommitBatch, CommitOutcome, FeedLag, FeedRow,
+    FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant,
+    LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore,
+    PoolStore, PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord,
+    RunStart, RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore,
+    WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -161,16 +161,21 @@ impl PostgresStore {
 
     /// A commit that must do more inside its transaction: run a hook (a sink's file) with its
     /// commit mark, and move a reading flow's position (last, after waiting for the page before
-    /// it; refused, the whole transaction rolls back). One explicit transaction (a few more round trips than a plain
-    /// commit), which holds a hook attempt's advisory lock until it ends (see
-    /// `flows::commit_recorded`).
+    /// it; refused, the whole transaction rolls back). One explicit transaction (a few more
+    /// round trips than a plain commit), which holds a hook attempt's advisory lock until it
+    /// ends (see `flows::commit_recorded`), sealed as it commits (`commit_time.rs`).
+    ///
+    /// A page waits for the page before it for at most [`PAGE_WAIT_IN_TRANSACTION`] with its
+    /// transaction open; past that the transaction rolls back and the connection goes back to
+    /// the pool ([`Committed::WaitForPage`]): pages in flight together never hold the pool's
+    /// connections while the page they wait for needs one.
     async fn commit_in_transaction(
         &self,
         client: &mut Client,
         width: i64,
         batch: &CommitBatch,
         arguments: &commit::Arguments<'_>,
-    ) -> Result<CommitOutcome, StoreError> {
+    ) -> Result<Committed, StoreError> {
         let mut attempts_left = 2;
         loop {
             attempts_left -= 1;
@@ -229,16 +234,101 @@ impl PostgresStore {
             // Last, so that pages in flight together overlap their work and move the position
             // in order, each after the one before it committed.
             if let Some(advance) = &batch.position {
-                if let Some(gate) = &batch.position_gate
-                    && !gate.wait(advance.expected_version).await
-                {
-                    return Err(StoreError::Moved);
+                if let Some(gate) = &batch.position_gate {
+                    let version = advance.expected_version;
+                    match tokio::time::timeout(PAGE_WAIT_IN_TRANSACTION, gate.wait(version)).await {
+                        Ok(true) => {}
+                        Ok(false) => return Err(StoreError::Moved),
+                        Err(_) => return Ok(Committed::WaitForPage(gate.clone(), version)),
+                    }
                 }
                 feed::advance(&tx, batch.flow.id, advance).await?;
             }
+            match self.seal(&tx, width, batch, arguments, &written).await {
+                Err(error) if error::is_missing_generation(&error) && attempts_left > 0 => {
+                    drop(tx);
+                    ledger::create_ahead(client, width, self.horizon_ms()).await?;
+                    continue;
+                }
+                Err(error) => return Err(error.into()),
+                Ok(false) => return Err(StoreError::Stale),
+                Ok(true) => {}
+            }
             tx.commit().await?;
-            return Ok(CommitOutcome { written });
+            return Ok(Committed::Done(CommitOutcome { written }));
         }
+    }
+
+    /// One attempt at `batch`: committed, or rolled back to wait, without a connection, for
+    /// the page before it.
+    async fn commit_once(&self, batch: &CommitBatch) -> Result<Committed, StoreError> {
+        let (mut client, width) = self.ready().await?;
+        // Pages of a reading flow in flight together take different shards: a page waiting for
+        // the one before it must not hold a counter row that one needs.
+        let shard = match &batch.position {
+            Some(advance) => i32::try_from(
+                advance
+                    .expected_version
+                    .rem_euclid(commit::COUNTER_SHARDS.into()),
+            )
+            .unwrap_or_default(),
+            None => rand::random_range(0..commit::COUNTER_SHARDS),
+        };
+        let deadline = self.server_deadline(&client, batch).await?;
+        let arguments = commit::Arguments::new(batch, width, shard, deadline);
+        self.largest_window_ms
+            .fetch_max(arguments.window_ms(), Ordering::Relaxed);
+        if batch.hook.is_some() || batch.position.is_some() || batch.work.is_some() {
+            return self
+                .commit_in_transaction(&mut client, width, batch, &arguments)
+                .await;
+        }
+        let fresh = match self.run_commit(&client, batch, &arguments).await {
+            Err(error) if error::is_missing_generation(&error) => {
+                // The upkeep holder is late (or this is the first commit after a long pause):
+                // create what is missing and try once more.
+                ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+                self.run_commit(&client, batch, &arguments).await?
+            }
+            other => other?,
+        }
+        .ok_or(StoreError::Stale)?;
+        Ok(Committed::Done(CommitOutcome {
+            written: commit::outcome(batch, &arguments.firsts, &fresh),
+        }))
+    }
+
+    /// Runs [`commit::SEAL`] in `tx`: `false` if the batch is past its deadline now.
+    async fn seal(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        width: i64,
+        batch: &CommitBatch,
+        arguments: &commit::Arguments<'_>,
+        written: &[bool],
+    ) -> Result<bool, tokio_postgres::Error> {
+        let won: Vec<&str> = batch
+            .entries
+            .iter()
+            .zip(written)
+            .filter(|(_, written)| **written)
+            .map(|(entry, _)| entry.key.as_str())
+            .collect();
+        let statement = tx.prepare_cached(commit::SEAL).await?;
+        let row = tx
+            .query_one(
+                &statement,
+                &[
+                    &arguments.commit_by_ms(),
+                    &batch.flow.id,
+                    &arguments.window_ms(),
+                    &won,
+                    &width,
+                    &crate::RESTAMP_AFTER_MS,
+                ],
+            )
+            .await?;
+        row.try_get(0)
     }
 
     async fn run_commit(
@@ -285,6 +375,21 @@ impl PostgresStore {
     }
 }
 
+/// How long a page's transaction, its work done, waits for the page before it with its
+/// connection held: longer than a page's commit takes while the store answers (tens of
+/// milliseconds), far shorter than the pool's wait for a connection (`connect.rs`). Past it,
+/// the page waits without a connection and runs its transaction again.
+const PAGE_WAIT_IN_TRANSACTION: Duration = Duration::from_millis(500);
+
+/// How one commit attempt ended.
+enum Committed {
+    /// Committed.
+    Done(CommitOutcome),
+    /// Rolled back with nothing written, to wait for the page before it (the gate, and the
+    /// version it waits for) without holding a connection; then tried again.
+    WaitForPage(Arc<dyn crate::PositionGate>, i64),
+}
+
 /// Sizes for capacity planning, from [`PostgresStore::footprint`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Footprint {
@@ -303,40 +408,18 @@ fn millis(duration: Duration) -> i64 {
 #[async_trait]
 impl LedgerStore for PostgresStore {
     async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
-        let (mut client, width) = self.ready().await?;
-        // Pages of a reading flow in flight together take different shards: a page waiting for
-        // the one before it must not hold a counter row that one needs.
-        let shard = match &batch.position {
-            Some(advance) => i32::try_from(
-                advance
-                    .expected_version
-                    .rem_euclid(commit::COUNTER_SHARDS.into()),
-            )
-            .unwrap_or_default(),
-            None => rand::random_range(0..commit::COUNTER_SHARDS),
-        };
-        let deadline = self.server_deadline(&client, &batch).await?;
-        let arguments = commit::Arguments::new(&batch, width, shard, deadline);
-        self.largest_window_ms
-            .fetch_max(arguments.window_ms(), Ordering::Relaxed);
-        if batch.hook.is_some() || batch.position.is_some() || batch.work.is_some() {
-            return self
-                .commit_in_transaction(&mut client, width, &batch, &arguments)
-                .await;
-        }
-        let fresh = match self.run_commit(&client, &batch, &arguments).await {
-            Err(error) if error::is_missing_generation(&error) => {
-                // The upkeep holder is late (or this is the first commit after a long pause):
-                // create what is missing and try once more.
-                ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
-                self.run_commit(&client, &batch, &arguments).await?
+        loop {
+            match self.commit_once(&batch).await? {
+                Committed::Done(outcome) => return Ok(outcome),
+                Committed::WaitForPage(gate, version) => {
+                    // The connection went back to the pool with the rolled-back transaction:
+                    // the page before this one may need it to commit.
+                    if !gate.wait(version).await {
+                        return Err(StoreError::Moved);
+                    }
+                }
             }
-            other => other?,
         }
-        .ok_or(StoreError::Stale)?;
-        Ok(CommitOutcome {
-            written: commit::outcome(&batch, &arguments.firsts, &fresh),
-        })
     }
 
     /// Half the pool: commits overlap their round trips and the server's fsyncs, and the
@@ -489,9 +572,10 @@ impl FlowStore for PostgresStore {
         flow: &FlowHandle,
         table: Option<&str>,
         rows: ResetRows,
+        claim: Option<&ClearClaim>,
     ) -> Result<(), StoreError> {
         let (mut client, _) = self.ready().await?;
-        flows::reset_flow(&mut client, flow, table, rows).await
+        flows::reset_flow(&mut client, flow, table, rows, claim).await
     }
 
     async fn read_rows(
@@ -611,11 +695,12 @@ impl PoolStore for PostgresStore {
         &self,
         pipeline: &str,
         id: i64,
+        clearer: &str,
         done: bool,
         message: &str,
     ) -> Result<bool, StoreError> {
         let (client, _) = self.ready().await?;
-        pool_updates::finish(&client, pipeline, id, done, message).await
+        pool_updates::finish(&client, pipeline, id, clearer, done, message).await
     }
 
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
@@ -712,8 +797,8 @@ impl OutboxStore for PostgresStore {
 #[async_trait]
 impl RunStore for PostgresStore {
     async fn begin_run(&self, run: &RunStart) -> Result<RunRecord, StoreError> {
-        let (client, _) = self.ready().await?;
-        runs::begin_run(&client, run).await
+        let (mut client, _) = self.ready().await?;
+        runs::begin_run(&mut client, run).await
     }
 
     async fn end_run(&self, run_id: i64, worker: &str, end: &RunEnd) -> Result<bool, StoreError> {

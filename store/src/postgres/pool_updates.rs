@@ -129,10 +129,35 @@ pub(super) async fn claim(
     Ok(changed == 1)
 }
 
+/// Holds update `claim.update` of `pipeline` against a takeover until `tx` ends, if `claim`'s
+/// clearer still holds it; [`StoreError::ClaimLost`] otherwise.
+pub(super) async fn hold_claim(
+    tx: &deadpool_postgres::Transaction<'_>,
+    pipeline: &str,
+    claim: &crate::ClearClaim,
+) -> Result<(), StoreError> {
+    let held = tx
+        .query_opt(
+            "SELECT 1 FROM sluice_pool_updates
+             WHERE pipeline = $1 AND id = $2 AND state = 'clearing' AND clearer = $3
+             FOR SHARE",
+            &[&pipeline, &claim.update, &claim.clearer],
+        )
+        .await?;
+    match held {
+        Some(_) => Ok(()),
+        None => Err(StoreError::ClaimLost(format!(
+            "pool update {} is no longer being cleared by {}",
+            claim.update, claim.clearer
+        ))),
+    }
+}
+
 pub(super) async fn finish(
     client: &Client,
     pipeline: &str,
     id: i64,
+    clearer: &str,
     done: bool,
     message: &str,
 ) -> Result<bool, StoreError> {
@@ -140,8 +165,8 @@ pub(super) async fn finish(
     let changed = client
         .execute(
             "UPDATE sluice_pool_updates SET state = $3, message = $4, finished_at = now()
-             WHERE pipeline = $1 AND id = $2 AND state IN ('pending', 'clearing')",
-            &[&pipeline, &id, &state, &message],
+             WHERE pipeline = $1 AND id = $2 AND state = 'clearing' AND clearer = $5",
+            &[&pipeline, &id, &state, &message, &clearer],
         )
         .await?;
     Ok(changed == 1)

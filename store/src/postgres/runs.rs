@@ -7,6 +7,10 @@ use crate::{RunEnd, RunRecord, RunStart, RunState, RunTrigger, StoreError};
 use deadpool_postgres::Client;
 use tokio_postgres::Row;
 
+/// The advisory lock class under which one pipeline's run begins queue (with the pipeline's
+/// name hashed as the second key).
+const RUNS_LOCK: i32 = 0x736c_0003;
+
 macro_rules! columns {
     () => {
         concat!(
@@ -19,11 +23,41 @@ macro_rules! columns {
     };
 }
 
-pub(super) async fn begin_run(client: &Client, run: &RunStart) -> Result<RunRecord, StoreError> {
+pub(super) async fn begin_run(
+    client: &mut Client,
+    run: &RunStart,
+) -> Result<RunRecord, StoreError> {
     // A fire is recorded once (`fire_key`, unique per pipeline; NULL for other runs): a run of
     // it not ended is handed to the asker, an ended one left as it is.
     let fire_key = run.trigger.is_fire().then_some(run.fire_ms);
-    let row = client
+    let alive_ms = i64::try_from(run.alive_within.as_millis()).unwrap_or(i64::MAX);
+    let tx = client.transaction().await?;
+    // Begins of one pipeline's runs queue here, so two cannot both find the other absent.
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&RUNS_LOCK, &run.pipeline],
+    )
+    .await?;
+    let other = tx
+        .query_opt(
+            concat!(
+                "SELECT ",
+                columns!(),
+                " FROM sluice_runs r
+                 WHERE r.pipeline = $1 AND r.state = 'running' AND r.worker <> $2
+                   AND COALESCE(r.fire_key <> $3, true)
+                   AND EXISTS (SELECT 1 FROM sluice_workers w WHERE w.pipeline = r.pipeline
+                               AND w.worker = r.worker
+                               AND w.last_beat > now() - make_interval(secs => $4::int8 / 1000.0))
+                 ORDER BY r.run_id LIMIT 1"
+            ),
+            &[&run.pipeline, &run.worker, &fire_key, &alive_ms],
+        )
+        .await?;
+    if let Some(other) = other {
+        return record(&other);
+    }
+    let row = tx
         .query_one(
             concat!(
                 "INSERT INTO sluice_runs (pipeline, fire_key, fire_ms, interval_start,
@@ -46,6 +80,7 @@ pub(super) async fn begin_run(client: &Client, run: &RunStart) -> Result<RunReco
             ],
         )
         .await?;
+    tx.commit().await?;
     record(&row)
 }
 

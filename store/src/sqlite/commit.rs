@@ -254,8 +254,40 @@ pub(crate) fn commit(
         )?
         .execute(params![batch.flow.id, hook.id(), batch.now_ms])?;
     }
+    seal(&tx, batch, &written)?;
     tx.commit()?;
     Ok(CommitOutcome { written })
+}
+
+/// The batch's deadline checked again as the transaction commits, and the expiry of the keys
+/// it won stamped again from now if it lasted more than [`crate::RESTAMP_AFTER_MS`] (see
+/// `commit_time.rs`). Returning an error rolls the whole transaction back.
+fn seal(
+    tx: &rusqlite::Transaction<'_>,
+    batch: &CommitBatch,
+    written: &[bool],
+) -> Result<(), StoreError> {
+    let now = crate::local_clock::now_ms();
+    if batch.commit_by_ms.is_some_and(|by| now > by) {
+        return Err(StoreError::Stale);
+    }
+    if now - batch.now_ms <= crate::RESTAMP_AFTER_MS {
+        return Ok(());
+    }
+    let expires_at = now.saturating_add(batch.expires_at_ms - batch.now_ms);
+    let mut restamp = tx.prepare_cached(
+        "UPDATE sluice_ledger SET expires_at = ?1 WHERE flow_id = ?2 AND key = ?3",
+    )?;
+    for entry in batch
+        .entries
+        .iter()
+        .zip(written)
+        .filter(|(_, w)| **w)
+        .map(|(e, _)| e)
+    {
+        restamp.execute(params![expires_at, batch.flow.id, entry.key.as_str()])?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

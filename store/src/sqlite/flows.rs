@@ -2,7 +2,7 @@
 //! asking which keys it has already written, its completion, its counters and row counts.
 
 use crate::schema::{check_table, table_name};
-use crate::{FlowHandle, FlowProgress, ResetRows, RowCursor, StoreError, StoredRow};
+use crate::{ClearClaim, FlowHandle, FlowProgress, ResetRows, RowCursor, StoreError, StoredRow};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 /// Keys looked up per statement (well under SQLite's limit of bound parameters).
@@ -13,18 +13,34 @@ const PRESENCE_CHUNK: usize = 500;
 /// every window again from the rows left, see `windows.rs`), the rows and dead letters `rows` says,
 /// and the ledger keys of exactly those: a key whose row or dead letter is kept stays in the
 /// ledger, so its redelivery (an unacked message, a publisher's copy) stays a duplicate. In one
-/// transaction.
+/// transaction; with `claim`, only while its clearer holds the pool update (checked with the
+/// write lock held).
 pub(crate) fn reset_flow(
     conn: &mut Connection,
     flow: &FlowHandle,
     table: Option<&str>,
     rows: ResetRows,
+    claim: Option<&ClearClaim>,
 ) -> Result<(), StoreError> {
     let dead_letter = table_name(&flow.pipeline, "dead_letter")?;
     if let Some(table) = table {
         check_table(table)?;
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    if let Some(claim) = claim {
+        let held: bool = tx.query_row(
+            "SELECT COUNT(*) > 0 FROM sluice_pool_updates
+             WHERE pipeline = ?1 AND id = ?2 AND state = 'clearing' AND clearer = ?3",
+            params![&*flow.pipeline, claim.update, claim.clearer],
+            |row| row.get(0),
+        )?;
+        if !held {
+            return Err(StoreError::ClaimLost(format!(
+                "pool update {} is no longer being cleared by {}",
+                claim.update, claim.clearer
+            )));
+        }
+    }
     let targets: Vec<&str> = std::iter::once(dead_letter.as_str()).chain(table).collect();
     match rows {
         ResetRows::Keep => {}

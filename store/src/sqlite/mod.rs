@@ -21,12 +21,12 @@ mod windows;
 use crate::Inspect;
 use crate::local_clock::now_ms;
 use crate::{
-    BucketCounts, BucketMessage, CommitBatch, CommitOutcome, FeedLag, FeedRow, FeedStore,
-    FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant, LeaseRecord,
-    LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore, PoolStore,
-    PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord, RunStart,
-    RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted,
-    WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, ClearClaim, CommitBatch, CommitOutcome, FeedLag, FeedRow,
+    FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant,
+    LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore,
+    PoolStore, PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord,
+    RunStart, RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore,
+    WindowsEmitted, WorkerBeat, WorkerRecord,
 };
 use async_trait::async_trait;
 use rusqlite::Connection;
@@ -190,10 +190,13 @@ impl FlowStore for SqliteStore {
         flow: &FlowHandle,
         table: Option<&str>,
         rows: ResetRows,
+        claim: Option<&ClearClaim>,
     ) -> Result<(), StoreError> {
-        let (flow, table) = (flow.clone(), table.map(str::to_owned));
-        self.call(move |conn| flows::reset_flow(conn, &flow, table.as_deref(), rows))
-            .await
+        let (flow, table, claim) = (flow.clone(), table.map(str::to_owned), claim.cloned());
+        self.call(move |conn| {
+            flows::reset_flow(conn, &flow, table.as_deref(), rows, claim.as_ref())
+        })
+        .await
     }
 
     async fn read_rows(
@@ -331,12 +334,16 @@ impl PoolStore for SqliteStore {
         &self,
         pipeline: &str,
         id: i64,
+        clearer: &str,
         done: bool,
         message: &str,
     ) -> Result<bool, StoreError> {
-        let (pipeline, message) = (pipeline.to_owned(), message.to_owned());
-        self.call(move |conn| pool_updates::finish(conn, &pipeline, id, done, &message, now_ms()))
-            .await
+        let (pipeline, clearer, message) =
+            (pipeline.to_owned(), clearer.to_owned(), message.to_owned());
+        self.call(move |conn| {
+            pool_updates::finish(conn, &pipeline, id, &clearer, done, &message, now_ms())
+        })
+        .await
     }
 
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {

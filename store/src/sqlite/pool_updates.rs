@@ -120,19 +120,21 @@ pub(crate) fn finish(
     conn: &mut Connection,
     pipeline: &str,
     id: i64,
+    clearer: &str,
     done: bool,
     message: &str,
     now_ms: i64,
 ) -> Result<bool, StoreError> {
     let changed = conn.execute(
         "UPDATE sluice_pool_updates SET state = ?3, message = ?4, finished_at = ?5
-         WHERE pipeline = ?1 AND id = ?2 AND state IN ('pending', 'clearing')",
+         WHERE pipeline = ?1 AND id = ?2 AND state = 'clearing' AND clearer = ?6",
         params![
             pipeline,
             id,
             if done { "done" } else { "failed" },
             message,
-            now_ms
+            now_ms,
+            clearer
         ],
     )?;
     Ok(changed == 1)

@@ -16,7 +16,27 @@ pub(crate) fn begin_run(
     // A fire is recorded once (`fire_key`, unique per pipeline; NULL for other runs): a run of
     // it not ended is handed to the asker, an ended one left as it is.
     let fire_key = run.trigger.is_fire().then_some(run.fire_ms);
-    let record = conn.query_row(
+    let alive_since = now_ms - i64::try_from(run.alive_within.as_millis()).unwrap_or(i64::MAX);
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    // Another live worker's run in progress (not this fire's): that one goes on alone.
+    let other = tx
+        .query_row(
+            &format!(
+                "SELECT {COLUMNS} FROM sluice_runs r
+                 WHERE r.pipeline = ?1 AND r.state = 'running' AND r.worker <> ?2
+                   AND COALESCE(r.fire_key <> ?3, 1)
+                   AND EXISTS (SELECT 1 FROM sluice_workers w WHERE w.pipeline = r.pipeline
+                               AND w.worker = r.worker AND w.last_beat >= ?4)
+                 ORDER BY r.run_id LIMIT 1"
+            ),
+            params![run.pipeline, run.worker, fire_key, alive_since],
+            record,
+        )
+        .optional()?;
+    if let Some(other) = other {
+        return Ok(other);
+    }
+    let record = tx.query_row(
         &format!(
             "INSERT INTO sluice_runs (pipeline, fire_key, fire_ms, interval_start, interval_end,
                                       trigger, state, worker, started_at, rows)
@@ -37,6 +57,7 @@ pub(crate) fn begin_run(
         ],
         record,
     )?;
+    tx.commit()?;
     Ok(record)
 }
 

@@ -8,8 +8,8 @@
 use crate::runtime::flows;
 use crate::runtime::membership;
 use crate::runtime::pool_update::{self, Part};
-use crate::runtime::refresh::RefreshError;
 pub use crate::runtime::refresh::Seek;
+use crate::runtime::refresh::{Clearing, RefreshError};
 use crate::runtime::update::{self, UpdateKind};
 use sluice_pipeline::Pipeline;
 use std::path::Path;
@@ -53,7 +53,7 @@ async fn carry_out(pipeline: &Pipeline, kind: UpdateKind) -> Result<String, Refr
     let me = format!("cli-{}", membership::identity(&pipeline.name).worker);
     let running = update::others_alive(pipeline, &*store, &me).await?;
     if running.is_empty() {
-        return update::clear(pipeline, &kind, &[]).await;
+        return update::clear(pipeline, &kind, Clearing::default()).await;
     }
     eprintln!(
         "{} worker(s) of pipeline {} are running ({}): asking them to stop their flows for \

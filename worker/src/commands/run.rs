@@ -30,8 +30,9 @@ pub async fn run_file(path: &Path, refresh: Refresh) -> ExitCode {
         Refresh::Flows(flows) => flows,
     };
     if !flows.is_empty() {
-        let downstream = match refresh::refresh(&pipeline, &flows, None, &[]).await {
-            Ok(downstream) => downstream,
+        let cleared = refresh::refresh(&pipeline, &flows, None, Default::default()).await;
+        let downstream = match cleared {
+            Ok((downstream, _)) => downstream,
             Err(error) => {
                 eprintln!("{}: {error}", path.display());
                 return error.exit_code();

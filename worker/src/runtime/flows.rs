@@ -4,10 +4,10 @@
 
 use sluice_connector::engine::pubsub::FlowIntent;
 use sluice_connector::engine::{
-    BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, Dedup, DedupSettings, FileSource,
-    FileTurn, FlowRun, FlowWatermark, JobBuilder, JsonlSink, KeptOpen, KeySource, MessageSource,
-    PubSubConfig, ReaderTurn, RetrySettings, RunUntil, SkipCommitted, SourceProgress, Stage,
-    TableSource, TableStage, TableWatermark,
+    AckFence, BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, Dedup, DedupSettings,
+    FileSource, FileTurn, FlowRun, FlowWatermark, JobBuilder, JsonlSink, KeptOpen, KeySource,
+    MessageSource, PubSubConfig, ReaderTurn, RetrySettings, RunUntil, SkipCommitted,
+    SourceProgress, Stage, TableSource, TableStage, TableWatermark,
 };
 use sluice_pipeline::defaults;
 use sluice_pipeline::timetable::DataInterval;
@@ -106,6 +106,7 @@ fn pubsub_plan(
     pipeline: &Pipeline,
     flow: &Flow,
     settings: &sluice_pipeline::PubSubSource,
+    acks: Option<&Arc<dyn AckFence>>,
 ) -> Result<Plan, String> {
     // The same front door a library job uses (`sluice_connector::engine::Job`): every setting from
     // the file.
@@ -145,8 +146,12 @@ fn pubsub_plan(
         dedup_by_message_id: settings.dedup.by == DedupBy::MessageId,
         poison_nack: settings.poison == Poison::Nack,
     };
+    let mut source = parts.source.with_intent(intent);
+    if let Some(fence) = acks {
+        source = source.with_ack_fence(fence.clone());
+    }
     Ok(Plan {
-        source: Box::new(parts.source.with_intent(intent)),
+        source: Box::new(source),
         dedup: parts.dedup,
         batch: parts.batch,
         budget: parts.budget,
@@ -268,6 +273,9 @@ pub struct RunScope {
     /// Pub/Sub flows' sources kept running across the runs of a schedule, by flow name
     /// (`sluice_connector::engine::KeptOpen`); a flow not in it opens its own.
     pub kept: Option<Arc<HashMap<String, KeptOpen>>>,
+    /// The fence every Pub/Sub ack of the update asks first (`liveness.rs`); `None` acks
+    /// after each commit unasked.
+    pub acks: Option<Arc<dyn AckFence>>,
 }
 
 /// Builds the run of one flow; `worker` is this worker's id in the pool; `scope` is what the
@@ -294,7 +302,7 @@ pub fn build(
     let counters = Counters::new(&pipeline.name, &flow.name);
     let plan = match &flow.source {
         Source::PubSub(settings) => {
-            let mut plan = pubsub_plan(pipeline, flow, settings)?;
+            let mut plan = pubsub_plan(pipeline, flow, settings, scope.acks.as_ref())?;
             if let Some(kept) = scope.kept.as_ref().and_then(|k| k.get(&flow.name)) {
                 plan.source = kept.for_run(plan.source);
             }

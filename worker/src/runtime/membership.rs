@@ -9,10 +9,12 @@
 //! once. The role is safe to run twice for a moment (upkeep is idempotent), so a paused holder
 //! that wakes up after losing its lease does no harm.
 
-use sluice_store::{LeaseGrant, LeaseRequest, Store, WorkerBeat};
+use crate::runtime::liveness::Liveness;
+use sluice_store::{LeaseGrant, LeaseRequest, Store, StoreError, WorkerBeat};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// How often a worker beats, renews its leases and, when it holds `ledger_upkeep`, does upkeep.
@@ -44,6 +46,15 @@ pub fn identity(pipeline: &str) -> WorkerBeat {
     }
 }
 
+/// How long one heartbeat may take before it counts as failed (a store that does not answer
+/// must not hold the beats up: the fence in `liveness.rs` is measured from the last one that
+/// succeeded).
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(4);
+/// After a failed heartbeat the next is tried this soon, so that one failure alone does not
+/// fence the worker (the fence lapses [`crate::runtime::liveness::SELF_FENCE_AFTER`] after the
+/// last good beat was sent).
+pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
+
 /// The running membership task.
 pub struct Membership {
     stop: CancellationToken,
@@ -51,11 +62,12 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// Starts beating for `beat.worker` and competing for the pool's leases.
-    pub fn start(store: Arc<dyn Store>, beat: WorkerBeat) -> Self {
+    /// Starts beating for `beat.worker` (each successful beat renews `liveness`) and competing
+    /// for the pool's leases.
+    pub fn start(store: Arc<dyn Store>, beat: WorkerBeat, liveness: Liveness) -> Self {
         let stop = CancellationToken::new();
         tracing::info!(worker = %beat.worker, "joined the worker pool");
-        let task = tokio::spawn(beat_loop(store, beat, stop.clone()));
+        let task = tokio::spawn(beat_loop(store, beat, liveness, stop.clone()));
         Self { stop, task }
     }
 
@@ -67,7 +79,12 @@ impl Membership {
     }
 }
 
-async fn beat_loop(store: Arc<dyn Store>, beat: WorkerBeat, stop: CancellationToken) {
+async fn beat_loop(
+    store: Arc<dyn Store>,
+    beat: WorkerBeat,
+    liveness: Liveness,
+    stop: CancellationToken,
+) {
     let lease = LeaseRequest {
         pipeline: beat.pipeline.clone(),
         role: LEDGER_UPKEEP.to_owned(),
@@ -76,34 +93,58 @@ async fn beat_loop(store: Arc<dyn Store>, beat: WorkerBeat, stop: CancellationTo
     };
     let mut holding = false;
     let mut store_down = false;
-    let mut ticks = tokio::time::interval(BEAT_INTERVAL);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Upkeep may take long (dropping ledger generations): it runs beside the beats.
+    let mut upkeep: Option<JoinHandle<()>> = None;
     loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            _ = stop.cancelled() => break,
+        let sent = Instant::now();
+        let beaten = match tokio::time::timeout(HEARTBEAT_TIMEOUT, store.heartbeat(&beat)).await {
+            Ok(beaten) => beaten,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer within {HEARTBEAT_TIMEOUT:?}"
+            ))),
+        };
+        if beaten.is_ok() {
+            liveness.renewed(sent);
         }
-        let beaten = store.heartbeat(&beat).await;
         let granted = match beaten {
-            Ok(()) => store.acquire_lease(&lease).await,
+            Ok(()) => {
+                match tokio::time::timeout(HEARTBEAT_TIMEOUT, store.acquire_lease(&lease)).await {
+                    Ok(granted) => granted,
+                    Err(_) => Err(StoreError::Unavailable(format!(
+                        "no answer within {HEARTBEAT_TIMEOUT:?}"
+                    ))),
+                }
+            }
             Err(error) => Err(error),
         };
-        match granted {
+        let next = match granted {
             Ok(grant) => {
                 if store_down {
                     tracing::info!("store reachable again; heartbeats resumed");
                     store_down = false;
                 }
-                holding = on_grant(&store, &lease, grant, holding).await;
+                holding = on_grant(&lease, grant, holding);
+                if holding && upkeep.as_ref().is_none_or(JoinHandle::is_finished) {
+                    upkeep = Some(tokio::spawn(keep_ledger(store.clone())));
+                }
+                BEAT_INTERVAL
             }
             Err(error) => {
                 // One line per outage, not per beat; the lease lapses by itself if it lasts.
                 if !store_down {
-                    tracing::warn!(%error, "heartbeat failed; retrying every beat");
+                    tracing::warn!(%error, "heartbeat failed; retrying");
                     store_down = true;
                 }
+                RETRY_AFTER_FAILURE
             }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(sent + next) => {}
+            _ = stop.cancelled() => break,
         }
+    }
+    if let Some(upkeep) = upkeep {
+        upkeep.abort();
     }
     // A clean stop leaves the pool's list at once (a crash leaves it when beats stop).
     if let Err(error) = store.leave(&beat.pipeline, &beat.worker).await {
@@ -121,28 +162,27 @@ async fn beat_loop(store: Arc<dyn Store>, beat: WorkerBeat, stop: CancellationTo
     }
 }
 
+/// One round of ledger upkeep, by the lease's holder.
+async fn keep_ledger(store: Arc<dyn Store>) {
+    match store.ledger_upkeep().await {
+        Ok(upkeep) if upkeep.generations_created + upkeep.generations_dropped > 0 => {
+            tracing::info!(
+                created = upkeep.generations_created,
+                dropped = upkeep.generations_dropped,
+                "ledger generations kept"
+            );
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "ledger upkeep failed; retried next beat"),
+    }
+}
+
 /// Acts on a lease answer; returns whether this worker holds the lease now.
-async fn on_grant(
-    store: &Arc<dyn Store>,
-    lease: &LeaseRequest,
-    grant: LeaseGrant,
-    was_holding: bool,
-) -> bool {
+fn on_grant(lease: &LeaseRequest, grant: LeaseGrant, was_holding: bool) -> bool {
     match grant {
         LeaseGrant::Held { taken, .. } => {
             if taken {
                 tracing::info!(role = %lease.role, worker = %lease.holder, "took the lease");
-            }
-            match store.ledger_upkeep().await {
-                Ok(upkeep) if upkeep.generations_created + upkeep.generations_dropped > 0 => {
-                    tracing::info!(
-                        created = upkeep.generations_created,
-                        dropped = upkeep.generations_dropped,
-                        "ledger generations kept"
-                    );
-                }
-                Ok(_) => {}
-                Err(error) => tracing::warn!(%error, "ledger upkeep failed; retried next beat"),
             }
             true
         }
@@ -159,6 +199,7 @@ async fn on_grant(
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::runtime::liveness::{FENCE_MARGIN, SELF_FENCE_AFTER};
     use async_trait::async_trait;
     use sluice_store::{
         BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FlowHandle,
@@ -194,6 +235,8 @@ mod tests {
         calls: Vec<(Duration, Call)>,
         /// Holder and expiry.
         lease: Option<(String, Instant)>,
+        /// Heartbeats hang (a store behind a partition) until then.
+        hang_until: Option<Instant>,
     }
 
     impl FakeStore {
@@ -251,7 +294,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_worker_beats_and_renews_its_15_second_lease_every_5_seconds() {
         let store = FakeStore::new();
-        let member = Membership::start(store.clone(), beat("a"));
+        let member = Membership::start(store.clone(), beat("a"), Liveness::new());
         sleep(Duration::from_secs(22)).await;
         let beats = secs(&[0, 5, 10, 15, 20]);
         assert_eq!(store.times(|c| c == &Call::Heartbeat("a".into())), beats);
@@ -271,9 +314,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_second_worker_gets_the_lease_only_after_the_first_stops_beating() {
         let store = FakeStore::new();
-        let first = Membership::start(store.clone(), beat("a"));
+        let first = Membership::start(store.clone(), beat("a"), Liveness::new());
         sleep(Duration::from_secs(1)).await;
-        let _second = Membership::start(store.clone(), beat("b"));
+        let _second = Membership::start(store.clone(), beat("b"), Liveness::new());
         sleep(Duration::from_millis(60_500)).await;
         // b asked at every beat and was refused while a kept beating.
         assert_eq!(
@@ -304,9 +347,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_clean_stop_hands_the_lease_over_at_the_next_beat() {
         let store = FakeStore::new();
-        let first = Membership::start(store.clone(), beat("a"));
+        let first = Membership::start(store.clone(), beat("a"), Liveness::new());
         sleep(Duration::from_secs(1)).await;
-        let _second = Membership::start(store.clone(), beat("b"));
+        let _second = Membership::start(store.clone(), beat("b"), Liveness::new());
         sleep(Duration::from_millis(11_500)).await;
         first.stop().await;
         let stopped_at = store.origin.elapsed();
@@ -318,6 +361,38 @@ mod tests {
                 .is_some_and(|at| *at <= stopped_at + BEAT_INTERVAL),
             "b took the lease at {taken:?}, a stopped at {stopped_at:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_whose_beats_hang_fences_itself_before_the_pool_counts_it_gone() {
+        let store = FakeStore::new();
+        let liveness = Liveness::new();
+        let _member = Membership::start(store.clone(), beat("a"), liveness.clone());
+        sleep(Duration::from_millis(100)).await;
+        assert!(liveness.is_live(), "the first beat makes it live");
+        let gate = liveness.gate();
+        // The store goes silent right after the beat of t = 5 s.
+        sleep(Duration::from_millis(5_050)).await;
+        store.state.lock().unwrap().hang_until = Some(Instant::now() + Duration::from_secs(30));
+        let last_good_beat = Duration::from_secs(5);
+        liveness.lapsed().await;
+        let fenced_at = store.origin.elapsed();
+        assert_eq!(fenced_at, last_good_beat + SELF_FENCE_AFTER);
+        assert!(
+            fenced_at + FENCE_MARGIN <= last_good_beat + ALIVE_WITHIN,
+            "fenced {FENCE_MARGIN:?} before the pool may count it gone"
+        );
+        assert!(!sluice_connector::engine::AckFence::acks_allowed(&gate));
+        // A beat that hangs is given up after HEARTBEAT_TIMEOUT and tried again at once.
+        let tries = store.times(|c| c == &Call::Heartbeat("a".into()));
+        assert_eq!(tries[..4], secs(&[0, 5, 10, 14])[..]);
+        // The store answers again: live, in a new epoch, so the old gate stays shut.
+        liveness.restored().await;
+        assert!(store.origin.elapsed() >= Duration::from_secs(35));
+        assert!(!sluice_connector::engine::AckFence::acks_allowed(&gate));
+        assert!(sluice_connector::engine::AckFence::acks_allowed(
+            &liveness.gate()
+        ));
     }
 
     /// Fails the test if membership calls a method it should not need.
@@ -374,6 +449,7 @@ mod tests {
             _: &FlowHandle,
             _: Option<&str>,
             _: ResetRows,
+            _: Option<&sluice_store::ClearClaim>,
         ) -> Result<(), StoreError> {
             unused("reset_flow")
         }
@@ -484,6 +560,7 @@ mod tests {
             &self,
             _: &str,
             _: i64,
+            _: &str,
             _: bool,
             _: &str,
         ) -> Result<bool, StoreError> {
@@ -492,6 +569,10 @@ mod tests {
 
         async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
             self.record(Call::Heartbeat(beat.worker.clone()));
+            let hang = self.state.lock().unwrap().hang_until;
+            if let Some(until) = hang.filter(|until| Instant::now() < *until) {
+                sleep(until - Instant::now() + Duration::from_secs(3600)).await;
+            }
             Ok(())
         }
 

@@ -7,6 +7,7 @@ pub mod board;
 pub mod dead_letters;
 pub mod drain_quorum;
 pub mod flows;
+pub mod liveness;
 pub mod membership;
 pub mod pool_update;
 pub mod progress;

@@ -31,10 +31,10 @@
 //! is replayed.
 
 use crate::runtime::membership::ALIVE_WITHIN;
-use crate::runtime::refresh::RefreshError;
+use crate::runtime::refresh::{Clearing, RefreshError, UnderClaim};
 use crate::runtime::update::{self, UpdateKind};
 use sluice_pipeline::Pipeline;
-use sluice_store::{PoolStore, PoolUpdate, PoolUpdateState, StoreError};
+use sluice_store::{ClearClaim, PoolStore, PoolUpdate, PoolUpdateState, StoreError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -181,7 +181,8 @@ async fn withdraw(part: &Part<'_>, id: i64, waiting: &str) -> Option<RefreshErro
         DRAIN_WAIT.as_secs()
     );
     retry("record the withdrawal", || {
-        part.store.finish_pool_update(pipeline, id, false, &why)
+        part.store
+            .finish_pool_update(pipeline, id, part.me, false, &why)
     })
     .await;
     tracing::warn!(update = id, %why, "pool update withdrawn");
@@ -215,9 +216,21 @@ async fn clear_if_claimed(
                 ?kind,
                 "pool update: every replica stopped; clearing"
             );
-            // The claim is renewed while the clear lasts: only a dead clearer's is taken over.
+            // The claim is renewed while the clear lasts: only a dead clearer's is taken over;
+            // every step of the clear checks it still holds (a paused clearer's went stale).
             let keeper = keep_claim(part, update.id);
-            let mut cleared = update::clear(part.pipeline, &kind, &update.drained).await;
+            let under = UnderClaim {
+                claim: ClearClaim {
+                    update: update.id,
+                    clearer: part.me.to_owned(),
+                },
+                stale_after: CLAIM_STALE_AFTER,
+            };
+            let clearing = Clearing {
+                stopped: &update.drained,
+                claim: Some(&under),
+            };
+            let mut cleared = update::clear(part.pipeline, &kind, clearing).await;
             // A deadlock with another session (a `sluice status` preparing the tables, say)
             // rolled the clear back whole: it is tried again.
             for _ in 1..CLEAR_ATTEMPTS {
@@ -226,7 +239,7 @@ async fn clear_if_claimed(
                         tracing::warn!(update = update.id, %why,
                             "pool update: the clear met a deadlock; clearing again");
                         tokio::time::sleep(POLL).await;
-                        cleared = update::clear(part.pipeline, &kind, &update.drained).await;
+                        cleared = update::clear(part.pipeline, &kind, clearing).await;
                     }
                     _ => break,
                 }
@@ -243,10 +256,17 @@ async fn clear_if_claimed(
         Ok(message) => (true, message.clone()),
         Err(error) => (false, error.to_string()),
     };
-    retry("record the pool update's outcome", || {
-        store.finish_pool_update(pipeline, update.id, done, &message)
+    let recorded = retry("record the pool update's outcome", || {
+        store.finish_pool_update(pipeline, update.id, part.me, done, &message)
     })
     .await;
+    if !recorded {
+        // Another process took the claim over (this one was paused past it): its outcome
+        // stands; this one's clear stopped at its first fenced step.
+        tracing::warn!(update = update.id, %message,
+            "pool update: the claim was taken over; leaving the outcome to its new clearer");
+        return None;
+    }
     tracing::info!(update = update.id, done, %message, "pool update ended");
     Some(outcome)
 }

@@ -39,7 +39,7 @@ use crate::runtime::membership::ALIVE_WITHIN;
 use sluice_connector::engine::pubsub::Admin;
 use sluice_connector::engine::{PubSubConfig, parse_event_time};
 use sluice_pipeline::{Pipeline, Source};
-use sluice_store::{ResetRows, Store};
+use sluice_store::{ClearClaim, PoolStore, ResetRows, Store};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -64,6 +64,56 @@ impl RefreshError {
     }
 }
 
+/// What a clear is made beside: the workers that stopped their flows for it, and the pool
+/// update's claim it is made under.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Clearing<'a> {
+    /// Workers that have stopped their flows for the clear (the one asking through its
+    /// control API, the replicas of a pool update): their heartbeats are not "a worker
+    /// running".
+    pub stopped: &'a [String],
+    /// The pool update's claim (`None`: no pool update). Every reset is made only while the
+    /// claim holds (checked in its transaction), every seek and sink clear after renewing it,
+    /// so a clearer that lost its claim (paused past it) deletes and replays nothing more.
+    pub claim: Option<&'a UnderClaim>,
+}
+
+/// A pool update's claim, and how long before it goes stale.
+#[derive(Debug, Clone)]
+pub struct UnderClaim {
+    /// The update and its clearer.
+    pub claim: ClearClaim,
+    /// A claim older than this may be taken over (`pool_update::CLAIM_STALE_AFTER`).
+    pub stale_after: std::time::Duration,
+}
+
+impl Clearing<'_> {
+    /// Renews the claim, if there is one: an error if another process holds it now (or the
+    /// update ended), before something that no transaction can fence (a seek, a file removal).
+    async fn confirm(&self, pipeline: &str, store: &dyn PoolStore) -> Result<(), RefreshError> {
+        let Some(under) = self.claim else {
+            return Ok(());
+        };
+        let held = store
+            .claim_pool_update(
+                pipeline,
+                under.claim.update,
+                &under.claim.clearer,
+                under.stale_after,
+            )
+            .await
+            .map_err(|e| RefreshError::Failed(format!("store: {e}")))?;
+        if held {
+            Ok(())
+        } else {
+            Err(RefreshError::Failed(format!(
+                "pool update {} is no longer being cleared by {}: stopped",
+                under.claim.update, under.claim.clearer
+            )))
+        }
+    }
+}
+
 /// A `--seek` request.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Seek {
@@ -74,25 +124,25 @@ pub struct Seek {
     pub drop_unread: bool,
 }
 
-/// Resets every flow and, with `seek`, seeks every Pub/Sub flow's subscription. `stopped` are
-/// the workers that have stopped their flows for it (the one asking through its control API,
-/// the replicas of a pool update): their heartbeats are not "a worker running".
+/// Resets every flow and, with `seek`, seeks every Pub/Sub flow's subscription, beside
+/// `clearing`.
 pub async fn full_refresh(
     pipeline: &Pipeline,
     seek: Option<&Seek>,
-    stopped: &[String],
+    clearing: Clearing<'_>,
 ) -> Result<String, RefreshError> {
     let seek_ms = seek.map(|s| seek_time(&s.time)).transpose()?;
     let drop_unread = seek.is_some_and(|s| s.drop_unread);
     let all: Vec<String> = pipeline.flows.iter().map(|f| f.name.clone()).collect();
     let seeks = seekable(pipeline, &all, seek_ms, drop_unread).await?;
-    refresh(pipeline, &all, seek_ms, stopped).await?;
+    let store = refresh(pipeline, &all, seek_ms, clearing).await?.1;
     let mut done = format!(
         "full refresh of {}: {} flows cleared; the next run starts the chain from the beginning",
         pipeline.name,
         all.len()
     );
     for (subscription, ms) in seeks {
+        clearing.confirm(&pipeline.name, &*store).await?;
         seek_subscription(pipeline, &subscription, ms).await?;
         done.push_str(&format!("; {subscription} seeked to {ms} ms"));
     }
@@ -249,17 +299,16 @@ async fn seek_subscription(
     admin.seek_to_time(subscription, ms).await.map_err(failed)
 }
 
-/// Resets one flow and, with `seek`, seeks its subscription (`stopped`: as for
-/// [`full_refresh`]).
+/// Resets one flow and, with `seek`, seeks its subscription, beside `clearing`.
 pub async fn reset(
     pipeline: &Pipeline,
     flow: &str,
     seek: Option<&Seek>,
-    stopped: &[String],
+    clearing: Clearing<'_>,
 ) -> Result<String, RefreshError> {
     let seeks = reset_seeks(pipeline, flow, seek).await?;
     let seek_ms = seeks.first().map(|(_, ms)| *ms);
-    let downstream = refresh(pipeline, &[flow.to_owned()], seek_ms, stopped).await?;
+    let (downstream, store) = refresh(pipeline, &[flow.to_owned()], seek_ms, clearing).await?;
     let mut done = format!("flow {flow} reset");
     if !downstream.is_empty() {
         done.push_str(&format!(
@@ -268,6 +317,7 @@ pub async fn reset(
         ));
     }
     for (subscription, ms) in seeks {
+        clearing.confirm(&pipeline.name, &*store).await?;
         seek_subscription(pipeline, &subscription, ms).await?;
         done.push_str(&format!("; {subscription} seeked to {ms} ms"));
     }
@@ -343,16 +393,17 @@ fn rows_reset(flow: &sluice_pipeline::Flow, seek_ms: Option<i64>) -> ResetRows {
 }
 
 /// Resets the named flows (their store state) after checking no worker is running (those of
-/// `stopped`, which have stopped their flows for it, aside). Rows go where the source gives them
-/// again: all of a file or table flow's; of a Pub/Sub flow, those published since `seek_ms`
-/// (none without a seek). A named flow whose rows go takes the flows downstream of its table
-/// with it (their rows would come again as new commits): returns those not named.
+/// `clearing.stopped`, which have stopped their flows for it, aside), each reset under
+/// `clearing.claim` if there is one. Rows go where the source gives them again: all of a file
+/// or table flow's; of a Pub/Sub flow, those published since `seek_ms` (none without a seek).
+/// A named flow whose rows go takes the flows downstream of its table with it (their rows would
+/// come again as new commits): returns those not named, and the store.
 pub async fn refresh(
     pipeline: &Pipeline,
     names: &[String],
     seek_ms: Option<i64>,
-    stopped: &[String],
-) -> Result<Vec<String>, RefreshError> {
+    clearing: Clearing<'_>,
+) -> Result<(Vec<String>, Arc<dyn Store>), RefreshError> {
     for name in names {
         if !pipeline.flows.iter().any(|f| &f.name == name) {
             return Err(RefreshError::Invalid(format!("no flow named `{name}`")));
@@ -380,7 +431,7 @@ pub async fn refresh(
         .await
         .map_err(failed)?
         .into_iter()
-        .filter(|w| !stopped.contains(&w.worker))
+        .filter(|w| !clearing.stopped.contains(&w.worker))
         .collect();
     if !running.is_empty() {
         let names: Vec<&str> = running.iter().map(|w| w.worker.as_str()).collect();
@@ -395,11 +446,13 @@ pub async fn refresh(
         if names.contains(&flow.name) {
             let table = flows::target_table(pipeline, flow);
             let rows = rows_reset(flow, seek_ms);
+            let claim = clearing.claim.map(|under| &under.claim);
             store
-                .reset_flow(handle, table.as_deref(), rows)
+                .reset_flow(handle, table.as_deref(), rows, claim)
                 .await
                 .map_err(failed)?;
             if let Some(sink) = flows::sink_of(pipeline, flow).filter(|_| rows == ResetRows::All) {
+                clearing.confirm(&pipeline.name, &*store).await?;
                 let removed = sink.clear().map_err(|e| {
                     RefreshError::Failed(format!(
                         "flow {} was reset, but its sink files in {} could not be removed: {e}",
@@ -412,7 +465,7 @@ pub async fn refresh(
             tracing::info!(flow = %flow.name, "flow reset");
         }
     }
-    Ok(downstream)
+    Ok((downstream, store))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! and counted (`sluice_runs_total{state}`).
 
 use crate::runtime::flows::RunScope;
+use crate::runtime::membership::ALIVE_WITHIN;
 use crate::runtime::scheduler::{FlowOutcome, FlowState};
 use crate::runtime::signals::Shutdown;
 use crate::runtime::store_retry::{self, Retry};
@@ -47,8 +48,11 @@ pub async fn run(
         interval: ask.interval.map(|i| (i.start_ms, i.end_ms)),
         trigger: ask.trigger,
         worker: updates.worker.clone(),
+        alive_within: ALIVE_WITHIN,
     };
-    let record = begin(&*updates.store, &start, shutdown).await?;
+    let Some(record) = begin_alone(&*updates.store, &start, shutdown).await? else {
+        return Ok(Ran::EndedBefore);
+    };
     if record.state != RunState::Running {
         tracing::info!(
             run = record.run_id,
@@ -106,6 +110,36 @@ pub async fn run(
     }
     Ok(Ran::Ran(outcomes))
 }
+
+/// Records a run's start once no other live worker's run goes on (one run at a time in a
+/// pool: a manual run asked of another replica, say), waiting [`OTHER_RUN_POLL`] between
+/// looks; `None` if a signal came first.
+async fn begin_alone(
+    store: &dyn Store,
+    start: &RunStart,
+    shutdown: &Shutdown,
+) -> Result<Option<RunRecord>, RunError> {
+    let mut waiting_for = None;
+    loop {
+        let record = begin(store, start, shutdown).await?;
+        if record.state != RunState::Running || record.worker == start.worker {
+            return Ok(Some(record));
+        }
+        if waiting_for != Some(record.run_id) {
+            tracing::info!(other = record.run_id, worker = %record.worker,
+                trigger = record.trigger.name(),
+                "another worker's run goes on; this one starts when it ends");
+            waiting_for = Some(record.run_id);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(OTHER_RUN_POLL) => {}
+            () = shutdown.drain.cancelled() => return Ok(None),
+        }
+    }
+}
+
+/// How often a run held back by another worker's looks again.
+const OTHER_RUN_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Records a run's start (retrying while the store is unavailable).
 async fn begin(

@@ -236,6 +236,8 @@ fn scope(kept: &Kept, interval: Option<DataInterval>) -> RunScope {
     RunScope {
         interval,
         kept: Some(kept.clone()),
+        // Each update of the run takes its own fence (`Updates::run`).
+        acks: None,
     }
 }
 
@@ -315,26 +317,36 @@ async fn finish(
     Ok(Some(self::ran(ran)))
 }
 
-/// The oldest run its runner left `running`, if any.
+/// The oldest run its runner left `running`, if any: a manual or update run of a live worker
+/// (another replica runs it now) is not left behind; the next run's start waits for it
+/// (`run_record.rs`).
 async fn unfinished_run(
     updates: &Updates<'_>,
     shutdown: &Shutdown,
 ) -> Result<Option<RunRecord>, RunError> {
-    let runs = store_retry::until_stored(
+    let pipeline = &updates.pipeline.name;
+    let (runs, alive) = store_retry::until_stored(
         "read the runs",
         Retry::WhileUnavailable,
         &shutdown.drain,
-        || {
-            updates
-                .store
-                .runs(&updates.pipeline.name, UNFINISHED_LOOKBACK)
+        || async {
+            let runs = updates.store.runs(pipeline, UNFINISHED_LOOKBACK).await?;
+            let alive = updates.store.workers(pipeline, ALIVE_WITHIN).await?;
+            Ok((runs, alive))
         },
     )
     .await
     .map_err(RunError::Store)?;
+    // A fire's run is this scheduler's to finish (its runner lost the lease); a manual or
+    // update run of a live worker is that worker's.
+    let running_elsewhere = |run: &RunRecord| {
+        !run.trigger.is_fire()
+            && run.worker != updates.worker
+            && alive.iter().any(|w| w.worker == run.worker)
+    };
     Ok(runs
         .into_iter()
-        .filter(|run| run.state == RunState::Running)
+        .filter(|run| run.state == RunState::Running && !running_elsewhere(run))
         .min_by_key(|run| run.run_id))
 }
 

@@ -12,6 +12,7 @@
 
 use crate::runtime::board::FlowBoard;
 use crate::runtime::flows;
+use crate::runtime::liveness::Liveness;
 use crate::runtime::membership::{self, Membership};
 use crate::runtime::scheduler::{FlowOutcome, MAX_PARALLEL_BOUNDED};
 use crate::runtime::signals::Shutdown;
@@ -61,15 +62,13 @@ pub async fn execute(
     let (store, handles, completed) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
     crate::runtime::watermarks::create_tracking_subscriptions(pipeline, shutdown.drain.clone());
     let worker = beat.worker.clone();
-    // Beaten once before any update starts: a pool update's clearer that has not seen this
-    // worker report its flows stopped then waits for it (see `pool_update.rs`).
-    if let Err(error) = store.heartbeat(&beat).await {
-        tracing::debug!(%error, "first heartbeat failed; the membership retries");
-    }
+    // Beats at once; no update starts before a beat succeeded, so a pool update's clearer
+    // that has not seen this worker report its flows stopped waits for it (`pool_update.rs`).
+    let liveness = Liveness::new();
+    let membership = Membership::start(store.clone(), beat, liveness.clone());
     let publishing = crate::runtime::dead_letters::start(pipeline, &store, &worker)
         .await
         .map_err(RunError::Invalid)?;
-    let membership = Membership::start(store.clone(), beat);
     {
         let (readiness, drain) = (readiness.clone(), shutdown.drain.clone());
         tokio::spawn(async move {
@@ -88,6 +87,7 @@ pub async fn execute(
         requests,
         handles,
         completed,
+        liveness,
     });
     let outcomes = match (&pipeline.schedule, pipeline.mode) {
         (Some(schedule), _) => {

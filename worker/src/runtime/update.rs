@@ -18,7 +18,7 @@
 //!   refused.
 
 use crate::runtime::membership::ALIVE_WITHIN;
-use crate::runtime::refresh::{self, RefreshError};
+use crate::runtime::refresh::{self, Clearing, RefreshError};
 use sluice_pipeline::Pipeline;
 use sluice_store::PoolStore;
 use tokio::sync::{mpsc, oneshot};
@@ -126,21 +126,22 @@ pub async fn others_alive(
 }
 
 /// Clears what the request asks for; the flows of the previous update have stopped, in this
-/// worker and in every worker of `stopped` (their heartbeats do not refuse the clear).
+/// worker and in every worker of `clearing.stopped` (their heartbeats do not refuse the
+/// clear), under `clearing.claim` for a pool update.
 pub async fn clear(
     pipeline: &Pipeline,
     kind: &UpdateKind,
-    stopped: &[String],
+    clearing: Clearing<'_>,
 ) -> Result<String, RefreshError> {
     match kind {
         UpdateKind::FullRefresh { seek } => {
-            refresh::full_refresh(pipeline, seek.as_ref(), stopped).await
+            refresh::full_refresh(pipeline, seek.as_ref(), clearing).await
         }
         UpdateKind::Refresh(names) if names.is_empty() => {
             Ok("nothing cleared; the chain runs again".to_owned())
         }
         UpdateKind::Refresh(names) => {
-            let downstream = refresh::refresh(pipeline, names, None, stopped).await?;
+            let (downstream, _) = refresh::refresh(pipeline, names, None, clearing).await?;
             let cleared: Vec<&String> = names.iter().chain(&downstream).collect();
             Ok(format!(
                 "cleared: {}",
@@ -152,7 +153,7 @@ pub async fn clear(
             ))
         }
         UpdateKind::Reset { flow, seek } => {
-            refresh::reset(pipeline, flow, seek.as_ref(), stopped).await
+            refresh::reset(pipeline, flow, seek.as_ref(), clearing).await
         }
     }
 }

@@ -10,8 +10,9 @@
 
 use crate::runtime::board::FlowBoard;
 use crate::runtime::flows::RunScope;
+use crate::runtime::liveness::Liveness;
 use crate::runtime::pool_update::{self, Part, PoolWatch};
-use crate::runtime::refresh::RefreshError;
+use crate::runtime::refresh::{Clearing, RefreshError};
 use crate::runtime::scheduler::{self, FlowOutcome, RunContext};
 use crate::runtime::signals::Shutdown;
 use crate::runtime::store_retry::{self, Retry};
@@ -68,6 +69,8 @@ pub struct Prepared<'a> {
     pub handles: Vec<sluice_store::FlowHandle>,
     /// The once flows recorded complete.
     pub completed: HashSet<String>,
+    /// This worker's standing in the pool, renewed by its heartbeats.
+    pub liveness: Liveness,
 }
 
 /// What runs a pipeline's updates in this worker: the store, the flows' handles and board,
@@ -96,6 +99,11 @@ pub struct Updates<'a> {
     handled: i64,
     /// The first look for an unfinished pool update was made.
     joined: bool,
+    /// This worker's standing in the pool: an update starts only while it is live, and stops
+    /// when it lapses.
+    liveness: Liveness,
+    /// The fence epoch the kept sources were opened in.
+    kept_epoch: u64,
 }
 
 /// What stops a running update.
@@ -106,6 +114,9 @@ enum Interrupt {
     Asked(UpdateRequest, i64),
     /// Pool update `id`, asked for elsewhere.
     Joined(i64),
+    /// This worker's heartbeats failed for long enough that the pool may count it gone: its
+    /// flows stop, and a new update starts once it beats again (`liveness.rs`).
+    Fenced,
 }
 
 impl<'a> Updates<'a> {
@@ -128,6 +139,8 @@ impl<'a> Updates<'a> {
             pool,
             handled: 0,
             joined: false,
+            kept_epoch: prepared.liveness.gate().epoch(),
+            liveness: prepared.liveness,
         }
     }
 
@@ -144,7 +157,19 @@ impl<'a> Updates<'a> {
             self.reread(shutdown).await?;
         }
         loop {
+            // Beaten first: a clearer that has not seen this worker stop waits for it.
+            self.wait_until_live(shutdown).await?;
             self.join_unfinished(shutdown).await?;
+            let gate = self.liveness.gate();
+            if gate.epoch() != self.kept_epoch {
+                // Kept streams opened before a lapse ack through its closed gate: reopened.
+                close_kept(&scope).await;
+                self.kept_epoch = gate.epoch();
+            }
+            let scope = RunScope {
+                acks: Some(Arc::new(gate)),
+                ..scope.clone()
+            };
             // Each update drains on its own token, so a control request can stop it without
             // stopping the worker; a signal stops both.
             let this_update = Shutdown {
@@ -181,6 +206,7 @@ impl<'a> Updates<'a> {
                         }
                     }
                     update = self.pool.next_after(handled) => break Ok(Interrupt::Joined(update.id)),
+                    () = self.liveness.lapsed() => break Ok(Interrupt::Fenced),
                 }
             };
             let interrupt = match interrupt {
@@ -207,19 +233,55 @@ impl<'a> Updates<'a> {
             }
             deadline.abort();
             // What kept streams hold predates what the request clears: given back first.
-            if let Some(kept) = &scope.kept {
-                for source in kept.values() {
-                    source.close().await;
-                }
-            }
+            close_kept(&scope).await;
             match interrupt {
                 Interrupt::Local(request) => self.clear(request, shutdown).await?,
                 Interrupt::Asked(request, id) => {
                     self.take_part(Some(request), id, shutdown).await?;
                 }
                 Interrupt::Joined(id) => self.take_part(None, id, shutdown).await?,
+                Interrupt::Fenced => self.after_lapse(shutdown).await?,
             }
         }
+    }
+
+    /// Waits until this worker is live (its heartbeat succeeded within the fence), so no
+    /// update starts unseen by the pool.
+    async fn wait_until_live(&self, shutdown: &Shutdown) -> Result<(), RunError> {
+        if self.liveness.is_live() {
+            return Ok(());
+        }
+        tracing::info!("waiting for a heartbeat to reach the store before starting flows");
+        tokio::select! {
+            () = self.liveness.restored() => Ok(()),
+            _ = shutdown.drain.cancelled() => Err(RunError::Store(StoreError::Unavailable(
+                "stopped before a heartbeat reached the store".to_owned(),
+            ))),
+        }
+    }
+
+    /// After the flows stopped at a lapse of the fence: once beats succeed again, the flows
+    /// are read again (a clear may have happened meanwhile) and a pool update that ended in
+    /// the meantime counts as handled (this worker starts afresh anyway).
+    async fn after_lapse(&mut self, shutdown: &Shutdown) -> Result<(), RunError> {
+        tracing::warn!(
+            "heartbeats failed past the fence: flows stopped, acks withheld; they start again \
+             with empty memory once the store answers"
+        );
+        self.wait_until_live(shutdown).await?;
+        if let Ok(Some(latest)) = self.store.latest_pool_update(&self.pipeline.name).await
+            && latest.state.ended()
+        {
+            self.handled = self.handled.max(latest.id);
+        }
+        self.reread(shutdown).await?;
+        self.ran = false;
+        self.number += 1;
+        tracing::info!(
+            update = self.number,
+            "heartbeats succeed again; starting the flows afresh"
+        );
+        Ok(())
     }
 
     /// Takes part in the pipeline's unfinished pool update, if there is one this worker has
@@ -331,6 +393,8 @@ impl<'a> Updates<'a> {
                 }
                 // Another's request: this worker had no flow running, and waits on.
                 Some(Interrupt::Joined(id)) => self.take_part(None, id, shutdown).await?,
+                // Never raised between runs: no flow runs to stop.
+                Some(Interrupt::Fenced) => {}
             }
         }
     }
@@ -345,7 +409,10 @@ impl<'a> Updates<'a> {
         let cleared = update::clear(
             self.pipeline,
             &request.kind,
-            std::slice::from_ref(&self.worker),
+            Clearing {
+                stopped: std::slice::from_ref(&self.worker),
+                claim: None,
+            },
         )
         .await;
         self.reread(shutdown).await?;
@@ -362,6 +429,15 @@ impl<'a> Updates<'a> {
     async fn reread(&mut self, shutdown: &Shutdown) -> Result<(), RunError> {
         (self.handles, self.completed) = reread(&*self.store, &self.layout, shutdown).await?;
         Ok(())
+    }
+}
+
+/// Stops the scope's kept Pub/Sub sources: what they hold is given back.
+async fn close_kept(scope: &RunScope) {
+    if let Some(kept) = &scope.kept {
+        for source in kept.values() {
+            source.close().await;
+        }
     }
 }
 
