@@ -22,7 +22,8 @@ pub struct Pipeline {
     pub metrics_listen: Option<String>,
     /// `control.listen` — `None` when the section is absent.
     pub control_listen: Option<String>,
-    /// `control.token_file` — bearer token for a non-loopback control API.
+    /// `control.token_file` — the control API's bearer token: required off loopback; on
+    /// loopback, what enables the calls that act (`StartUpdate`, `ResetFlow`, `Drain`).
     pub control_token_file: Option<PathBuf>,
     /// `dead_letter.topic` — short name or `projects/P/topics/T`: every dead letter is also
     /// published there, once committed (`None`: the dead-letter table only).

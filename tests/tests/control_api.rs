@@ -1,11 +1,12 @@
 //! The control API (`proto/sluice/v1/control.proto`) of a running worker: `sluice status` reads
 //! the live view from it, `GetStatus`/`ListFlows` report the flow running with its counts, a
-//! `Drain` call ends the run like SIGTERM (exit 0, STOPPED, everything committed), and bound to
-//! a non-loopback address it refuses calls without the bearer token (logged and counted in
-//! `sluice_control_rejected_total`). `ResetFlow` and `StartUpdate` stop the running flows,
+//! `Drain` call ends the run like SIGTERM (exit 0, STOPPED, everything committed).
+//! `ResetFlow` and `StartUpdate` stop the running flows,
 //! clear what was asked and start a new update in which only that replays, each record once;
 //! bad requests are refused without touching anything, and a request while another worker runs
 //! becomes a pool update both workers take part in (`pool_reset.rs` has a pool of three).
+//! These calls carry the bearer token, which they need on loopback too (who may call what:
+//! `control_access.rs`).
 //!
 //! Real parts: the Pub/Sub emulator, `sluice` processes, SQLite, a tonic client.
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -20,6 +21,27 @@ use sluice_tests::{
     sluice_command,
 };
 use std::time::Duration;
+
+const TOKEN: &str = "s3cret-token";
+
+/// `control: { listen: 127.0.0.1:PORT, token_file: ... }` with [`TOKEN`] in `dir/token`.
+fn control_with_token(dir: &Workdir, port: u16) -> String {
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    format!(
+        "{{ listen: \"127.0.0.1:{port}\", token_file: \"{}\" }}",
+        token_file.display()
+    )
+}
+
+/// `message` with `authorization: Bearer TOKEN`.
+fn bearer<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    request
+}
 
 async fn client(port: u16) -> ControlClient<tonic::transport::Channel> {
     for _ in 0..100 {
@@ -41,7 +63,7 @@ async fn status_and_drain_through_the_control_api() {
         "p.yaml",
         "db",
         &PipelineOptions {
-            control: Some(format!("{{ listen: \"127.0.0.1:{port}\" }}")),
+            control: Some(control_with_token(&dir, port)),
             ..PipelineOptions::continuous(&subs[0])
         },
     );
@@ -103,7 +125,11 @@ async fn status_and_drain_through_the_control_api() {
     );
 
     // Drain through the API: the run ends as after SIGTERM.
-    let drained = client.drain(DrainRequest {}).await.unwrap().into_inner();
+    let drained = client
+        .drain(bearer(DrainRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(drained.started);
     let output_path = worker.stdout.clone();
     let logs = worker.logs();
@@ -111,79 +137,6 @@ async fn status_and_drain_through_the_control_api() {
     let output = std::fs::read_to_string(output_path).unwrap();
     assert!(output.contains("flow ingest: STOPPED"), "{output}");
     assert_eq!(db.rows(), 500);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn bound_beyond_loopback_it_requires_the_bearer_token() {
-    let pubsub = PubSub::connect().await;
-    let (_topic, subs) = pubsub.topic_with("token", 1).await;
-    let dir = Workdir::new();
-    let (port, metrics_port) = (free_port().unwrap(), free_port().unwrap());
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "s3cret-token\n").unwrap();
-    let file = dir.pipeline(
-        "p.yaml",
-        "db",
-        &PipelineOptions {
-            control: Some(format!(
-                "{{ listen: \"0.0.0.0:{port}\", token_file: \"{}\" }}",
-                token_file.display()
-            )),
-            metrics_listen: Some(format!("127.0.0.1:{metrics_port}")),
-            ..PipelineOptions::continuous(&subs[0])
-        },
-    );
-    let worker = Worker::start(&file, "w");
-    let mut client = client(port).await;
-
-    let refused = client.get_status(GetStatusRequest {}).await.unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
-    let mut wrong = tonic::Request::new(GetStatusRequest {});
-    wrong
-        .metadata_mut()
-        .insert("authorization", "Bearer nope".parse().unwrap());
-    assert_eq!(
-        client.get_status(wrong).await.unwrap_err().code(),
-        tonic::Code::Unauthenticated
-    );
-    let mut right = tonic::Request::new(GetStatusRequest {});
-    right
-        .metadata_mut()
-        .insert("authorization", "Bearer s3cret-token".parse().unwrap());
-    let status = client.get_status(right).await.unwrap().into_inner();
-    assert_eq!(status.pipeline, "test");
-
-    let metrics = std::process::Command::new("curl")
-        .args(["-s", &format!("http://127.0.0.1:{metrics_port}/metrics")])
-        .output()
-        .unwrap();
-    let metrics = String::from_utf8_lossy(&metrics.stdout);
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("sluice_control_rejected_total") && l.ends_with(" 2")),
-        "{metrics}"
-    );
-    assert!(worker.logs().contains("control API call refused"));
-    worker.terminate();
-    assert!(worker.wait(Duration::from_secs(60)).success());
-
-    // Without a token file, a non-loopback control API is refused at start (exit 2).
-    let no_token = dir.pipeline(
-        "bad.yaml",
-        "db",
-        &PipelineOptions {
-            control: Some(format!(
-                "{{ listen: \"0.0.0.0:{}\" }}",
-                free_port().unwrap()
-            )),
-            ..PipelineOptions::continuous(&subs[0])
-        },
-    );
-    let refused = Worker::start(&no_token, "bad");
-    let logs = refused.logs();
-    let status = refused.wait(Duration::from_secs(30));
-    assert_eq!(status.code(), Some(2), "{logs}");
 }
 
 /// States of the flows in the worker's live view, in pipeline order.
@@ -213,7 +166,7 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
         .mode("continuous")
         .sqlite(&db_path)
         .pubsub_emulator()
-        .control(&format!("{{ listen: \"127.0.0.1:{port}\" }}"))
+        .control(&control_with_token(&dir, port))
         .target_table("events")
         .flow(FlowYaml::file("hist", "events", &history.display().to_string()).once())
         .flow(
@@ -255,11 +208,11 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
     // Bad requests are refused and change nothing: an unknown flow, a seek the subscription
     // cannot replay (it does not retain acked messages).
     let unknown = client
-        .reset_flow(ResetFlowRequest {
+        .reset_flow(bearer(ResetFlowRequest {
             flow: "nope".into(),
             seek: String::new(),
             drop_unread: false,
-        })
+        }))
         .await
         .unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::InvalidArgument, "{unknown:?}");
@@ -268,11 +221,11 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
         "{unknown:?}"
     );
     let seek = client
-        .reset_flow(ResetFlowRequest {
+        .reset_flow(bearer(ResetFlowRequest {
             flow: "live".into(),
             seek: "0".into(),
             drop_unread: false,
-        })
+        }))
         .await
         .unwrap_err();
     assert_eq!(seek.code(), tonic::Code::InvalidArgument, "{seek:?}");
@@ -287,11 +240,11 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
     // once; the live flow's rows stay (acked messages do not come back) and it runs again
     // after hist.
     let reset = client
-        .reset_flow(ResetFlowRequest {
+        .reset_flow(bearer(ResetFlowRequest {
             flow: "hist".into(),
             seek: String::new(),
             drop_unread: false,
-        })
+        }))
         .await
         .unwrap()
         .into_inner();
@@ -337,10 +290,10 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
     // StartUpdate with a full refresh: every flow is cleared, the chain runs again from hist.
     let second_read = at("max", "hist");
     let update = client
-        .start_update(StartUpdateRequest {
+        .start_update(bearer(StartUpdateRequest {
             full_refresh: true,
             refresh_flows: vec![],
-        })
+        }))
         .await
         .unwrap()
         .into_inner();
@@ -360,7 +313,7 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
     std::fs::write(
         &other_file,
         std::fs::read_to_string(&file).unwrap().replace(
-            &format!("control: {{ listen: \"127.0.0.1:{port}\" }}\n"),
+            &format!("control: {}\n", control_with_token(&dir, port)),
             "",
         ),
     )
@@ -377,10 +330,10 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
     );
     let third_read = at("max", "hist");
     let pooled = client
-        .start_update(StartUpdateRequest {
+        .start_update(bearer(StartUpdateRequest {
             full_refresh: false,
             refresh_flows: vec!["hist".into()],
-        })
+        }))
         .await
         .unwrap()
         .into_inner();
@@ -405,7 +358,11 @@ async fn reset_flow_and_start_update_replay_only_what_was_cleared() {
     other.terminate();
     assert!(other.wait(Duration::from_secs(60)).success());
 
-    let drained = client.drain(DrainRequest {}).await.unwrap().into_inner();
+    let drained = client
+        .drain(bearer(DrainRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(drained.started);
     let logs = worker.logs();
     assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");

@@ -19,6 +19,45 @@ use std::process::ExitCode;
 /// keeps the URL and its password in a secret, not in the pipeline file).
 pub const STORE_ENV: &str = "SLUICE_STORE";
 
+/// The environment variable holding the control API's bearer token for the commands that call
+/// a running worker's control API (`sluice status`); when it is unset they read the file's
+/// `control.token_file`. The worker itself takes its token from `control.token_file` only.
+pub const CONTROL_TOKEN_ENV: &str = "SLUICE_CONTROL_TOKEN";
+
+/// The bearer token a command sends to the control API (none when the file sets no
+/// `control.listen`): [`CONTROL_TOKEN_ENV`] when set, else
+/// the file's `control.token_file` when readable (when not, it says so on stderr and sends
+/// none: a worker on loopback answers reads without one). A set but empty or non-UTF-8
+/// variable is invalid input (exit 2), never silently ignored; the value is not echoed.
+pub fn control_token(pipeline: &Pipeline) -> Result<Option<String>, ExitCode> {
+    if pipeline.control_listen.is_none() {
+        return Ok(None);
+    }
+    if let Some(value) = std::env::var_os(CONTROL_TOKEN_ENV) {
+        let token = value.to_str().map(str::trim).unwrap_or_default();
+        if token.is_empty() {
+            eprintln!(
+                "{CONTROL_TOKEN_ENV} is set but holds no token: set it to the worker's control \
+                 token, or unset it to use the file's control.token_file"
+            );
+            return Err(ExitCode::from(2));
+        }
+        return Ok(Some(token.to_owned()));
+    }
+    let Some(file) = &pipeline.control_token_file else {
+        return Ok(None);
+    };
+    match crate::serve::control::read_token(file) {
+        Ok(token) => Ok(Some(token)),
+        Err(why) => {
+            eprintln!(
+                "{why}; calling the control API without a token (or set {CONTROL_TOKEN_ENV})"
+            );
+            Ok(None)
+        }
+    }
+}
+
 /// Loads the pipeline file, or prints every error (file, path, line, message) and gives the
 /// exit code 2 to return. [`STORE_ENV`] replaces its store.
 pub fn load_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {

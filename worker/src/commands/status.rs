@@ -51,7 +51,11 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
         Ok(pipeline) => pipeline,
         Err(exit) => return exit,
     };
-    let mut report = match ask_worker(&pipeline).await {
+    let token = match super::control_token(&pipeline) {
+        Ok(token) => token,
+        Err(exit) => return exit,
+    };
+    let mut report = match ask_worker(&pipeline, token).await {
         Some(live) => live,
         None => match gather(&pipeline).await {
             Ok(report) => report,
@@ -196,13 +200,12 @@ struct Report {
 /// How long `status` waits for a worker's control API before reading the store instead.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The live status from the worker's control API, if `control.listen` is set and it answers.
-async fn ask_worker(pipeline: &sluice_pipeline::Pipeline) -> Option<Report> {
+/// The live status from the worker's control API, if `control.listen` is set and it answers
+/// (a refusal of `token` is told on stderr).
+async fn ask_worker(pipeline: &sluice_pipeline::Pipeline, token: Option<String>) -> Option<Report> {
     use sluice_proto::v1::GetStatusRequest;
     use sluice_proto::v1::control_client::ControlClient;
     let listen: std::net::SocketAddr = pipeline.control_listen.as_deref()?.parse().ok()?;
-    let token =
-        crate::serve::control::token_for(listen, pipeline.control_token_file.as_deref()).ok()?;
     // A worker bound to every interface is reached on loopback.
     let host = if listen.ip().is_unspecified() {
         std::net::SocketAddr::from(([127, 0, 0, 1], listen.port()))
@@ -219,7 +222,19 @@ async fn ask_worker(pipeline: &sluice_pipeline::Pipeline) -> Option<Report> {
                 .metadata_mut()
                 .insert("authorization", format!("Bearer {token}").parse().ok()?);
         }
-        client.get_status(request).await.ok()
+        match client.get_status(request).await {
+            Ok(answer) => Some(answer),
+            Err(refused) if refused.code() == tonic::Code::Unauthenticated => {
+                eprintln!(
+                    "the control API at {host} refused the call ({}): set {} or make \
+                     control.token_file readable; showing what the store says",
+                    refused.message(),
+                    super::CONTROL_TOKEN_ENV
+                );
+                None
+            }
+            Err(_) => None,
+        }
     };
     let status = tokio::time::timeout(CONTROL_TIMEOUT, call)
         .await

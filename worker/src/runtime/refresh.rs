@@ -163,12 +163,25 @@ pub async fn full_refresh_seeks(pipeline: &Pipeline, seek: &Seek) -> Result<(), 
     Ok(())
 }
 
+/// A seek's time in ms since epoch: an RFC 3339 time or ms, not in the future (a seek marks
+/// everything published before its time as acknowledged, so a time ahead would also drop what
+/// is published from now until then, and the reset would delete no row to replay).
 fn seek_time(time: &str) -> Result<i64, RefreshError> {
-    parse_event_time(time).ok_or_else(|| {
+    let ms = parse_event_time(time).ok_or_else(|| {
         RefreshError::Invalid(format!(
             "--seek {time:?}: not an RFC 3339 time or ms since epoch"
         ))
-    })
+    })?;
+    let now = sluice_connector::engine::now_ms();
+    if ms > now {
+        return Err(RefreshError::Invalid(format!(
+            "--seek {time:?} is {} s in the future: a seek acknowledges every message published \
+             before its time, so every message published until then would be dropped unread; \
+             seek to a time in the past",
+            (ms - now).unsigned_abs().div_ceil(1_000)
+        )));
+    }
+    Ok(ms)
 }
 
 fn admin_config(pipeline: &Pipeline) -> PubSubConfig {

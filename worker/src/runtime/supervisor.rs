@@ -129,9 +129,10 @@ async fn start_control(
         drain: shutdown.drain.clone(),
         give_up: shutdown.give_up.clone(),
         updates,
+        access: control::Access::new(&pipeline.name, address, token),
     };
     let stop = tokio_util::sync::CancellationToken::new();
-    control::serve(address, token, service, stop.clone())
+    control::serve(address, service, stop.clone())
         .await
         .map_err(|e| RunError::Endpoint(format!("control.listen {listen}: {e}")))?;
     Ok(Some(stop.drop_guard()))

@@ -2,10 +2,25 @@
 //! `control.listen`: `GetStatus`, `ListFlows`, `StartUpdate`, `ResetFlow` and `Drain` (how an
 //! update replaces the running one: [`crate::runtime::update`]).
 //!
-//! Access: bound to a loopback address, anyone on the host may call (like the metrics
-//! endpoint). Bound elsewhere, `control.token_file` is required at start (exit 2 without it) and
-//! every call must carry `authorization: Bearer <token>`; a refused call is logged and counted in
-//! `sluice_control_rejected_total`. The token is compared in constant time.
+//! # Guarantees (who may call what)
+//!
+//! * **Reads** (`GetStatus`, `ListFlows`) are open to anyone on the host when `control.listen`
+//!   is a loopback address (like the metrics endpoint).
+//! * **Calls that act** (`StartUpdate`, `ResetFlow`, `Drain`: they stop flows, clear rows and
+//!   ledger keys, seek subscriptions, which acknowledges messages, or end the worker) need
+//!   `authorization: Bearer <token>` with the token of `control.token_file` on every address,
+//!   loopback included. Without `control.token_file` the worker has no token and refuses them
+//!   (PERMISSION_DENIED, naming the setting); a missing or wrong token is UNAUTHENTICATED.
+//! * Bound to any other address, `control.token_file` is required at start (exit 2 without
+//!   it) and every call needs the token.
+//! * A refused call changes nothing; it is logged and counted in
+//!   `sluice_control_rejected_total`. The token is compared in constant time.
+//!
+//! # What it does not cover
+//!
+//! No TLS: off loopback the token crosses the network in clear unless the network (a service
+//! mesh, a private cluster network) protects it. Anyone who can read the token file, or write
+//! the store (`sluice reset` and `full-refresh` act through the store), has the same power.
 
 use crate::runtime::board::FlowBoard;
 use crate::runtime::refresh::RefreshError;
@@ -20,6 +35,7 @@ use sluice_proto::v1::{
 use std::net::SocketAddr;
 use std::path::Path;
 use tokio_util::sync::CancellationToken;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 /// What the API answers from.
@@ -39,14 +55,86 @@ pub struct ControlService {
     pub give_up: CancellationToken,
     /// Where `StartUpdate` and `ResetFlow` go: the run loop.
     pub updates: UpdateSender,
+    /// Who may make which call.
+    pub access: Access,
+}
+
+/// A call as the access rule sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// It only reads: open on loopback.
+    Read(&'static str),
+    /// It changes what the worker does or what the store holds: the token, always.
+    Act(&'static str),
+}
+
+/// The access rule of the module docs for one worker's control API.
+pub struct Access {
+    /// The bearer token; `None`: calls that act are refused.
+    token: Option<String>,
+    /// `control.listen` is a loopback address: reads need no token.
+    reads_open: bool,
+    rejected: metrics::Counter,
+}
+
+impl Access {
+    /// The rule for a worker of `pipeline` listening on `listen` with `token` (from
+    /// [`token_for`]).
+    pub fn new(pipeline: &str, listen: SocketAddr, token: Option<String>) -> Self {
+        Self {
+            token,
+            reads_open: listen.ip().is_loopback(),
+            rejected: metrics::counter!("sluice_control_rejected_total",
+                "pipeline" => pipeline.to_owned()),
+        }
+    }
+
+    /// Whether the worker has a token (calls that act are possible).
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// Lets `call` through, or refuses it (logged and counted).
+    fn admit<T>(&self, request: &Request<T>, call: Call) -> Result<(), Status> {
+        let name = match call {
+            Call::Read(_) if self.reads_open => return Ok(()),
+            Call::Read(name) | Call::Act(name) => name,
+        };
+        let refusal = match &self.token {
+            None => Status::permission_denied(format!(
+                "{name} needs a bearer token, and this worker has none: set control.token_file \
+                 in the pipeline file and call with `authorization: Bearer <token>` (reads stay \
+                 open on loopback)"
+            )),
+            Some(token) if constant_time_eq(bearer(request.metadata()), token.as_bytes()) => {
+                return Ok(());
+            }
+            Some(_) => Status::unauthenticated(format!("{name}: a valid bearer token is required")),
+        };
+        self.rejected.increment(1);
+        tracing::warn!(peer = ?request.remote_addr(), call = name, why = refusal.message(),
+            "control API call refused");
+        Err(refusal)
+    }
+}
+
+/// The token an `authorization: Bearer <token>` header presents (empty: none).
+fn bearer(metadata: &MetadataMap) -> &[u8] {
+    metadata
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .as_bytes()
 }
 
 #[tonic::async_trait]
 impl Control for ControlService {
     async fn get_status(
         &self,
-        _: Request<GetStatusRequest>,
+        request: Request<GetStatusRequest>,
     ) -> Result<Response<GetStatusResponse>, Status> {
+        self.access.admit(&request, Call::Read("GetStatus"))?;
         Ok(Response::new(GetStatusResponse {
             pipeline: self.pipeline.clone(),
             worker: self.worker.clone(),
@@ -58,8 +146,9 @@ impl Control for ControlService {
 
     async fn list_flows(
         &self,
-        _: Request<ListFlowsRequest>,
+        request: Request<ListFlowsRequest>,
     ) -> Result<Response<ListFlowsResponse>, Status> {
+        self.access.admit(&request, Call::Read("ListFlows"))?;
         Ok(Response::new(ListFlowsResponse {
             flows: self.board.statuses(),
         }))
@@ -69,6 +158,7 @@ impl Control for ControlService {
         &self,
         request: Request<StartUpdateRequest>,
     ) -> Result<Response<StartUpdateResponse>, Status> {
+        self.access.admit(&request, Call::Act("StartUpdate"))?;
         let request = request.into_inner();
         let kind = if request.full_refresh {
             UpdateKind::FullRefresh { seek: None }
@@ -87,6 +177,7 @@ impl Control for ControlService {
         &self,
         request: Request<ResetFlowRequest>,
     ) -> Result<Response<ResetFlowResponse>, Status> {
+        self.access.admit(&request, Call::Act("ResetFlow"))?;
         let request = request.into_inner();
         let kind = UpdateKind::Reset {
             flow: request.flow,
@@ -105,7 +196,11 @@ impl Control for ControlService {
         }))
     }
 
-    async fn drain(&self, _: Request<DrainRequest>) -> Result<Response<DrainResponse>, Status> {
+    async fn drain(
+        &self,
+        request: Request<DrainRequest>,
+    ) -> Result<Response<DrainResponse>, Status> {
+        self.access.admit(&request, Call::Act("Drain"))?;
         let started = !self.drain.is_cancelled();
         if started {
             tracing::info!("drain requested through the control API");
@@ -129,57 +224,39 @@ fn refused(error: RefreshError) -> Status {
     }
 }
 
-/// Reads the bearer token a non-loopback `listen` requires.
+/// The worker's bearer token: the content of `control.token_file` when it is set (required
+/// when `listen` is not a loopback address).
 pub fn token_for(listen: SocketAddr, token_file: Option<&Path>) -> Result<Option<String>, String> {
-    if listen.ip().is_loopback() {
-        return Ok(None);
-    }
-    let Some(file) = token_file else {
-        return Err(format!(
+    match token_file {
+        Some(file) => read_token(file).map(Some),
+        None if listen.ip().is_loopback() => Ok(None),
+        None => Err(format!(
             "control.listen {listen} is not a loopback address: control.token_file is required"
-        ));
-    };
+        )),
+    }
+}
+
+/// The token in `file` (surrounding white space trimmed; empty is an error).
+pub fn read_token(file: &Path) -> Result<String, String> {
     let token = std::fs::read_to_string(file)
         .map_err(|e| format!("control.token_file {}: {e}", file.display()))?;
     let token = token.trim().to_owned();
     if token.is_empty() {
         return Err(format!("control.token_file {} is empty", file.display()));
     }
-    Ok(Some(token))
+    Ok(token)
 }
 
 /// Serves the API on `listen` until `stop` is cancelled.
 pub async fn serve(
     listen: SocketAddr,
-    token: Option<String>,
     service: ControlService,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    tracing::info!(%listen, authenticated = token.is_some(), "serving the control API");
-    let rejected = metrics::counter!("sluice_control_rejected_total",
-        "pipeline" => service.pipeline.clone());
-    let check = move |request: Request<()>| match &token {
-        None => Ok(request),
-        Some(token) => {
-            let presented = request
-                .metadata()
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .unwrap_or_default();
-            if constant_time_eq(presented.as_bytes(), token.as_bytes()) {
-                Ok(request)
-            } else {
-                rejected.increment(1);
-                tracing::warn!(peer = ?request.remote_addr(),
-                    "control API call refused: missing or wrong bearer token");
-                Err(Status::unauthenticated("a valid bearer token is required"))
-            }
-        }
-    };
+    tracing::info!(%listen, token = service.access.has_token(), "serving the control API");
     let server = tonic::transport::Server::builder()
-        .add_service(ControlServer::with_interceptor(service, check))
+        .add_service(ControlServer::new(service))
         .serve_with_incoming_shutdown(
             tokio_stream_of(listener),
             async move { stop.cancelled().await },
@@ -203,4 +280,61 @@ fn tokio_stream_of(
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::{Access, Call, token_for};
+    use tonic::{Code, Request};
+
+    fn call(access: &Access, call: Call, token: Option<&str>) -> Result<(), Code> {
+        let mut request = Request::new(());
+        if let Some(token) = token {
+            let value = format!("Bearer {token}").parse().unwrap();
+            request.metadata_mut().insert("authorization", value);
+        }
+        access.admit(&request, call).map_err(|s| s.code())
+    }
+
+    #[test]
+    fn on_loopback_reads_are_open_and_acting_needs_the_token() {
+        let loopback = "127.0.0.1:50051".parse().unwrap();
+        let (read, act) = (Call::Read("GetStatus"), Call::Act("ResetFlow"));
+        let none = Access::new("p", loopback, None);
+        assert_eq!(call(&none, read, None), Ok(()));
+        assert_eq!(call(&none, act, None), Err(Code::PermissionDenied));
+        assert_eq!(call(&none, act, Some("x")), Err(Code::PermissionDenied));
+        let some = Access::new("p", loopback, Some("t0k".into()));
+        assert_eq!(call(&some, read, None), Ok(()));
+        assert_eq!(call(&some, act, None), Err(Code::Unauthenticated));
+        assert_eq!(call(&some, act, Some("t0")), Err(Code::Unauthenticated));
+        assert_eq!(call(&some, act, Some("t0k")), Ok(()));
+    }
+
+    #[test]
+    fn beyond_loopback_every_call_needs_the_token() {
+        let anywhere = "0.0.0.0:50051".parse().unwrap();
+        let access = Access::new("p", anywhere, Some("t0k".into()));
+        for kind in [Call::Read("GetStatus"), Call::Act("Drain")] {
+            assert_eq!(call(&access, kind, None), Err(Code::Unauthenticated));
+            assert_eq!(call(&access, kind, Some("t0k")), Ok(()));
+        }
+        assert!(token_for(anywhere, None).is_err());
+    }
+
+    #[test]
+    fn a_token_file_is_read_on_loopback_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "t0k\n").unwrap();
+        let loopback = "127.0.0.1:50051".parse().unwrap();
+        assert_eq!(
+            token_for(loopback, Some(&file)).unwrap().as_deref(),
+            Some("t0k")
+        );
+        assert_eq!(token_for(loopback, None).unwrap(), None);
+        std::fs::write(&file, " \n").unwrap();
+        assert!(token_for(loopback, Some(&file)).is_err());
+    }
 }
