@@ -32,7 +32,11 @@
 //! * **Nothing dropped unasked.** A seek to TIME also marks every message published before
 //!   TIME as acknowledged, those no worker ever ingested too, and Pub/Sub does not tell how
 //!   old its backlog is (only Cloud Monitoring does), so sluice cannot know whether any would
-//!   be dropped: a seek is refused unless `--drop-unread` says that is meant.
+//!   be dropped: a seek is refused unless `--drop-unread` says that is meant. A seek time in
+//!   the future is refused outright: it would acknowledge whatever is published until then.
+//! * **A clear made for a pool update stops when its claim is lost** (`Clearing::claim`):
+//!   each reset checks the claim in its transaction, each seek and sink clear renews it first,
+//!   so a clearer paused past its claim deletes and replays nothing once it wakes.
 
 use crate::runtime::flows;
 use crate::runtime::membership::ALIVE_WITHIN;
