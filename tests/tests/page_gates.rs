@@ -1,8 +1,8 @@
 //! No pool-wide stall from pages waiting for each other: a chain of three table-reading flows
 //! on one worker with the default pool of eight connections (`ingest` Pub/Sub -> `bronze`,
 //! `refine` -> `silver`, `upgrade` -> `gold`, `out` -> a foreach_batch stage that answers
-//! within 0–200 ms), its PostgreSQL link blackholed for 3 s twenty times while the events
-//! flow. Each reading flow commits several pages at once, each page waiting for the one before
+//! within 0–200 ms), its PostgreSQL link blackholed for 3 s and then cut (every connection
+//! reset, so everything retries at once) twenty times while the events flow. Each reading flow commits several pages at once, each page waiting for the one before
 //! it; a page that waited with its transaction open would hold a connection the page before it
 //! needs, and three flows' waiters could hold them all.
 //!
@@ -76,7 +76,9 @@ async fn three_reading_flows_under_store_blackholes_move_on_and_land_each_record
     for round in 0..BLACKHOLES {
         proxy.blackhole();
         tokio::time::sleep(BLACKHOLE).await;
-        proxy.pass();
+        // Every connection dropped at once: each committer, reader and heartbeat retries
+        // together, the moment pages waiting for each other race for the pool.
+        proxy.reset();
         let before = exported();
         if before >= EVENTS as i64 {
             break;

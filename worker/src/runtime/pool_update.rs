@@ -8,13 +8,16 @@
 //!   (what it received is committed and acked) and reports it stopped; the clear happens only
 //!   once every live replica (heartbeat within [`ALIVE_WITHIN`]) has reported, checked again
 //!   after the clearer claimed it, so no replica's memory can drop a record the store no longer
-//!   holds. Exactly one replica clears (the store's claim, renewed while it clears; a claim
-//!   left by a clearer that died is taken over after [`CLAIM_STALE_AFTER`], and the clear,
-//!   which is idempotent, runs again); what it clears is what the same request does to a
-//!   stopped pool (`runtime/refresh.rs`).
-//!
-//! What it does not cover: a replica whose heartbeat is more than [`ALIVE_WITHIN`] late while
-//! it still runs flows counts as gone, as for every clear (see `refresh.rs`).
+//!   holds. A replica counted gone (its heartbeats failed for [`ALIVE_WITHIN`]) has fenced
+//!   itself 5 s before that: it withholds every ack and stops its flows, and starts them again
+//!   with empty memory once it beats again (`liveness.rs`, where the bound is proved).
+//! * **One clearer, fenced by its claim.** Exactly one process clears (the store's claim,
+//!   renewed while it clears; a claim left by a clearer that died is taken over after
+//!   [`CLAIM_STALE_AFTER`], and the clear, which is idempotent, runs again). Each step of the
+//!   clear checks the claim is still its clearer's (a reset in its transaction, a seek or a sink
+//!   clear just before), and only the claim's holder ends the update: a clearer paused past
+//!   its claim deletes and replays nothing once it wakes. What it clears is what the same
+//!   request does to a stopped pool (`runtime/refresh.rs`).
 //! * **Everyone resumes from fresh state.** Once the update has ended every replica reads its
 //!   flows again from the store and starts a new update with empty dedup caches. A replica
 //!   that starts while an update is unfinished takes part in it before it runs any flow (it
@@ -41,10 +44,71 @@ use tokio::sync::watch;
 
 /// How often a replica looks for a pool update, and a participant at its progress.
 pub const POLL: Duration = Duration::from_secs(1);
-/// A clearing claim older than this is taken over: its clearer died while clearing.
+/// A clearing claim older than this is taken over: its clearer died while clearing (unless
+/// `SLUICE_POOL_UPDATE_CLAIM_STALE_AFTER` says otherwise, see [`Patience`]).
 pub const CLAIM_STALE_AFTER: Duration = Duration::from_secs(60);
-/// How long the asker waits for every live replica to stop its flows.
+/// How long the asker waits for every live replica to stop its flows (unless
+/// `SLUICE_POOL_UPDATE_DRAIN_WAIT` says otherwise, see [`Patience`]).
 pub const DRAIN_WAIT: Duration = Duration::from_secs(300);
+/// Neither wait may be set shorter than this: a claim renewed every tenth of its life, and a
+/// drain that commits what it holds, need a few seconds.
+pub const SHORTEST_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How long this process waits in pool updates: [`DRAIN_WAIT`] and [`CLAIM_STALE_AFTER`], or
+/// what the environment says (`SLUICE_POOL_UPDATE_DRAIN_WAIT`,
+/// `SLUICE_POOL_UPDATE_CLAIM_STALE_AFTER`: humane durations, at least
+/// [`SHORTEST_PATIENCE`]; every process of a pool, the command line included, should be given
+/// the same). A value that cannot be read is logged and the default used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Patience {
+    /// How long the asker waits for every live replica to stop its flows before it withdraws
+    /// the update (any participant withdraws it after twice this).
+    pub drain_wait: Duration,
+    /// A clearing claim not renewed for this long is taken over.
+    pub claim_stale_after: Duration,
+}
+
+impl Patience {
+    /// This process's, read from the environment once.
+    pub fn get() -> Patience {
+        static PATIENCE: std::sync::OnceLock<Patience> = std::sync::OnceLock::new();
+        *PATIENCE.get_or_init(|| Patience {
+            drain_wait: from_env("SLUICE_POOL_UPDATE_DRAIN_WAIT", DRAIN_WAIT),
+            claim_stale_after: from_env("SLUICE_POOL_UPDATE_CLAIM_STALE_AFTER", CLAIM_STALE_AFTER),
+        })
+    }
+}
+
+/// A duration from the environment variable `name`, or `default`.
+fn from_env(name: &str, default: Duration) -> Duration {
+    let Ok(text) = std::env::var(name) else {
+        return default;
+    };
+    match humantime::parse_duration(text.trim()) {
+        Ok(value) if value >= SHORTEST_PATIENCE => {
+            tracing::info!(
+                variable = name,
+                ?value,
+                "pool update timing from the environment"
+            );
+            value
+        }
+        Ok(value) => {
+            tracing::warn!(
+                variable = name,
+                ?value,
+                ?default,
+                "shorter than {SHORTEST_PATIENCE:?}; using the default"
+            );
+            default
+        }
+        Err(error) => {
+            tracing::warn!(variable = name, %text, %error, ?default,
+                "not a duration; using the default");
+            default
+        }
+    }
+}
 
 /// Who takes part in an update, and how.
 pub struct Part<'a> {
@@ -126,10 +190,11 @@ pub async fn take_part(part: &Part<'_>, id: i64) -> Result<String, RefreshError>
                 last_wait = wait.clone();
             }
             // The asker gives up after DRAIN_WAIT; anyone after twice that (the asker died).
+            let drain_wait = Patience::get().drain_wait;
             let patience = if part.asker {
-                DRAIN_WAIT
+                drain_wait
             } else {
-                DRAIN_WAIT * 2
+                drain_wait * 2
             };
             if started.elapsed() > patience
                 && let Some(withdrawn) = withdraw(part, id, &wait).await
@@ -169,7 +234,7 @@ async fn withdraw(part: &Part<'_>, id: i64, waiting: &str) -> Option<RefreshErro
     let pipeline = &part.pipeline.name;
     let claimed = part
         .store
-        .claim_pool_update(pipeline, id, part.me, CLAIM_STALE_AFTER)
+        .claim_pool_update(pipeline, id, part.me, Patience::get().claim_stale_after)
         .await
         .ok()?;
     if !claimed {
@@ -178,7 +243,7 @@ async fn withdraw(part: &Part<'_>, id: i64, waiting: &str) -> Option<RefreshErro
     let why = format!(
         "pool update {id} withdrawn: {waiting} did not stop its flows within {} s; nothing \
          was cleared",
-        DRAIN_WAIT.as_secs()
+        Patience::get().drain_wait.as_secs()
     );
     retry("record the withdrawal", || {
         part.store
@@ -198,7 +263,12 @@ async fn clear_if_claimed(
     let pipeline = &part.pipeline.name;
     let store = part.store;
     let claimed = store
-        .claim_pool_update(pipeline, update.id, part.me, CLAIM_STALE_AFTER)
+        .claim_pool_update(
+            pipeline,
+            update.id,
+            part.me,
+            Patience::get().claim_stale_after,
+        )
         .await
         .ok()?;
     if !claimed {
@@ -224,7 +294,7 @@ async fn clear_if_claimed(
                     update: update.id,
                     clearer: part.me.to_owned(),
                 },
-                stale_after: CLAIM_STALE_AFTER,
+                stale_after: Patience::get().claim_stale_after,
             };
             let clearing = Clearing {
                 stopped: &update.drained,
@@ -291,14 +361,15 @@ fn keep_claim(part: &Part<'_>, id: i64) -> tokio_util::sync::DropGuard {
         part.me.to_owned(),
     );
     let stopped = stop.clone();
+    let stale_after = Patience::get().claim_stale_after;
     tokio::spawn(async move {
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(CLAIM_STALE_AFTER / 10) => {}
+                _ = tokio::time::sleep(stale_after / 10) => {}
                 _ = stopped.cancelled() => return,
             }
             if let Err(error) = store
-                .claim_pool_update(&pipeline, id, &me, CLAIM_STALE_AFTER)
+                .claim_pool_update(&pipeline, id, &me, stale_after)
                 .await
             {
                 tracing::debug!(%error, "cannot renew the pool update's claim; retrying");
