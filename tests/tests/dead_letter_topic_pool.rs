@@ -30,7 +30,7 @@ const BAD_EVERY: usize = 4;
 const KILL_AFTER: i64 = 60;
 
 fn message(n: usize) -> Message {
-    let ts = if n % BAD_EVERY == 0 {
+    let ts = if n.is_multiple_of(BAD_EVERY) {
         "not a time"
     } else {
         "2026-12-01T00:00:00Z"
@@ -95,7 +95,7 @@ async fn two_publishers_publish_each_letter_once_and_the_lease_passes_when_the_h
         .iter()
         .position(|w| first.contains(&format!("-{}-", w.pid())))
         .unwrap_or_else(|| panic!("holder {first} is none of the workers"));
-    let bad = (0..MESSAGES).filter(|n| n % BAD_EVERY == 0).count();
+    let bad = (0..MESSAGES).filter(|n| n.is_multiple_of(BAD_EVERY)).count();
     let traffic = publish_in_chunks(
         &topic,
         (0..MESSAGES).map(message).collect(),
