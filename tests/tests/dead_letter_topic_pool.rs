@@ -95,7 +95,9 @@ async fn two_publishers_publish_each_letter_once_and_the_lease_passes_when_the_h
         .iter()
         .position(|w| first.contains(&format!("-{}-", w.pid())))
         .unwrap_or_else(|| panic!("holder {first} is none of the workers"));
-    let bad = (0..MESSAGES).filter(|n| n.is_multiple_of(BAD_EVERY)).count();
+    let bad = (0..MESSAGES)
+        .filter(|n| n.is_multiple_of(BAD_EVERY))
+        .count();
     let traffic = publish_in_chunks(
         &topic,
         (0..MESSAGES).map(message).collect(),
