@@ -332,7 +332,8 @@ pub trait OutboxStore: Send + Sync + 'static {
         max_bytes: usize,
     ) -> Result<Vec<OutboxLetter>, StoreError>;
 
-    /// Removes letters Pub/Sub confirmed.
+    /// Marks letters Pub/Sub confirmed as published: taken no more, their message dropped,
+    /// their record kept (the same record dead-lettered again owes no second letter).
     async fn outbox_published(&self, pipeline: &str, ids: &[i64]) -> Result<(), StoreError>;
 
     /// Keeps a letter the topic can never take, with the reason, and takes it no more.

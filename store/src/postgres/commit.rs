@@ -5,7 +5,8 @@
 //! connection) and one transaction; see `ledger.rs` for why the claims decide duplicates.
 //!
 //! A pipeline that publishes its dead letters (`$19`, its name) also places each new dead letter
-//! in the outbox (`crate::OutboxLetter`) in this statement.
+//! in the outbox (`crate::OutboxLetter`) in this statement, unless the outbox holds that
+//! record's letter already (a reset re-read it: one letter per flow and dedup key).
 //!
 //! For a flow with a watermark the same statement records every entry's message as settled in
 //! its publish-time bucket (each once: one `INSERT ... ON CONFLICT` may not touch a row twice).
@@ -101,6 +102,7 @@ pub(crate) fn statement(table: Option<&str>, dead_letter: &str) -> String {
                    i.reason, i.error, i.attempts, now()
             FROM input i JOIN fresh f ON f.key = i.key
             WHERE i.reason IS NOT NULL AND $19::text IS NOT NULL
+            ON CONFLICT (pipeline, flow, md5(dedup_key)) DO NOTHING
         ),
         counted AS (
             INSERT INTO sluice_flow_counters AS c (flow_id, shard, committed, duplicates,

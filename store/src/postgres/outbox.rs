@@ -1,5 +1,6 @@
 //! The dead-letter outbox on PostgreSQL (see [`crate::OutboxLetter`]); each call one
-//! statement.
+//! statement. A letter is owed while `published_at` and `refused` are both unset; a published
+//! one stays as a marker with its message dropped (migration 13).
 
 use crate::{OutboxCensus, OutboxLetter, StoreError};
 use bytes::Bytes;
@@ -20,7 +21,8 @@ pub(super) async fn take(
                               SELECT id, sum(octet_length(data)) OVER (ORDER BY id)
                                          - octet_length(data) AS before
                               FROM sluice_dead_letter_outbox
-                              WHERE pipeline = $1 AND refused IS NULL ORDER BY id LIMIT $2) page
+                              WHERE pipeline = $1 AND refused IS NULL AND published_at IS NULL
+                              ORDER BY id LIMIT $2) page
                           WHERE before < $3 OR before = 0)
              RETURNING id, flow, dedup_key, message_id, publish_time_ms, attributes, data,
                        reason, error, attempts, publishes - 1",
@@ -56,7 +58,9 @@ pub(super) async fn published(
 ) -> Result<(), StoreError> {
     client
         .execute(
-            "DELETE FROM sluice_dead_letter_outbox WHERE pipeline = $1 AND id = ANY($2)",
+            "UPDATE sluice_dead_letter_outbox
+             SET published_at = now(), data = '', attributes = '{}', error = ''
+             WHERE pipeline = $1 AND id = ANY($2) AND published_at IS NULL",
             &[&pipeline, &ids],
         )
         .await?;
@@ -71,7 +75,8 @@ pub(super) async fn refused(
 ) -> Result<(), StoreError> {
     client
         .execute(
-            "UPDATE sluice_dead_letter_outbox SET refused = $3 WHERE pipeline = $1 AND id = $2",
+            "UPDATE sluice_dead_letter_outbox SET refused = $3
+             WHERE pipeline = $1 AND id = $2 AND published_at IS NULL",
             &[&pipeline, &id, &why],
         )
         .await?;
@@ -81,7 +86,8 @@ pub(super) async fn refused(
 pub(super) async fn census(client: &Client, pipeline: &str) -> Result<OutboxCensus, StoreError> {
     let row = client
         .query_one(
-            "SELECT count(*) FILTER (WHERE refused IS NULL), count(*) FILTER (WHERE refused IS NOT NULL)
+            "SELECT count(*) FILTER (WHERE refused IS NULL AND published_at IS NULL),
+                    count(*) FILTER (WHERE refused IS NOT NULL)
              FROM sluice_dead_letter_outbox WHERE pipeline = $1",
             &[&pipeline],
         )

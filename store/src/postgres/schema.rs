@@ -252,6 +252,24 @@ CREATE INDEX sluice_dead_letter_outbox_waiting ON sluice_dead_letter_outbox (pip
     WHERE refused IS NULL;
 ",
     ),
+    (
+        13,
+        "
+-- One letter per record (pipeline, flow, dedup key): a published letter stays as a marker
+-- (published_at set, its message dropped), so a record dead-lettered again after a reset owes
+-- no second letter. Copies of a letter made before this (each reset added one) are dropped,
+-- the oldest kept. md5: a key longer than an index entry can hold still fits.
+ALTER TABLE sluice_dead_letter_outbox ADD COLUMN published_at TIMESTAMPTZ;
+DELETE FROM sluice_dead_letter_outbox later USING sluice_dead_letter_outbox earlier
+    WHERE later.pipeline = earlier.pipeline AND later.flow = earlier.flow
+      AND later.dedup_key = earlier.dedup_key AND later.id > earlier.id;
+CREATE UNIQUE INDEX sluice_dead_letter_outbox_letter
+    ON sluice_dead_letter_outbox (pipeline, flow, md5(dedup_key));
+DROP INDEX sluice_dead_letter_outbox_waiting;
+CREATE INDEX sluice_dead_letter_outbox_owed ON sluice_dead_letter_outbox (pipeline, id)
+    WHERE refused IS NULL AND published_at IS NULL;
+",
+    ),
 ];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms

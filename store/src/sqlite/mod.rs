@@ -70,13 +70,14 @@ impl SqliteStore {
                 StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
             })?;
         }
-        let conn = Connection::open(path)?;
+        let mut conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // FULL: the WAL is synced at every commit, so a batch whose messages were acked survives
         // an operating-system crash too, not only a process crash. One fsync per batch.
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(schema::STATE_DDL)?;
+        schema::upgrade_outbox(&mut conn)?;
         let (commands, receiver) = sync_channel(COMMAND_QUEUE);
         std::thread::Builder::new()
             .name("sluice-sqlite-writer".to_owned())

@@ -1,10 +1,13 @@
-//! The dead-letter outbox on SQLite (see [`crate::OutboxLetter`]).
+//! The dead-letter outbox on SQLite (see [`crate::OutboxLetter`]). A letter is owed while
+//! `published_at` and `refused` are both unset; a published one stays as a marker with its
+//! message dropped (see `schema.rs`, `upgrade_outbox`).
 
 use crate::{OutboxCensus, OutboxLetter, StoreError};
 use bytes::Bytes;
 use rusqlite::{Connection, TransactionBehavior, params};
 
-/// Places one new dead letter in the outbox, inside the commit's transaction.
+/// Places one new dead letter in the outbox, inside the commit's transaction, unless the outbox
+/// holds that record's letter already (a reset re-read it: one letter per flow and dedup key).
 pub(super) fn insert(
     tx: &rusqlite::Transaction<'_>,
     pipeline: &str,
@@ -17,7 +20,8 @@ pub(super) fn insert(
     tx.prepare_cached(
         "INSERT INTO sluice_dead_letter_outbox (pipeline, flow, dedup_key, message_id,
          publish_time_ms, attributes, data, reason, error, attempts, committed_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+         ON CONFLICT (pipeline, flow, dedup_key) DO NOTHING",
     )?
     .execute(params![
         pipeline,
@@ -49,7 +53,8 @@ pub(super) fn take(
                               SELECT id, sum(length(data)) OVER (ORDER BY id)
                                          - length(data) AS before
                               FROM sluice_dead_letter_outbox
-                              WHERE pipeline = ?1 AND refused IS NULL ORDER BY id LIMIT ?2)
+                              WHERE pipeline = ?1 AND refused IS NULL AND published_at IS NULL
+                              ORDER BY id LIMIT ?2)
                           WHERE before < ?3 OR before = 0)
              RETURNING id, flow, dedup_key, message_id, publish_time_ms, attributes, data,
                        reason, error, attempts, publishes - 1",
@@ -92,10 +97,13 @@ pub(super) fn published(
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     {
         let mut statement = tx.prepare_cached(
-            "DELETE FROM sluice_dead_letter_outbox WHERE pipeline = ?1 AND id = ?2",
+            "UPDATE sluice_dead_letter_outbox
+             SET published_at = ?3, data = X'', attributes = '{}', error = ''
+             WHERE pipeline = ?1 AND id = ?2 AND published_at IS NULL",
         )?;
+        let now_ms = crate::local_clock::now_ms();
         for id in ids {
-            statement.execute(params![pipeline, id])?;
+            statement.execute(params![pipeline, id, now_ms])?;
         }
     }
     tx.commit()?;
@@ -109,7 +117,8 @@ pub(super) fn refused(
     why: &str,
 ) -> Result<(), StoreError> {
     conn.execute(
-        "UPDATE sluice_dead_letter_outbox SET refused = ?3 WHERE pipeline = ?1 AND id = ?2",
+        "UPDATE sluice_dead_letter_outbox SET refused = ?3
+         WHERE pipeline = ?1 AND id = ?2 AND published_at IS NULL",
         params![pipeline, id, why],
     )?;
     Ok(())
@@ -117,7 +126,8 @@ pub(super) fn refused(
 
 pub(super) fn census(conn: &mut Connection, pipeline: &str) -> Result<OutboxCensus, StoreError> {
     let (waiting, refused): (i64, i64) = conn.query_row(
-        "SELECT COALESCE(SUM(refused IS NULL), 0), COALESCE(SUM(refused IS NOT NULL), 0)
+        "SELECT COALESCE(SUM(refused IS NULL AND published_at IS NULL), 0),
+                COALESCE(SUM(refused IS NOT NULL), 0)
          FROM sluice_dead_letter_outbox WHERE pipeline = ?1",
         params![pipeline],
         |row| Ok((row.get(0)?, row.get(1)?)),

@@ -137,16 +137,68 @@ CREATE TABLE IF NOT EXISTS sluice_dead_letter_outbox (
     attempts        INTEGER NOT NULL,
     committed_at    INTEGER NOT NULL,
     publishes       INTEGER NOT NULL DEFAULT 0,
-    refused         TEXT
+    refused         TEXT,
+    published_at    INTEGER
 );
-CREATE INDEX IF NOT EXISTS sluice_dead_letter_outbox_waiting
-    ON sluice_dead_letter_outbox (pipeline, id);
 CREATE TABLE IF NOT EXISTS sluice_window_marks (
     flow_id        INTEGER PRIMARY KEY,
     emitted_before INTEGER NOT NULL,
     size_ms        INTEGER
 );
 ";
+
+/// Brings the dead-letter outbox up to one letter per record (pipeline, flow, dedup key), after
+/// [`STATE_DDL`]: a file from before gets `published_at` (a published letter stays as a marker,
+/// see `outbox.rs`) and loses the copies of a letter that resets added (the oldest kept); then
+/// the unique index and the index of owed letters. Looked at first, so an up-to-date file
+/// takes no write lock; done in one write transaction that looks again.
+pub(super) fn upgrade_outbox(conn: &mut Connection) -> Result<(), StoreError> {
+    if outbox_upgraded(conn)? {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let has_published_at: bool = tx.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('sluice_dead_letter_outbox')
+         WHERE name = 'published_at'",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_published_at {
+        tx.execute_batch(
+            "ALTER TABLE sluice_dead_letter_outbox ADD COLUMN published_at INTEGER;
+             DROP INDEX IF EXISTS sluice_dead_letter_outbox_waiting;",
+        )?;
+    }
+    if !has_index(&tx, "sluice_dead_letter_outbox_letter")? {
+        tx.execute_batch(
+            "DELETE FROM sluice_dead_letter_outbox WHERE id NOT IN (
+                 SELECT min(id) FROM sluice_dead_letter_outbox GROUP BY pipeline, flow, dedup_key);
+             CREATE UNIQUE INDEX sluice_dead_letter_outbox_letter
+                 ON sluice_dead_letter_outbox (pipeline, flow, dedup_key);",
+        )?;
+    }
+    tx.execute_batch(
+        "CREATE INDEX IF NOT EXISTS sluice_dead_letter_outbox_owed
+             ON sluice_dead_letter_outbox (pipeline, id)
+             WHERE refused IS NULL AND published_at IS NULL;",
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Whether the outbox has its unique and owed-letter indexes (and so `published_at`).
+fn outbox_upgraded(conn: &Connection) -> Result<bool, StoreError> {
+    Ok(has_index(conn, "sluice_dead_letter_outbox_letter")?
+        && has_index(conn, "sluice_dead_letter_outbox_owed")?)
+}
+
+fn has_index(conn: &Connection, name: &str) -> Result<bool, StoreError> {
+    Ok(conn.query_row(
+        "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'index' AND name = ?1",
+        params![name],
+        |row| row.get(0),
+    )?)
+}
 
 /// DDL of a target table. `seq` numbers its rows in commit order (see `feed.rs`).
 pub(super) fn target_ddl(table: &str) -> String {
