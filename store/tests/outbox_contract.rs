@@ -106,7 +106,7 @@ async fn a_record_dead_lettered_again_after_a_reset_owes_no_second_letter(postgr
     store.outbox_published("p", &[a.id]).await.unwrap();
 
     store
-        .reset_flow(&flows[0], Some("p__events"), ResetRows::All)
+        .reset_flow(&flows[0], Some("p__events"), ResetRows::All, None)
         .await
         .unwrap();
     assert!(
