@@ -415,8 +415,8 @@ impl CommitThenAck {
                     "batch failed; retrying its messages one by one to find the culprit");
                 return Some(batch.into_singles());
             }
-            if let (Failure::Store(StoreError::Rejected(why)), [Some(_)]) =
-                (&failure, dead.as_slice())
+            if let (Failure::Store(StoreError::Rejected(why)), [Some(_)], None) =
+                (&failure, dead.as_slice(), refused)
             {
                 // A dead letter the store cannot hold (a value over one of its limits):
                 // kept without the payload, at once; retrying it as it is would never end.

@@ -167,3 +167,87 @@ async fn nul_in_a_dedup_attribute_or_any_attribute_is_a_dead_letter_not_a_stall(
     assert!(dead[0].2.contains(r"a\\u0000b"), "escaped: {}", dead[0].2);
     assert_eq!(dead[1].0, r"e\u0000x");
 }
+
+/// A record id longer than PostgreSQL indexes (about 2.7 KB, SQLSTATE 54000 on the ledger's
+/// key) is a dead letter under the key's digest, and a re-read finds it there: the backfill
+/// completes, nothing retried for ever. (Before the fix the whole batch was retried for ever
+/// as "store unavailable".)
+#[tokio::test]
+async fn a_file_backfill_with_an_id_too_long_to_index_dead_letters_it_and_commits_the_rest() {
+    let db = ScratchDatabase::create().await.unwrap();
+    let store = Arc::new(PostgresStore::open(db.url()).unwrap());
+    let flow = prepared(&store, "backfill").await;
+    let dir = tempfile::tempdir().unwrap();
+    let long_id: String = (0..4_000)
+        .map(|_| {
+            let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+            char::from(alphabet[rand::random_range(0..alphabet.len())])
+        })
+        .collect();
+    let mut lines: Vec<String> = (0..200)
+        .map(|i| format!(r#"{{"id":"r{i}","data":{{"n":{i}}}}}"#))
+        .collect();
+    lines.insert(100, format!(r#"{{"id":"{long_id}","data":{{}}}}"#));
+    std::fs::write(dir.path().join("h.jsonl"), lines.join("\n") + "\n").unwrap();
+    for pass in 0..2 {
+        let skip = SkipCommitted {
+            store: store.clone(),
+            flow: flow.clone(),
+            table: Arc::from(table_name("p", "events").unwrap()),
+        };
+        let source =
+            FileSource::new(format!("{}/*.jsonl", dir.path().display())).skip_committed(skip);
+        let run = run_of(
+            store.clone(),
+            flow.clone(),
+            Box::new(source),
+            KeySource::MessageId,
+            RunUntil::Exhausted,
+        );
+        let end = tokio::time::timeout(RUN_LIMIT, run.run(CancellationToken::new())).await;
+        assert!(end.is_ok(), "pass {pass}: the backfill stalled");
+        assert_eq!(store.count_rows("p__events", None).await.unwrap(), 200);
+        let dead = reasons(&db, "backfill").await;
+        assert_eq!(
+            dead.len(),
+            1,
+            "pass {pass}: one dead letter, found again: {dead:?}"
+        );
+        assert!(dead[0].0.starts_with("sluice-key-digest:"), "{}", dead[0].0);
+        assert_eq!(dead[0].1, "unstorable");
+    }
+}
+
+/// A value the store refuses where a check before the commit could not know it (an event
+/// time past PostgreSQL's timestamps, SQLSTATE 22008) makes its batch split, its record a
+/// dead letter after its attempts, and the rest commit.
+#[tokio::test]
+async fn a_value_the_store_refuses_is_a_dead_letter_not_a_stall() {
+    let db = ScratchDatabase::create().await.unwrap();
+    let store = Arc::new(PostgresStore::open(db.url()).unwrap());
+    let flow = prepared(&store, "backfill").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines: Vec<String> = (0..50)
+        .map(|i| format!(r#"{{"id":"r{i}","data":{{"n":{i}}},"event_time":1700000000000}}"#))
+        .collect();
+    // Year 318 857: a valid number of ms, beyond PostgreSQL's timestamp range.
+    lines.insert(
+        25,
+        r#"{"id":"far","data":{},"event_time":10000000000000000}"#.to_owned(),
+    );
+    std::fs::write(dir.path().join("h.jsonl"), lines.join("\n") + "\n").unwrap();
+    let source = FileSource::new(format!("{}/*.jsonl", dir.path().display()));
+    let run = run_of(
+        store.clone(),
+        flow,
+        Box::new(source),
+        KeySource::MessageId,
+        RunUntil::Exhausted,
+    );
+    let end = tokio::time::timeout(RUN_LIMIT, run.run(CancellationToken::new())).await;
+    assert!(end.is_ok(), "the backfill stalled");
+    assert_eq!(store.count_rows("p__events", None).await.unwrap(), 50);
+    let dead = reasons(&db, "backfill").await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].0, "far");
+}
