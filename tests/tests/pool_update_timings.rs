@@ -10,13 +10,14 @@
 //! waits for it (seen in `pg_stat_activity`), then asks for the flow's row the clear holds:
 //! PostgreSQL aborts one of the two (the clear: the test session's `deadlock_timeout` is long).
 //!
-//! Real parts: PostgreSQL on 127.0.0.1:5432 (a fresh database each), two `sluice` workers and
-//! the `sluice reset` command, a JSONL file backfill.
+//! Real parts: PostgreSQL on 127.0.0.1:5432 (a fresh database each), the Pub/Sub emulator (a
+//! live flow beside the backfill keeps the workers running), two `sluice` workers and the
+//! `sluice reset` command, a JSONL file backfill.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_store::ScratchDatabase;
 use sluice_tests::{
-    FlowYaml, PgDb, PipelineYaml, Workdir, Worker, eventually, sluice_bin, stop_all,
+    FlowYaml, PgDb, PipelineYaml, PubSub, Workdir, Worker, eventually, sluice_bin, stop_all,
 };
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,8 +27,11 @@ use std::time::{Duration, Instant};
 const RECORDS: usize = 2_000;
 const DRAIN_WAIT: &str = "15s";
 
-/// A pipeline of one once flow, `backfill`, from a file of `RECORDS` records; its file.
-fn backfill_pipeline(dir: &Workdir, store: &str) -> PathBuf {
+/// A pipeline of a once flow, `backfill`, from a file of `RECORDS` records, and a live flow
+/// (which keeps the workers running once the backfill is done); its file.
+async fn backfill_pipeline(dir: &Workdir, store: &str) -> PathBuf {
+    let pubsub = PubSub::connect().await;
+    let (_topic, subscriptions) = pubsub.topic_with("timings", 1).await;
     let history = dir.path().join("history.jsonl");
     let mut out = std::io::BufWriter::new(std::fs::File::create(&history).unwrap());
     for i in 0..RECORDS {
@@ -37,8 +41,11 @@ fn backfill_pipeline(dir: &Workdir, store: &str) -> PathBuf {
     PipelineYaml::new("test")
         .mode("continuous")
         .store(store)
+        .pubsub_emulator()
         .target_table("history")
+        .target_table("events")
         .flow(FlowYaml::file("backfill", "history", history.to_str().unwrap()).once())
+        .flow(FlowYaml::pubsub("live", "events", &subscriptions[0]).dedup_attribute("event_id"))
         .write(dir.path(), "p.yaml")
 }
 
@@ -132,7 +139,7 @@ async fn an_update_a_live_replica_never_stops_for_is_withdrawn_and_clears_nothin
     let database = ScratchDatabase::create().await.unwrap();
     let db = PgDb(database.url().to_owned());
     let dir = Workdir::new();
-    let file = backfill_pipeline(&dir, database.url());
+    let file = backfill_pipeline(&dir, database.url()).await;
     let workers = start_workers(&file, &dir);
     backfilled(&db, &workers).await;
     let written_before = db.text("SELECT max(committed_at) FROM test__history");
@@ -205,7 +212,7 @@ async fn a_clear_a_deadlock_rolls_back_is_run_again() {
     let database = ScratchDatabase::create().await.unwrap();
     let db = PgDb(database.url().to_owned());
     let dir = Workdir::new();
-    let file = backfill_pipeline(&dir, database.url());
+    let file = backfill_pipeline(&dir, database.url()).await;
     let workers = start_workers(&file, &dir);
     backfilled(&db, &workers).await;
     let flow_id = db.query("SELECT flow_id FROM sluice_flows WHERE flow = 'backfill'");
@@ -233,11 +240,23 @@ async fn a_clear_a_deadlock_rolls_back_is_run_again() {
         .get::<_, i64>(0)
         == 0
     {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the clear never reached the locked table: {}",
-            logs(&workers)
-        );
+        if started.elapsed() > Duration::from_secs(120) {
+            let waiting: Vec<String> = client
+                .query(
+                    "SELECT coalesce(wait_event_type, '') || ' ' || state || ': ' || query \
+                     FROM pg_stat_activity WHERE datname = current_database()",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            panic!(
+                "the clear never reached the locked table; sessions: {waiting:#?}\n{}",
+                logs(&workers)
+            );
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Now the cycle: this session waits for the clear's row, the clear for this session.
