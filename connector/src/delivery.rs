@@ -28,7 +28,8 @@ pub struct SourceMessage {
 /// A problem a source found with one message, carried to the stage, which dead-letters it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceProblem {
-    /// Short machine-readable reason (`undecodable`, `missing_id`, `bad_timestamp`).
+    /// Short machine-readable reason (`undecodable`, `missing_id`, `bad_timestamp`,
+    /// `record_too_large`).
     pub reason: &'static str,
     /// For people.
     pub error: String,

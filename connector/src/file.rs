@@ -7,9 +7,19 @@
 //!
 //! * **Nothing lost.** Every non-blank line reaches the stage: a line that is not a JSON object,
 //!   whose `data` string is not base64, that has no `id`, or whose `event_time` cannot be read
-//!   is delivered with a [`SourceProblem`] and becomes a dead letter (`undecodable`,
+//!   is delivered with a [`crate::SourceProblem`] and becomes a dead letter (`undecodable`,
 //!   `missing_id`, `bad_timestamp`), keyed by `FILE:LINE` so that re-reading it does not
-//!   dead-letter it twice.
+//!   dead-letter it twice (`connector/src/file_record.rs`).
+//! * **Memory bounded, whatever the lines.** A line longer than
+//!   [`FileSource::max_record_bytes`] (default [`DEFAULT_MAX_RECORD_BYTES`]) is passed over in
+//!   pieces, never held (`connector/src/file_lines.rs`), and becomes a `record_too_large` dead
+//!   letter keyed `FILE:LINE` like the others, naming its byte offset and length and carrying
+//!   its first bytes; the read goes on after it. A chunk of records is delivered once it holds
+//!   [`CHUNK_BYTES`], so what is read ahead of the flow's budget is bounded too.
+//! * **Paths are text.** A matched path that is not UTF-8 fails the flow at start, before
+//!   anything is read: the checkpoint and the dead letters' keys name files as text, and a
+//!   lossy name would stand for two files or compare wrong against the real one
+//!   (`connector/src/file_glob.rs`).
 //! * **Exactly once across crashes, whenever they happen.** With [`crate::SkipCommitted`], records
 //!   whose key the flow already committed (a row or a dead letter, however long ago) are skipped
 //!   before delivery, so a backfill re-read after a crash writes only what it had not; records
@@ -37,28 +47,32 @@
 //! ([`FileSource::within`]): the others are left out before delivery and counted in
 //! [`SourceProgress::outside_interval`]; a line that is not a record has no event time and is
 //! dead-lettered by whichever run reads it first.
+//!
+//! # What it does not cover
+//!
+//! A wildcard of the glob does not match a name that is not UTF-8 (the `glob` crate leaves such
+//! names out), so such a file is not read and nothing says so; only a path reached through `**`
+//! can hold such a name, and that one is refused (above).
 
 use crate::backoff::Backoff;
 use crate::bounded::{Deliverer, SkipCommitted, SourceProgress};
 use crate::budget::Budget;
-use crate::delivery::{SourceMessage, SourceProblem};
-use crate::event_time::parse_event_time;
+use crate::delivery::SourceMessage;
 use crate::file_checkpoint::Checkpoints;
+use crate::file_glob::{Matched, matching_files};
+use crate::file_lines::BoundedLines;
+use crate::file_record::{LongLine, record, too_large};
 use crate::source::SourceError;
 use crate::source::{MessageSource, Received, SourceHandle};
 use crate::telemetry::Counters;
 use crate::turn::{ReaderTurn, Turn};
 use async_trait::async_trait;
-use base64::Engine;
-use bytes::Bytes;
-use serde_json::Value;
 use sluice_store::{FeedStore, FileCheckpoint, FlowHandle};
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncSeekExt, BufReader};
+use tokio::io::AsyncSeekExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -66,6 +80,16 @@ use crate::bounded::CHUNK;
 
 /// How often the holder of a pooled read saves its checkpoint (when it moved).
 pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
+
+/// The longest line read as a record unless [`FileSource::max_record_bytes`] says otherwise:
+/// Pub/Sub's limit for one message (10 MB), so that a file record is no larger than a record
+/// of a Pub/Sub flow.
+pub const DEFAULT_MAX_RECORD_BYTES: u64 = 10_000_000;
+
+/// Bytes of records after which a chunk is delivered even if it has fewer than `CHUNK`
+/// records: what a read holds ahead of the flow's budget (which bounds what is in flight after
+/// delivery), whatever the size of the records.
+pub(crate) const CHUNK_BYTES: usize = 16 * 1024 * 1024;
 
 /// JSONL files matched by a glob, read once.
 pub struct FileSource {
@@ -76,6 +100,7 @@ pub struct FileSource {
     within: Option<(i64, i64)>,
     pool: Option<FileTurn>,
     counters: Option<Counters>,
+    max_record_bytes: usize,
 }
 
 /// What a file read in a pool needs: the flow's turn and where its checkpoint is kept.
@@ -99,7 +124,15 @@ impl FileSource {
             within: None,
             pool: None,
             counters: None,
+            max_record_bytes: bytes_in_memory(DEFAULT_MAX_RECORD_BYTES),
         }
+    }
+
+    /// Lines longer than `bytes` (without their `\n`) are not read as records but become
+    /// `record_too_large` dead letters, without being held (see the module docs); at least 1.
+    pub fn max_record_bytes(mut self, bytes: u64) -> Self {
+        self.max_record_bytes = bytes_in_memory(bytes).max(1);
+        self
     }
 
     /// Reads only while this worker holds the flow's turn, from the checkpoint the last holder
@@ -135,50 +168,9 @@ impl FileSource {
     }
 }
 
-/// A matched file.
-struct Matched {
-    path: PathBuf,
-    modified_ms: i64,
-    len: u64,
-}
-
-/// The files matching `pattern`, in path order; every one must be a readable file.
-fn matching_files(pattern: &str) -> Result<(Vec<Matched>, u64), SourceError> {
-    let paths = glob::glob(pattern)
-        .map_err(|e| SourceError::File(format!("file source {pattern:?}: bad pattern: {e}")))?;
-    let mut files = Vec::new();
-    let mut total = 0;
-    for path in paths {
-        let path = path.map_err(|e| SourceError::File(format!("cannot read {e}")))?;
-        let unreadable =
-            |e: std::io::Error| SourceError::File(format!("cannot read {}: {e}", path.display()));
-        let metadata = std::fs::metadata(&path).map_err(unreadable)?;
-        if metadata.is_dir() {
-            return Err(SourceError::File(format!(
-                "{} matches {pattern:?} but is a directory",
-                path.display()
-            )));
-        }
-        // Opening now reports a permission problem before anything is delivered.
-        std::fs::File::open(&path).map_err(unreadable)?;
-        let modified_ms = metadata
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .and_then(|d| i64::try_from(d.as_millis()).ok())
-            .unwrap_or_default();
-        total += metadata.len();
-        files.push(Matched {
-            path,
-            modified_ms,
-            len: metadata.len(),
-        });
-    }
-    if files.is_empty() {
-        return Err(SourceError::File(format!("no file matches {pattern:?}")));
-    }
-    files.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok((files, total))
+/// A byte count as a size in memory (`usize::MAX` past what the platform addresses).
+fn bytes_in_memory(bytes: u64) -> usize {
+    usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
 #[async_trait]
@@ -209,6 +201,7 @@ impl MessageSource for FileSource {
             within: self.within,
             counters: self.counters,
             pattern: self.pattern,
+            max_record_bytes: self.max_record_bytes,
         };
         let pool = self.pool;
         let task = tokio::spawn(async move {
@@ -242,6 +235,7 @@ struct Reader {
     within: Option<(i64, i64)>,
     counters: Option<Counters>,
     pattern: String,
+    max_record_bytes: usize,
 }
 
 /// Where one file's read starts, and what it reports to.
@@ -395,38 +389,44 @@ impl Reader {
                 .bytes_read
                 .fetch_add(start, Ordering::Relaxed);
         }
-        let path_text = file.path.to_string_lossy().into_owned();
-        let mut lines = BufReader::new(handle);
+        let mut lines = BoundedLines::new(handle, self.max_record_bytes);
         let mut chunk = Vec::with_capacity(CHUNK);
+        let mut chunk_bytes = 0;
         let mut line = Vec::new();
         let mut number = usize::try_from(at.line).unwrap_or_default();
         let mut offset = start;
         let mut records = 0u64;
-        loop {
-            line.clear();
-            let read = lines
-                .read_until(b'\n', &mut line)
-                .await
-                .map_err(unreadable)?;
-            if read == 0 {
-                break;
-            }
+        while let Some(read) = lines.next_line(&mut line).await.map_err(unreadable)? {
             number += 1;
-            offset += read as u64;
+            let line_start = offset;
+            offset += read.bytes;
             let progress = &self.deliverer.progress;
-            progress
-                .bytes_read
-                .fetch_add(read as u64, Ordering::Relaxed);
-            if let Some(message) = record(&line, &file.path, number, file.modified_ms) {
+            progress.bytes_read.fetch_add(read.bytes, Ordering::Relaxed);
+            let message = match read.too_long {
+                None => record(&line, &file.text, number, file.modified_ms),
+                Some(len) => {
+                    let long = LongLine {
+                        file: &file.text,
+                        number,
+                        offset: line_start,
+                        len,
+                        max: self.max_record_bytes,
+                    };
+                    Some(too_large(&long, &line, file.modified_ms))
+                }
+            };
+            if let Some(message) = message {
                 records += 1;
                 if self.in_interval(&message) {
+                    chunk_bytes += message.size();
                     chunk.push(message);
                 } else {
                     progress.outside_interval.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            if chunk.len() == CHUNK {
-                let end = checkpoint(&path_text, offset, number);
+            if chunk.len() == CHUNK || chunk_bytes >= CHUNK_BYTES {
+                chunk_bytes = 0;
+                let end = checkpoint(&file.text, offset, number);
                 if !self
                     .deliver(std::mem::take(&mut chunk), &at, end, &mut records)
                     .await
@@ -438,7 +438,7 @@ impl Reader {
                 }
             }
         }
-        let end = checkpoint(&path_text, offset, number);
+        let end = checkpoint(&file.text, offset, number);
         if !self.deliver(chunk, &at, end, &mut records).await {
             return Ok(ReadEnd::Stopped);
         }
@@ -503,188 +503,42 @@ async fn keep_saving(pool: FileTurn, checkpoints: Arc<Checkpoints>, mut saved: F
     }
 }
 
-/// One line as a message; `None` for a blank line.
-fn record(line: &[u8], file: &Path, number: usize, modified_ms: i64) -> Option<SourceMessage> {
-    let text = line.trim_ascii();
-    if text.is_empty() {
-        return None;
-    }
-    let message = match parse(text) {
-        Ok(parsed) => SourceMessage {
-            message_id: parsed.id,
-            publish_time_ms: modified_ms,
-            attributes: parsed.attributes,
-            data: parsed.data,
-            event_time_ms: parsed.event_time_ms,
-            problem: None,
-        },
-        // Only a line that is not a record needs its position (its key) and its raw text.
-        Err(problem) => {
-            let position = format!("{}:{number}", file.display());
-            SourceMessage {
-                problem: Some(SourceProblem {
-                    reason: problem.reason,
-                    error: format!("{position}: {}", problem.error),
-                }),
-                message_id: position,
-                publish_time_ms: modified_ms,
-                attributes: BTreeMap::new(),
-                data: Bytes::copy_from_slice(text),
-                event_time_ms: None,
-            }
-        }
-    };
-    Some(message)
-}
-
-struct Parsed {
-    id: String,
-    attributes: BTreeMap<String, String>,
-    data: Bytes,
-    event_time_ms: Option<i64>,
-}
-
-fn problem(reason: &'static str, error: impl Into<String>) -> SourceProblem {
-    SourceProblem {
-        reason,
-        error: error.into(),
-    }
-}
-
-fn parse(text: &[u8]) -> Result<Parsed, SourceProblem> {
-    let value: Value = serde_json::from_slice(text)
-        .map_err(|e| problem("undecodable", format!("not JSON: {e}")))?;
-    let Value::Object(mut record) = value else {
-        return Err(problem("undecodable", "a record must be a JSON object"));
-    };
-    let id = match record.remove("id") {
-        Some(Value::String(id)) if !id.is_empty() => id,
-        Some(Value::Number(id)) => id.to_string(),
-        _ => return Err(problem("missing_id", "the record has no `id`")),
-    };
-    let attributes = match record.remove("attributes") {
-        None | Some(Value::Null) => BTreeMap::new(),
-        Some(Value::Object(map)) => map
-            .into_iter()
-            .map(|(k, v)| match v {
-                Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
-        Some(_) => return Err(problem("undecodable", "`attributes` must be an object")),
-    };
-    let data = match record.remove("data") {
-        None | Some(Value::Null) => Bytes::new(),
-        Some(Value::String(encoded)) => base64::engine::general_purpose::STANDARD
-            .decode(encoded.as_bytes())
-            .map(Bytes::from)
-            .map_err(|e| {
-                problem(
-                    "undecodable",
-                    format!("`data` is a string but not base64: {e}"),
-                )
-            })?,
-        Some(other) => Bytes::from(other.to_string()),
-    };
-    let event_time_ms = match record.remove("event_time") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(ms)) => Some(ms.as_i64().ok_or_else(|| {
-            problem(
-                "bad_timestamp",
-                format!("`event_time` {ms} is not whole milliseconds"),
-            )
-        })?),
-        Some(Value::String(text)) => Some(parse_event_time(&text).ok_or_else(|| {
-            problem(
-                "bad_timestamp",
-                format!("`event_time` {text:?} is neither ms since epoch nor RFC 3339"),
-            )
-        })?),
-        Some(other) => {
-            return Err(problem(
-                "bad_timestamp",
-                format!("`event_time` {other} is neither ms since epoch nor RFC 3339"),
-            ));
-        }
-    };
-    Ok(Parsed {
-        id,
-        attributes,
-        data,
-        event_time_ms,
-    })
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
-    fn one(line: &str) -> SourceMessage {
-        record(line.as_bytes(), Path::new("f.jsonl"), 7, 1_000).unwrap()
-    }
-
-    #[test]
-    fn records_of_every_shape() {
-        let m = one(
-            r#"{"id":"a","data":{"x":1},"attributes":{"k":"v","n":2},"event_time":"1970-01-01T00:00:02Z"}"#,
-        );
-        assert_eq!(m.message_id, "a");
-        assert_eq!(&m.data[..], br#"{"x":1}"#);
-        assert_eq!(m.attributes["k"], "v");
-        assert_eq!(m.attributes["n"], "2");
-        assert_eq!(m.event_time_ms, Some(2_000));
-        assert_eq!(m.publish_time_ms, 1_000);
-        assert!(m.problem.is_none());
-
-        let m = one(r#"{"id": 12, "data": "aGVsbG8=", "event_time": 5}"#);
-        assert_eq!((m.message_id.as_str(), &m.data[..]), ("12", &b"hello"[..]));
-        assert_eq!(m.event_time_ms, Some(5));
-
-        let m = one(r#"{"id":"b"}"#);
-        assert_eq!((m.event_time_ms, m.data.len()), (None, 0));
-        assert!(record(b"  \r\n", Path::new("f"), 1, 0).is_none());
-    }
-
-    #[test]
-    fn bad_lines_become_problems_keyed_by_position() {
-        for (line, reason) in [
-            ("not json", "undecodable"),
-            ("[1,2]", "undecodable"),
-            (r#"{"data":"x"}"#, "missing_id"),
-            (r#"{"id":"a","data":"%%%"}"#, "undecodable"),
-            (r#"{"id":"a","attributes":[1]}"#, "undecodable"),
-            (r#"{"id":"a","event_time":"yesterday"}"#, "bad_timestamp"),
-            (r#"{"id":"a","event_time":1.5}"#, "bad_timestamp"),
-        ] {
-            let m = one(line);
-            let problem = m.problem.expect(line);
-            assert_eq!(problem.reason, reason, "{line}");
-            assert!(
-                problem.error.starts_with("f.jsonl:7: "),
-                "{}",
-                problem.error
-            );
-            assert_eq!(m.message_id, "f.jsonl:7", "{line}");
-            assert_eq!(&m.data[..], line.as_bytes());
-        }
-    }
-
-    #[test]
-    fn unreadable_sources_fail_at_start() {
+    #[tokio::test]
+    async fn a_chunk_of_large_records_ends_at_chunk_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let pattern = dir.path().join("*.jsonl").display().to_string();
-        let error = matching_files(&pattern).err().unwrap().to_string();
-        assert!(error.contains("no file matches"), "{error}");
-        std::fs::create_dir(dir.path().join("d.jsonl")).unwrap();
-        let error = matching_files(&pattern).err().unwrap().to_string();
-        assert!(error.contains("is a directory"), "{error}");
-        std::fs::remove_dir(dir.path().join("d.jsonl")).unwrap();
-        std::fs::write(dir.path().join("b.jsonl"), "{}\n").unwrap();
-        std::fs::write(dir.path().join("a.jsonl"), "{}\n{}\n").unwrap();
-        let (files, total) = matching_files(&pattern).unwrap();
-        let names: Vec<_> = files.iter().map(|f| f.path.file_name().unwrap()).collect();
-        assert_eq!(names, ["a.jsonl", "b.jsonl"]);
-        assert_eq!(total, 9);
+        let path = dir.path().join("a.jsonl");
+        // Records of 768 KiB of data each (1 MiB of base64), 40 of them: far fewer than CHUNK.
+        let data = "x".repeat(1024 * 1024);
+        let line = |i: usize| format!("{{\"id\":\"r{i}\",\"data\":\"{data}\"}}\n");
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        for i in 0..40 {
+            out.write_all(line(i).as_bytes()).unwrap();
+        }
+        out.flush().unwrap();
+        drop(out);
+        let source = FileSource::new(path.display().to_string());
+        let progress = source.progress();
+        let (intake, mut received) = mpsc::channel(1);
+        // A budget of one message: the reader waits in its first chunk's delivery until the
+        // first record is settled, so what it has read then is that chunk.
+        let handle = Box::new(source)
+            .start(intake, Budget::new(1, 1 << 40), CancellationToken::new())
+            .await
+            .unwrap();
+        let first = received.recv().await.unwrap();
+        let read = progress.bytes_read.load(Ordering::Relaxed);
+        let per_record = 768 * 1024;
+        let chunk: usize = (0..CHUNK_BYTES.div_ceil(per_record))
+            .map(|i| line(i).len())
+            .sum();
+        assert_eq!(read, chunk as u64, "bytes read for the first chunk");
+        drop(first);
+        handle.close().await;
     }
 }

@@ -199,6 +199,9 @@ mod delivery;
 mod event_time;
 mod file;
 mod file_checkpoint;
+mod file_glob;
+mod file_lines;
+mod file_record;
 mod foreach;
 mod inprocess;
 mod job;
@@ -266,7 +269,7 @@ pub mod engine {
     pub use crate::dead_letter_topic::{DeadLetterTopic, FLUSH_GRACE, PUBLISHER_ROLE};
     pub use crate::delivery::{AckHandle, Delivery, SourceMessage, SourceProblem};
     pub use crate::event_time::{EventTimeError, parse_event_time};
-    pub use crate::file::{CHECKPOINT_EVERY, FileSource, FileTurn};
+    pub use crate::file::{CHECKPOINT_EVERY, DEFAULT_MAX_RECORD_BYTES, FileSource, FileTurn};
     pub use crate::foreach::{BatchHandler, ForeachBatchStage, StageRecord, StagedBatch, batch_id};
     pub use crate::inprocess::{InProcessAck, InProcessSource, InProcessTally, PACE_STEP};
     pub use crate::job::JobParts;

@@ -11,7 +11,10 @@
 //! - a file line never panics the source, and every non-blank line becomes exactly one message,
 //!   in order: the record it encodes (id, attributes, data and event time as the format says),
 //!   or a dead-letter problem whose reason is `undecodable`, `missing_id` or `bad_timestamp`,
-//!   with a non-empty error, keyed and prefixed by `FILE:LINE`, carrying the raw line;
+//!   with a non-empty error, keyed and prefixed by `FILE:LINE`, carrying the raw line; with a
+//!   small `max_record_bytes` (1 to 300), a line over it is instead a `record_too_large`
+//!   problem keyed `FILE:LINE` carrying its first bytes, and the lines after it are read as
+//!   before;
 //! - `parse_event_time` never panics, round-trips every `i64` of milliseconds written as an
 //!   integer, and reads RFC 3339 timestamps (any offset, `T`/`t`/space, fractions) to the
 //!   instant an independent calendar computation gives;
@@ -31,8 +34,9 @@ use proptest::sample::{Index, select};
 use proptest::test_runner::Config;
 use serde_json::{Map, Number, Value};
 use sluice_connector::engine::{
-    BatchSettings, BatchSource, Budget, Counters, DedupSettings, FileSource, InProcessSource,
-    KeySource, MessageSource, SourceMessage, SourceProblem, Stage, TableStage, parse_event_time,
+    BatchSettings, BatchSource, Budget, Counters, DEFAULT_MAX_RECORD_BYTES, DedupSettings,
+    FileSource, InProcessSource, KeySource, MessageSource, SourceMessage, SourceProblem, Stage,
+    TableStage, parse_event_time,
 };
 use sluice_store::Effect;
 use std::collections::BTreeMap;
@@ -42,7 +46,12 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The reasons a file source gives a line it cannot deliver as a record.
-const REASONS: [&str; 3] = ["undecodable", "missing_id", "bad_timestamp"];
+const REASONS: [&str; 4] = [
+    "undecodable",
+    "missing_id",
+    "bad_timestamp",
+    "record_too_large",
+];
 
 fn config(cases: u32) -> Config {
     Config {
@@ -89,13 +98,13 @@ fn write_file(content: &[u8]) -> JsonlFile {
     }
 }
 
-fn file_source(file: &JsonlFile) -> FileSource {
-    FileSource::new(file.path.display().to_string())
+fn file_source(file: &JsonlFile, max_record_bytes: u64) -> FileSource {
+    FileSource::new(file.path.display().to_string()).max_record_bytes(max_record_bytes)
 }
 
 /// Every message the file source delivers for `file`, in order.
-async fn read_messages(file: &JsonlFile) -> Vec<SourceMessage> {
-    let source = file_source(file);
+async fn read_messages(file: &JsonlFile, max_record_bytes: u64) -> Vec<SourceMessage> {
+    let source = file_source(file, max_record_bytes);
     let progress = source.progress();
     let (intake, mut received) = tokio::sync::mpsc::channel(1024);
     let handle = Box::new(source)
@@ -193,7 +202,18 @@ fn check_file(content: &[u8]) -> Result<Vec<SourceMessage>, TestCaseError> {
 
 /// As [`check_file`], for `file`, which holds `content`.
 fn check_file_at(file: &JsonlFile, content: &[u8]) -> Result<Vec<SourceMessage>, TestCaseError> {
-    let messages = block_on(read_messages(file));
+    check_file_limited(file, content, DEFAULT_MAX_RECORD_BYTES)
+}
+
+/// As [`check_file_at`], with lines over `max` bytes (without their `\n`) expected as
+/// `record_too_large` problems that carry the line's first bytes (at most 1 KiB).
+fn check_file_limited(
+    file: &JsonlFile,
+    content: &[u8],
+    max: u64,
+) -> Result<Vec<SourceMessage>, TestCaseError> {
+    let messages = block_on(read_messages(file, max));
+    let limit = usize::try_from(max).unwrap();
     let lines: Vec<(usize, &[u8])> = content
         .split(|b| *b == b'\n')
         .enumerate()
@@ -208,6 +228,13 @@ fn check_file_at(file: &JsonlFile, content: &[u8]) -> Result<Vec<SourceMessage>,
     let shown = file.path.display().to_string();
     for (message, (number, line)) in messages.iter().zip(&lines) {
         prop_assert_eq!(message.publish_time_ms, file.modified_ms);
+        if line.len() > limit {
+            let problem = message.problem.as_ref();
+            prop_assert_eq!(problem.map(|p| p.reason), Some("record_too_large"));
+            prop_assert_eq!(&message.message_id, &format!("{shown}:{number}"));
+            prop_assert_eq!(&message.data[..], &line[..limit.min(1024)]);
+            continue;
+        }
         let want = expected(line).unwrap();
         match (&message.problem, want) {
             (Some(SourceProblem { reason, error }), Expected::Problem(want)) => {
@@ -754,6 +781,11 @@ proptest! {
     }
 
     #[test]
+    fn lines_over_max_record_bytes(content in file_content(line()), max in 1u64..300) {
+        check_file_limited(&write_file(&content), &content, max)?;
+    }
+
+    #[test]
     fn event_times_in_records(text in event_time_text(), ms in any::<i64>()) {
         let lines = [
             serde_json::json!({"id": "s", "event_time": text}).to_string(),
@@ -966,7 +998,7 @@ proptest! {
         let content = lines.join(&b'\n');
         let file = write_file(&content);
         let decoded = check_file_at(&file, &content)?;
-        let staged = block_on(stage_all(Box::new(file_source(&file)), KeySource::MessageId, max_messages, &stage, None));
+        let staged = block_on(stage_all(Box::new(file_source(&file, DEFAULT_MAX_RECORD_BYTES)), KeySource::MessageId, max_messages, &stage, None));
         let non_blank = lines.iter().filter(|l| !l.trim_ascii().is_empty()).count();
         prop_assert_eq!(staged.len(), non_blank, "one effect per non-blank line");
         for ((message, key_problem, effect), decoded) in staged.iter().zip(&decoded) {
@@ -1019,7 +1051,7 @@ proptest! {
         let messages = check_file_at(&file, content.as_bytes())?;
         prop_assert!(messages[0].attributes.len() >= 10_000);
         let stage = TableStage { event_time_attribute: Some("ts".to_owned()), bad_timestamp_uses_publish_time: false };
-        let staged = block_on(stage_all(Box::new(file_source(&file)), KeySource::MessageId, 1, &stage, None));
+        let staged = block_on(stage_all(Box::new(file_source(&file, DEFAULT_MAX_RECORD_BYTES)), KeySource::MessageId, 1, &stage, None));
         prop_assert_eq!(staged.len(), 1);
         check_effect(&staged[0].2, &expected_effect(&stage, &staged[0].0, None))?;
     }

@@ -24,6 +24,12 @@ pub const MAX_ATTEMPTS: u32 = 5;
 pub const STREAMS: usize = 16;
 /// The most `streams` a flow may open.
 pub const MAX_STREAMS: i64 = 64;
+/// Default `source.file.max_record_bytes`: Pub/Sub's limit for one message (10 MB), so that a
+/// file record is no larger than a record of a Pub/Sub flow.
+pub const FILE_MAX_RECORD_BYTES: u64 = 10_000_000;
+/// The largest `source.file.max_record_bytes`: 1 GB, the most either store keeps in one value
+/// (PostgreSQL's limit for a field; SQLite's default `SQLITE_MAX_LENGTH`).
+pub const FILE_MAX_RECORD_BYTES_CEILING: u64 = 1_000_000_000;
 /// Default `schedule.timezone`.
 pub const SCHEDULE_TIMEZONE: &str = "UTC";
 /// Default `schedule.min_interval`: runs fired by updates of a table start at most this often.

@@ -72,23 +72,31 @@ pub(crate) fn positive_duration(
     d
 }
 
-/// A humane size in bytes, at least `min`, `default` when absent.
+/// A humane size in bytes in `min..=max`, `default` when absent.
 pub(crate) fn size(
     c: &mut Collector<'_>,
     value: Option<Humane>,
     path: &str,
     default: u64,
-    min: u64,
+    (min, max): (u64, u64),
 ) -> u64 {
     match value {
         None => default,
         Some(Humane(text)) => match humane::parse_size(&text) {
-            Ok(bytes) if bytes >= min => bytes,
-            Ok(_) => {
+            Ok(bytes) if (min..=max).contains(&bytes) => bytes,
+            Ok(bytes) if bytes < min => {
                 c.push(
                     ErrorCode::InvalidSize,
                     path,
                     format!("must be at least {min} byte(s)"),
+                );
+                default
+            }
+            Ok(_) => {
+                c.push(
+                    ErrorCode::InvalidSize,
+                    path,
+                    format!("must be at most {max} bytes"),
                 );
                 default
             }

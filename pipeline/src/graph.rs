@@ -359,6 +359,7 @@ mod tests {
     fn file() -> Source {
         Source::File {
             path: "in/*.jsonl".into(),
+            max_record_bytes: 1,
         }
     }
 

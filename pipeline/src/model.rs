@@ -168,10 +168,13 @@ pub struct Flow {
 pub enum Source {
     /// `source: { pubsub: {...} }`.
     PubSub(PubSubSource),
-    /// `source: { file: { path: GLOB } }`.
+    /// `source: { file: { path: GLOB, max_record_bytes: SIZE } }`.
     File {
         /// A glob of JSONL files.
         path: String,
+        /// Lines longer than this (bytes, without the line end) are dead letters
+        /// (`record_too_large`), never held in memory.
+        max_record_bytes: u64,
     },
     /// `source: { table: TARGET }`.
     Table {

@@ -157,6 +157,7 @@ pub(crate) struct RawSource {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawFile {
     pub(crate) path: Option<String>,
+    pub(crate) max_record_bytes: Option<Humane>,
 }
 
 /// `source.pubsub`.

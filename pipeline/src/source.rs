@@ -1,9 +1,10 @@
 //! `flows[i]` and its `source:` (Pub/Sub, file, table) → [`Flow`], with every default of
-//! `source.pubsub` applied and each value checked on its own.
+//! `source.pubsub` and `source.file` applied and each value checked on its own.
 
 use crate::defaults::{
-    BATCH_MAX_DELAY, BATCH_MAX_MESSAGES, DEDUP_WINDOW, DRAIN_IDLE, MAX_ATTEMPTS,
-    MAX_OUTSTANDING_BYTES, MAX_OUTSTANDING_MESSAGES, MAX_STREAMS, STREAMS, WATERMARK_BAND,
+    BATCH_MAX_DELAY, BATCH_MAX_MESSAGES, DEDUP_WINDOW, DRAIN_IDLE, FILE_MAX_RECORD_BYTES,
+    FILE_MAX_RECORD_BYTES_CEILING, MAX_ATTEMPTS, MAX_OUTSTANDING_BYTES, MAX_OUTSTANDING_MESSAGES,
+    MAX_STREAMS, STREAMS, WATERMARK_BAND,
 };
 use crate::errors::{Collector, ErrorCode};
 use crate::fields::{count, duration, non_empty, positive_duration, required, size};
@@ -72,6 +73,13 @@ fn source(c: &mut Collector<'_>, raw: RawSource, path: &str) -> Source {
     } else if let Some(file) = raw.file {
         Source::File {
             path: required(c, file.path, &format!("{path}.file.path")),
+            max_record_bytes: size(
+                c,
+                file.max_record_bytes,
+                &format!("{path}.file.max_record_bytes"),
+                FILE_MAX_RECORD_BYTES,
+                (1, FILE_MAX_RECORD_BYTES_CEILING),
+            ),
         }
     } else {
         let table = raw
@@ -114,7 +122,7 @@ fn pubsub_source(c: &mut Collector<'_>, raw: RawPubSub, path: &str) -> PubSubSou
                 flow_control.max_outstanding_bytes,
                 &format!("{path}.flow_control.max_outstanding_bytes"),
                 MAX_OUTSTANDING_BYTES,
-                1,
+                (1, u64::MAX),
             ),
         },
         batch: BatchSettings {

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use sluice_pipeline::{ConfigError, ErrorCode, load, parse};
+use sluice_pipeline::{ConfigError, ErrorCode, Source, load, parse};
 
 /// A valid file; tests replace one of its lines to break it. Line numbers are fixed:
 const BASE: &str = include_str!("data/base.yaml");
@@ -116,6 +116,42 @@ fn invalid_size() {
         "flows[1].source.pubsub.flow_control.max_outstanding_bytes",
         21,
     );
+    let file = "flows[0].source.file.max_record_bytes";
+    for (value, message) in [
+        ("lots", "is not a size"),
+        ("0", "must be at least 1 byte(s)"),
+        ("2GB", "must be at most 1000000000 bytes"),
+    ] {
+        let e = one(
+            &edit(
+                13,
+                &format!(
+                    "    source: {{ file: {{ path: data/*.jsonl, max_record_bytes: {value} }} }}"
+                ),
+            ),
+            ErrorCode::InvalidSize,
+            file,
+            13,
+        );
+        assert!(e.message.contains(message), "{value}: {e}");
+    }
+}
+
+#[test]
+fn a_file_source_takes_max_record_bytes() {
+    let given = |line: &str| {
+        let pipeline = parse(&edit(13, line), Path::new("p.yaml")).expect("valid");
+        match &pipeline.flows[0].source {
+            Source::File {
+                max_record_bytes, ..
+            } => *max_record_bytes,
+            other => panic!("{other:?}"),
+        }
+    };
+    let default = given("    source: { file: { path: data/*.jsonl } }");
+    assert_eq!(default, sluice_pipeline::defaults::FILE_MAX_RECORD_BYTES);
+    let set = given("    source: { file: { path: data/*.jsonl, max_record_bytes: 1KiB } }");
+    assert_eq!(set, 1024);
 }
 
 #[test]

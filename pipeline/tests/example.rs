@@ -60,6 +60,7 @@ fn spec_example_loads_into_the_expected_model() {
                 depends_on: vec![],
                 source: Source::File {
                     path: "data/history/*.jsonl".into(),
+                    max_record_bytes: 10_000_000,
                 },
             },
             Flow {

@@ -59,6 +59,7 @@ const KEYS: &[&str] = &[
     "depends_on",
     "source",
     "file",
+    "max_record_bytes",
     "table",
     "subscription",
     "dedup",

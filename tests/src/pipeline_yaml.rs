@@ -213,8 +213,8 @@ impl PipelineYaml {
 enum FlowSource {
     /// `pubsub:` with its settings, in order (`subscription` first).
     PubSub(Vec<(String, String)>),
-    /// `file: { path: "GLOB" }`.
-    File(String),
+    /// `file: { path: "GLOB" }` with its other settings, in order.
+    File(String, Vec<(String, String)>),
     /// `table: NAME`.
     Table(String),
 }
@@ -261,7 +261,7 @@ impl FlowYaml {
 
     /// A flow from the files matching `glob`.
     pub fn file(name: &str, target: &str, glob: &str) -> Self {
-        Self::with_source(name, target, FlowSource::File(glob.to_owned()))
+        Self::with_source(name, target, FlowSource::File(glob.to_owned(), Vec::new()))
     }
 
     /// A flow from the rows of table target `table`.
@@ -289,6 +289,16 @@ impl FlowYaml {
                 "flow {}: `{key}` is a setting of a pubsub source",
                 self.name
             );
+        };
+        settings.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// A setting of the `file:` source besides its path, `value` as YAML (`1KiB`); panics for
+    /// another source.
+    pub fn file_setting(mut self, key: &str, value: &str) -> Self {
+        let FlowSource::File(_, settings) = &mut self.source else {
+            panic!("flow {}: `{key}` is a setting of a file source", self.name);
         };
         settings.push((key.to_owned(), value.to_owned()));
         self
@@ -350,10 +360,16 @@ impl FlowYaml {
                     out.push_str(&format!("        {key}: {value}\n"));
                 }
             }
-            FlowSource::File(glob) => out.push_str(&format!(
-                "    source: {{ file: {{ path: {} }} }}\n",
-                quoted(glob)
-            )),
+            FlowSource::File(glob, settings) => {
+                let rest: String = settings
+                    .iter()
+                    .map(|(key, value)| format!(", {key}: {value}"))
+                    .collect();
+                out.push_str(&format!(
+                    "    source: {{ file: {{ path: {}{rest} }} }}\n",
+                    quoted(glob)
+                ));
+            }
             FlowSource::Table(table) => {
                 out.push_str(&format!("    source: {{ table: {table} }}\n"))
             }

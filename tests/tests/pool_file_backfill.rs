@@ -1,10 +1,18 @@
-//! A file backfill (a `once` file flow) run by a pool of three replicas is read once: only the
-//! holder of the flow's turn reads, and when it is SIGKILLed mid-read another replica takes
-//! the turn over and reads on from the checkpoint it saved, not from the start.
+//! A file backfill (a `once` file flow) run by a pool of replicas is read once: only the holder
+//! of the flow's turn reads, and when it is SIGKILLed mid-read another replica takes the turn
+//! over and reads on from the checkpoint it saved, not from the start.
 //!
-//! Real parts: three `sluice` processes, PostgreSQL on 127.0.0.1:5432 (a fresh database), two
-//! JSONL files of 100 000 records each, and the Pub/Sub emulator for the pipeline's live flow
-//! (which keeps the workers running once the backfill is done). Records read are each replica's
+//! * Three replicas, two files of 100 000 records, the reader killed a third of the way (in the
+//!   first file): the records read in total stay close to the records.
+//! * Two replicas, three files of 50 000 records, the reader killed once its checkpoint stands
+//!   in a later file (the store's checkpoint, read after the kill, names it): the successor
+//!   starts from that checkpoint (its log names it) and reads exactly the records after it,
+//!   none of the files before (its `sluice_source_records_read_total`, which counts records
+//!   skipped as committed too, equals the count after the checkpoint).
+//!
+//! Real parts: `sluice` processes, PostgreSQL on 127.0.0.1:5432 (a fresh database), JSONL
+//! files, and the Pub/Sub emulator for the pipeline's live flow (which keeps the workers running
+//! once the backfill is done). Records read are each replica's
 //! `sluice_source_records_read_total`; the killed reader's is its last scrape, taken just
 //! before the kill (what it read in between is not counted: the figure printed says so).
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -21,15 +29,16 @@ const FILES: usize = 2;
 const PER_FILE: usize = 100_000;
 const RECORDS: usize = FILES * PER_FILE;
 
-fn write_history(dir: &Workdir) -> String {
+/// Writes `files` files `part-N.jsonl` of `per_file` records each; returns their glob.
+fn write_history(dir: &Workdir, files: usize, per_file: usize) -> String {
     let history = dir.path().join("history");
     std::fs::create_dir_all(&history).unwrap();
-    for file in 0..FILES {
+    for file in 0..files {
         let mut out = std::io::BufWriter::new(
             std::fs::File::create(history.join(format!("part-{file}.jsonl"))).unwrap(),
         );
-        for i in 0..PER_FILE {
-            let id = file * PER_FILE + i;
+        for i in 0..per_file {
+            let id = file * per_file + i;
             writeln!(out, r#"{{"id":"r{id}","data":{{"n":{id}}}}}"#).unwrap();
         }
         out.flush().unwrap();
@@ -37,33 +46,58 @@ fn write_history(dir: &Workdir) -> String {
     format!("{}/*.jsonl", history.display())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_file_backfill_in_a_pool_of_three_is_read_once_and_handed_over_on_sigkill() {
-    let database = ScratchDatabase::create().await.unwrap();
-    let db = PgDb(database.url().to_owned());
-    let dir = Workdir::new();
-    let glob = write_history(&dir);
-    let pubsub = PubSub::connect().await;
-    let (_topic, subscriptions) = pubsub.topic_with("live", 1).await;
-    let ports: Vec<u16> = (0..3).map(|_| free_port().unwrap()).collect();
-    let mut workers: Vec<Option<Worker>> = ports
+/// One worker per metrics port, each running the backfill of `glob` and a live flow.
+fn start_pool(
+    dir: &Workdir,
+    store: &str,
+    glob: &str,
+    subscription: &str,
+    ports: &[u16],
+) -> Vec<Option<Worker>> {
+    ports
         .iter()
         .enumerate()
         .map(|(i, port)| {
             let file = PipelineYaml::new("test")
                 .mode("continuous")
-                .store(database.url())
+                .store(store)
                 .pubsub_emulator()
                 .metrics(&format!("127.0.0.1:{port}"))
                 .target_table("events")
                 .target_table("live_events")
-                .flow(FlowYaml::file("backfill", "events", &glob).once())
-                .flow(FlowYaml::pubsub("live", "live_events", &subscriptions[0]))
+                .flow(FlowYaml::file("backfill", "events", glob).once())
+                .flow(FlowYaml::pubsub("live", "live_events", subscription))
                 .write(dir.path(), &format!("w{i}.yaml"));
             Some(Worker::start(&file, &format!("w{i}")))
         })
-        .collect();
-    let read = |port: u16| flow_metric(port, "sluice_source_records_read_total", "backfill");
+        .collect()
+}
+
+/// Records of the backfill a worker read, from its metrics.
+fn read(port: u16) -> Option<f64> {
+    flow_metric(port, "sluice_source_records_read_total", "backfill")
+}
+
+/// The logs of the workers still running.
+fn logs(workers: &[Option<Worker>]) -> String {
+    workers
+        .iter()
+        .flatten()
+        .map(Worker::logs)
+        .collect::<Vec<_>>()
+        .join("\n----\n")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_backfill_in_a_pool_of_three_is_read_once_and_handed_over_on_sigkill() {
+    let database = ScratchDatabase::create().await.unwrap();
+    let db = PgDb(database.url().to_owned());
+    let dir = Workdir::new();
+    let glob = write_history(&dir, FILES, PER_FILE);
+    let pubsub = PubSub::connect().await;
+    let (_topic, subscriptions) = pubsub.topic_with("live", 1).await;
+    let ports: Vec<u16> = (0..3).map(|_| free_port().unwrap()).collect();
+    let mut workers = start_pool(&dir, database.url(), &glob, &subscriptions[0], &ports);
 
     // The reader: the one replica reading. Killed once it has read a good part, not all.
     let mut reader = None;
@@ -82,14 +116,6 @@ async fn a_file_backfill_in_a_pool_of_three_is_read_once_and_handed_over_on_sigk
         }
     })
     .await;
-    let logs = |workers: &[Option<Worker>]| {
-        workers
-            .iter()
-            .flatten()
-            .map(Worker::logs)
-            .collect::<Vec<_>>()
-            .join("\n----\n")
-    };
     assert!(
         found,
         "no replica read a third of the files: {}",
@@ -148,4 +174,118 @@ async fn a_file_backfill_in_a_pool_of_three_is_read_once_and_handed_over_on_sigk
         "the successor started from the beginning: {all_logs}"
     );
     assert!(ratio <= 1.1, "read {ratio:.3}x the files: {all_logs}");
+}
+
+/// The file checkpoint in the store: file name, line (records before it in that file).
+fn stored_checkpoint(db: &PgDb) -> Option<(String, i64)> {
+    let text = db.text(
+        "SELECT range_from || '|' || after_b FROM sluice_read_positions WHERE source = 'file'",
+    );
+    let (path, line) = text.split_once('|')?;
+    let name = std::path::Path::new(path).file_name()?.to_str()?.to_owned();
+    Some((name, line.parse().ok()?))
+}
+
+/// N of `part-N.jsonl`.
+fn file_index(name: &str) -> usize {
+    name.trim_start_matches("part-")
+        .trim_end_matches(".jsonl")
+        .parse()
+        .unwrap()
+}
+
+/// The line a successor's log says it read on from (`reading on from the checkpoint ...`).
+fn successor_start(logs: &str) -> Option<(String, i64)> {
+    let line = logs
+        .lines()
+        .find(|l| l.contains("reading on from the checkpoint an earlier reader saved"))?;
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .map(str::to_owned)
+    };
+    let path = field("path=")?;
+    let name = std::path::Path::new(&path)
+        .file_name()?
+        .to_str()?
+        .to_owned();
+    Some((name, field("line=")?.parse().ok()?))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_in_a_later_file_is_read_on_from_there_and_the_files_before_are_skipped() {
+    const LATER_FILES: usize = 3;
+    const LATER_PER_FILE: usize = 50_000;
+    const LATER_RECORDS: usize = LATER_FILES * LATER_PER_FILE;
+    let database = ScratchDatabase::create().await.unwrap();
+    let db = PgDb(database.url().to_owned());
+    let dir = Workdir::new();
+    let glob = write_history(&dir, LATER_FILES, LATER_PER_FILE);
+    let pubsub = PubSub::connect().await;
+    let (_topic, subscriptions) = pubsub.topic_with("live", 1).await;
+    let ports: Vec<u16> = (0..2).map(|_| free_port().unwrap()).collect();
+    let mut workers = start_pool(&dir, database.url(), &glob, &subscriptions[0], &ports);
+
+    // The reader is killed once its checkpoint has left the first file.
+    let mut reader = None;
+    let found = eventually(Duration::from_secs(180), || {
+        let now: Vec<f64> = ports.iter().map(|p| read(*p).unwrap_or(0.0)).collect();
+        let readers: Vec<usize> = (0..2).filter(|i| now[*i] > 0.0).collect();
+        assert!(readers.len() <= 1, "more than one replica reads: {now:?}");
+        let past_first = stored_checkpoint(&db).is_some_and(|(file, _)| file != "part-0.jsonl");
+        reader = readers.first().copied();
+        reader.is_some() && past_first
+    })
+    .await;
+    assert!(
+        found,
+        "the checkpoint never left the first file: {}",
+        logs(&workers)
+    );
+    let reader = reader.unwrap();
+    workers[reader].take().unwrap().kill9();
+    let rows_at_kill = db.rows();
+    let (file, line) = stored_checkpoint(&db).unwrap();
+    let index = file_index(&file);
+    assert!(
+        index >= 1 && rows_at_kill < LATER_RECORDS as i64,
+        "the kill landed at {file}:{line} with {rows_at_kill} rows committed, not in a later \
+         file mid-read"
+    );
+
+    let completed = eventually(Duration::from_secs(300), || {
+        db.query("SELECT count(*) FROM sluice_completions") == 1
+    })
+    .await;
+    assert!(
+        completed,
+        "the backfill never completed: {}",
+        logs(&workers)
+    );
+    db.assert_exactly_once(LATER_RECORDS);
+
+    // The successor starts from the checkpoint the store held after the kill (or from a later
+    // one, if a save the reader sent just before its kill landed after that look).
+    let survivor = 1 - reader;
+    let survivor_logs = workers[survivor].as_ref().unwrap().logs();
+    let (start_file, start_line) = successor_start(&survivor_logs)
+        .unwrap_or_else(|| panic!("the successor started from the beginning: {survivor_logs}"));
+    let start_index = file_index(&start_file);
+    assert!(
+        (start_index, start_line) >= (index, line),
+        "the successor started at {start_file}:{start_line}, before the checkpoint {file}:{line}"
+    );
+    // What comes after it: the rest of its file and every file after that one.
+    let after = (LATER_PER_FILE - usize::try_from(start_line).unwrap())
+        + (LATER_FILES - 1 - start_index) * LATER_PER_FILE;
+    let survivor_read = read(ports[survivor]).unwrap_or(0.0);
+    println!(
+        "killed with the checkpoint at {file}:{line} ({rows_at_kill} rows committed); the \
+         successor started at {start_file}:{start_line} and read {survivor_read} records, \
+         {after} after its start"
+    );
+    assert_eq!(
+        survivor_read, after as f64,
+        "the successor read other records than those after its checkpoint: {survivor_logs}"
+    );
 }

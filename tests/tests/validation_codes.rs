@@ -432,6 +432,42 @@ fn several_problems_are_reported_at_once_in_file_order() {
 }
 
 #[test]
+fn validate_checks_a_file_sources_max_record_bytes() {
+    let dir = Workdir::new();
+    let file = dir.path().join("p.yaml");
+    let flow = |name: &str, size: &str| {
+        format!(
+            "  - name: {name}\n    target: events\n    once: true\n    source: {{ file: {{ path: \
+             \"in/*.jsonl\", max_record_bytes: {size} }} }}\n"
+        )
+    };
+    let text = format!(
+        "pipeline: orders\nmode: triggered\ntargets:\n  - {{ name: events, kind: table }}\n\
+         flows:\n{}{}{}",
+        flow("small", "1KiB"),
+        flow("none", "0"),
+        flow("huge", "2GB"),
+    );
+    std::fs::write(&file, text).unwrap();
+    let out = validate(&file, false);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    let lines = out.stderr.lines().collect::<Vec<_>>();
+    let expected = [
+        (13, 61, "flows[1]", "must be at least 1 byte(s)"),
+        (17, 61, "flows[2]", "must be at most 1000000000 bytes"),
+    ];
+    assert_eq!(lines.len(), expected.len(), "{}", out.stderr);
+    for (got, (line, column, flow, says)) in lines.iter().zip(expected) {
+        let path = format!("{flow}.source.file.max_record_bytes");
+        let start = prefix(&file, Some((line, column)), "INVALID_SIZE", &path);
+        assert!(
+            got.starts_with(&start) && got.ends_with(says),
+            "expected {start:?}...{says:?}, got {got:?}"
+        );
+    }
+}
+
+#[test]
 fn a_live_predecessor_is_rejected_in_continuous_mode_and_accepted_in_triggered_mode() {
     let continuous = fixture("DEPENDS_ON_PREDECESSOR_MUST_BE_ONCE");
     let text = std::fs::read_to_string(&continuous).unwrap();

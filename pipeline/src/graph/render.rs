@@ -190,7 +190,10 @@ mod tests {
             depends_on: depends_on.iter().map(|d| (*d).to_owned()).collect(),
             source,
         };
-        let file = || Source::File { path: "x".into() };
+        let file = || Source::File {
+            path: "x".into(),
+            max_record_bytes: 1,
+        };
         let table = || Source::Table { target: "t".into() };
         FlowGraph::new(&Pipeline {
             name: "p".into(),

@@ -308,8 +308,12 @@ pub fn build(
             }
             plan
         }
-        Source::File { path } => {
+        Source::File {
+            path,
+            max_record_bytes,
+        } => {
             let mut source = FileSource::new(path.clone())
+                .max_record_bytes(*max_record_bytes)
                 .skip_committed(skip)
                 .with_counters(counters.clone());
             if let Some(interval) = scope.interval {
