@@ -88,11 +88,17 @@ async fn a_postgres_handler_held_past_the_bound_rolls_back_and_the_event_counts_
         })
     };
     let (a_calls, b_calls) = (Arc::new(Calls::default()), Arc::new(Calls::default()));
+    // Both built (their tables prepared) before a's transaction is open: preparing a store's
+    // tables waits for transactions that write them.
     let a = job_builder(&pubsub, &subscriptions[0], database.url())
         .build()
         .await
         .unwrap();
-    let a_stop = a.stop_token();
+    let b = job_builder(&pubsub, &subscriptions[1], database.url())
+        .build()
+        .await
+        .unwrap();
+    let (a_stop, b_stop) = (a.stop_token(), b.stop_token());
     let a_run = tokio::spawn(a.run_postgres(handler(a_calls.clone())));
     let published = Instant::now();
     pubsub.publish(&topic, vec![event("e1")]).await;
@@ -101,11 +107,6 @@ async fn a_postgres_handler_held_past_the_bound_rolls_back_and_the_event_counts_
         "job a never got its copy"
     );
     tokio::time::sleep_until(published + B_STARTS).await;
-    let b = job_builder(&pubsub, &subscriptions[1], database.url())
-        .build()
-        .await
-        .unwrap();
-    let b_stop = b.stop_token();
     let b_run = tokio::spawn(b.run_postgres(handler(b_calls.clone())));
     // b's commit waits for a's uncommitted key (a itself waits for the lock): the timing this
     // test is about, seen from the server.
