@@ -4,8 +4,8 @@
 //! the same run, alternating which goes first. The ratio is the job's rate over the plain
 //! flow's; the lines of each example are counted as they are compiled in.
 
+use crate::error::BenchError;
 use crate::stores::{Backend, FreshStore, StoreChoice};
-use crate::throughput::BenchError;
 use sluice_connector::engine::{CommitThenAck, Counters, FlowRun, JobBuilder, RunUntil};
 use sluice_connector::prelude::*;
 use sluice_store::{FlowHandle, Layout, Store};

@@ -16,8 +16,10 @@
 //! client (`sent_us`), so both latencies include the client's publish batching (5 ms). The
 //! first second of each measurement is left out (streams opening, the emulator's JIT).
 
+use crate::drain::{Progress, bench_flow, sluice_drain};
+use crate::error::BenchError;
 use crate::stores::{Backend, FreshStore};
-use crate::throughput::{BenchError, Progress, WarmEmulator, bench_flow, raw_drain, sluice_drain};
+use crate::throughput::{WarmEmulator, raw_drain};
 use async_trait::async_trait;
 use bytes::Bytes;
 use google_cloud_pubsub::model::Message;

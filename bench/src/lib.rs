@@ -6,7 +6,9 @@
 
 mod chain;
 mod cpu;
+mod drain;
 pub mod emulator;
+mod error;
 mod job;
 mod latency;
 mod latency_plot;
@@ -16,8 +18,9 @@ mod watermark;
 
 pub use chain::{ChainArgs, chain};
 pub use emulator::{Emulator, EmulatorError, free_port};
+pub use error::BenchError;
 pub use job::{JobArgs, job};
 pub use latency::{LatencyArgs, latency};
 pub use stores::StoreChoice;
-pub use throughput::{BenchError, ThroughputArgs, throughput};
+pub use throughput::{ThroughputArgs, throughput};
 pub use watermark::{WatermarkArgs, watermark};

@@ -6,26 +6,25 @@
 //! 3. sluice's own capacity without the emulator: an in-process source behind the same seam,
 //!    against a baseline of the same source drained by a consumer that acks at once; each store
 //!    is drained twice, as a flow without a watermark and as one whose commits also record every
-//!    message settled toward its watermark.
+//!    message settled toward its watermark (and whose duplicates are acked once their reports
+//!    are stored, `drain.rs`).
 //!
 //! Each emulator measurement drains a backlog published beforehand to a fresh subscription
 //! (fresh names avoid the emulator's stall after a stream closes), after a warm-up drain (the
 //! emulator's JIT makes the first run several times slower).
 
 use crate::cpu::process_cpu_time;
-use crate::emulator::{Emulator, EmulatorError};
-use crate::stores::{Backend, FreshStore, StoreChoice};
+use crate::drain::{Measured, Progress, STALL_TIMEOUT, sluice_drain};
+use crate::emulator::Emulator;
+use crate::error::BenchError;
+use crate::stores::{Backend, StoreChoice};
 use bytes::Bytes;
 use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
 use sluice_connector::engine::pubsub::{Admin, SourceError, publish_all};
 use sluice_connector::engine::{
-    BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, FlowWatermark,
-    InProcessSource, KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil,
-    TableStage,
+    Budget, InProcessSource, MessageSource, PubSubConfig, PubSubSource, TRACKER_TICK,
 };
-use sluice_store::LedgerStore;
-use sluice_store::{Layout, table_name};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -37,8 +36,6 @@ pub(crate) const PROJECT: &str = "sluice-bench";
 const PUBLISH_CHUNK: usize = 10_000;
 /// Messages drained to warm the emulator up before measuring.
 pub(crate) const WARM_UP_MESSAGES: usize = 20_000;
-/// Give up on a drain that makes no progress for this long.
-const STALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Options of `sluice bench throughput`.
 #[derive(Debug, Clone, clap::Args)]
@@ -52,8 +49,9 @@ pub struct ThroughputArgs {
     /// StreamingPull streams (the same for the raw client and sluice).
     #[arg(long, default_value_t = 16)]
     pub streams: usize,
-    /// Messages for the in-process capacity measurement.
-    #[arg(long, default_value_t = 1_000_000)]
+    /// Messages for the in-process capacity measurement (at least 1: a rate needs one).
+    #[arg(long, default_value_t = 1_000_000,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub capacity_messages: usize,
     /// Rounds of the emulator pair (raw then sluice in odd rounds, sluice then raw in even ones);
     /// each round uses fresh subscriptions.
@@ -75,23 +73,6 @@ impl ThroughputArgs {
     fn backends(&self) -> Vec<Backend> {
         self.store.backends()
     }
-}
-
-/// Why a benchmark could not finish.
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    /// The emulator did not start.
-    #[error(transparent)]
-    Emulator(#[from] EmulatorError),
-    /// Pub/Sub failed.
-    #[error(transparent)]
-    PubSub(#[from] SourceError),
-    /// The store failed.
-    #[error("store: {0}")]
-    Store(String),
-    /// A drain stopped making progress.
-    #[error("{0}")]
-    Stalled(String),
 }
 
 /// Runs the benchmark and prints a Markdown table.
@@ -212,21 +193,13 @@ async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
 
 async fn capacity(args: &ThroughputArgs) -> Result<(), BenchError> {
     let n = args.capacity_messages;
-    // Every tenth message repeats an earlier key, as a publisher retry would.
-    let key_of = |i: usize| {
-        if i % 10 == 9 {
-            format!("k{}", i / 10)
-        } else {
-            format!("k{i}")
-        }
-    };
     let mut rows = vec![(
         "baseline: receive + ack only".to_owned(),
-        ack_only_drain(InProcessSource::generated(n, args.size, key_of)).await,
+        ack_only_drain(InProcessSource::generated(n, args.size, capacity_key)).await,
     )];
     for backend in args.backends() {
         for progress in [Progress::None, Progress::Watermark] {
-            let source = Box::new(InProcessSource::generated(n, args.size, key_of));
+            let source = Box::new(InProcessSource::generated(n, args.size, capacity_key));
             rows.push((
                 format!(
                     "sluice: dedup + batch + {} commit{} + ack",
@@ -254,15 +227,23 @@ async fn capacity(args: &ThroughputArgs) -> Result<(), BenchError> {
     for note in notes {
         println!("\n{note}");
     }
+    println!(
+        "\nWith watermark progress, a duplicate found in memory is acked once its report is \
+         stored, at the next tracker tick ({} ms, as a worker's tracker does): a drain of a \
+         few seconds mostly measures that wait.",
+        TRACKER_TICK.as_millis()
+    );
     Ok(())
 }
 
-#[derive(Debug, Clone)]
-pub(crate) struct Measured {
-    pub(crate) wall: Duration,
-    cpu: Duration,
-    /// What the store occupied and wrote (PostgreSQL drains).
-    footprint: Option<String>,
+/// The dedup key of message `i` of the capacity source: message `10j + 9` carries message `j`'s
+/// key, as a publisher retry would (a duplicate unless `j` itself ends in 9: 9 % of the messages).
+fn capacity_key(i: usize) -> String {
+    if i % 10 == 9 {
+        format!("k{}", i / 10)
+    } else {
+        format!("k{i}")
+    }
 }
 
 fn rate(messages: usize, took: Duration) -> f64 {
@@ -398,151 +379,6 @@ fn google_cloud_auth_anonymous() -> google_cloud_auth::credentials::Credentials 
     google_cloud_auth::credentials::anonymous::Builder::new().build()
 }
 
-/// What a commit records besides the rows and the ledger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Progress {
-    /// Nothing: a flow without a watermark.
-    None,
-    /// Each message id settled toward the flow's watermark (`sluice_watermark_messages`), as a
-    /// flow with `event_time` and a tracking subscription commits.
-    Watermark,
-}
-
-impl Progress {
-    fn label(self) -> &'static str {
-        match self {
-            Self::None => "",
-            Self::Watermark => " with watermark progress",
-        }
-    }
-}
-
-/// sluice end to end into a fresh store of `backend`, until `n` messages are acked.
-pub(crate) async fn sluice_drain(
-    source: Box<dyn MessageSource>,
-    n: usize,
-    backend: Backend,
-    postgres_server: &str,
-    progress: Progress,
-) -> Result<Measured, BenchError> {
-    let store_error = |e: sluice_store::StoreError| BenchError::Store(e.to_string());
-    let fresh = FreshStore::open(backend, postgres_server).await?;
-    let (store, postgres) = (fresh.store.clone(), fresh.postgres.clone());
-    let counters = Counters::new("bench", "ingest");
-    if progress == Progress::Watermark {
-        counters.attach_watermark(FlowWatermark::new());
-    }
-    let key = KeySource::Attribute {
-        name: "key".into(),
-        dead_letter_if_missing: false,
-    };
-    let (run, flow) = bench_flow(&store, store.clone(), source, key, counters.clone()).await?;
-    let wal_before = match &postgres {
-        Some(store) => Some(store.footprint().await.map_err(store_error)?.wal_position),
-        None => None,
-    };
-    let drain = CancellationToken::new();
-    let cpu_before = process_cpu_time();
-    let started = Instant::now();
-    let task = tokio::spawn(run.run(drain.clone()));
-    let acked = loop {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        let snapshot = counters.snapshot();
-        if snapshot.acked >= n as u64 {
-            break Ok(started.elapsed());
-        }
-        if started.elapsed() > STALL_TIMEOUT * 5 {
-            break Err(BenchError::Stalled(format!(
-                "sluice acked {} of {n}",
-                snapshot.acked
-            )));
-        }
-    };
-    let cpu = process_cpu_time().saturating_sub(cpu_before);
-    drain.cancel();
-    let _ = task.await;
-    let wall = acked?;
-    let footprint = match (&postgres, wal_before) {
-        (Some(store), Some(wal_before)) => {
-            let after = store.footprint().await.map_err(store_error)?;
-            let commits = store
-                .flow_progress(&flow)
-                .await
-                .map_err(store_error)?
-                .batches;
-            Some(format!(
-                "PostgreSQL after {n} messages: ledger {} rows ({:.2} per message), {} bytes \
-                 ({:.0} B per message, indexes included); WAL {:.0} B per message; {commits} \
-                 commits ({:.1}/s, {:.0} messages each)",
-                after.ledger_rows,
-                after.ledger_rows as f64 / n as f64,
-                after.ledger_bytes,
-                after.ledger_bytes as f64 / n as f64,
-                (after.wal_position - wal_before) as f64 / n as f64,
-                commits as f64 / wall.as_secs_f64(),
-                n as f64 / commits.max(1) as f64,
-            ))
-        }
-        _ => None,
-    };
-    drop(fresh);
-    Ok(Measured {
-        wall,
-        cpu,
-        footprint,
-    })
-}
-
-/// The flow every emulator drain of the benchmarks runs, as the worker's Pub/Sub flows do:
-/// budget 10 000 / 100 MiB, dedup by `key` over 10 minutes, batches of up to 1 000 / 50 ms,
-/// rows into `bench__events` of `store` (prepared here), committed through `ledger` (the store
-/// itself, or a wrapper around it) with the commit bound.
-pub(crate) async fn bench_flow(
-    store: &Arc<dyn sluice_store::Store>,
-    ledger: Arc<dyn LedgerStore>,
-    source: Box<dyn MessageSource>,
-    key: KeySource,
-    counters: Counters,
-) -> Result<(FlowRun, sluice_store::FlowHandle), BenchError> {
-    let store_error = |e: sluice_store::StoreError| BenchError::Store(e.to_string());
-    let flow = store
-        .prepare(&Layout {
-            pipeline: "bench".into(),
-            tables: vec!["events".into()],
-            flows: vec!["ingest".into()],
-        })
-        .await
-        .map_err(store_error)?
-        .remove(0);
-    let window = Duration::from_secs(600);
-    let run = FlowRun {
-        source,
-        budget: Budget::new(10_000, 100 << 20),
-        dedup: DedupSettings { key, window },
-        batch: BatchSettings {
-            max_messages: 1_000,
-            max_delay: Duration::from_millis(50),
-        },
-        committer: CommitThenAck::new(
-            ledger,
-            flow.clone(),
-            Arc::from(table_name("bench", "events").map_err(store_error)?),
-            Arc::new(TableStage::default()),
-            RetrySettings {
-                max_attempts: 5,
-                dedup_window: window,
-                // As the worker's Pub/Sub flows: the deadline travels with every commit.
-                commit_bound: Some(sluice_connector::engine::commit_bound(window)),
-            },
-            CancellationToken::new(),
-        ),
-        counters,
-        until: RunUntil::Drained,
-        drain_agreement: None,
-    };
-    Ok((run, flow))
-}
-
 /// The channel of the ack-only baseline: the size of a flow's intake channel.
 const ACK_ONLY_CHANNEL: usize = 1024;
 
@@ -594,6 +430,49 @@ async fn wait_for(
             return Err(BenchError::Stalled(format!(
                 "raw client acked {now} of {n}"
             )));
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A drain that stopped says so itself after [`STALL_TIMEOUT`]; this bounds one that would
+    /// not even do that.
+    const STUCK: Duration = STALL_TIMEOUT.saturating_mul(2);
+
+    /// Small capacity runs finish on both stores, with and without watermark progress, and
+    /// every message is acked once: the duplicates too (with progress, after their reports).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn small_capacity_drains_ack_every_message() {
+        for backend in StoreChoice::Postgres.backends() {
+            for n in [1, 10, 2000] {
+                for progress in [Progress::None, Progress::Watermark] {
+                    let source = InProcessSource::generated(n, 100, capacity_key);
+                    let tally = source.tally();
+                    let drained = tokio::time::timeout(
+                        STUCK,
+                        sluice_drain(
+                            Box::new(source),
+                            n,
+                            backend,
+                            sluice_store::DEFAULT_SCRATCH_SERVER,
+                            progress,
+                        ),
+                    )
+                    .await;
+                    let acked = tally.acked.load(Ordering::Relaxed);
+                    let nacked = tally.nacked.load(Ordering::Relaxed);
+                    assert!(
+                        matches!(drained, Ok(Ok(_))) && acked == n as u64 && nacked == 0,
+                        "{} {n} messages, {progress:?}: acked {acked}, nacked {nacked}, drain \
+                         {drained:?}",
+                        backend.name()
+                    );
+                }
+            }
         }
     }
 }

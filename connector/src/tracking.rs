@@ -325,22 +325,7 @@ impl WatermarkTracker {
     /// Records the messages this worker settled in the store (given back on failure), then
     /// acks those that waited for it.
     async fn report_processed(&self) -> Result<(), StoreError> {
-        let settled = self.watermark.take_settled();
-        if settled.is_empty() {
-            return Ok(());
-        }
-        if !settled.reports.is_empty() {
-            let added = self
-                .store
-                .add_bucket_messages(&self.flow, &settled.reports)
-                .await;
-            if let Err(error) = added {
-                self.watermark.restore_settled(settled);
-                return Err(error);
-            }
-        }
-        settled.stored();
-        Ok(())
+        self.watermark.store_settled(&*self.store, &self.flow).await
     }
 
     /// The flow's stored watermark record, if any.

@@ -18,7 +18,9 @@
 //! Guarantee: the watermark held here only moves forward ([`FlowWatermark::advance`] keeps the
 //! larger value), so a replica that reads an older record never shows a watermark going back.
 
-use sluice_store::{BucketMessage, MessageReport, PROGRESS_BUCKET_MS};
+use sluice_store::{
+    BucketMessage, FlowHandle, MessageReport, PROGRESS_BUCKET_MS, ProgressStore, StoreError,
+};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -157,6 +159,29 @@ impl FlowWatermark {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(reports);
+    }
+
+    /// Records the settled messages not reported yet in `flow`'s buckets of `store`, then runs
+    /// what waited for them (acks); on failure they are given back, to go with the next ones.
+    /// A flow with a watermark needs this run regularly (its tracker does, every tick), or the
+    /// messages settled outside a commit are never acked and hold their budget.
+    pub async fn store_settled(
+        &self,
+        store: &dyn ProgressStore,
+        flow: &FlowHandle,
+    ) -> Result<(), StoreError> {
+        let settled = self.take_settled();
+        if settled.is_empty() {
+            return Ok(());
+        }
+        if !settled.reports.is_empty()
+            && let Err(error) = store.add_bucket_messages(flow, &settled.reports).await
+        {
+            self.restore_settled(settled);
+            return Err(error);
+        }
+        settled.stored();
+        Ok(())
     }
 }
 
