@@ -29,6 +29,7 @@
 //! `sluice_attempts`, `sluice_message_id` and `sluice_error` (cut to 1024 bytes).
 
 use crate::backoff::Backoff;
+use crate::pubsub::publish_refused;
 use crate::turn::ReaderTurn;
 use google_cloud_pubsub::client::Publisher;
 use google_cloud_pubsub::model::Message;
@@ -188,7 +189,7 @@ impl DeadLetterTopic {
                     round.published.push(id);
                 }
                 Err(error) => {
-                    if definite(&error) {
+                    if publish_refused(&error) {
                         refused_before.insert(id);
                     } else {
                         refused_before.remove(&id);
@@ -213,25 +214,6 @@ impl DeadLetterTopic {
             .increment(1);
         }
         Ok(Some(round))
-    }
-}
-
-/// A publish error in which Pub/Sub answered that it did not take the message (not one whose
-/// outcome is unknown).
-fn definite(error: &google_cloud_pubsub::error::PublishError) -> bool {
-    use google_cloud_gax::error::rpc::Code;
-    match error {
-        google_cloud_pubsub::error::PublishError::Rpc(error) => error.status().is_some_and(|s| {
-            matches!(
-                s.code,
-                Code::NotFound
-                    | Code::InvalidArgument
-                    | Code::PermissionDenied
-                    | Code::Unauthenticated
-                    | Code::FailedPrecondition
-            )
-        }),
-        _ => false,
     }
 }
 
