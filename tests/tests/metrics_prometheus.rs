@@ -180,6 +180,7 @@ fn assert_counters_start_at_zero(listen: &str) {
         "max_attempts",
         "missing_dedup_attribute",
         "missing_id",
+        "reserved_attribute",
         "undecodable",
         "unstorable",
     ] {
