@@ -10,12 +10,13 @@ use std::time::Instant;
 
 /// The dead-letter reasons sluice writes (`sluice_messages_dead_lettered_total{reason}`),
 /// exported at 0 from a flow's start.
-pub const DEAD_LETTER_REASONS: [&str; 7] = [
+pub const DEAD_LETTER_REASONS: [&str; 8] = [
     "bad_timestamp",
     "max_attempts",
     "missing_dedup_attribute",
     "missing_id",
     crate::file_record::RECORD_TOO_LARGE,
+    crate::pubsub::RESERVED_ATTRIBUTE_REASON,
     "undecodable",
     crate::storable::UNSTORABLE,
 ];

@@ -44,12 +44,18 @@
 //!   probes that come back through the tracking stream move the horizon
 //!   ([`sluice_watermark::DeliveryHorizon`]); a stream that goes silent (an outage, a reopen,
 //!   the emulator's stall after a stream closed) holds it, and a reopened stream is read
-//!   again (what it held comes back only after its ack deadline). Every source acks and drops
-//!   probes (other subscribers of the topic see them, and may filter
-//!   `NOT attributes:sluice-probe`); another reader's recent probes are nacked back to it. A
+//!   again (what it held comes back only after its ack deadline). Every source acks, counts
+//!   and drops probes (other subscribers of the topic see them, and may filter
+//!   `NOT attributes:sluice-probe`); data that carries the attribute without being a probe is
+//!   tracked as data and dead-lettered by its flow ([`crate::pubsub::is_probe`]); another
+//!   reader's recent probes are nacked back to it. A
 //!   filtered subscription's tracker needs the filter plus the probes
 //!   ([`crate::pubsub::tracking_filter`]). The worker needs permission to publish to the topic;
-//!   failures are logged. Times are Pub/Sub's publish times, so
+//!   failures are logged and counted (`sluice_watermark_probe_failures_total{outcome}`). Only
+//!   a publish Pub/Sub refused ([`crate::pubsub::publish_refused`]) ends the wait for its
+//!   probe: one whose outcome is unknown may be stored and held back with a backlog, so it is
+//!   waited for until it comes back or is given up (`sluice_watermark_probes_outstanding`
+//!   shows the probes waited for). Times are Pub/Sub's publish times, so
 //!   the reader's clock does not matter; its offset is shown as
 //!   `sluice_tracking_clock_offset_seconds` and logged past [`CLOCK_OFFSET_ALERT_MS`].
 //! * **Event times outside the band** are late by definition. What the reader has seen of them
@@ -79,7 +85,9 @@
 
 use crate::budget::Budget;
 use crate::event_time::parse_event_time;
-use crate::pubsub::{PROBE_ATTRIBUTE, PubSubConfig, PubSubSource};
+use crate::pubsub::{
+    PROBE_ATTRIBUTE, PubSubConfig, PubSubSource, is_probe, probe_message, publish_refused,
+};
 use crate::source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
 use crate::time::now_ms;
 use crate::watermark::{FlowWatermark, bucket_of};
@@ -87,7 +95,9 @@ use sluice_store::{
     BucketCounts, BucketMessage, FlowHandle, LeaseGrant, LeaseRequest, MessageReport, Store,
     StoreError, WatermarkRecord,
 };
-use sluice_watermark::{DEFAULT_QUIET_MS, DeliveryHorizon, SluiceEstimator, TrackingHistogram};
+use sluice_watermark::{
+    DEFAULT_QUIET_MS, DeliveryHorizon, PublishFailure, SluiceEstimator, TrackingHistogram,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -137,6 +147,10 @@ pub struct TrackerSettings {
     pub base_subscription: String,
     /// This worker's id (the lease holder name).
     pub worker: String,
+    /// Where the reader publishes its probes; `None`: the flow's Pub/Sub endpoint. (The
+    /// worker takes it from `SLUICE_PROBE_ENDPOINT`, with which the tests fault the probe
+    /// publisher alone.)
+    pub probe_endpoint: Option<String>,
 }
 
 /// One worker's tracker of one flow's watermark.
@@ -147,6 +161,9 @@ pub struct WatermarkTracker {
     settings: TrackerSettings,
     watermark: FlowWatermark,
 }
+
+/// How a probe's publish ended: published, or how it failed (refused or unknown) and why.
+type ProbeOutcome = Result<(), (PublishFailure, String)>;
 
 /// The tracking reader's running state (only while this worker holds the lease).
 struct Reading {
@@ -163,9 +180,9 @@ struct Reading {
     /// This reading's probes carry `<prefix><sequence number>`.
     probe_prefix: String,
     next_probe: u64,
-    /// Publish outcomes of the probes: (sequence number, published or why not).
-    probe_outcomes: mpsc::UnboundedReceiver<(u64, Result<(), String>)>,
-    probe_outcomes_tx: mpsc::UnboundedSender<(u64, Result<(), String>)>,
+    /// Publish outcomes of the probes: (sequence number, published or how and why not).
+    probe_outcomes: mpsc::UnboundedReceiver<(u64, ProbeOutcome)>,
+    probe_outcomes_tx: mpsc::UnboundedSender<(u64, ProbeOutcome)>,
     /// Whether the last probe publish failed (logged once per episode), and the probes given
     /// up so far (logged as they grow).
     probe_failing: bool,
@@ -369,7 +386,19 @@ impl WatermarkTracker {
             let topic = admin
                 .tracking_topic(&self.settings.base_subscription, tracking)
                 .await?;
-            let probes = admin.publisher(&topic).await?;
+            let probes = match &self.settings.probe_endpoint {
+                None => admin.publisher(&topic).await?,
+                Some(endpoint) => {
+                    let config = PubSubConfig {
+                        endpoint: Some(endpoint.clone()),
+                        ..self.pubsub.clone()
+                    };
+                    crate::pubsub::Admin::connect(&config)
+                        .await?
+                        .publisher(&topic)
+                        .await?
+                }
+            };
             // What an earlier reader (this worker before a restart, or one that died holding
             // the lease) was handed and did not store comes back now, not after its lease: a
             // seek to the stored horizon. A probe published just before it comes back with
@@ -417,6 +446,9 @@ impl WatermarkTracker {
         .await
         .map_err(|_| no_answer())??;
         let (probe_outcomes_tx, probe_outcomes) = mpsc::unbounded_channel();
+        for failure in [PublishFailure::Refused, PublishFailure::OutcomeUnknown] {
+            self.probe_failures(failure).increment(0);
+        }
         Ok(Reading {
             probe_prefix,
             next_probe,
@@ -466,21 +498,29 @@ impl WatermarkTracker {
         let now = now_ms();
         while let Ok((seq, published)) = reading.probe_outcomes.try_recv() {
             match published {
-                Err(error) => {
+                Err((failure, error)) => {
                     if !reading.probe_failing {
-                        tracing::warn!(flow = %self.flow.name, %error,
+                        tracing::warn!(flow = %self.flow.name, %error, ?failure,
                             "cannot publish watermark probes to the topic; the watermark holds \
-                             until they go through (may the worker publish there?)");
+                             until they go through, and waits for a probe whose outcome is \
+                             unknown until it comes back (may the worker publish there?)");
                     }
                     reading.probe_failing = true;
-                    reading.horizon.probe_lost(seq);
+                    self.probe_failures(failure).increment(1);
+                    reading.horizon.probe_failed(seq, failure);
                 }
                 Ok(()) => reading.probe_failing = false,
             }
         }
         while let Ok(received) = reading.intake.try_recv() {
             let message = &received.message;
-            if let Some(probe) = message.attributes.get(PROBE_ATTRIBUTE) {
+            // Data carrying the attribute without being a probe is tracked as data (its flow
+            // dead-letters it, which settles it).
+            if let Some(probe) = message
+                .attributes
+                .get(PROBE_ATTRIBUTE)
+                .filter(|value| is_probe(value, &message.data))
+            {
                 let fate =
                     classify_probe(probe, &reading.probe_prefix, message.publish_time_ms, now);
                 match fate {
@@ -520,6 +560,8 @@ impl WatermarkTracker {
             reading.held.push(received);
         }
         reading.live_horizon = reading.horizon.horizon(now);
+        metrics::gauge!("sluice_watermark_probes_outstanding", &self.labels())
+            .set(reading.horizon.outstanding_probes() as f64);
         let given_up = reading.horizon.probes_given_up();
         if given_up > reading.probes_given_up {
             tracing::warn!(flow = %self.flow.name, given_up, "watermark probes did not come back \
@@ -528,7 +570,8 @@ impl WatermarkTracker {
             reading.probes_given_up = given_up;
         }
         self.publish_offset(reading);
-        // The horizon waits for the probe until it comes back or its publish fails.
+        // The horizon waits for the probe until it comes back, Pub/Sub refuses it, or it is
+        // given up (an unknown publish outcome does not end the wait).
         let seq = reading.next_probe;
         reading.next_probe += 1;
         reading.horizon.probe_sent(seq, now);
@@ -537,7 +580,14 @@ impl WatermarkTracker {
             .publish(probe_message(&reading.probe_prefix, seq));
         let outcomes = reading.probe_outcomes_tx.clone();
         tokio::spawn(async move {
-            let published = published.await.map(|_| ()).map_err(|e| e.to_string());
+            let published = published.await.map(|_| ()).map_err(|error| {
+                let failure = if publish_refused(&error) {
+                    PublishFailure::Refused
+                } else {
+                    PublishFailure::OutcomeUnknown
+                };
+                (failure, error.to_string())
+            });
             let _ = outcomes.send((seq, published));
         });
     }
@@ -557,6 +607,18 @@ impl WatermarkTracker {
                  watermark keeps to Pub/Sub's clock, but check the machine's time sync");
         }
         reading.offset_logged = off;
+    }
+
+    /// `sluice_watermark_probe_failures_total{outcome}`: probe publishes that failed, refused
+    /// or with an unknown outcome.
+    fn probe_failures(&self, failure: PublishFailure) -> metrics::Counter {
+        let outcome = match failure {
+            PublishFailure::Refused => "refused",
+            PublishFailure::OutcomeUnknown => "unknown",
+        };
+        metrics::counter!("sluice_watermark_probe_failures_total",
+            "pipeline" => self.flow.pipeline.to_string(),
+            "flow" => self.flow.name.to_string(), "outcome" => outcome)
     }
 
     fn labels(&self) -> [(&'static str, String); 2] {
@@ -689,12 +751,6 @@ impl WatermarkTracker {
         }
         reading.stall_logged = alert;
     }
-}
-
-/// Probe `seq` of the reader whose probes carry `prefix`.
-fn probe_message(prefix: &str, seq: u64) -> google_cloud_pubsub::model::Message {
-    google_cloud_pubsub::model::Message::new()
-        .set_attributes([(PROBE_ATTRIBUTE, format!("{prefix}{seq}"))])
 }
 
 /// The first bucket in which not every tracked message was settled: every message published

@@ -768,6 +768,20 @@ pub fn flow_metric(port: u16, name: &str, flow: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
 }
 
+/// The value of the first series of metric `name` whose labels contain `label` (such as
+/// `outcome="refused"`) from a worker's `/metrics` on `port` (`None`: not exported).
+pub fn labelled_metric(port: u16, name: &str, label: &str) -> Option<f64> {
+    let out = std::process::Command::new("curl")
+        .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+        let (labels, value) = rest.split_once("} ")?;
+        labels.contains(label).then(|| value.trim().parse().ok())?
+    })
+}
+
 /// The HTTP status `GET http://127.0.0.1:{port}{path}` answers (`000`: no answer).
 pub fn http_status(port: u16, path: &str) -> String {
     let out = std::process::Command::new("curl")

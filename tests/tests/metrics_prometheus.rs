@@ -181,6 +181,7 @@ fn assert_counters_start_at_zero(listen: &str) {
         "missing_dedup_attribute",
         "missing_id",
         "record_too_large",
+        "reserved_attribute",
         "undecodable",
         "unstorable",
     ] {

@@ -14,6 +14,16 @@
 //!    the window counts add up to what was published. (Before the fix the horizon moved with
 //!    the clock over messages nobody had received: 99 rows late.) Fake: the outage, by a
 //!    [`sluice_tests::FaultProxy`] between the worker and the emulator.
+//! 3. **The probe publisher alone cut off for 40 s** (`SLUICE_PROBE_ENDPOINT` sends the probes
+//!    through a [`sluice_tests::FaultProxy`], blackholed; the flow and the tracking stream reach
+//!    the emulator directly) at 2 msg/s: rows keep being committed, the probes are waited for
+//!    (`sluice_watermark_probes_outstanding` shows them), the watermark never passes the last
+//!    moment a probe came back, no row is late, and once the proxy passes again the watermark
+//!    moves on. The client retries a publish that fails in transit (a deadline, a lost
+//!    connection) for 10 minutes before it reports an error, past the horizon's 5-minute
+//!    give-up, so no error whose outcome is unknown reaches the reader here: that case is
+//!    checked on the horizon (`watermark/tests/held_back_backlog.rs`). Fake: the cut, by the
+//!    proxy on the probes' path only.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use google_cloud_pubsub::model::Message;
@@ -21,7 +31,8 @@ use sluice_bench::free_port;
 use sluice_connector::engine::pubsub::publish_all;
 use sluice_tests::watermarks::{WatermarkHistory, WatermarkedPipeline, rows_behind, timed_event};
 use sluice_tests::{
-    Db, FaultProxy, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms,
+    Db, FaultProxy, PubSub, Workdir, Worker, emulator, eventually, flow_metric, labelled_metric,
+    now_ms,
 };
 use std::net::SocketAddr;
 use std::path::Path;
@@ -238,4 +249,159 @@ async fn a_silent_tracking_stream_holds_the_watermark() {
         "the 5 s windows count {} of {sent}",
         counted()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_probe_publisher_holds_the_watermark_and_never_puts_it_ahead() {
+    let upstream: SocketAddr = emulator()
+        .endpoint()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let probes = FaultProxy::start(upstream);
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("wmprobes", 1).await;
+    let dir = Workdir::new();
+    let db_path = dir.path().join("db");
+    let db = Db(db_path.clone());
+    let metrics_port = free_port().unwrap();
+    let file = pipeline(
+        dir.path(),
+        &emulator().endpoint(),
+        metrics_port,
+        &subs[0],
+        false,
+    );
+    let worker = Worker::spawn_with_env(
+        &["run", "-c", file.to_str().unwrap()],
+        &[(
+            "SLUICE_PROBE_ENDPOINT".to_owned(),
+            format!("http://{}", probes.addr()),
+        )],
+        dir.path(),
+        "probes",
+    );
+    pubsub
+        .wait_until_exists(&format!("{}-tracking", subs[0]), Duration::from_secs(60))
+        .await;
+    let history = history(&db_path);
+    let publisher = pubsub.admin.publisher(&topic).await.unwrap();
+    let outstanding = || {
+        flow_metric(
+            metrics_port,
+            "sluice_watermark_probes_outstanding",
+            "ingest",
+        )
+        .unwrap_or(0.0)
+    };
+    let started = Instant::now();
+    let mut sent = 0usize;
+    let (mut cut_at, mut rows_at_cut, mut sent_at_cut, mut passed_at) = (0, 0, 0, 0);
+    let mut during = Vec::new();
+    // When (tick) the watermark first passed the end of the cut minus the band.
+    let mut moved_at = None;
+    // 2 msg/s for 80 s; the probes cut off from 20 s to 60 s.
+    for tick in 0..800u32 {
+        if tick == 200 {
+            assert!(
+                watermark(&db) > 0 && probes.accepted() > 0,
+                "before the cut: watermark {}, connections through the probes' proxy {}; \
+                 logs:\n{}",
+                watermark(&db),
+                probes.accepted(),
+                worker.logs()
+            );
+            probes.blackhole();
+            cut_at = now_ms();
+            rows_at_cut = db.rows();
+            sent_at_cut = sent;
+        }
+        if (200..600).contains(&tick) && tick % 50 == 0 {
+            during.push((watermark(&db), outstanding()));
+        }
+        if tick == 599 {
+            during.push((watermark(&db), outstanding()));
+            let (rows, sent_during) = (db.rows(), (sent - sent_at_cut) as i64);
+            assert!(
+                rows > rows_at_cut + sent_during / 2,
+                "the flow stopped with the probes: {rows_at_cut} rows at the cut, {rows} at its \
+                 end, {sent_during} published during it"
+            );
+            probes.pass();
+            passed_at = now_ms();
+        }
+        if tick >= 600 && tick % 10 == 0 && moved_at.is_none() {
+            moved_at = (watermark(&db) > passed_at - BAND_MS).then_some(tick);
+        }
+        if tick % 5 == 0 {
+            let id = format!("live{sent}");
+            publish_all(
+                &publisher,
+                [timed_event(&id, now_ms() - rand::random_range(0..5_000))],
+            )
+            .await
+            .unwrap();
+            sent += 1;
+        }
+        tokio::time::sleep_until((started + Duration::from_millis(100) * (tick + 1)).into()).await;
+    }
+    let failures = |outcome: &str| {
+        labelled_metric(
+            metrics_port,
+            "sluice_watermark_probe_failures_total",
+            &format!("outcome=\"{outcome}\""),
+        )
+    };
+    println!(
+        "cut at {cut_at}: (watermark, probes outstanding) every 5 s of the cut: {during:?}; \
+         probe publish failures reported: refused {:?}, unknown {:?}",
+        failures("refused"),
+        failures("unknown")
+    );
+    // The fault landed on the probes: they piled up unanswered.
+    let waited = during.iter().map(|(_, o)| *o).fold(0.0, f64::max);
+    assert!(
+        waited >= 20.0,
+        "at most {waited} probes waited for during a 40 s cut: {during:?}"
+    );
+    // No probe came back: the watermark held at most where the last one left it.
+    let highest = during.iter().map(|(w, _)| *w).max().unwrap();
+    assert!(
+        highest <= cut_at - BAND_MS,
+        "the watermark reached {highest} during the cut, past the cut ({cut_at}) minus the band"
+    );
+    assert!(
+        eventually(Duration::from_secs(120), || db.rows() == sent as i64).await,
+        "rows {} of {sent}; logs:\n{}",
+        db.rows(),
+        worker.logs()
+    );
+    // The probes go through again (those held by the proxy, or retried by the client): the
+    // watermark moves on past the end of the cut.
+    let moved = eventually(Duration::from_secs(400), || {
+        watermark(&db) > passed_at - BAND_MS
+    })
+    .await;
+    println!(
+        "the watermark passed the end of the cut minus the band {} after it",
+        moved_at.map_or(
+            format!("{} s", (now_ms() - passed_at) / 1000),
+            |tick| format!("within {} s", (tick - 599) / 10 + 1)
+        )
+    );
+    assert!(
+        moved,
+        "the watermark {} never moved past the end of the cut ({passed_at}); logs:\n{}",
+        watermark(&db),
+        worker.logs()
+    );
+    let samples = history.finish();
+    let (behind, first) = behind_the_watermark(&db, &samples);
+    let late = flow_metric(metrics_port, "sluice_messages_late_total", "ingest").unwrap();
+    println!(
+        "{sent} published; {} samples; {late} counted late",
+        samples.len()
+    );
+    assert_eq!(behind, 0, "rows late: {first:?}");
+    assert_eq!(late, 0.0);
 }

@@ -19,9 +19,18 @@
 //!   probes (deliveries before the first probe are judged when it comes);
 //! * otherwise the horizon is the publish time of the newest probe delivered, minus
 //!   `quiet_ms`, and no later than the oldest publish time delivered in the last `quiet_ms`;
-//!   a probe counts only once every probe the reader sent before it came back too (or its
-//!   publish failed), so fresh probes delivered ahead of a backlog the stream hands back after
-//!   a silence do not carry the horizon past it.
+//!   a probe counts only once every probe the reader sent before it came back too (or Pub/Sub
+//!   refused its publish), so fresh probes delivered ahead of a backlog the stream hands back
+//!   after a silence do not carry the horizon past it. A probe whose publish failed with an
+//!   unknown outcome (a deadline, a connection lost after sending: [`PublishFailure`]) may be
+//!   stored and held back with that backlog, so it is waited for like any other, until it
+//!   comes back or is given up ([`PROBE_GIVE_UP_MS`]).
+//!
+//! What the probes cannot cover: a backlog held back with no probe in it. A silence during
+//! which every probe's publish was refused (so none is stored), or one shorter than the probe
+//! interval, leaves nothing to wait for, and a fresh probe delivered ahead of its backlog
+//! moves the horizon (the live-stream assumption is all that covers it). So does a backlog
+//! held back longer than [`PROBE_GIVE_UP_MS`].
 //!
 //! Every time the horizon is compared with is a publish time, stamped by Pub/Sub: the reader's
 //! own clock only measures how long ago (by its own ticks) a delivery came. A reader whose clock
@@ -42,6 +51,17 @@ pub const DEFAULT_QUIET_MS: Millis = 2_000;
 /// long at most on a probe's account, and no longer for one that will never come (read by
 /// another reader, dropped by a filter).
 pub const PROBE_GIVE_UP_MS: Millis = 300_000;
+
+/// How a probe's publish failed ([`DeliveryHorizon::probe_failed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishFailure {
+    /// Pub/Sub answered that it did not take the probe, or it was never sent: it is surely
+    /// not stored, and nothing waits for it.
+    Refused,
+    /// The outcome is unknown (a deadline, a connection lost after sending): Pub/Sub may have
+    /// stored the probe, so it is waited for like one that was published.
+    OutcomeUnknown,
+}
 
 /// Derives the horizon from the deliveries of the tracking stream; pure, clock-injected.
 #[derive(Debug, Clone)]
@@ -104,10 +124,22 @@ impl DeliveryHorizon {
         self.given_up
     }
 
-    /// Probe `seq` was not published (its publish failed): nothing waits for it.
-    pub fn probe_lost(&mut self, seq: u64) {
-        self.outstanding.remove(&seq);
-        self.advance_contiguous();
+    /// The publish of probe `seq` failed. A refused probe is not stored: nothing waits for it.
+    /// One whose outcome is unknown may be stored, and come back with a backlog the stream
+    /// holds back: it is waited for still, until it comes back or is given up.
+    pub fn probe_failed(&mut self, seq: u64, failure: PublishFailure) {
+        match failure {
+            PublishFailure::Refused => {
+                self.outstanding.remove(&seq);
+                self.advance_contiguous();
+            }
+            PublishFailure::OutcomeUnknown => {}
+        }
+    }
+
+    /// Probes sent and not back yet (nor refused, nor given up): what the horizon waits for.
+    pub fn outstanding_probes(&self) -> usize {
+        self.outstanding.len()
     }
 
     fn advance_contiguous(&mut self) {
@@ -247,9 +279,13 @@ mod tests {
         h.probe_delivered(4, 40_000, 40_010);
         h.probe_delivered(5, 40_500, 40_510);
         assert_eq!(h.horizon(40_600), Some(8_000), "held at probe 1");
-        // 2 is lost (its publish failed), 3 comes back: 5 counts.
-        h.probe_lost(2);
-        assert_eq!(h.horizon(40_700), Some(8_000), "3 still out");
+        // Pub/Sub refused 2 (it is not stored); 3's publish failed with an unknown outcome, so
+        // it may be stored and held back: it is waited for.
+        h.probe_failed(2, PublishFailure::Refused);
+        h.probe_failed(3, PublishFailure::OutcomeUnknown);
+        assert_eq!(h.outstanding_probes(), 1);
+        assert_eq!(h.horizon(40_700), Some(8_000), "3 may still come");
+        // 3 was stored after all, and comes back: 5 counts.
         h.probe_delivered(3, 30_000, 43_000);
         assert_eq!(h.horizon(43_100), None, "3 came back late: a backlog");
         assert_eq!(h.horizon(45_100), Some(38_500));

@@ -22,7 +22,9 @@
 //! reader has seen every message published before its horizon `H`
 //! ([`TrackingHistogram::advance_horizon`]; [`DeliveryHorizon`] derives `H` from probes the
 //! reader publishes and sees come back, on Pub/Sub's clock, under its stated assumption that
-//! a live stream delivers within 2 s; the reader's own clock plays no part); (c) every
+//! a live stream delivers within 2 s; the reader's own clock plays no part; a backlog the
+//! stream holds back behind fresh deliveries is waited for through the probes stored in it,
+//! a probe whose publish outcome is unknown counting as stored); (c) every
 //! message published before
 //! `unprocessed_from` ([`BaseProgress`]) has been processed. Then the watermark
 //!
@@ -47,7 +49,9 @@
 //! Assumption (c) holds in sluice's worker because a message is acked only once its settled
 //! report is stored; a bucket that stays unprocessed is waited for, not released. The property
 //! tests check all of this on random streams: `tests/properties.rs` the estimator,
-//! `tests/horizon_properties.rs` the horizon under outages and clock skew.
+//! `tests/horizon_properties.rs` the horizon under outages and clock skew,
+//! `tests/held_back_backlog.rs` the horizon when a silence's backlog is held back behind fresh
+//! deliveries while the probe publisher fails (refusals and unknown outcomes).
 
 mod baseline;
 mod estimator;
@@ -57,7 +61,7 @@ mod horizon;
 pub use baseline::{BEAM_BUCKET_MS, BEAM_IDLE_MS, BEAM_WINDOW_MS, BeamStyleEstimator};
 pub use estimator::{BaseProgress, Estimate, SluiceEstimator, WatermarkEstimator};
 pub use histogram::{BucketStats, TrackingHistogram};
-pub use horizon::{DEFAULT_QUIET_MS, DeliveryHorizon, PROBE_GIVE_UP_MS};
+pub use horizon::{DEFAULT_QUIET_MS, DeliveryHorizon, PROBE_GIVE_UP_MS, PublishFailure};
 
 /// Milliseconds since the Unix epoch.
 pub type Millis = i64;

@@ -646,6 +646,7 @@ impl Job {
                 std::process::id(),
                 rand::random::<u32>()
             ),
+            probe_endpoint: None,
         };
         let tracker = WatermarkTracker::new(
             self.store.clone(),

@@ -10,6 +10,8 @@ mod ack;
 mod adc_project;
 mod admin;
 mod pause;
+mod probe;
+mod publish_outcome;
 mod settings;
 mod source;
 
@@ -19,16 +21,15 @@ pub use ack::ACK_FAILURE_REASONS;
 pub use admin::{
     Admin, SubscriptionSettings, TrackingStart, log_tracking_start, publish_all, tracking_filter,
 };
+pub use probe::{
+    PROBE_ATTRIBUTE, RESERVED_ATTRIBUTE_REASON, is_probe, probe_message, reserved_attribute_problem,
+};
+pub use publish_outcome::publish_refused;
 pub use settings::FlowIntent;
 pub use settings::describe as describe_subscription;
 pub use source::PubSubSource;
 
 use google_cloud_auth::credentials::Credentials;
-
-/// The attribute of the probes a watermark's tracking reader publishes to its topic (see
-/// `sluice_watermark`'s horizon): every [`PubSubSource`] acks and drops messages that carry it,
-/// except the tracking reader's own.
-pub const PROBE_ATTRIBUTE: &str = "sluice-probe";
 
 /// Where and as whom to talk to Pub/Sub. The default follows the environment: the emulator
 /// at `PUBSUB_EMULATOR_HOST` if set, else the real service with Application Default

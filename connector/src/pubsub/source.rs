@@ -7,8 +7,11 @@
 //! extending their leases and still sends their acks), and [`SourceHandle::close`] awaits the
 //! tokens after every handler has been settled.
 //!
-//! Watermark probes (messages with [`PROBE_ATTRIBUTE`]) are acked and dropped as they arrive,
-//! unless the source delivers them ([`PubSubSource::delivering_probes`], the tracking reader).
+//! Watermark probes ([`super::is_probe`]) are acked, counted (`sluice_probes_dropped_total`)
+//! and dropped as they arrive, unless the source delivers them
+//! ([`PubSubSource::delivering_probes`], the tracking reader). Data that carries
+//! [`PROBE_ATTRIBUTE`] without being a probe is delivered with a problem, and dead-lettered
+//! (`reserved_attribute`, see `probe.rs`).
 //!
 //! Each stream's own flow control (what the client asks the service to push ahead) is set to
 //! its share of the flow's budget, so the service never buffers more than the budget in the
@@ -18,7 +21,7 @@
 use super::ack::{PendingAcks, PubSubAck, register_ack_failures};
 use super::pause::{Epoch, PauseWatch};
 use super::settings::FlowIntent;
-use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig};
+use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig, is_probe, reserved_attribute_problem};
 use crate::ack_fence::AckFence;
 use crate::backoff::Backoff;
 use crate::budget::Budget;
@@ -221,6 +224,9 @@ impl MessageSource for PubSubSource {
         };
         let pauses = PauseWatch::start(self.pause_threshold);
         register_ack_failures(&self.subscription);
+        if !self.deliver_probes {
+            probes_dropped(&self.subscription).increment(0);
+        }
         let pending = Arc::new(PendingAcks::default());
         for index in 0..self.streams {
             let stream = StreamTask {
@@ -355,9 +361,13 @@ impl StreamTask {
                     }
                     Some(Ok((message, handler)))
                         if !self.deliver_probes
-                            && message.attributes.contains_key(PROBE_ATTRIBUTE) =>
+                            && message
+                                .attributes
+                                .get(PROBE_ATTRIBUTE)
+                                .is_some_and(|value| is_probe(value, &message.data)) =>
                     {
                         handler.ack(); // a watermark probe: not data
+                        probes_dropped(&self.subscription).increment(1);
                         continue;
                     }
                     Some(Ok((message, handler))) => {
@@ -418,17 +428,29 @@ impl StreamTask {
     }
 }
 
+/// `sluice_probes_dropped_total{subscription}`: the watermark probes a data source dropped.
+fn probes_dropped(subscription: &str) -> metrics::Counter {
+    metrics::counter!("sluice_probes_dropped_total", "subscription" => subscription.to_owned())
+}
+
+/// The message as sources give it; data that carries [`PROBE_ATTRIBUTE`] without being a
+/// probe gets its problem (the tracking reader, which is given probes too, ignores problems).
 fn convert(message: Message) -> SourceMessage {
     let publish_time_ms = message
         .publish_time
         .map(|t| t.seconds() * 1000 + i64::from(t.nanos()) / 1_000_000)
         .unwrap_or_default();
+    let problem = message
+        .attributes
+        .get(PROBE_ATTRIBUTE)
+        .filter(|value| !is_probe(value, &message.data))
+        .map(|value| reserved_attribute_problem(value));
     SourceMessage {
         message_id: message.message_id,
         publish_time_ms,
         attributes: message.attributes.into_iter().collect(),
         data: message.data,
         event_time_ms: None,
-        problem: None,
+        problem,
     }
 }

@@ -11,6 +11,9 @@
 //! (`depends_on`) starts its reader late, and a message published in between must already be
 //! on the tracking subscription, or the watermark could pass it.
 //!
+//! `SLUICE_PROBE_ENDPOINT` in the environment, when set, is where the tracking readers publish
+//! their probes instead of `pubsub.endpoint` ([`PROBE_ENDPOINT_ENV`]).
+//!
 //! How the watermark is estimated, and what it guarantees: `sluice_connector`'s `tracking`
 //! module and the `sluice_watermark` crate.
 
@@ -22,6 +25,10 @@ use sluice_store::{FlowHandle, Store};
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+/// The environment variable that sends the tracking readers' probes to another endpoint than
+/// `pubsub.endpoint` (the tests put a fault proxy on the probe publisher alone with it).
+pub const PROBE_ENDPOINT_ENV: &str = "SLUICE_PROBE_ENDPOINT";
 
 /// What a flow with a watermark needs to start its tracker.
 #[derive(Debug, Clone)]
@@ -74,6 +81,9 @@ pub fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<Wat
             band_ms: i64::try_from(settings.band.as_millis()).unwrap_or(i64::MAX),
             base_subscription: source.subscription.clone(),
             worker: String::new(),
+            probe_endpoint: std::env::var(PROBE_ENDPOINT_ENV)
+                .ok()
+                .filter(|e| !e.trim().is_empty()),
         },
         watermark,
     })
