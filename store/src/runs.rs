@@ -9,13 +9,13 @@
 //!   the scheduler over from one that died mid-run finishes the same run (same id, same
 //!   interval) and one that finds it ended does not run it again. Manual runs and runs fired
 //!   by a table's update have no fire time of their own and are recorded each time.
-//! * **One run at a time in a pool.** [`crate::RunStore::begin_run`] starts nothing while
-//!   another run of the pipeline is `running` by another worker whose heartbeat is within
-//!   [`RunStart::alive_within`] (a manual run asked of a replica that is not the scheduler,
-//!   say): it returns that run instead, and the caller waits for it to end. The check and the
-//!   insert are one transaction, serialized per pipeline. A run left `running` by a worker
-//!   that died does not hold others back (its fire is finished by the next scheduler, a manual
-//!   run recorded failed).
+//! * **One run at a time in a pool, in the order asked.** [`crate::RunStore::begin_run`]
+//!   starts nothing while another worker whose heartbeat is within [`RunStart::alive_within`]
+//!   has a run `running`, or `queued` before it (a manual run asked of a replica that is not
+//!   the scheduler, say): it records the run `queued` and returns it, and the caller asks again
+//!   with [`RunStart::queued_as`] until it starts. The check and the write are one transaction,
+//!   serialized per pipeline. A run left `running` or `queued` by a worker that died holds
+//!   nothing back (its fire is taken by the next scheduler, a manual run recorded failed).
 //! * **An ended run stays ended.** [`crate::RunStore::end_run`] records an end only for a
 //!   running run, by the worker that runs it now: a replica that lost a run to another cannot
 //!   overwrite how the other ended it.
@@ -62,6 +62,8 @@ impl RunTrigger {
 /// Where a run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunState {
+    /// Asked for and waiting for another worker's run to end.
+    Queued,
     /// Started and not ended (a run whose runner died stays so until another finishes it).
     Running,
     /// Every flow succeeded.
@@ -78,6 +80,7 @@ impl RunState {
     /// The name stored and shown.
     pub fn name(self) -> &'static str {
         match self {
+            Self::Queued => "queued",
             Self::Running => "running",
             Self::Completed => "completed",
             Self::Failed => "failed",
@@ -87,9 +90,15 @@ impl RunState {
 
     /// The state a stored name stands for.
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::Running, Self::Completed, Self::Failed, Self::Stopped]
-            .into_iter()
-            .find(|s| s.name() == name)
+        [
+            Self::Queued,
+            Self::Running,
+            Self::Completed,
+            Self::Failed,
+            Self::Stopped,
+        ]
+        .into_iter()
+        .find(|s| s.name() == name)
     }
 }
 
@@ -109,6 +118,41 @@ pub struct RunStart {
     /// Another worker's run in progress holds this one back while that worker's heartbeat is
     /// within this (the pool's "alive").
     pub alive_within: std::time::Duration,
+    /// The run this one was queued as (a `begin_run` that returned it `queued`); `None` the
+    /// first time.
+    pub queued_as: Option<i64>,
+}
+
+/// What [`crate::RunStore::begin_run`] does with a run, given the run it found for it
+/// (`mine`: its fire's, or the one it was queued as) and whether another live worker's run
+/// holds it back. Both backends decide with this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Begin {
+    /// Return `mine` as it is (its fire's run ended: not run again).
+    Ended,
+    /// Record a new run, `running` or `queued`.
+    Insert(RunState),
+    /// Make `mine` the asker's, `running` or `queued` (a queued run that may start, a fire's
+    /// run taken over from a runner that lost it).
+    Take(RunState),
+}
+
+impl Begin {
+    /// The decision (see the module docs).
+    pub(crate) fn decide(mine: Option<RunState>, held_back: bool) -> Begin {
+        let wanted = if held_back {
+            RunState::Queued
+        } else {
+            RunState::Running
+        };
+        match mine {
+            None => Begin::Insert(wanted),
+            // A fire's run goes on under whoever runs it now, held back or not.
+            Some(RunState::Running) => Begin::Take(RunState::Running),
+            Some(RunState::Queued) => Begin::Take(wanted),
+            Some(_) => Begin::Ended,
+        }
+    }
 }
 
 /// A run as recorded.

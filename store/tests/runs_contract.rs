@@ -16,6 +16,7 @@ fn start(fire_ms: i64, trigger: RunTrigger, worker: &str) -> RunStart {
         trigger,
         worker: worker.into(),
         alive_within: Duration::from_secs(15),
+        queued_as: None,
     }
 }
 
@@ -128,10 +129,10 @@ async fn history_and_last_fire(postgres: bool) {
     assert_eq!(store.last_fire("q").await.unwrap(), Some(99_000));
 }
 
-/// One run at a time in a pool: while a live worker's manual run goes on, neither a fire nor
-/// another worker's manual run begins (the running one is returned instead); a dead worker's
-/// run holds nothing back; the same worker's own runs are its business.
-async fn a_live_workers_run_holds_back_the_others(postgres: bool) {
+/// One run at a time in a pool, in the order asked: while a live worker's run goes on, a fire
+/// or another worker's manual run is recorded `queued` and starts only when it may, the oldest
+/// queued first; a dead worker's run holds nothing back.
+async fn a_live_workers_run_holds_back_the_others_in_order(postgres: bool) {
     let (_place, store, _) = open(postgres).await;
     let beat = |worker: &str| WorkerBeat {
         pipeline: "p".into(),
@@ -139,14 +140,15 @@ async fn a_live_workers_run_holds_back_the_others(postgres: bool) {
         host: "h".into(),
         pid: 1,
     };
-    store.heartbeat(&beat("w1")).await.unwrap();
-    store.heartbeat(&beat("w2")).await.unwrap();
+    for worker in ["w1", "w2", "w3"] {
+        store.heartbeat(&beat(worker)).await.unwrap();
+    }
     // A run left running by a worker that is not alive (no heartbeat) holds nothing back.
     let orphan = store
         .begin_run(&start(5_000, RunTrigger::Manual, "gone"))
         .await
         .unwrap();
-    assert_eq!(orphan.worker, "gone");
+    assert_eq!(orphan.state, RunState::Running);
     let manual = store
         .begin_run(&start(10_000, RunTrigger::Manual, "w2"))
         .await
@@ -156,32 +158,68 @@ async fn a_live_workers_run_holds_back_the_others(postgres: bool) {
         ("w2", RunState::Running),
         "gone's run does not hold w2 back"
     );
-    for (fire, trigger) in [(20_000, RunTrigger::Schedule), (30_000, RunTrigger::Manual)] {
-        let held = store.begin_run(&start(fire, trigger, "w1")).await.unwrap();
-        assert_eq!(held.run_id, manual.run_id, "w2's run goes on alone");
-        assert_eq!(held.worker, "w2");
-    }
+    let fire = store
+        .begin_run(&start(20_000, RunTrigger::Schedule, "w1"))
+        .await
+        .unwrap();
+    assert_eq!((fire.worker.as_str(), fire.state), ("w1", RunState::Queued));
+    let asked = store
+        .begin_run(&start(30_000, RunTrigger::Manual, "w3"))
+        .await
+        .unwrap();
     assert_eq!(
-        store.runs("p", 10).await.unwrap().len(),
-        2,
-        "nothing recorded"
+        (asked.worker.as_str(), asked.state),
+        ("w3", RunState::Queued)
     );
+    let again = |run: &RunRecord, trigger, worker: &str| {
+        let mut start = start(run.fire_ms, trigger, worker);
+        start.queued_as = Some(run.run_id);
+        start
+    };
+    let still = store
+        .begin_run(&again(&fire, RunTrigger::Schedule, "w1"))
+        .await
+        .unwrap();
+    assert_eq!((still.run_id, still.state), (fire.run_id, RunState::Queued));
     let ended = RunEnd {
         state: RunState::Completed,
         rows: Vec::new(),
         error: None,
     };
     assert!(store.end_run(manual.run_id, "w2", &ended).await.unwrap());
-    let fire = store
-        .begin_run(&start(20_000, RunTrigger::Schedule, "w1"))
+    let later = store
+        .begin_run(&again(&asked, RunTrigger::Manual, "w3"))
         .await
         .unwrap();
-    assert_eq!((fire.worker.as_str(), fire.fire_ms), ("w1", 20_000));
-    assert_eq!(fire.state, RunState::Running);
+    assert_eq!(
+        later.state,
+        RunState::Queued,
+        "w3 asked after w1's fire was queued: it waits for it"
+    );
+    let started = store
+        .begin_run(&again(&fire, RunTrigger::Schedule, "w1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (started.run_id, started.state, started.fire_ms),
+        (fire.run_id, RunState::Running, 20_000)
+    );
+    assert!(started.started_at_ms >= fire.started_at_ms);
+    assert!(store.end_run(started.run_id, "w1", &ended).await.unwrap());
+    let last = store
+        .begin_run(&again(&asked, RunTrigger::Manual, "w3"))
+        .await
+        .unwrap();
+    assert_eq!((last.run_id, last.state), (asked.run_id, RunState::Running));
+    assert_eq!(
+        store.runs("p", 10).await.unwrap().len(),
+        4,
+        "queued runs are recorded once"
+    );
 }
 
 on_both_backends!(
-    a_live_workers_run_holds_back_the_others,
+    a_live_workers_run_holds_back_the_others_in_order,
     a_fire_is_one_run_taken_over_until_it_ends,
     history_and_last_fire,
 );

@@ -112,9 +112,15 @@ async fn a_postgres_handler_held_past_the_bound_rolls_back_and_the_event_counts_
     // test is about, seen from the server.
     let waiting = "SELECT count(*) FROM pg_stat_activity \
                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    // Watched from another session: within the locking transaction, pg_stat_activity would
+    // show the snapshot of its first read.
+    let (watch, connection) = tokio_postgres::connect(database.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
     let mut both_waiting = false;
     while Instant::now() < published + HELD {
-        let n: i64 = client.query_one(waiting, &[]).await.unwrap().get(0);
+        let n: i64 = watch.query_one(waiting, &[]).await.unwrap().get(0);
         both_waiting |= n >= 2;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -6,9 +6,11 @@
 //!
 //! The replica that never stops is this test beating for a worker id in `sluice_workers`
 //! every 2 s, as a replica of an older version that knows no pool updates would. The deadlock
-//! is made by a test session that locks a table the clear deletes from, waits until the clear
-//! waits for it (seen in `pg_stat_activity`), then asks for the flow's row the clear holds:
-//! PostgreSQL aborts one of the two (the clear: the test session's `deadlock_timeout` is long).
+//! is made by a test session that locks a table the clear deletes from (`sluice_commit_marks`,
+//! which only sink flows write, so no worker waits for it otherwise), waits until the clear
+//! waits for it (seen in `pg_stat_activity` from another session), then asks for the flow's
+//! row the clear holds: PostgreSQL aborts one of the two (the clear: the test session's
+//! `deadlock_timeout` is long).
 //!
 //! Real parts: PostgreSQL on 127.0.0.1:5432 (a fresh database each), the Pub/Sub emulator (a
 //! live flow beside the backfill keeps the workers running), two `sluice` workers and the
@@ -224,16 +226,22 @@ async fn a_clear_a_deadlock_rolls_back_is_run_again() {
     client
         .batch_execute(
             "SET deadlock_timeout = '1h'; BEGIN; \
-             LOCK TABLE sluice_completions IN ACCESS EXCLUSIVE MODE",
+             LOCK TABLE sluice_commit_marks IN ACCESS EXCLUSIVE MODE",
         )
         .await
         .unwrap();
+    // Another session watches: within the locking transaction, pg_stat_activity would show
+    // the snapshot of its first read.
+    let (watch, connection) = tokio_postgres::connect(database.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
     let resetting = reset(&file);
     // The clear holds the flow's row and waits for the locked table.
     let clearing = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                    AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM sluice_completions%'";
+                    AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM sluice_commit_marks%'";
     let started = Instant::now();
-    while client
+    while watch
         .query_one(clearing, &[])
         .await
         .unwrap()
@@ -241,7 +249,7 @@ async fn a_clear_a_deadlock_rolls_back_is_run_again() {
         == 0
     {
         if started.elapsed() > Duration::from_secs(120) {
-            let waiting: Vec<String> = client
+            let waiting: Vec<String> = watch
                 .query(
                     "SELECT coalesce(wait_event_type, '') || ' ' || state || ': ' || query \
                      FROM pg_stat_activity WHERE datname = current_database()",

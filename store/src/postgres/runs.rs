@@ -2,7 +2,7 @@
 //! the database server's clock.
 
 use super::ms;
-use crate::runs::{rows_from_json, rows_to_json};
+use crate::runs::{Begin, rows_from_json, rows_to_json};
 use crate::{RunEnd, RunRecord, RunStart, RunState, RunTrigger, StoreError};
 use deadpool_postgres::Client;
 use tokio_postgres::Row;
@@ -27,8 +27,7 @@ pub(super) async fn begin_run(
     client: &mut Client,
     run: &RunStart,
 ) -> Result<RunRecord, StoreError> {
-    // A fire is recorded once (`fire_key`, unique per pipeline; NULL for other runs): a run of
-    // it not ended is handed to the asker, an ended one left as it is.
+    // A fire is recorded once (`fire_key`, unique per pipeline; NULL for other runs).
     let fire_key = run.trigger.is_fire().then_some(run.fire_ms);
     let alive_ms = i64::try_from(run.alive_within.as_millis()).unwrap_or(i64::MAX);
     let tx = client.transaction().await?;
@@ -38,48 +37,82 @@ pub(super) async fn begin_run(
         &[&RUNS_LOCK, &run.pipeline],
     )
     .await?;
-    let other = tx
-        .query_opt(
-            concat!(
-                "SELECT ",
-                columns!(),
-                " FROM sluice_runs r
-                 WHERE r.pipeline = $1 AND r.state = 'running' AND r.worker <> $2
-                   AND COALESCE(r.fire_key <> $3, true)
-                   AND EXISTS (SELECT 1 FROM sluice_workers w WHERE w.pipeline = r.pipeline
-                               AND w.worker = r.worker
-                               AND w.last_beat > now() - make_interval(secs => $4::int8 / 1000.0))
-                 ORDER BY r.run_id LIMIT 1"
-            ),
-            &[&run.pipeline, &run.worker, &fire_key, &alive_ms],
-        )
-        .await?;
-    if let Some(other) = other {
-        return record(&other);
+    let mine = match (run.queued_as, fire_key) {
+        (Some(id), _) => {
+            tx.query_opt(
+                concat!("SELECT ", columns!(), " FROM sluice_runs WHERE run_id = $1"),
+                &[&id],
+            )
+            .await?
+        }
+        (None, Some(fire)) => {
+            tx.query_opt(
+                concat!(
+                    "SELECT ",
+                    columns!(),
+                    " FROM sluice_runs WHERE pipeline = $1 AND fire_key = $2"
+                ),
+                &[&run.pipeline, &fire],
+            )
+            .await?
+        }
+        (None, None) => None,
     }
-    let row = tx
+    .map(|row| record(&row))
+    .transpose()?;
+    let mine_id = mine.as_ref().map(|m| m.run_id);
+    // Another live worker's run going on (not this fire's), or queued before this one.
+    let held_back = tx
         .query_one(
-            concat!(
-                "INSERT INTO sluice_runs (pipeline, fire_key, fire_ms, interval_start,
-                                          interval_end, trigger, state, worker, rows)
-                 VALUES ($1, $2, $3, $4, $5, $6, 'running', $7, '{}')
-                 ON CONFLICT (pipeline, fire_key) DO UPDATE SET
-                     worker = CASE WHEN sluice_runs.state = 'running'
-                         THEN excluded.worker ELSE sluice_runs.worker END
-                 RETURNING ",
-                columns!()
-            ),
-            &[
-                &run.pipeline,
-                &fire_key,
-                &run.fire_ms,
-                &run.interval.map(|i| i.0),
-                &run.interval.map(|i| i.1),
-                &run.trigger.name(),
-                &run.worker,
-            ],
+            "SELECT EXISTS (SELECT 1 FROM sluice_runs r
+                WHERE r.pipeline = $1 AND r.worker <> $2 AND r.run_id IS DISTINCT FROM $5
+                  AND ((r.state = 'running' AND COALESCE(r.fire_key <> $3, true))
+                       OR (r.state = 'queued' AND r.run_id < COALESCE($5, 9223372036854775807)))
+                  AND EXISTS (SELECT 1 FROM sluice_workers w WHERE w.pipeline = r.pipeline
+                              AND w.worker = r.worker
+                              AND w.last_beat > now() - make_interval(secs => $4::int8 / 1000.0)))",
+            &[&run.pipeline, &run.worker, &fire_key, &alive_ms, &mine_id],
         )
-        .await?;
+        .await?
+        .try_get::<_, bool>(0)?;
+    let row = match Begin::decide(mine.as_ref().map(|m| m.state), held_back) {
+        Begin::Ended => return mine.ok_or(StoreError::Config("no run to return".into())),
+        Begin::Insert(state) => {
+            tx.query_one(
+                concat!(
+                    "INSERT INTO sluice_runs (pipeline, fire_key, fire_ms, interval_start,
+                                              interval_end, trigger, state, worker, rows)
+                     VALUES ($1, $2, $3, $4, $5, $6, $8, $7, '{}')
+                     RETURNING ",
+                    columns!()
+                ),
+                &[
+                    &run.pipeline,
+                    &fire_key,
+                    &run.fire_ms,
+                    &run.interval.map(|i| i.0),
+                    &run.interval.map(|i| i.1),
+                    &run.trigger.name(),
+                    &run.worker,
+                    &state.name(),
+                ],
+            )
+            .await?
+        }
+        Begin::Take(state) => {
+            tx.query_one(
+                concat!(
+                    "UPDATE sluice_runs SET worker = $2, state = $3,
+                         started_at = CASE WHEN state = 'queued' AND $3 = 'running'
+                                           THEN now() ELSE started_at END
+                     WHERE run_id = $1 RETURNING ",
+                    columns!()
+                ),
+                &[&mine_id, &run.worker, &state.name()],
+            )
+            .await?
+        }
+    };
     tx.commit().await?;
     record(&row)
 }
@@ -93,7 +126,7 @@ pub(super) async fn end_run(
     let ended = client
         .execute(
             "UPDATE sluice_runs SET state = $2, ended_at = now(), rows = $3, error = $4
-             WHERE run_id = $1 AND state = 'running' AND worker = $5",
+             WHERE run_id = $1 AND state IN ('running', 'queued') AND worker = $5",
             &[
                 &run_id,
                 &end.state.name(),

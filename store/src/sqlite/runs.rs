@@ -1,7 +1,7 @@
 //! A triggered pipeline's runs on SQLite; the semantics are those of [`crate::runs`], with the
 //! host's clock.
 
-use crate::runs::{rows_from_json, rows_to_json};
+use crate::runs::{Begin, rows_from_json, rows_to_json};
 use crate::{RunEnd, RunRecord, RunStart, RunState, RunTrigger, StoreError};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -13,50 +13,72 @@ pub(crate) fn begin_run(
     run: &RunStart,
     now_ms: i64,
 ) -> Result<RunRecord, StoreError> {
-    // A fire is recorded once (`fire_key`, unique per pipeline; NULL for other runs): a run of
-    // it not ended is handed to the asker, an ended one left as it is.
+    // A fire is recorded once (`fire_key`, unique per pipeline; NULL for other runs).
     let fire_key = run.trigger.is_fire().then_some(run.fire_ms);
     let alive_since = now_ms - i64::try_from(run.alive_within.as_millis()).unwrap_or(i64::MAX);
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    // Another live worker's run in progress (not this fire's): that one goes on alone.
-    let other = tx
-        .query_row(
-            &format!(
-                "SELECT {COLUMNS} FROM sluice_runs r
-                 WHERE r.pipeline = ?1 AND r.state = 'running' AND r.worker <> ?2
-                   AND COALESCE(r.fire_key <> ?3, 1)
-                   AND EXISTS (SELECT 1 FROM sluice_workers w WHERE w.pipeline = r.pipeline
-                               AND w.worker = r.worker AND w.last_beat >= ?4)
-                 ORDER BY r.run_id LIMIT 1"
-            ),
-            params![run.pipeline, run.worker, fire_key, alive_since],
-            record,
-        )
-        .optional()?;
-    if let Some(other) = other {
-        return Ok(other);
-    }
-    let record = tx.query_row(
-        &format!(
-            "INSERT INTO sluice_runs (pipeline, fire_key, fire_ms, interval_start, interval_end,
-                                      trigger, state, worker, started_at, rows)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7, ?8, '{{}}')
-             ON CONFLICT (pipeline, fire_key) DO UPDATE SET
-                 worker = CASE WHEN state = 'running' THEN excluded.worker ELSE worker END
-             RETURNING {COLUMNS}"
-        ),
-        params![
-            run.pipeline,
-            fire_key,
-            run.fire_ms,
-            run.interval.map(|i| i.0),
-            run.interval.map(|i| i.1),
-            run.trigger.name(),
-            run.worker,
-            now_ms,
-        ],
-        record,
+    let mine = match (run.queued_as, fire_key) {
+        (Some(id), _) => tx
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM sluice_runs WHERE run_id = ?1"),
+                params![id],
+                record,
+            )
+            .optional()?,
+        (None, Some(fire)) => tx
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM sluice_runs WHERE pipeline = ?1 AND fire_key = ?2"),
+                params![run.pipeline, fire],
+                record,
+            )
+            .optional()?,
+        (None, None) => None,
+    };
+    let mine_id = mine.as_ref().map(|m| m.run_id);
+    // Another live worker's run going on (not this fire's), or queued before this one.
+    let held_back: bool = tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sluice_runs r
+            WHERE r.pipeline = ?1 AND r.worker <> ?2 AND r.run_id IS NOT ?5
+              AND ((r.state = 'running' AND COALESCE(r.fire_key <> ?3, 1))
+                   OR (r.state = 'queued' AND r.run_id < COALESCE(?5, 9223372036854775807)))
+              AND EXISTS (SELECT 1 FROM sluice_workers w WHERE w.pipeline = r.pipeline
+                          AND w.worker = r.worker AND w.last_beat >= ?4))",
+        params![run.pipeline, run.worker, fire_key, alive_since, mine_id],
+        |row| row.get(0),
     )?;
+    let record = match Begin::decide(mine.as_ref().map(|m| m.state), held_back) {
+        Begin::Ended => return mine.ok_or(StoreError::Config("no run to return".into())),
+        Begin::Insert(state) => tx.query_row(
+            &format!(
+                "INSERT INTO sluice_runs (pipeline, fire_key, fire_ms, interval_start, interval_end,
+                                          trigger, state, worker, started_at, rows)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?9, ?7, ?8, '{{}}')
+                 RETURNING {COLUMNS}"
+            ),
+            params![
+                run.pipeline,
+                fire_key,
+                run.fire_ms,
+                run.interval.map(|i| i.0),
+                run.interval.map(|i| i.1),
+                run.trigger.name(),
+                run.worker,
+                now_ms,
+                state.name(),
+            ],
+            record,
+        )?,
+        Begin::Take(state) => tx.query_row(
+            &format!(
+                "UPDATE sluice_runs SET worker = ?2, state = ?3,
+                     started_at = CASE WHEN state = 'queued' AND ?3 = 'running'
+                                       THEN ?4 ELSE started_at END
+                 WHERE run_id = ?1 RETURNING {COLUMNS}"
+            ),
+            params![mine_id, run.worker, state.name(), now_ms],
+            record,
+        )?,
+    };
     tx.commit()?;
     Ok(record)
 }
@@ -70,7 +92,7 @@ pub(crate) fn end_run(
 ) -> Result<bool, StoreError> {
     let ended = conn.execute(
         "UPDATE sluice_runs SET state = ?2, ended_at = ?3, rows = ?4, error = ?5
-         WHERE run_id = ?1 AND state = 'running' AND worker = ?6",
+         WHERE run_id = ?1 AND state IN ('running', 'queued') AND worker = ?6",
         params![
             run_id,
             end.state.name(),

@@ -49,6 +49,7 @@ pub async fn run(
         trigger: ask.trigger,
         worker: updates.worker.clone(),
         alive_within: ALIVE_WITHIN,
+        queued_as: None,
     };
     let Some(record) = begin_alone(&*updates.store, &start, shutdown).await? else {
         return Ok(Ran::EndedBefore);
@@ -111,29 +112,43 @@ pub async fn run(
     Ok(Ran::Ran(outcomes))
 }
 
-/// Records a run's start once no other live worker's run goes on (one run at a time in a
-/// pool: a manual run asked of another replica, say), waiting [`OTHER_RUN_POLL`] between
-/// looks; `None` if a signal came first.
+/// Records a run's start once no other live worker's run goes on or was queued before it
+/// (one run at a time in a pool, in the order asked: a manual run asked of another replica,
+/// say); meanwhile the run is recorded `queued` and looked at again every [`OTHER_RUN_POLL`].
+/// `None` if a signal came first (a queued run is then recorded stopped).
 async fn begin_alone(
     store: &dyn Store,
     start: &RunStart,
     shutdown: &Shutdown,
 ) -> Result<Option<RunRecord>, RunError> {
-    let mut waiting_for = None;
+    let mut start = start.clone();
     loop {
-        let record = begin(store, start, shutdown).await?;
-        if record.state != RunState::Running || record.worker == start.worker {
+        let record = begin(store, &start, shutdown).await?;
+        if record.state != RunState::Queued {
             return Ok(Some(record));
         }
-        if waiting_for != Some(record.run_id) {
-            tracing::info!(other = record.run_id, worker = %record.worker,
+        if start.queued_as.is_none() {
+            tracing::info!(
+                run = record.run_id,
                 trigger = record.trigger.name(),
-                "another worker's run goes on; this one starts when it ends");
-            waiting_for = Some(record.run_id);
+                "another worker's run goes on; this one is queued and starts after it"
+            );
+            start.queued_as = Some(record.run_id);
         }
         tokio::select! {
             () = tokio::time::sleep(OTHER_RUN_POLL) => {}
-            () = shutdown.drain.cancelled() => return Ok(None),
+            () = shutdown.drain.cancelled() => {
+                let stopped = RunEnd {
+                    state: RunState::Stopped,
+                    rows: Vec::new(),
+                    error: Some("stopped before it could start".to_owned()),
+                };
+                if let Err(error) = store.end_run(record.run_id, &start.worker, &stopped).await {
+                    tracing::warn!(run = record.run_id, %error,
+                        "could not record the queued run stopped; the scheduler ends it");
+                }
+                return Ok(None);
+            }
         }
     }
 }

@@ -344,9 +344,10 @@ async fn unfinished_run(
             && run.worker != updates.worker
             && alive.iter().any(|w| w.worker == run.worker)
     };
+    let unfinished = |run: &RunRecord| matches!(run.state, RunState::Running | RunState::Queued);
     Ok(runs
         .into_iter()
-        .filter(|run| run.state == RunState::Running && !running_elsewhere(run))
+        .filter(|run| unfinished(run) && !running_elsewhere(run))
         .min_by_key(|run| run.run_id))
 }
 
