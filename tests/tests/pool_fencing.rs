@@ -245,23 +245,23 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
         .create_replayable_subscription(&subscription, &topic, 10)
         .await
         .unwrap();
-    let emulator: SocketAddr = sluice_tests::emulator()
-        .endpoint()
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
-    // Every process reaches Pub/Sub through its own proxy, slowed while the update clears so
-    // that the clearer is still between its claim and its clear when it is stopped.
-    let proxies: Vec<FaultProxy> = (0..4).map(|_| FaultProxy::start(emulator)).collect();
+    // Every process reaches PostgreSQL through its own proxy, slowed while the update clears
+    // (150 ms each way), so that the clearer can be stopped between its last check and its
+    // clear, holding no transaction.
+    let endpoint = sluice_tests::emulator().endpoint();
+    let proxies: Vec<FaultProxy> = (0..4).map(|_| FaultProxy::start(postgres_addr())).collect();
     let files: Vec<PathBuf> = proxies
         .iter()
         .enumerate()
         .map(|(i, proxy)| {
+            let store = database
+                .url()
+                .replace("127.0.0.1:5432", &proxy.addr().to_string());
             pipeline_file(
                 &dir,
                 &format!("p{i}.yaml"),
-                database.url(),
-                &format!("http://{}", proxy.addr()),
+                &store,
+                &endpoint,
                 None,
                 &subscription,
             )
@@ -292,19 +292,19 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
     );
 
     for proxy in &proxies {
-        proxy.delay(Duration::from_secs(2));
+        proxy.delay(Duration::from_millis(150));
     }
     let reset = start_reset(&files[3], seek_ms);
     // The clearer, as soon as one claims the update.
-    let clearer = {
+    let (clearer, claimed_at) = {
         let started = Instant::now();
         loop {
-            let clearer = db.text(
-                "SELECT coalesce(clearer, '') FROM sluice_pool_updates \
+            let found = db.text(
+                "SELECT coalesce(clearer || ' ' || claimed_at, '') FROM sluice_pool_updates \
                  WHERE state = 'clearing' ORDER BY id DESC LIMIT 1",
             );
-            if !clearer.is_empty() {
-                break clearer;
+            if let Some((clearer, at)) = found.split_once(' ') {
+                break (clearer.to_owned(), at.to_owned());
             }
             assert!(
                 started.elapsed() < Duration::from_secs(120),
@@ -314,10 +314,37 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
             std::thread::sleep(Duration::from_millis(20));
         }
     };
-    let rows_at_claim = db.query("SELECT count(*) FROM test__events");
+    // Its clear opens the store anew: stopped the moment the server runs its check that no
+    // worker runs (an autocommit read on a connection opened since the claim), so its answer
+    // waits in the proxy and the clearer holds no transaction while stopped.
+    let checking = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND backend_start > '{claimed_at}' AND query LIKE 'SELECT worker, host%'"
+    );
+    let started = Instant::now();
+    while db.query(&checking) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the clearer never checked the running workers: {}",
+            logs(&workers)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // Worker ids are `<host>-<pid>-<random>`; the command line's `cli-<host>-<pid>-<random>`.
     let pid: u32 = clearer.rsplit('-').nth(1).unwrap().parse().unwrap();
     signal(pid, "STOP");
+    let rows_at_claim = db.query("SELECT count(*) FROM test__events");
+    // The stop landed outside the clear's transactions: none of its sessions holds one open
+    // (else the clear's locks would hold back the takeover, and the test would prove nothing).
+    let in_transaction = db.query(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND backend_start > '{claimed_at}' AND state LIKE 'idle in transaction%'"
+    ));
+    assert_eq!(
+        in_transaction, 0,
+        "the clearer was stopped inside a transaction; the aim missed: {}",
+        logs(&workers)
+    );
     println!("stopped the clearer {clearer} with {rows_at_claim} rows still there");
     assert_eq!(
         rows_at_claim, EVENTS as i64,
@@ -347,6 +374,14 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
     println!("reset: exit {code}\n{out}");
     tokio::time::sleep(Duration::from_secs(20)).await;
     let rows = settled_rows(&db, &workers, Duration::from_secs(120)).await;
+    // What the woken clearer did (a worker's log, or the command's output above).
+    for worker in workers.iter().filter(|w| w.pid() == pid) {
+        for line in worker.logs().lines().filter(|l| {
+            l.contains("pool update") || l.contains("flow reset") || l.contains("claim")
+        }) {
+            println!("clearer: {line}");
+        }
+    }
     stop_all(workers);
     assert_eq!(
         rows, EVENTS as i64,

@@ -159,6 +159,15 @@ const SESSION_OPTIONS: &str = "-c synchronous_commit=on -c client_min_messages=w
 
 /// Builds the pool; no connection is opened until first use.
 pub(crate) fn pool(libpq_url: &str, options: &PostgresOptions) -> Result<Pool, StoreError> {
+    pool_of(libpq_url, options, options.pool_size)
+}
+
+/// A pool of `size` connections to the URL's database (see [`pool`]).
+pub(crate) fn pool_of(
+    libpq_url: &str,
+    options: &PostgresOptions,
+    size: usize,
+) -> Result<Pool, StoreError> {
     let mut config = tokio_postgres::Config::from_str(libpq_url)
         .map_err(|e| StoreError::Config(format!("{}: {e}", redact(libpq_url))))?;
     if !libpq_url.contains("sslmode=") {
@@ -183,7 +192,7 @@ pub(crate) fn pool(libpq_url: &str, options: &PostgresOptions) -> Result<Pool, S
     let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(options)?);
     let manager = Manager::from_config(config, tls, manager_config);
     Pool::builder(manager)
-        .max_size(options.pool_size)
+        .max_size(size)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(POOL_WAIT))
         .create_timeout(Some(CONNECT_TIMEOUT))

@@ -63,6 +63,10 @@ pub(crate) use ms;
 /// A PostgreSQL database shared by the replicas of a pool.
 pub struct PostgresStore {
     pool: Pool,
+    /// The heartbeats' own connection: commits holding every connection of `pool` never keep
+    /// a beat waiting, so a busy worker is not taken for one cut off (the worker's self-fence
+    /// is measured from its beats).
+    beats: Pool,
     options: PostgresOptions,
     /// Ledger generation width, ms, as recorded in the database (known after migrations).
     generation_ms: OnceCell<i64>,
@@ -82,6 +86,7 @@ impl PostgresStore {
         let (libpq, options) = connect::split_url(url)?;
         Ok(Self {
             pool: connect::pool(&libpq, &options)?,
+            beats: connect::pool_of(&libpq, &options, 1)?,
             largest_window_ms: AtomicI64::new(0),
             options,
             generation_ms: OnceCell::new(),
@@ -704,7 +709,11 @@ impl PoolStore for PostgresStore {
     }
 
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
-        let (client, _) = self.ready().await?;
+        if self.generation_ms.get().is_none() {
+            // Not migrated yet in this process: once, through the main pool.
+            drop(self.ready().await?);
+        }
+        let client = self.beats.get().await?;
         pool::heartbeat(&client, beat).await?;
         // Each beat also renews the clock offset that commit deadlines are converted with.
         self.server_clock.measure(&client).await?;
