@@ -44,8 +44,9 @@ use tokio::time::Instant;
 
 /// What the margin between this worker's fence and the pool's "gone" absorbs: the Pub/Sub
 /// client's ack batching (acks handed over before the fence are sent within a second), and the
-/// store's clock against this host's.
-pub const FENCE_MARGIN: Duration = Duration::from_secs(5);
+/// store's clock against this host's (both measure seconds at the same rate; the store records
+/// a beat after it was sent).
+pub const FENCE_MARGIN: Duration = Duration::from_secs(3);
 /// How long after its last successful heartbeat was sent a worker still acks.
 pub const SELF_FENCE_AFTER: Duration = ALIVE_WITHIN.saturating_sub(FENCE_MARGIN);
 

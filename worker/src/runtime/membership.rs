@@ -46,10 +46,11 @@ pub fn identity(pipeline: &str) -> WorkerBeat {
     }
 }
 
-/// How long one heartbeat may take before it counts as failed (a store that does not answer
-/// must not hold the beats up: the fence in `liveness.rs` is measured from the last one that
-/// succeeded).
-pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(4);
+/// How long one heartbeat may take before it counts as failed and is sent again: a beat sent
+/// [`BEAT_INTERVAL`] after the last good one still renews the fence (`liveness.rs`, 12 s after
+/// the last good beat was sent) if it is answered within this, however slow the store or
+/// starved this process; a store that does not answer at all is asked again this often.
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(6);
 /// After a failed heartbeat the next is tried this soon, so that one failure alone does not
 /// fence the worker (the fence lapses [`crate::runtime::liveness::SELF_FENCE_AFTER`] after the
 /// last good beat was sent).
@@ -385,7 +386,7 @@ mod tests {
         assert!(!sluice_connector::engine::AckFence::acks_allowed(&gate));
         // A beat that hangs is given up after HEARTBEAT_TIMEOUT and tried again at once.
         let tries = store.times(|c| c == &Call::Heartbeat("a".into()));
-        assert_eq!(tries[..4], secs(&[0, 5, 10, 14])[..]);
+        assert_eq!(tries[..4], secs(&[0, 5, 10, 16])[..]);
         // The store answers again: live, in a new epoch, so the old gate stays shut.
         liveness.restored().await;
         assert!(store.origin.elapsed() >= Duration::from_secs(35));

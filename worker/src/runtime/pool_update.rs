@@ -9,7 +9,7 @@
 //!   once every live replica (heartbeat within [`ALIVE_WITHIN`]) has reported, checked again
 //!   after the clearer claimed it, so no replica's memory can drop a record the store no longer
 //!   holds. A replica counted gone (its heartbeats failed for [`ALIVE_WITHIN`]) has fenced
-//!   itself 5 s before that: it withholds every ack and stops its flows, and starts them again
+//!   itself 3 s before that: it withholds every ack and stops its flows, and starts them again
 //!   with empty memory once it beats again (`liveness.rs`, where the bound is proved).
 //! * **One clearer, fenced by its claim.** Exactly one process clears (the store's claim,
 //!   renewed while it clears; a claim left by a clearer that died is taken over after
