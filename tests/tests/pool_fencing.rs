@@ -341,7 +341,8 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
          AND backend_start > '{claimed_at}' AND state LIKE 'idle in transaction%'"
     ));
     assert_eq!(
-        in_transaction, 0,
+        in_transaction,
+        0,
         "the clearer was stopped inside a transaction; the aim missed: {}",
         logs(&workers)
     );
