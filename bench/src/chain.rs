@@ -15,8 +15,8 @@
 
 use crate::BenchError;
 use crate::stores::{Backend, FreshStore, StoreChoice};
-use sluice_connector::engine::pubsub::Admin;
-use sluice_connector::engine::{
+use sluice_engine::pubsub::Admin;
+use sluice_engine::{
     BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, DedupSettings, FlowRun,
     InProcessSource, KeySource, MessageSource, PubSubConfig, PubSubSource, RetrySettings, RunUntil,
     TableSource, TableStage,

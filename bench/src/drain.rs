@@ -17,7 +17,7 @@
 use crate::cpu::process_cpu_time;
 use crate::error::BenchError;
 use crate::stores::{Backend, FreshStore};
-use sluice_connector::engine::{
+use sluice_engine::{
     BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, FlowWatermark,
     KeySource, MessageSource, RetrySettings, RunUntil, Snapshot, TRACKER_TICK, TableStage,
 };
@@ -261,7 +261,7 @@ pub(crate) async fn bench_flow(
                 max_attempts: 5,
                 dedup_window: window,
                 // As the worker's Pub/Sub flows: the deadline travels with every commit.
-                commit_bound: Some(sluice_connector::engine::commit_bound(window)),
+                commit_bound: Some(sluice_engine::commit_bound(window)),
             },
             CancellationToken::new(),
         ),

@@ -1,7 +1,7 @@
 //! Why a benchmark could not finish.
 
 use crate::emulator::EmulatorError;
-use sluice_connector::engine::pubsub::SourceError;
+use sluice_engine::pubsub::SourceError;
 
 /// Why a benchmark could not finish.
 #[derive(Debug, thiserror::Error)]

@@ -6,8 +6,8 @@
 
 use crate::error::BenchError;
 use crate::stores::{Backend, FreshStore, StoreChoice};
-use sluice_connector::engine::{CommitThenAck, Counters, FlowRun, JobBuilder, RunUntil};
 use sluice_connector::prelude::*;
+use sluice_engine::{CommitThenAck, Counters, FlowRun, PubSubFlow, RunUntil};
 use sluice_store::{FlowHandle, Layout, Store};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -129,9 +129,9 @@ async fn plain_drain(
     n: usize,
 ) -> Result<Duration, BenchError> {
     let flow = prepare(&*store.store, "plain", vec!["events".to_owned()]).await?;
-    let parts = JobBuilder::new(subscription)
-        .pubsub(config.clone())
-        .parts()?;
+    let mut settings = PubSubFlow::new(subscription);
+    settings.pubsub = config.clone();
+    let parts = settings.parts()?;
     let stop = CancellationToken::new();
     let committer = CommitThenAck::new(
         store.store.clone(),

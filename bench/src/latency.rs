@@ -23,8 +23,8 @@ use crate::throughput::{WarmEmulator, raw_drain};
 use async_trait::async_trait;
 use bytes::Bytes;
 use google_cloud_pubsub::model::Message;
-use sluice_connector::engine::pubsub::{Admin, SubscriptionSettings};
-use sluice_connector::engine::{Counters, FlowRun, KeySource, PubSubConfig, PubSubSource};
+use sluice_engine::pubsub::{Admin, SubscriptionSettings};
+use sluice_engine::{Counters, FlowRun, KeySource, PubSubConfig, PubSubSource};
 use sluice_store::{
     CommitBatch, CommitOutcome, FlowHandle, FlowProgress, LedgerStore, LedgerUpkeep, StoreError,
 };
@@ -264,7 +264,7 @@ async fn keyed_backlog(
                 .set_data(payload.clone())
                 .set_ordering_key(format!("k{}", i % args.keys.max(1)))
         });
-        sluice_connector::engine::pubsub::publish_all(&publisher, messages).await?;
+        sluice_engine::pubsub::publish_all(&publisher, messages).await?;
     }
     Ok(subscription)
 }
@@ -379,7 +379,7 @@ async fn publish_steadily(
 /// A sluice flow from `source` into `fresh`, recording each committed message's latency.
 async fn sluice_flow(
     fresh: &FreshStore,
-    source: Box<dyn sluice_connector::engine::MessageSource>,
+    source: Box<dyn sluice_engine::MessageSource>,
     samples: Samples,
 ) -> Result<FlowRun, BenchError> {
     let timed = Arc::new(Timed {

@@ -21,8 +21,8 @@ use crate::stores::{Backend, StoreChoice};
 use bytes::Bytes;
 use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
-use sluice_connector::engine::pubsub::{Admin, SourceError, publish_all};
-use sluice_connector::engine::{
+use sluice_engine::pubsub::{Admin, SourceError, publish_all};
+use sluice_engine::{
     Budget, InProcessSource, MessageSource, PubSubConfig, PubSubSource, TRACKER_TICK,
 };
 use std::sync::Arc;

@@ -182,54 +182,28 @@
 //! ## Below the front door
 //!
 //! The parts the front door and the `sluice` worker are made of (sources, the batcher with its
-//! memory tier, stages, the committer, a flow's run, the watermark tracker) live in a hidden
-//! module, `engine`, for the `sluice` binary and its tests. They follow the binary, not this
-//! crate's semantic version: build jobs on [`Job`].
+//! memory tier, stages, the committer, a flow's run, the watermark tracker) are the crate
+//! `sluice-engine`, shared with the worker. They follow the binary, not this crate's semantic
+//! version: build jobs on [`Job`].
 
-mod ack_fence;
-mod backoff;
-mod batch;
-mod bounded;
-mod budget;
-mod commit;
-mod commit_bound;
-mod commit_lanes;
-mod dead_letter_topic;
-mod delivery;
-mod event_time;
-mod file;
-mod file_checkpoint;
-mod file_glob;
-mod file_lines;
-mod file_record;
-mod foreach;
-mod inprocess;
 mod job;
-mod kept_open;
-mod page;
-#[doc(hidden)]
-pub mod pubsub;
-mod runner;
-mod sink;
-mod source;
-mod stage;
-mod storable;
-mod table;
-mod telemetry;
-mod time;
-mod tracking;
-mod turn;
-mod watermark;
 
-pub use commit::CommitReport;
 pub use job::{
     Dedup, HandlerError, Job, JobBatch, JobBuilder, JobError, JobReport, JobStream, Message,
-    NewMessages, PostgresHandler, SqliteHandler, defaults, postgres_handler,
+    NewMessages, PostgresHandler, SqliteHandler, postgres_handler,
 };
-pub use pubsub::{PubSubConfig, SourceError};
-pub use runner::FlowError;
 /// The SQLite driver a [`SqliteHandler`] is given a transaction of (the same version).
 pub use rusqlite;
+/// The defaults a job takes for what it is not told: those of a pipeline file's Pub/Sub source
+/// (`sluice run`).
+///
+/// ```
+/// use sluice_connector::defaults;
+/// assert_eq!(defaults::DEDUP_WINDOW, std::time::Duration::from_secs(600));
+/// assert_eq!(defaults::MAX_ATTEMPTS, 5);
+/// ```
+pub use sluice_engine::defaults;
+pub use sluice_engine::{CommitReport, FlowError, PubSubConfig, SourceError};
 /// Why the store refused or failed ([`JobError::Store`]).
 pub use sluice_store::StoreError;
 /// The PostgreSQL driver a [`PostgresHandler`] is given a transaction of (the same version).
@@ -241,57 +215,10 @@ pub mod prelude {
         Dedup, HandlerError, Job, JobBatch, JobError, JobReport, JobStream, Message, NewMessages,
         PostgresHandler, SqliteHandler, postgres_handler,
     };
-    pub use crate::pubsub::PubSubConfig;
     pub use crate::{rusqlite, tokio_postgres};
     /// The attribute a [`PostgresHandler`] implementation carries.
     pub use async_trait::async_trait;
+    pub use sluice_engine::PubSubConfig;
     /// What [`Job::stop_token`] gives.
     pub use tokio_util::sync::CancellationToken;
-}
-
-// The crate's own modules name the parts from the root (`crate::Delivery`).
-#[allow(unused_imports)]
-use engine::*;
-
-/// The parts the `sluice` binary assembles its flows from, and its tests and benchmarks use.
-/// Not part of the library's interface: they change with the binary.
-#[doc(hidden)]
-pub mod engine {
-    pub use crate::ack_fence::AckFence;
-    pub use crate::backoff::Backoff;
-    pub use crate::batch::{Batch, BatchSettings, BatchSource, DedupSettings, Idle, KeySource};
-    pub use crate::bounded::{SkipCommitted, SourceProgress};
-    pub use crate::budget::Budget;
-    pub use crate::commit::{CommitThenAck, RetrySettings};
-    pub use crate::commit_bound::{
-        MAX_COMMIT_MARGIN, commit_bound, commit_margin, pause_threshold,
-    };
-    pub use crate::dead_letter_topic::{DeadLetterTopic, FLUSH_GRACE, PUBLISHER_ROLE};
-    pub use crate::delivery::{AckHandle, Delivery, SourceMessage, SourceProblem};
-    pub use crate::event_time::{EventTimeError, parse_event_time};
-    pub use crate::file::{CHECKPOINT_EVERY, DEFAULT_MAX_RECORD_BYTES, FileSource, FileTurn};
-    pub use crate::foreach::{BatchHandler, ForeachBatchStage, StageRecord, StagedBatch, batch_id};
-    pub use crate::inprocess::{InProcessAck, InProcessSource, InProcessTally, PACE_STEP};
-    pub use crate::job::JobParts;
-    pub use crate::kept_open::KeptOpen;
-    pub use crate::pubsub;
-    pub use crate::pubsub::PubSubSource;
-    pub use crate::runner::{DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
-    pub use crate::sink::{JsonlSink, SinkCommit};
-    pub use crate::source::{MessageSource, Received, SourceError, SourceHandle};
-    pub use crate::stage::{Stage, StageError, TableStage};
-    pub use crate::storable::UNSTORABLE;
-    pub use crate::table::{DEFAULT_POLL, PAGE_ROWS, TableSource, TableWatermark};
-    pub use crate::telemetry::{COMMIT_ERROR_KINDS, Counters, DEAD_LETTER_REASONS, Snapshot};
-    pub use crate::time::now_ms;
-    pub use crate::tracking::{
-        LEASE_TTL as TRACKER_LEASE_TTL, TICK as TRACKER_TICK, TrackerSettings, WatermarkTracker,
-    };
-    pub use crate::turn::{ReaderTurn, TURN_TTL};
-    pub use crate::watermark::{FlowWatermark, bucket_of};
-    // The front door too, so that one import path serves the binary.
-    pub use crate::{
-        CommitReport, Dedup, HandlerError, Job, JobBatch, JobBuilder, JobError, JobReport,
-        JobStream, Message, NewMessages, PostgresHandler, PubSubConfig, SqliteHandler, defaults,
-    };
 }

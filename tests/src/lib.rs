@@ -15,8 +15,8 @@ use bytes::Bytes;
 use google_cloud_pubsub::client::Subscriber;
 use google_cloud_pubsub::model::Message;
 use sluice_bench::Emulator;
-use sluice_connector::engine::PubSubConfig;
-use sluice_connector::engine::pubsub::{Admin, publish_all};
+use sluice_engine::PubSubConfig;
+use sluice_engine::pubsub::{Admin, publish_all};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -121,12 +121,12 @@ impl PubSub {
     pub async fn topic_with_subscription(
         &self,
         prefix: &str,
-        settings: sluice_connector::engine::pubsub::SubscriptionSettings,
+        settings: sluice_engine::pubsub::SubscriptionSettings,
     ) -> (String, String) {
         let topic = unique(prefix);
         self.admin.create_topic(&topic).await.unwrap();
         let subscription = format!("{topic}-sub");
-        let settings = sluice_connector::engine::pubsub::SubscriptionSettings {
+        let settings = sluice_engine::pubsub::SubscriptionSettings {
             ack_deadline_seconds: if settings.ack_deadline_seconds == 0 {
                 10
             } else {

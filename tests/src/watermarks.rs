@@ -5,7 +5,7 @@
 use crate::now_ms;
 use google_cloud_pubsub::client::Publisher;
 use google_cloud_pubsub::model::Message;
-use sluice_connector::engine::pubsub::publish_all;
+use sluice_engine::pubsub::publish_all;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

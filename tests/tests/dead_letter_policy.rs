@@ -12,7 +12,7 @@
 //! `foreach_batch` target: the message is at fault, INVALID_ARGUMENT).
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_connector::engine::pubsub::SubscriptionSettings;
+use sluice_engine::pubsub::SubscriptionSettings;
 use sluice_tests::stage_server::stage_server;
 use sluice_tests::{
     Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, event, eventually, unique,

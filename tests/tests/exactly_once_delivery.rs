@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_bench::free_port;
-use sluice_connector::engine::pubsub::SubscriptionSettings;
+use sluice_engine::pubsub::SubscriptionSettings;
 use sluice_tests::{
     Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, events_with_duplicates, eventually,
     flow_metric,

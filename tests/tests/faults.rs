@@ -16,7 +16,7 @@
 
 use google_cloud_pubsub::model::Message;
 use sluice_bench::free_port;
-use sluice_connector::engine::pubsub::publish_all;
+use sluice_engine::pubsub::publish_all;
 use sluice_tests::proxy::Fault;
 use sluice_tests::{
     Db, FaultProxy, FlowYaml, PROJECT, PgDb, PipelineOptions, PipelineYaml, PubSub, Workdir,

@@ -69,7 +69,7 @@ async fn every_record_reaches_the_stage_once_per_committed_batch() {
         assert_eq!(call.flow, "live");
         assert_eq!(
             call.batch_id,
-            sluice_connector::engine::batch_id(call.keys.iter().map(String::as_str)),
+            sluice_engine::batch_id(call.keys.iter().map(String::as_str)),
             "the batch id is the one derived from its keys"
         );
         for key in &call.keys {

@@ -7,7 +7,7 @@
 //! read-only for root, which these tests run as. Pub/Sub is the real emulator.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_connector::engine::{
+use sluice_engine::{
     BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, KeySource,
     PubSubSource, RetrySettings, RunUntil, TableStage,
 };

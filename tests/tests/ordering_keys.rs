@@ -26,7 +26,7 @@
 
 use bytes::Bytes;
 use google_cloud_pubsub::model::Message;
-use sluice_connector::engine::pubsub::SubscriptionSettings;
+use sluice_engine::pubsub::SubscriptionSettings;
 use sluice_tests::{
     FlowYaml, PgDb, PipelineYaml, PrivatePostgres, PubSub, Workdir, Worker, eventually,
 };

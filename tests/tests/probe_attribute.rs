@@ -12,7 +12,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_bench::free_port;
-use sluice_connector::engine::pubsub::publish_all;
+use sluice_engine::pubsub::publish_all;
 use sluice_tests::watermarks::{WatermarkedPipeline, publish_steadily, timed_event};
 use sluice_tests::{Db, PubSub, Workdir, Worker, emulator, eventually, labelled_metric, now_ms};
 use std::time::{Duration, Instant};

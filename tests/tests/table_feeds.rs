@@ -48,7 +48,7 @@ fn times_seen(calls: &[StageCall], flow: &str) -> HashMap<String, usize> {
     for call in calls.iter().filter(|c| c.flow == flow) {
         assert_eq!(
             call.batch_id,
-            sluice_connector::engine::batch_id(call.keys.iter().map(String::as_str)),
+            sluice_engine::batch_id(call.keys.iter().map(String::as_str)),
             "the batch id is the one derived from its keys"
         );
         for key in &call.keys {

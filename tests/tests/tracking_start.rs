@@ -13,7 +13,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use google_cloud_pubsub::client::SubscriptionAdmin;
-use sluice_connector::engine::pubsub::TrackingStart;
+use sluice_engine::pubsub::TrackingStart;
 use sluice_tests::{PROJECT, PubSub, event};
 use std::collections::HashSet;
 use std::time::Duration;
@@ -213,7 +213,7 @@ async fn a_tracking_subscription_must_mirror_the_flows() {
             .unwrap(),
         path
     );
-    let refused = |r: Result<String, sluice_connector::engine::pubsub::SourceError>| match r {
+    let refused = |r: Result<String, sluice_engine::pubsub::SourceError>| match r {
         Ok(topic) => panic!("accepted, topic {topic}"),
         Err(e) => e.to_string(),
     };

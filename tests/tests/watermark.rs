@@ -22,7 +22,7 @@
 
 use google_cloud_pubsub::model::Message;
 use sluice_bench::free_port;
-use sluice_connector::engine::pubsub::publish_all;
+use sluice_engine::pubsub::publish_all;
 use sluice_tests::watermarks::{WatermarkHistory, WatermarkedPipeline, timed_event};
 use sluice_tests::{
     Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms,

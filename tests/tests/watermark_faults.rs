@@ -28,7 +28,7 @@
 
 use google_cloud_pubsub::model::Message;
 use sluice_bench::free_port;
-use sluice_connector::engine::pubsub::publish_all;
+use sluice_engine::pubsub::publish_all;
 use sluice_tests::watermarks::{WatermarkHistory, WatermarkedPipeline, rows_behind, timed_event};
 use sluice_tests::{
     Db, FaultProxy, PubSub, Workdir, Worker, emulator, eventually, flow_metric, labelled_metric,

@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use google_cloud_pubsub::model::Message;
-use sluice_connector::engine::pubsub::publish_all;
+use sluice_engine::pubsub::publish_all;
 use sluice_tests::watermarks::{WatermarkHistory, WatermarkedPipeline, rows_behind, timed_event};
 use sluice_tests::{PgDb, PubSub, Workdir, Worker, emulator, eventually, now_ms};
 use std::time::{Duration, Instant};

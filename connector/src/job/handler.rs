@@ -1,9 +1,9 @@
 //! What a job's handler is given and returns: the batch's new messages ([`NewMessages`],
 //! [`Message`]) on the store's open transaction, and a [`HandlerError`] that rolls it back.
 
-use crate::batch::Batch;
-use crate::commit::BatchWork;
 use futures::future::BoxFuture;
+use sluice_engine::Batch;
+use sluice_engine::BatchWork;
 use sluice_store::{Effect, PostgresWork, SqliteWork, TransactionWork, WorkError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -319,7 +319,7 @@ impl<'a> Message<'a> {
     /// A received message, its event time read from `event_time_attribute` when it has a
     /// readable one, else its publish time.
     pub(crate) fn of_delivery(
-        delivery: &'a crate::Delivery,
+        delivery: &'a sluice_engine::Delivery,
         event_time_attribute: Option<&str>,
     ) -> Self {
         let message = &delivery.message;
@@ -327,7 +327,7 @@ impl<'a> Message<'a> {
             .event_time_ms
             .or_else(|| {
                 let value = message.attributes.get(event_time_attribute?)?;
-                crate::parse_event_time(value)
+                sluice_engine::parse_event_time(value)
             })
             .unwrap_or(message.publish_time_ms);
         Self {
@@ -469,7 +469,7 @@ impl Snapshot {
             .collect();
         Self {
             messages,
-            batch_id: crate::foreach::batch_id(batch.deliveries().iter().map(|d| d.key.as_str())),
+            batch_id: sluice_engine::batch_id(batch.deliveries().iter().map(|d| d.key.as_str())),
             watermark_ms: batch.watermark_ms(),
         }
     }

@@ -27,51 +27,17 @@ pub use handler::{
 };
 pub use stream::{JobBatch, JobStream};
 
-use crate::batch::{BatchSettings, DedupSettings, KeySource};
-use crate::budget::Budget;
-use crate::commit::{CommitReport, CommitThenAck, RetrySettings};
-use crate::pubsub::{PubSubConfig, PubSubSource};
-use crate::runner::{FlowError, FlowRun, RunUntil};
-use crate::stage::TableStage;
-use crate::telemetry::Counters;
-use crate::watermark::FlowWatermark;
-use crate::{TrackerSettings, WatermarkTracker, commit_bound, pause_threshold};
 use handler::AnyHandler;
+use sluice_engine::defaults;
+use sluice_engine::{
+    BatchSettings, CommitReport, CommitThenAck, Counters, DedupSettings, FlowError, FlowParts,
+    FlowRun, FlowWatermark, KeySource, PubSubConfig, PubSubFlow, RunUntil, TrackerSettings,
+    WatermarkTracker,
+};
 use sluice_store::{FlowHandle, Layout, Store, StoreError, StoreUrl};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-/// The defaults a job takes for what it is not told: those of a pipeline file's Pub/Sub source
-/// (`sluice run`).
-///
-/// ```
-/// use sluice_connector::defaults;
-/// assert_eq!(defaults::DEDUP_WINDOW, std::time::Duration::from_secs(600));
-/// assert_eq!(defaults::MAX_ATTEMPTS, 5);
-/// ```
-pub mod defaults {
-    use std::time::Duration;
-
-    /// Dedup window.
-    pub const DEDUP_WINDOW: Duration = Duration::from_secs(600);
-    /// Messages per batch, at most.
-    pub const BATCH_MAX_MESSAGES: usize = 1000;
-    /// How long a batch waits to fill.
-    pub const BATCH_MAX_DELAY: Duration = Duration::from_millis(50);
-    /// Messages held between receipt and ack, at most.
-    pub const MAX_OUTSTANDING_MESSAGES: usize = 10_000;
-    /// Bytes held between receipt and ack, at most (100 MiB).
-    pub const MAX_OUTSTANDING_BYTES: u64 = 100 * 1024 * 1024;
-    /// Attempts before a failing message is dead-lettered.
-    pub const MAX_ATTEMPTS: u32 = 5;
-    /// Streaming-pull streams.
-    pub const STREAMS: usize = 16;
-    /// How long a drain waits for the store before it gives up and nacks what is left.
-    pub const DRAIN_DEADLINE: Duration = Duration::from_secs(15);
-    /// How often a running job keeps its dedup ledger small.
-    pub const LEDGER_UPKEEP: Duration = Duration::from_secs(5);
-}
 
 /// How a job recognises copies of one message.
 ///
@@ -202,18 +168,12 @@ pub enum JobError {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct JobBuilder {
-    subscription: String,
+    /// The flow's settings, each defaulting as a pipeline file's Pub/Sub flow does.
+    flow: PubSubFlow,
     name: String,
-    pubsub: PubSubConfig,
     dedup: Dedup,
     store: Option<String>,
-    event_time_attribute: Option<String>,
-    bad_timestamp_uses_publish_time: bool,
     watermark_band: Option<Duration>,
-    batch: BatchSettings,
-    max_outstanding: (usize, u64),
-    max_attempts: u32,
-    streams: usize,
 }
 
 impl JobBuilder {
@@ -221,24 +181,11 @@ impl JobBuilder {
     /// project from [`PubSubConfig`]).
     pub fn new(subscription: impl Into<String>) -> Self {
         Self {
-            subscription: subscription.into(),
+            flow: PubSubFlow::new(subscription),
             name: "job".to_owned(),
-            pubsub: PubSubConfig::default(),
             dedup: Dedup::by_message_id(),
             store: None,
-            event_time_attribute: None,
-            bad_timestamp_uses_publish_time: false,
             watermark_band: None,
-            batch: BatchSettings {
-                max_messages: defaults::BATCH_MAX_MESSAGES,
-                max_delay: defaults::BATCH_MAX_DELAY,
-            },
-            max_outstanding: (
-                defaults::MAX_OUTSTANDING_MESSAGES,
-                defaults::MAX_OUTSTANDING_BYTES,
-            ),
-            max_attempts: defaults::MAX_ATTEMPTS,
-            streams: defaults::STREAMS,
         }
     }
 
@@ -253,12 +200,16 @@ impl JobBuilder {
     /// Application Default Credentials; the project, when neither this config nor the
     /// environment names one, is the one those credentials name).
     pub fn pubsub(mut self, config: PubSubConfig) -> Self {
-        self.pubsub = config;
+        self.flow.pubsub = config;
         self
     }
 
     /// How copies are recognised (default: by message id, 10 minutes).
     pub fn dedup(mut self, dedup: Dedup) -> Self {
+        self.flow.dedup = DedupSettings {
+            key: dedup.key.clone(),
+            window: dedup.window,
+        };
         self.dedup = dedup;
         self
     }
@@ -272,14 +223,14 @@ impl JobBuilder {
     /// Take event times from this attribute (ms since the epoch or RFC 3339; a bad one is
     /// dead-lettered); default: the publish time.
     pub fn event_time_attribute(mut self, name: impl Into<String>) -> Self {
-        self.event_time_attribute = Some(name.into());
+        self.flow.event_time_attribute = Some(name.into());
         self
     }
 
     /// A message whose event-time attribute cannot be read takes its publish time instead of
     /// being dead-lettered (`on_bad_timestamp: publish_time`).
     pub fn bad_timestamp_uses_publish_time(mut self) -> Self {
-        self.bad_timestamp_uses_publish_time = true;
+        self.flow.bad_timestamp_uses_publish_time = true;
         self
     }
 
@@ -294,7 +245,7 @@ impl JobBuilder {
     /// Batches of at most `max_messages`, waiting at most `max_delay` to fill (default 1000,
     /// 50 ms).
     pub fn batch(mut self, max_messages: usize, max_delay: Duration) -> Self {
-        self.batch = BatchSettings {
+        self.flow.batch = BatchSettings {
             max_messages: max_messages.max(1),
             max_delay,
         };
@@ -304,19 +255,19 @@ impl JobBuilder {
     /// Hold at most this many messages and bytes between receipt and ack (default 10 000,
     /// 100 MiB).
     pub fn flow_control(mut self, max_messages: usize, max_bytes: u64) -> Self {
-        self.max_outstanding = (max_messages.max(1), max_bytes.max(1));
+        self.flow.max_outstanding = (max_messages.max(1), max_bytes.max(1));
         self
     }
 
     /// Dead-letter a message after this many failed attempts (default 5).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts.max(1);
+        self.flow.max_attempts = attempts.max(1);
         self
     }
 
     /// Streaming-pull streams (default 16).
     pub fn streams(mut self, streams: usize) -> Self {
-        self.streams = streams.max(1);
+        self.flow.streams = streams.max(1);
         self
     }
 
@@ -340,8 +291,8 @@ impl JobBuilder {
             )));
         }
         // A short subscription name with no project anywhere takes ADC's.
-        if !self.subscription.starts_with("projects/") {
-            self.pubsub = self.pubsub.with_adc_project().await;
+        if !self.flow.subscription.starts_with("projects/") {
+            self.flow.pubsub = self.flow.pubsub.clone().with_adc_project().await;
         }
         let url = self.store_url();
         let kind = url.parse::<StoreUrl>()?;
@@ -362,54 +313,6 @@ impl JobBuilder {
             stop: CancellationToken::new(),
         })
     }
-
-    /// What a flow of these settings reads and commits with; the worker's Pub/Sub flows are
-    /// built from it too.
-    #[doc(hidden)]
-    pub fn parts(&self) -> Result<JobParts, crate::SourceError> {
-        let source = PubSubSource::new(self.pubsub.clone(), &self.subscription, self.streams)?
-            .with_max_lease(self.dedup.window)
-            .with_pause_threshold(pause_threshold(self.dedup.window))
-            .with_intent(crate::pubsub::FlowIntent {
-                dedup_by_message_id: matches!(self.dedup.key, crate::batch::KeySource::MessageId),
-                poison_nack: false,
-            });
-        Ok(JobParts {
-            source,
-            budget: Budget::new(self.max_outstanding.0, self.max_outstanding.1),
-            dedup: DedupSettings {
-                key: self.dedup.key.clone(),
-                window: self.dedup.window,
-            },
-            batch: self.batch,
-            stage: TableStage {
-                event_time_attribute: self.event_time_attribute.clone(),
-                bad_timestamp_uses_publish_time: self.bad_timestamp_uses_publish_time,
-            },
-            retry: RetrySettings {
-                max_attempts: self.max_attempts,
-                dedup_window: self.dedup.window,
-                commit_bound: Some(commit_bound(self.dedup.window)),
-            },
-        })
-    }
-}
-
-/// The pieces of a Pub/Sub flow ([`JobBuilder::parts`]).
-#[non_exhaustive]
-pub struct JobParts {
-    /// The subscription's source.
-    pub source: PubSubSource,
-    /// Its flow-control bound.
-    pub budget: Budget,
-    /// Its dedup key and window.
-    pub dedup: DedupSettings,
-    /// Its batch bounds.
-    pub batch: BatchSettings,
-    /// Its first stage (event times, dead letters for what cannot be keyed or timed).
-    pub stage: TableStage,
-    /// Its retries and commit bound.
-    pub retry: RetrySettings,
 }
 
 /// A job ready to run: its store is open and prepared. Run it with a handler
@@ -567,7 +470,7 @@ impl Job {
     }
 
     async fn run(self, handler: AnyHandler) -> Result<JobReport, JobError> {
-        let parts = self.settings.parts().map_err(FlowError::from)?;
+        let parts = self.settings.flow.parts().map_err(FlowError::from)?;
         let counters = Counters::new(&self.settings.name, &self.settings.name);
         let give_up = give_up_after_drain(&self.stop);
         let tracker = self.start_tracker(&counters);
@@ -611,7 +514,7 @@ impl Job {
         })
     }
 
-    fn committer(&self, parts: &JobParts, give_up: CancellationToken) -> CommitThenAck {
+    fn committer(&self, parts: &FlowParts, give_up: CancellationToken) -> CommitThenAck {
         let dead_letter: Arc<str> = Arc::from(format!("{}__dead_letter", self.settings.name));
         CommitThenAck::new(
             self.store.clone(),
@@ -631,12 +534,12 @@ impl Job {
         let band = self.settings.watermark_band?;
         let watermark = FlowWatermark::new();
         counters.attach_watermark(watermark.clone());
-        let subscription = &self.settings.subscription;
+        let subscription = &self.settings.flow.subscription;
         let settings = TrackerSettings {
             tracking_subscription: format!("{subscription}-tracking"),
             create_from: Some(subscription.clone()),
-            event_time_attribute: self.settings.event_time_attribute.clone(),
-            bad_timestamp_uses_publish_time: self.settings.bad_timestamp_uses_publish_time,
+            event_time_attribute: self.settings.flow.event_time_attribute.clone(),
+            bad_timestamp_uses_publish_time: self.settings.flow.bad_timestamp_uses_publish_time,
             band_ms: i64::try_from(band.as_millis()).unwrap_or(i64::MAX),
             base_subscription: subscription.clone(),
             // Unique per process start, as a worker's id is: replicas in containers share pids.
@@ -651,7 +554,7 @@ impl Job {
         let tracker = WatermarkTracker::new(
             self.store.clone(),
             self.flow.clone(),
-            self.settings.pubsub.clone(),
+            self.settings.flow.pubsub.clone(),
             settings,
             watermark,
         );

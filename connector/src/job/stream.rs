@@ -8,11 +8,11 @@ use super::handler::AnyHandler;
 use super::{
     Job, JobError, JobReport, Message, PostgresHandler, SqliteHandler, give_up_after_drain,
 };
-use crate::batch::{Batch, BatchSource};
-use crate::commit::CommitThenAck;
-use crate::runner::FlowError;
-use crate::source::SourceHandle;
-use crate::telemetry::Counters;
+use sluice_engine::CommitThenAck;
+use sluice_engine::FlowError;
+use sluice_engine::SourceHandle;
+use sluice_engine::telemetry::Counters;
+use sluice_engine::{Batch, BatchSource};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
@@ -62,7 +62,7 @@ pub struct JobStream {
 
 impl JobStream {
     pub(super) async fn start(job: Job) -> Result<Self, JobError> {
-        let parts = job.settings.parts().map_err(FlowError::from)?;
+        let parts = job.settings.flow.parts().map_err(FlowError::from)?;
         let counters = Counters::new(&job.settings.name, &job.settings.name);
         let give_up = give_up_after_drain(&job.stop);
         let committer = job.committer(&parts, give_up.clone());
@@ -93,7 +93,7 @@ impl JobStream {
             source: Some(source),
             committer,
             postgres: job.postgres,
-            event_time_attribute: job.settings.event_time_attribute.clone(),
+            event_time_attribute: job.settings.flow.event_time_attribute.clone(),
             stop: job.stop,
             give_up,
             tracker,
@@ -112,7 +112,7 @@ impl JobStream {
 
     /// Stops pulling (as the job's stop token does); batches already received still come from
     /// [`JobStream::next_batch`]. They must be committed or settled within
-    /// [`crate::defaults::DRAIN_DEADLINE`] of the drain: a commit still waiting for the store
+    /// [`sluice_engine::defaults::DRAIN_DEADLINE`] of the drain: a commit still waiting for the store
     /// after that gives its batch back uncommitted (Pub/Sub redelivers it).
     pub fn drain(&self) {
         self.stop.cancel();
@@ -176,7 +176,7 @@ impl JobBatch<'_> {
     /// outside the store that takes the id as its idempotency key should drop repeats of a
     /// message's key too.
     pub fn id(&self) -> String {
-        crate::foreach::batch_id(self.batch.deliveries().iter().map(|d| d.key.as_str()))
+        sluice_engine::batch_id(self.batch.deliveries().iter().map(|d| d.key.as_str()))
     }
 
     /// Its messages, in receive order, before the commit decides: a copy another replica
@@ -292,7 +292,7 @@ impl JobBatch<'_> {
 /// No writes of the caller's: the keys only.
 struct RecordOnly(bool);
 
-impl crate::commit::BatchWork for RecordOnly {
+impl sluice_engine::BatchWork for RecordOnly {
     fn work(&self, _: &Batch, _: &[sluice_store::Effect]) -> sluice_store::TransactionWork {
         if self.0 {
             sluice_store::TransactionWork::Postgres(Arc::new(Nothing))

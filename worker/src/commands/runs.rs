@@ -142,7 +142,7 @@ pub async fn summary(
             Err(error) => error,
             Ok(timetable) => {
                 let last_fire = store.last_fire(&pipeline.name).await?;
-                let now = sluice_connector::engine::now_ms();
+                let now = sluice_engine::now_ms();
                 // Served since the oldest worker alive started (none: as if one started now).
                 let up_since = store
                     .workers(&pipeline.name, crate::runtime::membership::ALIVE_WITHIN)

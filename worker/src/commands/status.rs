@@ -12,7 +12,7 @@ use super::text::{rfc3339, table};
 use crate::runtime::flows;
 use crate::runtime::membership::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
 use clap::ValueEnum;
-use sluice_connector::engine::{TRACKER_LEASE_TTL, TRACKER_TICK, TURN_TTL};
+use sluice_engine::{TRACKER_LEASE_TTL, TRACKER_TICK, TURN_TTL};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -323,7 +323,7 @@ async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_s
         .await?
         .into_iter()
         .collect();
-    let now = sluice_connector::engine::now_ms();
+    let now = sluice_engine::now_ms();
     let mut lines = Vec::new();
     for (flow, handle) in pipeline.flows.iter().zip(&handles) {
         let watermark_ms = watermarks.get(&flow.name).map(|w| w.watermark_ms);

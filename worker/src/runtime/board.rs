@@ -2,7 +2,7 @@
 //! it ended) and its live counters, written by the scheduler and read by the control API,
 //! readiness and `sluice_flow_state{state}`.
 
-use sluice_connector::engine::Counters;
+use sluice_engine::Counters;
 use sluice_proto::v1::FlowStatus;
 use std::sync::{Arc, Mutex};
 
@@ -131,7 +131,7 @@ impl FlowBoard {
         {
             entry.phase = phase;
             if phase == FlowPhase::Running {
-                entry.started_ms = sluice_connector::engine::now_ms();
+                entry.started_ms = sluice_engine::now_ms();
             }
             if let Some(counters) = counters {
                 entry.counters = Some(counters.clone());
@@ -156,7 +156,7 @@ impl FlowBoard {
                     .counters
                     .as_ref()
                     .and_then(Counters::watermark)
-                    .and_then(sluice_connector::engine::FlowWatermark::current);
+                    .and_then(sluice_engine::FlowWatermark::current);
                 FlowStatus {
                     name: entry.name.clone(),
                     state: entry.phase.name().to_owned(),
@@ -175,7 +175,7 @@ impl FlowBoard {
                         .unwrap_or_default(),
                     watermark_ms: watermark.unwrap_or_default(),
                     watermark_age_seconds: watermark
-                        .map(|w| (sluice_connector::engine::now_ms() - w).max(0) as f64 / 1000.0)
+                        .map(|w| (sluice_engine::now_ms() - w).max(0) as f64 / 1000.0)
                         .unwrap_or_default(),
                     late: snapshot.late,
                     last_run_started_ms: entry.started_ms,

@@ -1,10 +1,10 @@
 //! Starts and stops the publisher of the pipeline's dead-letter topic (`dead_letter.topic`,
-//! see `sluice_connector::engine::DeadLetterTopic` for what it guarantees): every replica runs
+//! see `sluice_engine::DeadLetterTopic` for what it guarantees): every replica runs
 //! one, and the pool's lease lets one at a time publish.
 
 use sluice_connector::PubSubConfig;
-use sluice_connector::engine::pubsub::Admin;
-use sluice_connector::engine::{DeadLetterTopic, FLUSH_GRACE, ReaderTurn};
+use sluice_engine::pubsub::Admin;
+use sluice_engine::{DeadLetterTopic, FLUSH_GRACE, ReaderTurn};
 use sluice_pipeline::Pipeline;
 use sluice_store::Store;
 use std::sync::Arc;

@@ -21,7 +21,7 @@
 
 use crate::runtime::membership::ALIVE_WITHIN;
 use async_trait::async_trait;
-use sluice_connector::engine::DrainAgreement;
+use sluice_engine::DrainAgreement;
 use sluice_store::PoolStore;
 use sluice_store::{DrainCensus, FlowHandle};
 use std::sync::Arc;

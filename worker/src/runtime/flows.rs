@@ -2,14 +2,14 @@
 //! (JSONL files by glob) or a read of another target's table, all committing through the same
 //! ledger.
 
-use sluice_connector::engine::pubsub::FlowIntent;
-use sluice_connector::engine::{
-    AckFence, BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, Dedup, DedupSettings,
-    FileSource, FileTurn, FlowRun, FlowWatermark, JobBuilder, JsonlSink, KeptOpen, KeySource,
-    MessageSource, PubSubConfig, ReaderTurn, RetrySettings, RunUntil, SkipCommitted,
-    SourceProgress, Stage, TableSource, TableStage, TableWatermark,
+use sluice_engine::defaults;
+use sluice_engine::pubsub::FlowIntent;
+use sluice_engine::{
+    AckFence, BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, DedupSettings,
+    FileSource, FileTurn, FlowRun, FlowWatermark, JsonlSink, KeptOpen, KeySource, MessageSource,
+    PubSubConfig, PubSubFlow, ReaderTurn, RetrySettings, RunUntil, SkipCommitted, SourceProgress,
+    Stage, TableSource, TableStage, TableWatermark,
 };
-use sluice_pipeline::defaults;
 use sluice_pipeline::timetable::DataInterval;
 use sluice_pipeline::{
     DedupBy, Flow, Mode, OnBadTimestamp, OnMissingKey, Pipeline, Poison, Source, TargetKind,
@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Settings of a file or table flow, which has no `pubsub:` section to take them from: the
-/// pipeline file's defaults for one.
+/// defaults of every flow (the library's too, `sluice_engine::defaults`).
 const FILE_BATCH: BatchSettings = BatchSettings {
     max_messages: defaults::BATCH_MAX_MESSAGES,
     max_delay: defaults::BATCH_MAX_DELAY,
@@ -108,45 +108,50 @@ fn pubsub_plan(
     settings: &sluice_pipeline::PubSubSource,
     acks: Option<&Arc<dyn AckFence>>,
 ) -> Result<Plan, String> {
-    // The same front door a library job uses (`sluice_connector::engine::Job`): every setting from
+    // The same assembly a library job uses (`sluice_engine::PubSubFlow`), every setting from
     // the file.
-    let dedup = match &settings.dedup.by {
-        DedupBy::MessageId => Dedup::by_message_id(),
-        DedupBy::Attribute(name) if settings.dedup.on_missing == OnMissingKey::DeadLetter => {
-            Dedup::by_attribute_or_dead_letter(name.clone())
-        }
-        DedupBy::Attribute(name) => Dedup::by_attribute(name.clone()),
+    let key = match &settings.dedup.by {
+        DedupBy::MessageId => KeySource::MessageId,
+        DedupBy::Attribute(name) => KeySource::Attribute {
+            name: name.clone(),
+            dead_letter_if_missing: settings.dedup.on_missing == OnMissingKey::DeadLetter,
+        },
     };
-    let mut job = JobBuilder::new(&settings.subscription)
-        .pubsub(PubSubConfig {
-            project: pipeline.pubsub.project.clone(),
-            endpoint: pipeline.pubsub.endpoint.clone(),
-        })
-        .streams(settings.streams)
-        .dedup(dedup.window(settings.dedup.window))
-        .batch(settings.batch.max_messages, settings.batch.max_delay)
-        .flow_control(
-            settings.flow_control.max_outstanding_messages,
-            settings.flow_control.max_outstanding_bytes,
-        )
-        .max_attempts(settings.max_attempts);
+    let mut flow_settings = PubSubFlow::new(&settings.subscription);
+    flow_settings.pubsub = PubSubConfig {
+        project: pipeline.pubsub.project.clone(),
+        endpoint: pipeline.pubsub.endpoint.clone(),
+    };
+    flow_settings.streams = settings.streams;
+    flow_settings.dedup = DedupSettings {
+        key,
+        window: settings.dedup.window,
+    };
+    flow_settings.batch = BatchSettings {
+        max_messages: settings.batch.max_messages.max(1),
+        max_delay: settings.batch.max_delay,
+    };
+    flow_settings.max_outstanding = (
+        settings.flow_control.max_outstanding_messages.max(1),
+        settings.flow_control.max_outstanding_bytes.max(1),
+    );
+    flow_settings.max_attempts = settings.max_attempts.max(1);
     if let Some(event_time) = &settings.event_time {
-        job = job.event_time_attribute(event_time.attribute.clone());
-        if event_time.on_bad_timestamp == OnBadTimestamp::PublishTime {
-            job = job.bad_timestamp_uses_publish_time();
-        }
+        flow_settings.event_time_attribute = Some(event_time.attribute.clone());
+        flow_settings.bad_timestamp_uses_publish_time =
+            event_time.on_bad_timestamp == OnBadTimestamp::PublishTime;
     }
-    let parts = job.parts().map_err(|e| e.to_string())?;
+    flow_settings.intent = FlowIntent {
+        dedup_by_message_id: settings.dedup.by == DedupBy::MessageId,
+        poison_nack: settings.poison == Poison::Nack,
+    };
+    let parts = flow_settings.parts().map_err(|e| e.to_string())?;
     let until = if pipeline.mode == Mode::Triggered || flow.once {
         RunUntil::Idle(settings.drain_idle)
     } else {
         RunUntil::Drained
     };
-    let intent = FlowIntent {
-        dedup_by_message_id: settings.dedup.by == DedupBy::MessageId,
-        poison_nack: settings.poison == Poison::Nack,
-    };
-    let mut source = parts.source.with_intent(intent);
+    let mut source = parts.source;
     if let Some(fence) = acks {
         source = source.with_ack_fence(fence.clone());
     }
@@ -271,7 +276,7 @@ pub struct RunScope {
     /// whose event time lies in it.
     pub interval: Option<DataInterval>,
     /// Pub/Sub flows' sources kept running across the runs of a schedule, by flow name
-    /// (`sluice_connector::engine::KeptOpen`); a flow not in it opens its own.
+    /// (`sluice_engine::KeptOpen`); a flow not in it opens its own.
     pub kept: Option<Arc<HashMap<String, KeptOpen>>>,
     /// The fence every Pub/Sub ack of the update asks first (`liveness.rs`); `None` acks
     /// after each commit unasked.
@@ -426,20 +431,23 @@ mod tests {
     /// A library job's defaults are those a pipeline file gives a Pub/Sub flow: the worker
     /// builds its Pub/Sub flows on the same front door.
     #[test]
-    fn a_jobs_defaults_are_the_files() {
-        use sluice_connector::engine::defaults as job;
+    fn every_flows_defaults_are_the_files() {
+        use sluice_engine::defaults as engine;
         use sluice_pipeline::defaults as file;
-        assert_eq!(job::DEDUP_WINDOW, file::DEDUP_WINDOW);
-        assert_eq!(job::BATCH_MAX_MESSAGES, file::BATCH_MAX_MESSAGES);
-        assert_eq!(job::BATCH_MAX_DELAY, file::BATCH_MAX_DELAY);
+        assert_eq!(engine::DEDUP_WINDOW, file::DEDUP_WINDOW);
+        assert_eq!(engine::BATCH_MAX_MESSAGES, file::BATCH_MAX_MESSAGES);
+        assert_eq!(engine::BATCH_MAX_DELAY, file::BATCH_MAX_DELAY);
         assert_eq!(
-            job::MAX_OUTSTANDING_MESSAGES,
+            engine::MAX_OUTSTANDING_MESSAGES,
             file::MAX_OUTSTANDING_MESSAGES
         );
-        assert_eq!(job::MAX_OUTSTANDING_BYTES, file::MAX_OUTSTANDING_BYTES);
-        assert_eq!(job::MAX_ATTEMPTS, file::MAX_ATTEMPTS);
-        assert_eq!(job::STREAMS, file::STREAMS);
-        assert_eq!(job::DRAIN_DEADLINE, crate::runtime::signals::DRAIN_DEADLINE);
+        assert_eq!(engine::MAX_OUTSTANDING_BYTES, file::MAX_OUTSTANDING_BYTES);
+        assert_eq!(engine::MAX_ATTEMPTS, file::MAX_ATTEMPTS);
+        assert_eq!(engine::STREAMS, file::STREAMS);
+        assert_eq!(
+            engine::DRAIN_DEADLINE,
+            crate::runtime::signals::DRAIN_DEADLINE
+        );
     }
 
     #[test]

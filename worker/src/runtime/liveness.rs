@@ -165,7 +165,7 @@ impl AckGate {
     }
 }
 
-impl sluice_connector::engine::AckFence for AckGate {
+impl sluice_engine::AckFence for AckGate {
     fn acks_allowed(&self) -> bool {
         let standing = self.liveness.standing();
         standing.epoch == self.epoch && standing.until.is_some_and(|until| Instant::now() < until)
@@ -176,7 +176,7 @@ impl sluice_connector::engine::AckFence for AckGate {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use sluice_connector::engine::AckFence;
+    use sluice_engine::AckFence;
     use tokio::time::{advance, sleep};
 
     #[tokio::test(start_paused = true)]

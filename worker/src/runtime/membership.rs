@@ -383,17 +383,15 @@ mod tests {
             fenced_at + FENCE_MARGIN <= last_good_beat + ALIVE_WITHIN,
             "fenced {FENCE_MARGIN:?} before the pool may count it gone"
         );
-        assert!(!sluice_connector::engine::AckFence::acks_allowed(&gate));
+        assert!(!sluice_engine::AckFence::acks_allowed(&gate));
         // A beat that hangs is given up after HEARTBEAT_TIMEOUT and tried again at once.
         let tries = store.times(|c| c == &Call::Heartbeat("a".into()));
         assert_eq!(tries[..4], secs(&[0, 5, 10, 16])[..]);
         // The store answers again: live, in a new epoch, so the old gate stays shut.
         liveness.restored().await;
         assert!(store.origin.elapsed() >= Duration::from_secs(35));
-        assert!(!sluice_connector::engine::AckFence::acks_allowed(&gate));
-        assert!(sluice_connector::engine::AckFence::acks_allowed(
-            &liveness.gate()
-        ));
+        assert!(!sluice_engine::AckFence::acks_allowed(&gate));
+        assert!(sluice_engine::AckFence::acks_allowed(&liveness.gate()));
     }
 
     /// Fails the test if membership calls a method it should not need.

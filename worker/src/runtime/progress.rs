@@ -2,7 +2,7 @@
 //! into a pipe or a log file, SPEC §3).
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use sluice_connector::engine::SourceProgress;
+use sluice_engine::SourceProgress;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

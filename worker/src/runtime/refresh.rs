@@ -40,8 +40,8 @@
 
 use crate::runtime::flows;
 use crate::runtime::membership::ALIVE_WITHIN;
-use sluice_connector::engine::pubsub::Admin;
-use sluice_connector::engine::{PubSubConfig, parse_event_time};
+use sluice_engine::pubsub::Admin;
+use sluice_engine::{PubSubConfig, parse_event_time};
 use sluice_pipeline::{Pipeline, Source};
 use sluice_store::{ClearClaim, PoolStore, ResetRows, Store};
 use std::process::ExitCode;
@@ -176,7 +176,7 @@ fn seek_time(time: &str) -> Result<i64, RefreshError> {
             "--seek {time:?}: not an RFC 3339 time or ms since epoch"
         ))
     })?;
-    let now = sluice_connector::engine::now_ms();
+    let now = sluice_engine::now_ms();
     if ms > now {
         return Err(RefreshError::Invalid(format!(
             "--seek {time:?} is {} s in the future: a seek acknowledges every message published \
@@ -230,7 +230,7 @@ async fn seekable(
     if subscriptions.is_empty() {
         return Ok(Vec::new());
     }
-    let unreachable = |e: sluice_connector::engine::SourceError| {
+    let unreachable = |e: sluice_engine::SourceError| {
         RefreshError::Failed(format!("cannot ask Pub/Sub about the subscriptions: {e}"))
     };
     let admin = Admin::connect(&admin_config(pipeline))
@@ -248,7 +248,7 @@ async fn seekable(
                  retain_acked_messages on it, or reset without --seek (rows are then kept)"
             )));
         };
-        let oldest = sluice_connector::engine::now_ms()
+        let oldest = sluice_engine::now_ms()
             .saturating_sub(i64::try_from(window.as_millis()).unwrap_or(i64::MAX));
         if ms < oldest {
             return Err(RefreshError::Invalid(format!(
@@ -280,8 +280,7 @@ async fn seekable(
         }
         let window = admin.replay_window(&tracking).await.map_err(unreachable)?;
         let oldest = window.map(|w| {
-            sluice_connector::engine::now_ms()
-                .saturating_sub(i64::try_from(w.as_millis()).unwrap_or(i64::MAX))
+            sluice_engine::now_ms().saturating_sub(i64::try_from(w.as_millis()).unwrap_or(i64::MAX))
         });
         if oldest.is_none_or(|oldest| ms < oldest) {
             return Err(RefreshError::Invalid(format!(
@@ -304,7 +303,7 @@ async fn seek_subscription(
     subscription: &str,
     ms: i64,
 ) -> Result<(), RefreshError> {
-    let failed = |e: sluice_connector::engine::SourceError| {
+    let failed = |e: sluice_engine::SourceError| {
         RefreshError::Failed(format!(
             "the store was reset, but seeking {subscription} failed: {e}; run the command \
              again with --seek"

@@ -43,7 +43,7 @@ use crate::runtime::signals::Shutdown;
 use crate::runtime::store_retry::{self, Retry};
 use crate::runtime::table_updates::TableUpdates;
 use crate::runtime::update_loop::{RunError, Updates, Waited};
-use sluice_connector::engine::KeptOpen;
+use sluice_engine::KeptOpen;
 use sluice_pipeline::timetable::{DataInterval, Fire, FireKind, NextRun, Timetable};
 use sluice_pipeline::{Pipeline, Schedule, Source};
 use sluice_store::{RunEnd, RunRecord, RunState, RunTrigger};
@@ -54,7 +54,7 @@ use std::time::Duration;
 /// A Pub/Sub flow's streams stay open between runs when the next fire comes within this long:
 /// a run that opens new streams right after the last closed can find the subscription idle
 /// while Pub/Sub still holds back what was handed to the closed ones (see
-/// `sluice_connector::engine::KeptOpen`); for fires further apart they close, and what they hold goes
+/// `sluice_engine::KeptOpen`); for fires further apart they close, and what they hold goes
 /// back to Pub/Sub.
 pub const KEEP_OPEN_WITHIN: Duration = Duration::from_secs(60);
 /// Fires counted as delayed behind one run, at most (an every-second schedule behind a long
@@ -470,5 +470,5 @@ async fn sleep_until_ms(at_ms: i64) {
 }
 
 fn now_ms() -> i64 {
-    sluice_connector::engine::now_ms()
+    sluice_engine::now_ms()
 }

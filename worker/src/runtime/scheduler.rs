@@ -23,7 +23,7 @@ use crate::runtime::flows;
 use crate::runtime::signals::Shutdown;
 use crate::runtime::store_retry::{self, Retry};
 use crate::serve::observe;
-use sluice_connector::engine::{Counters, Ended, FlowEnd, Snapshot};
+use sluice_engine::{Counters, Ended, FlowEnd, Snapshot};
 use sluice_pipeline::{Flow, Mode, Pipeline, Source};
 use sluice_store::FlowStore;
 use sluice_store::{FlowHandle, Store};

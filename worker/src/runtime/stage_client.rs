@@ -5,7 +5,7 @@
 //! the worker starts, or restarts later, only delays batches (retried with backoff, nothing
 //! acked), it never fails the flow or loses a record.
 
-use sluice_connector::engine::{ForeachBatchStage, StageError, StageRecord, TableStage};
+use sluice_engine::{ForeachBatchStage, StageError, StageRecord, TableStage};
 use sluice_proto::v1::stage_client::StageClient;
 use sluice_proto::v1::{ProcessRequest, Record};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! a give-up means. (A window flow following a table retries its own reads: it never gives up
 //! while it runs, `runtime/windows.rs`.)
 
-use sluice_connector::engine::Backoff;
+use sluice_engine::Backoff;
 use sluice_store::StoreError;
 use std::future::Future;
 use tokio_util::sync::CancellationToken;

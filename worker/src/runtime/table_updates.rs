@@ -67,7 +67,7 @@ impl TableUpdates {
         if let Some(last) = last_run_ms {
             let wait = last
                 .saturating_add(self.min_interval_ms)
-                .saturating_sub(sluice_connector::engine::now_ms());
+                .saturating_sub(sluice_engine::now_ms());
             if wait > 0 {
                 tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))).await;
             }

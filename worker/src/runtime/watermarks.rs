@@ -2,7 +2,7 @@
 //! the tracking subscription is resolved (`auto`: `<subscription>-tracking`, which the tracking
 //! reader creates on the base subscription's topic with its filter when missing, started at a
 //! snapshot of the base subscription, before it first reads) and a
-//! [`sluice_connector::engine::WatermarkTracker`] runs until the flow's run ends, then stores its last
+//! [`sluice_engine::WatermarkTracker`] runs until the flow's run ends, then stores its last
 //! counts. Pub/Sub being unreachable never fails the flow: the reader
 //! retries and the watermark holds meanwhile.
 //!
@@ -17,7 +17,7 @@
 //! How the watermark is estimated, and what it guarantees: `sluice_connector`'s `tracking`
 //! module and the `sluice_watermark` crate.
 
-use sluice_connector::engine::{
+use sluice_engine::{
     Backoff, Counters, FlowWatermark, PubSubConfig, TrackerSettings, WatermarkTracker,
 };
 use sluice_pipeline::{Flow, OnBadTimestamp, Pipeline, PubSubSource, Source, TrackingSubscription};
@@ -149,7 +149,7 @@ pub fn create_tracking_subscriptions(pipeline: &Pipeline, drain: CancellationTok
             let mut backoff = Backoff::default();
             loop {
                 let attempt = tokio::time::timeout(CREATE_ATTEMPT, async {
-                    sluice_connector::engine::pubsub::Admin::connect(&config)
+                    sluice_engine::pubsub::Admin::connect(&config)
                         .await?
                         .ensure_tracking_subscription(&base, &tracking)
                         .await
@@ -157,9 +157,7 @@ pub fn create_tracking_subscriptions(pipeline: &Pipeline, drain: CancellationTok
                 .await;
                 match attempt {
                     Ok(Ok(start)) => {
-                        sluice_connector::engine::pubsub::log_tracking_start(
-                            &name, &tracking, &start,
-                        );
+                        sluice_engine::pubsub::log_tracking_start(&name, &tracking, &start);
                         return;
                     }
                     Ok(Err(error)) => tracing::warn!(flow = %name, %error,

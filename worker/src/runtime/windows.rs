@@ -26,7 +26,7 @@
 //! in the base table and counted in `sluice_messages_late_total` (by the flow that wrote it),
 //! and the window's count stays as emitted.
 
-use sluice_connector::engine::{Backoff, Counters, FlowWatermark};
+use sluice_engine::{Backoff, Counters, FlowWatermark};
 use sluice_pipeline::{Flow, Mode, Pipeline, Source, TargetKind};
 use sluice_store::{
     FlowHandle, Store, WatermarkRecord, WindowEmission, WindowRows, table_name, window_table_name,
@@ -198,7 +198,7 @@ async fn emit_over_table(
     };
     // Stored when it moved (first in the store, so a failed write is made again next tick).
     if table_ms != i64::MAX && watermark.current().is_none_or(|shown| shown < table_ms) {
-        let now_ms = sluice_connector::engine::now_ms();
+        let now_ms = sluice_engine::now_ms();
         store
             .advance_watermark(
                 flow,

@@ -1,0 +1,621 @@
+//! Commit-then-ack: stage a batch, commit its effects in one store transaction, and only then
+//! ack its messages.
+//!
+//! Failure handling:
+//! * the store cannot commit (unreachable, locked, read-only, closed; anything but a refusal of
+//!   the data): retry the same batch with backoff, forever (leases keep extending, nothing is
+//!   acked), logging once per backoff step; when the caller gives up (shutdown deadline) the
+//!   batch is nacked;
+//! * a stage that is unavailable ([`crate::StageError::unavailable`]): the same, retried as long
+//!   as it takes, the stage called again with the same batch (so the same batch id);
+//! * a stage failure or a commit the store refuses ([`StoreError::Rejected`]): a batch of several
+//!   is split into single messages to find the culprit, without charging anyone; a single
+//!   message uses one attempt per failure, and once it has used `max_attempts` it is committed as
+//!   a dead letter (reason `max_attempts`, with its last error) and then acked; its attempts
+//!   start from Pub/Sub's `delivery_attempt` when the subscription has a dead-letter policy,
+//!   so a restart does not reset them; with `poison: nack` ([`CommitThenAck::hand_poison_back`])
+//!   a failing single is nacked at once instead, for Pub/Sub's retry and dead-letter policies;
+//! * a dead letter the store refuses as it is (a value over one of its limits): committed at
+//!   once without the message's data and attributes (reason `unstorable`, the store's error in
+//!   its text), so that no record, however malformed, is retried for ever;
+//! * a delivery held longer than the flow's commit bound ([`RetrySettings::commit_bound`], the
+//!   dedup window minus a margin, see `commit_bound.rs`): given back (nacked), never committed,
+//!   whether the committer finds it so before staging or the store finds the batch past its
+//!   deadline inside the transaction ([`StoreError::Stale`]: then the whole batch is nacked);
+//! * a table source's page whose position moved meanwhile ([`StoreError::Moved`]: another
+//!   replica reads the table now, or the flow was reset): given back whole, nothing written;
+//!   the source reads on from the stored position.
+
+use crate::backoff::Backoff;
+use crate::flow::batch::Batch;
+use crate::flow::delivery::Delivery;
+use crate::flow::sink::{JsonlSink, SinkCommit};
+use crate::flow::stage::Stage;
+use crate::flow::storable::UNSTORABLE;
+use crate::time::now_ms;
+use sluice_store::LedgerStore;
+use sluice_store::{CommitBatch, Effect, Entry, FlowHandle, MessageFields, StoreError};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Retry settings of a flow.
+#[derive(Debug, Clone, Copy)]
+pub struct RetrySettings {
+    /// Attempts before a failing message is dead-lettered (at least 1).
+    pub max_attempts: u32,
+    /// Ledger keys written now expire after this (the dedup window).
+    pub dedup_window: Duration,
+    /// A delivery received longer ago than this is given back (nacked) instead of committed:
+    /// `commit_bound` of the dedup window for sources that redeliver (Pub/Sub);
+    /// `None` for sources where a nack would drop the record (files, tables).
+    pub commit_bound: Option<Duration>,
+}
+
+/// What became of one batch, or of a run (`sluice_connector::JobReport`); reports add up.
+///
+/// ```
+/// let mut total = sluice_engine::CommitReport::default();
+/// total += sluice_engine::CommitReport::default();
+/// assert_eq!(total.rows, 0);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CommitReport {
+    /// Target rows written.
+    pub rows: u64,
+    /// Dead-letter rows written.
+    pub dead_letters: u64,
+    /// Entries the ledger found duplicate.
+    pub duplicates: u64,
+    /// Messages acked, redeliveries parked behind the batch's messages included (for a flow
+    /// with a watermark, those parked are acked once their reports are stored, a tick later).
+    pub acked: u64,
+    /// Messages nacked because the caller gave up.
+    pub abandoned: u64,
+}
+
+impl std::ops::AddAssign for CommitReport {
+    fn add_assign(&mut self, other: Self) {
+        self.rows += other.rows;
+        self.dead_letters += other.dead_letters;
+        self.duplicates += other.duplicates;
+        self.acked += other.acked;
+        self.abandoned += other.abandoned;
+    }
+}
+
+/// The caller's own writes for a batch, done in its commit's transaction (a library job's
+/// handler): given the batch and its staged effects, the work the store runs.
+pub trait BatchWork: Send + Sync {
+    /// The work the store runs in the commit of `batch`, whose staged effects are `effects`.
+    fn work(&self, batch: &Batch, effects: &[Effect]) -> sluice_store::TransactionWork;
+}
+
+/// Commits batches of one flow to a store and acks them afterwards.
+pub struct CommitThenAck {
+    store: Arc<dyn LedgerStore>,
+    flow: FlowHandle,
+    table: Arc<str>,
+    stage: Arc<dyn Stage>,
+    retry: RetrySettings,
+    give_up: CancellationToken,
+    sink: Option<Arc<JsonlSink>>,
+    work: Option<Arc<dyn BatchWork>>,
+    /// Ordering keys are kept in order: a batch with a stale delivery is given back whole.
+    keep_order: bool,
+    /// A message that fails is handed back to Pub/Sub (`poison: nack`) instead of retried.
+    hand_poison_back: bool,
+    /// New dead letters also go to the outbox of the pipeline's dead-letter topic.
+    publish_dead_letters: bool,
+}
+
+impl CommitThenAck {
+    /// Keeps ordering keys in order (see [`Batch`]'s `nack_older_than`); the runner sets it for
+    /// a source that says it is [`crate::SourceHandle::ordered`].
+    pub(crate) fn keep_order(&mut self) {
+        self.keep_order = true;
+    }
+
+    /// Also writes each committed batch's new records to a JSONL sink file (see
+    /// [`crate::JsonlSink`]).
+    pub fn with_sink(mut self, sink: Arc<JsonlSink>) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// Does `work` in each batch's transaction instead of writing target rows.
+    pub fn with_work(mut self, work: Arc<dyn BatchWork>) -> Self {
+        self.work = Some(work);
+        self
+    }
+
+    /// Hands a message that fails back to Pub/Sub at once (a nack), never dead-lettering it in
+    /// the table: the subscription's retry policy and dead-letter topic take over
+    /// (`poison: nack`).
+    pub fn hand_poison_back(mut self) -> Self {
+        self.hand_poison_back = true;
+        self
+    }
+
+    /// Places each new dead letter in the outbox of the pipeline's dead-letter topic in the
+    /// same transaction as its dead-letter row (`dead_letter.topic`; see
+    /// `sluice_store::OutboxLetter`).
+    pub fn publish_dead_letters(mut self) -> Self {
+        self.publish_dead_letters = true;
+        self
+    }
+
+    /// How many batches of this flow may commit at once: what the store asks for.
+    pub fn concurrency(&self) -> usize {
+        self.store.commit_concurrency()
+    }
+
+    /// A committer of `flow` into `table` (a full table name, see `sluice_store::table_name`).
+    /// Cancelling `give_up` makes batches waiting on an unavailable store be nacked instead of
+    /// retried further.
+    pub fn new(
+        store: Arc<dyn LedgerStore>,
+        flow: FlowHandle,
+        table: Arc<str>,
+        stage: Arc<dyn Stage>,
+        retry: RetrySettings,
+        give_up: CancellationToken,
+    ) -> Self {
+        Self {
+            store,
+            flow,
+            table,
+            stage,
+            retry: RetrySettings {
+                max_attempts: retry.max_attempts.max(1),
+                ..retry
+            },
+            give_up,
+            sink: None,
+            work: None,
+            keep_order: false,
+            hand_poison_back: false,
+            publish_dead_letters: false,
+        }
+    }
+
+    /// Stages, commits and acks one batch (retrying as the module docs say). Returns when every
+    /// message of the batch is acked, or nacked because the caller gave up.
+    pub async fn process(&self, batch: Batch) -> CommitReport {
+        self.process_with(batch, self.work.clone()).await
+    }
+
+    /// As [`CommitThenAck::process`], with `work` in the transaction instead of this
+    /// committer's own (a stream-style job's batch committed with its own closure).
+    pub async fn process_with(
+        &self,
+        batch: Batch,
+        work: Option<Arc<dyn BatchWork>>,
+    ) -> CommitReport {
+        let mut report = CommitReport::default();
+        let mut queue = VecDeque::from([batch]);
+        while let Some(batch) = queue.pop_front() {
+            let given_back = report.abandoned;
+            if let Some(rest) = self.process_one(batch, &mut report, work.as_ref()).await {
+                for (i, single) in rest.into_iter().enumerate() {
+                    queue.insert(i, single);
+                }
+            }
+            // Keeping ordering keys in order: what follows a given-back message in the batch
+            // must not commit before it comes again.
+            if self.keep_order && report.abandoned > given_back {
+                for rest in queue.drain(..) {
+                    report.abandoned += rest.len() as u64;
+                    rest.abandon();
+                }
+            }
+        }
+        report
+    }
+
+    /// Processes one batch; returns its singles when it had to be split.
+    async fn process_one(
+        &self,
+        batch: Batch,
+        report: &mut CommitReport,
+        work: Option<&Arc<dyn BatchWork>>,
+    ) -> Option<Vec<Batch>> {
+        let mut backoff = Backoff::default();
+        // Sink attempts whose transaction ran but whose commit reported an error: the commit
+        // may have landed all the same (a lost answer), so they are decided from the store
+        // once the batch is settled.
+        let mut uncertain: Vec<Arc<SinkCommit>> = Vec::new();
+        let singles = self
+            .attempt_until_settled(batch, report, &mut backoff, &mut uncertain, work)
+            .await;
+        self.resolve_uncertain(uncertain).await;
+        singles
+    }
+
+    /// Retries `batch` until it is committed and acked or abandoned (`None`), or must be split
+    /// (its singles).
+    async fn attempt_until_settled(
+        &self,
+        mut batch: Batch,
+        report: &mut CommitReport,
+        backoff: &mut Backoff,
+        uncertain: &mut Vec<Arc<SinkCommit>>,
+        work: Option<&Arc<dyn BatchWork>>,
+    ) -> Option<Vec<Batch>> {
+        loop {
+            if let Some(bound) = self.retry.commit_bound {
+                let stale = batch.nack_older_than(bound, self.keep_order);
+                if stale > 0 {
+                    tracing::warn!(flow = %self.flow.name, batch = batch.id, stale,
+                        bound_ms = bound.as_millis() as u64,
+                        "deliveries held past the commit bound; giving them back uncommitted");
+                    report.abandoned += stale;
+                }
+                if batch.is_empty() {
+                    return None;
+                }
+            }
+            let exhausted = match batch.deliveries() {
+                // Dead-lettered only after failing here too: attempts that Pub/Sub counted
+                // (`delivery_attempt`) may have been deliveries given back, not failures.
+                [single]
+                    if single.attempts >= self.retry.max_attempts
+                        && single.last_error.is_some()
+                        && !self.hand_poison_back =>
+                {
+                    Some(single)
+                }
+                _ => None,
+            };
+            let refused = match batch.deliveries() {
+                [single] => single.store_refused.as_ref(),
+                _ => None,
+            };
+            let effects = match exhausted {
+                // The store refused this message's dead letter as it was: kept bare.
+                _ if let Some(why) = refused => Ok(vec![Effect::DeadLetter {
+                    reason: UNSTORABLE.to_owned(),
+                    error: format!(
+                        "the store refused it as it was ({why}); kept without its data and \
+                         attributes"
+                    ),
+                    attempts: batch.deliveries()[0].attempts,
+                }]),
+                // A table source's page whose records were all duplicates in memory: only its
+                // position change commits.
+                None if batch.is_empty() => Ok(Vec::new()),
+                Some(single) => Ok(vec![Effect::DeadLetter {
+                    reason: "max_attempts".to_owned(),
+                    error: single.last_error.clone().unwrap_or_default(),
+                    attempts: single.attempts,
+                }]),
+                None => self.stage.stage(batch.deliveries()).await,
+            };
+            let mut dead: Vec<Option<String>> = Vec::new();
+            let mut row_event_times: Vec<Option<i64>> = Vec::new();
+            let outcome = match effects {
+                Ok(effects) if effects.len() != batch.len() => Err(Failure::Stage(format!(
+                    "stage returned {} effects for {} messages",
+                    effects.len(),
+                    batch.len()
+                ))),
+                Ok(effects) => {
+                    dead = effects
+                        .iter()
+                        .map(|e| match e {
+                            Effect::DeadLetter { reason, .. } => Some(reason.clone()),
+                            Effect::Row { .. } => None,
+                        })
+                        .collect();
+                    if batch.counters().watermark().is_some() {
+                        row_event_times = effects
+                            .iter()
+                            .map(|e| match e {
+                                Effect::Row { event_time_ms } => Some(*event_time_ms),
+                                Effect::DeadLetter { .. } => None,
+                            })
+                            .collect();
+                    }
+                    let started = Instant::now();
+                    let work = work.map(|w| w.work(&batch, &effects));
+                    let (commit_batch, sink_commit) = self.commit_batch(&batch, effects, work);
+                    let commit = self.store.commit(commit_batch);
+                    let result = tokio::select! {
+                        result = commit => result.map_err(Failure::Store),
+                        // The commit may still land; its messages are nacked and the ledger
+                        // absorbs their redelivery.
+                        _ = self.give_up.cancelled() => Err(Failure::GaveUp),
+                    };
+                    batch
+                        .counters()
+                        .commit_took(started.elapsed().as_secs_f64());
+                    if let Some(sink) = sink_commit {
+                        match &result {
+                            Ok(_) => self.publish(&sink).await,
+                            Err(_) if sink.ran() => uncertain.push(sink),
+                            Err(_) => {}
+                        }
+                    }
+                    result
+                }
+                Err(error) if error.transient => Err(Failure::StageUnavailable(error.message)),
+                Err(error) => Err(Failure::Stage(error.message)),
+            };
+            let failure = match outcome {
+                Ok(outcome) => {
+                    let (rows, dead_letters, duplicates) = count_written(&dead, &outcome.written);
+                    batch.counters().committed(rows, duplicates);
+                    // Late: below the watermark as it is once the commit has landed.
+                    let late_rows = batch.watermark_ms().map_or(0, |watermark| {
+                        row_event_times
+                            .iter()
+                            .zip(&outcome.written)
+                            .filter(|(event, written)| {
+                                **written && event.is_some_and(|e| e < watermark)
+                            })
+                            .count()
+                    });
+                    if late_rows > 0 {
+                        tracing::debug!(late_rows, "rows committed below the watermark");
+                        batch.counters().late(late_rows as u64);
+                    }
+                    for (reason, _) in dead
+                        .iter()
+                        .zip(&outcome.written)
+                        .filter(|(_, written)| **written)
+                    {
+                        if let Some(reason) = reason {
+                            batch.counters().dead_lettered(reason, 1);
+                        }
+                    }
+                    let acked = batch.settle_recorded(&outcome.written);
+                    *report += CommitReport {
+                        rows,
+                        dead_letters,
+                        duplicates,
+                        acked,
+                        abandoned: 0,
+                    };
+                    return None;
+                }
+                Err(failure) => failure,
+            };
+            if matches!(failure, Failure::Store(StoreError::Moved)) {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id,
+                    "the table source's position moved (another replica reads it, or a reset); \
+                     giving the page back");
+                batch.counters().commit_failed("moved");
+                report.abandoned += batch.len() as u64;
+                batch.abandon();
+                return None;
+            }
+            if matches!(failure, Failure::Store(StoreError::Stale)) {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id,
+                    "the store found the batch past its commit deadline; giving it back");
+                batch.counters().commit_failed("stale");
+                report.abandoned += batch.nack_stale_batch();
+                return None;
+            }
+            batch.counters().commit_failed(match &failure {
+                Failure::Store(StoreError::Rejected(_)) => "rejected",
+                Failure::Store(StoreError::Config(_)) => "config",
+                Failure::Store(StoreError::Moved) => "moved",
+                Failure::Store(_) => "unavailable",
+                Failure::Stage(_) => "stage",
+                Failure::StageUnavailable(_) => "stage_unavailable",
+                Failure::GaveUp => "gave_up",
+            });
+            let message_at_fault = matches!(
+                failure,
+                Failure::Stage(_) | Failure::Store(StoreError::Rejected(_))
+            );
+            if message_at_fault && batch.len() > 1 {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %failure,
+                    "batch failed; retrying its messages one by one to find the culprit");
+                return Some(batch.into_singles());
+            }
+            if let (Failure::Store(StoreError::Rejected(why)), [Some(_)], None) =
+                (&failure, dead.as_slice(), refused)
+            {
+                // A dead letter the store cannot hold (a value over one of its limits):
+                // kept without the payload, at once; retrying it as it is would never end.
+                tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %why,
+                    "the store refused a dead letter; keeping it without its payload");
+                batch.refused_by_store(why);
+                continue;
+            }
+            if message_at_fault {
+                batch.count_failed_attempt(&failure.to_string());
+                if self.hand_poison_back {
+                    tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %failure,
+                        attempts = batch.deliveries()[0].attempts,
+                        "message failed; handed back to Pub/Sub (poison: nack), whose retry \
+                         and dead-letter policies take over");
+                    report.abandoned += batch.len() as u64;
+                    batch.abandon();
+                    return None;
+                }
+            }
+            if self.give_up.is_cancelled() {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id, error = %failure,
+                    "giving up at shutdown; nacking the uncommitted batch");
+                report.abandoned += batch.len() as u64;
+                batch.abandon();
+                return None;
+            }
+            let delay = backoff.next_delay();
+            if message_at_fault {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id,
+                    attempts = batch.deliveries()[0].attempts, error = %failure,
+                    retry_in_ms = delay.as_millis() as u64, "message failed; retrying");
+            } else if matches!(failure, Failure::StageUnavailable(_)) {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id, step = backoff.step(),
+                    retry_in_ms = delay.as_millis() as u64, error = %failure,
+                    "stage unavailable; retrying the batch (nothing acked)");
+            } else {
+                tracing::warn!(flow = %self.flow.name, batch = batch.id, step = backoff.step(),
+                    retry_in_ms = delay.as_millis() as u64, error = %failure,
+                    "store unavailable; retrying the commit (nothing acked)");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.give_up.cancelled() => {}
+            }
+        }
+    }
+
+    /// Publishes a committed sink file before the batch is acked, retrying with backoff as
+    /// long as it fails (a full disk, a permission taken away): the ack waits, as it does for
+    /// a store outage. Only when the caller gives up (shutdown) is the file left under its
+    /// temporary name for the next start's recovery, which publishes it (its commit is
+    /// recorded); the batch is acked then, since its records are committed.
+    async fn publish(&self, sink: &SinkCommit) {
+        let mut backoff = Backoff::default();
+        loop {
+            let error = match sink.publish() {
+                Ok(()) => return,
+                Err(error) => error,
+            };
+            if self.give_up.is_cancelled() {
+                tracing::error!(flow = %self.flow.name, commit = sink.commit_id(), %error,
+                    "cannot publish a committed sink file; the next start's recovery will");
+                sink.release();
+                return;
+            }
+            let delay = backoff.next_delay();
+            tracing::warn!(flow = %self.flow.name, commit = sink.commit_id(), %error,
+                step = backoff.step(), retry_in_ms = delay.as_millis() as u64,
+                "cannot publish a committed sink file; retrying (nothing acked)");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.give_up.cancelled() => {}
+            }
+        }
+    }
+
+    /// Decides the sink attempts whose commit reported an error after their transaction ran:
+    /// published if the store recorded them (the answer was lost, the commit landed),
+    /// discarded if not; left to the next start's recovery if the store cannot say.
+    async fn resolve_uncertain(&self, uncertain: Vec<Arc<SinkCommit>>) {
+        for sink in uncertain {
+            match self
+                .store
+                .commit_recorded(&self.flow, sink.commit_id())
+                .await
+            {
+                Ok(true) => self.publish(&sink).await,
+                Ok(false) => sink.discard(),
+                Err(error) => {
+                    tracing::warn!(flow = %self.flow.name, commit = sink.commit_id(), %error,
+                        "cannot tell whether a sink commit landed; the next start's recovery will");
+                    sink.release();
+                }
+            }
+        }
+    }
+
+    /// The store's work for a batch, and a sink's file work when the flow writes a sink.
+    fn commit_batch(
+        &self,
+        batch: &Batch,
+        effects: Vec<Effect>,
+        work: Option<sluice_store::TransactionWork>,
+    ) -> (CommitBatch, Option<Arc<SinkCommit>>) {
+        let now = now_ms();
+        let window = i64::try_from(self.retry.dedup_window.as_millis()).unwrap_or(i64::MAX);
+        let entries: Vec<Entry> = batch
+            .deliveries()
+            .iter()
+            .zip(effects)
+            .map(|(delivery, effect)| entry(delivery, effect))
+            .collect();
+        let sink_commit = self
+            .sink
+            .as_ref()
+            .map(|sink| Arc::new(sink.commit(&entries, now)));
+        // The oldest delivery's receipt on the wall clock, plus the bound.
+        let commit_by_ms = self.retry.commit_bound.and_then(|bound| {
+            let oldest = batch.deliveries().iter().map(|d| d.received_at).min()?;
+            let left = bound.checked_sub(oldest.elapsed()).unwrap_or_default();
+            Some(now.saturating_add(i64::try_from(left.as_millis()).unwrap_or(i64::MAX)))
+        });
+        let commit = CommitBatch {
+            flow: self.flow.clone(),
+            table: self.table.clone(),
+            entries,
+            now_ms: now,
+            expires_at_ms: now.saturating_add(window),
+            commit_by_ms,
+            hook: sink_commit
+                .clone()
+                .map(|s| s as Arc<dyn sluice_store::CommitHook>),
+            watermark_progress: batch.counters().watermark().is_some(),
+            position: batch.position().cloned(),
+            position_gate: batch.position_gate(),
+            work,
+            publish_dead_letters: self.publish_dead_letters,
+        };
+        (commit, sink_commit)
+    }
+}
+
+/// (rows, dead letters, duplicates) written by a committed batch, from which entries were dead
+/// letters and which the ledger accepted.
+fn count_written(dead: &[Option<String>], written: &[bool]) -> (u64, u64, u64) {
+    let (mut rows, mut dead_letters, mut duplicates) = (0, 0, 0);
+    for (reason, &is_new) in dead.iter().zip(written) {
+        match (is_new, reason.is_some()) {
+            (false, _) => duplicates += 1,
+            (true, true) => dead_letters += 1,
+            (true, false) => rows += 1,
+        }
+    }
+    (rows, dead_letters, duplicates)
+}
+
+fn entry(delivery: &Delivery, effect: Effect) -> Entry {
+    let message = &delivery.message;
+    if delivery.store_refused.is_some() {
+        // What the store could not hold is left out: the dead letter keeps the message's
+        // identity, its reason and the store's error.
+        return Entry {
+            key: delivery.key.clone(),
+            message: MessageFields {
+                message_id: message.message_id.chars().take(BARE_ID_CHARS).collect(),
+                publish_time_ms: message.publish_time_ms,
+                attributes_json: "{}".to_owned(),
+                data: bytes::Bytes::new(),
+            },
+            effect,
+        };
+    }
+    Entry {
+        key: delivery.key.clone(),
+        message: MessageFields {
+            message_id: message.message_id.clone(),
+            publish_time_ms: message.publish_time_ms,
+            attributes_json: serde_json::to_string(&message.attributes)
+                .unwrap_or_else(|_| "{}".to_owned()),
+            data: message.data.clone(),
+        },
+        effect,
+    }
+}
+
+/// A dead letter kept without its payload keeps this much of its message id (a file record's
+/// id may be as long as its line).
+const BARE_ID_CHARS: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("{0}")]
+    Stage(String),
+    #[error("stage unavailable: {0}")]
+    StageUnavailable(String),
+    #[error(transparent)]
+    Store(StoreError),
+    #[error("gave up waiting for the commit at shutdown")]
+    GaveUp,
+}

@@ -1,0 +1,377 @@
+//! Counts kept per flow: plain atomics the worker reads for its summary and tests read for
+//! assertions, mirrored to the `metrics` facade (SPEC §8 names) for Prometheus.
+
+use crate::watermark::FlowWatermark;
+use metrics::{Counter, Gauge, Histogram};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+/// The dead-letter reasons sluice writes (`sluice_messages_dead_lettered_total{reason}`),
+/// exported at 0 from a flow's start.
+pub const DEAD_LETTER_REASONS: [&str; 8] = [
+    "bad_timestamp",
+    "max_attempts",
+    "missing_dedup_attribute",
+    "missing_id",
+    crate::source::file_record::RECORD_TOO_LARGE,
+    crate::source::pubsub::RESERVED_ATTRIBUTE_REASON,
+    "undecodable",
+    crate::flow::storable::UNSTORABLE,
+];
+
+/// The kinds of failed commit attempts (`sluice_commit_errors_total{kind}`), exported at 0 from
+/// a flow's start.
+pub const COMMIT_ERROR_KINDS: [&str; 8] = [
+    "config",
+    "gave_up",
+    "moved",
+    "rejected",
+    "stage",
+    "stage_unavailable",
+    "stale",
+    "unavailable",
+];
+
+/// Per-flow counters. Cheap to clone; increments are per batch, not per message, where possible.
+#[derive(Clone)]
+pub struct Counters {
+    inner: Arc<Inner>,
+    pipeline: Arc<str>,
+    flow: Arc<str>,
+}
+
+struct Inner {
+    received: Tally,
+    duplicates_memory: Tally,
+    duplicates_store: Tally,
+    committed: Tally,
+    /// Total only: the metric carries the reason, so it is made per reason when counted.
+    dead_lettered: AtomicU64,
+    acked: Tally,
+    nacked: AtomicU64,
+    /// Nacked because they were held past the commit bound (part of `nacked`).
+    stale: Tally,
+    commit_errors: AtomicU64,
+    inflight: Gauge,
+    /// Receive instants of the oldest message of each batch not yet settled (a multiset):
+    /// its minimum is the system lag.
+    unacked_since: Mutex<BTreeMap<Instant, usize>>,
+    oldest_unacked_age: Gauge,
+    cache_entries: Gauge,
+    commit_seconds: Histogram,
+    ack_latency_seconds: Histogram,
+    late: Tally,
+    /// Set once, for flows with a watermark.
+    watermark: OnceLock<FlowWatermark>,
+    /// The watermark gauges, made when the flow first has a watermark: until then they are
+    /// absent from `/metrics` (a 0 would read as "perfectly fresh").
+    watermark_gauges: OnceLock<(Gauge, Gauge)>,
+    /// Set once, for flows reading a table: the watermark that travels down from the table's
+    /// writers (shown and counted against like `watermark`, with no tracker behind it).
+    feed_watermark: OnceLock<FlowWatermark>,
+    /// `sluice_feed_rows_behind` and `sluice_feed_lag_seconds`, made for flows reading a table.
+    feed_gauges: OnceLock<(Gauge, Gauge)>,
+    /// `sluice_source_records_read_total`, made when a bounded source first reads.
+    records_read: OnceLock<Counter>,
+}
+
+struct Tally {
+    value: AtomicU64,
+    metric: Counter,
+}
+
+impl Tally {
+    fn new(metric: Counter) -> Self {
+        Self {
+            value: AtomicU64::new(0),
+            metric,
+        }
+    }
+
+    fn add(&self, n: u64) {
+        if n > 0 {
+            self.value.fetch_add(n, Ordering::Relaxed);
+            self.metric.increment(n);
+        }
+    }
+
+    fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+/// A point-in-time copy of [`Counters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    /// Messages received, redeliveries included.
+    pub received: u64,
+    /// Duplicates caught by the memory tier.
+    pub duplicates_memory: u64,
+    /// Duplicates caught by the store's ledger.
+    pub duplicates_store: u64,
+    /// Target rows committed.
+    pub committed: u64,
+    /// Dead-letter rows committed.
+    pub dead_lettered: u64,
+    /// Acks sent (after commit).
+    pub acked: u64,
+    /// Nacks sent (abandoned, uncommitted).
+    pub nacked: u64,
+    /// Of those, deliveries held past the commit bound (`sluice_messages_stale_total`).
+    pub stale: u64,
+    /// Failed commit attempts.
+    pub commit_errors: u64,
+    /// Rows committed with an event time below the flow's watermark at their commit.
+    pub late: u64,
+}
+
+impl Counters {
+    /// Counters for one flow of one pipeline.
+    pub fn new(pipeline: &str, flow: &str) -> Self {
+        let labels = [("pipeline", pipeline.to_owned()), ("flow", flow.to_owned())];
+        let with_layer = |layer: &'static str| {
+            let mut l = labels.to_vec();
+            l.push(("layer", layer.to_owned()));
+            metrics::counter!("sluice_messages_duplicate_total", &l)
+        };
+        let counters = Self {
+            inner: Arc::new(Inner {
+                received: Tally::new(metrics::counter!("sluice_messages_received_total", &labels)),
+                duplicates_memory: Tally::new(with_layer("memory")),
+                duplicates_store: Tally::new(with_layer("store")),
+                committed: Tally::new(metrics::counter!(
+                    "sluice_messages_committed_total",
+                    &labels
+                )),
+                dead_lettered: AtomicU64::new(0),
+                acked: Tally::new(metrics::counter!("sluice_messages_acked_total", &labels)),
+                nacked: AtomicU64::new(0),
+                stale: Tally::new(metrics::counter!("sluice_messages_stale_total", &labels)),
+                commit_errors: AtomicU64::new(0),
+                inflight: metrics::gauge!("sluice_inflight_messages", &labels),
+                unacked_since: Mutex::new(BTreeMap::new()),
+                oldest_unacked_age: metrics::gauge!(
+                    "sluice_oldest_unacked_message_age_seconds",
+                    &labels
+                ),
+                cache_entries: metrics::gauge!("sluice_dedup_cache_entries", &labels),
+                commit_seconds: metrics::histogram!("sluice_commit_duration_seconds", &labels),
+                ack_latency_seconds: metrics::histogram!("sluice_ack_latency_seconds", &labels),
+                late: Tally::new(metrics::counter!("sluice_messages_late_total", &labels)),
+                watermark: OnceLock::new(),
+                watermark_gauges: OnceLock::new(),
+                feed_watermark: OnceLock::new(),
+                feed_gauges: OnceLock::new(),
+                records_read: OnceLock::new(),
+            }),
+            pipeline: Arc::from(pipeline),
+            flow: Arc::from(flow),
+        };
+        // Every labelled counter exists from the start, at 0, so rates and alerts have a series
+        // before the first event.
+        for reason in DEAD_LETTER_REASONS {
+            counters.dead_letter_counter(reason).increment(0);
+        }
+        for kind in COMMIT_ERROR_KINDS {
+            counters.commit_error_counter(kind).increment(0);
+        }
+        counters
+    }
+
+    fn dead_letter_counter(&self, reason: &str) -> Counter {
+        metrics::counter!("sluice_messages_dead_lettered_total",
+            "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone(),
+            "reason" => reason.to_owned())
+    }
+
+    fn commit_error_counter(&self, kind: &'static str) -> Counter {
+        metrics::counter!("sluice_commit_errors_total",
+            "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone(), "kind" => kind)
+    }
+
+    /// Records a bounded source read from its files, skipped ones included (what a pool's
+    /// replicas read in total, against the file's size).
+    pub(crate) fn records_read(&self, n: u64) {
+        self.inner
+            .records_read
+            .get_or_init(|| {
+                metrics::counter!("sluice_source_records_read_total",
+                    "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone())
+            })
+            .increment(n);
+    }
+
+    pub(crate) fn received(&self, n: u64) {
+        self.inner.received.add(n);
+        self.inner.inflight.increment(n as f64);
+    }
+    pub(crate) fn duplicate_in_memory(&self, n: u64) {
+        self.inner.duplicates_memory.add(n);
+    }
+    pub(crate) fn committed(&self, rows: u64, duplicates: u64) {
+        self.inner.committed.add(rows);
+        self.inner.duplicates_store.add(duplicates);
+    }
+    /// Dead letters committed with `reason` (rare: the labelled handle is looked up each time).
+    pub(crate) fn dead_lettered(&self, reason: &str, n: u64) {
+        self.inner.dead_lettered.fetch_add(n, Ordering::Relaxed);
+        self.dead_letter_counter(reason).increment(n);
+    }
+    pub(crate) fn acked(&self, n: u64) {
+        self.inner.acked.add(n);
+        self.inner.inflight.decrement(n as f64);
+    }
+    pub(crate) fn nacked(&self, n: u64) {
+        self.inner.nacked.fetch_add(n, Ordering::Relaxed);
+        self.inner.inflight.decrement(n as f64);
+    }
+    /// Deliveries given back because they were held past the commit bound (also counted as
+    /// nacked).
+    pub(crate) fn stale(&self, n: u64) {
+        self.inner.stale.add(n);
+    }
+    /// A batch whose oldest message was received at `since` is in flight.
+    pub(crate) fn track_unacked(&self, since: Instant) {
+        if let Ok(mut unacked) = self.inner.unacked_since.lock() {
+            *unacked.entry(since).or_default() += 1;
+        }
+    }
+
+    /// The batch tracked with `since` is settled (acked or nacked).
+    pub(crate) fn untrack_unacked(&self, since: Instant) {
+        if let Ok(mut unacked) = self.inner.unacked_since.lock()
+            && let Some(count) = unacked.get_mut(&since)
+        {
+            *count -= 1;
+            if *count == 0 {
+                unacked.remove(&since);
+            }
+        }
+    }
+
+    /// Age of the oldest message received and not yet settled (zero when none): the system
+    /// lag, as Dataflow's `system_lag`. Messages still in the intake queue, not yet in a batch,
+    /// are not counted.
+    pub fn oldest_unacked_age(&self) -> std::time::Duration {
+        self.inner
+            .unacked_since
+            .lock()
+            .ok()
+            .and_then(|unacked| unacked.keys().next().map(Instant::elapsed))
+            .unwrap_or_default()
+    }
+
+    /// Sets `sluice_oldest_unacked_message_age_seconds` from the batches in flight, and the
+    /// watermark gauges of a flow that has one.
+    pub(crate) fn publish_lag(&self) {
+        self.inner
+            .oldest_unacked_age
+            .set(self.oldest_unacked_age().as_secs_f64());
+        self.publish_watermark();
+    }
+
+    /// Gives the flow a watermark: its settled messages are counted toward it, its commits
+    /// count late rows against it, and its gauges show it. Only the first call counts. Messages
+    /// settled outside a commit (duplicates found in memory) are then acked only once a
+    /// [`crate::WatermarkTracker`] of the flow has stored their reports: attach a watermark only
+    /// with a tracker running.
+    pub fn attach_watermark(&self, watermark: FlowWatermark) {
+        let _ = self.inner.watermark.set(watermark);
+    }
+
+    /// The flow's watermark, if it has one.
+    pub fn watermark(&self) -> Option<&FlowWatermark> {
+        self.inner.watermark.get()
+    }
+
+    /// Gives a flow reading a table the watermark it takes over from the table (see
+    /// [`crate::TableSource`]): shown by the watermark gauges and counted against for late
+    /// rows, but with no reports to store before acks. Only the first call counts.
+    pub fn attach_feed_watermark(&self, watermark: FlowWatermark) {
+        let _ = self.inner.feed_watermark.set(watermark);
+    }
+
+    /// The watermark the flow shows: its own, or the one taken over from its table.
+    pub fn shown_watermark(&self) -> Option<&FlowWatermark> {
+        self.watermark().or(self.inner.feed_watermark.get())
+    }
+
+    /// Sets `sluice_feed_rows_behind` (committed rows of the table not yet committed by this
+    /// flow) and `sluice_feed_lag_seconds` (age of the oldest of them), for a flow reading a
+    /// table.
+    pub(crate) fn publish_feed_lag(&self, rows_behind: u64, lag_seconds: f64) {
+        let (rows, lag) = self.inner.feed_gauges.get_or_init(|| {
+            let labels = [
+                ("pipeline", self.pipeline.to_string()),
+                ("flow", self.flow.to_string()),
+            ];
+            (
+                metrics::gauge!("sluice_feed_rows_behind", &labels),
+                metrics::gauge!("sluice_feed_lag_seconds", &labels),
+            )
+        });
+        rows.set(rows_behind as f64);
+        lag.set(lag_seconds);
+    }
+
+    /// Sets `sluice_watermark_timestamp_seconds` and `sluice_data_watermark_age_seconds`, which
+    /// exist only once the flow has a watermark.
+    pub fn publish_watermark(&self) {
+        if let Some(ms) = self.shown_watermark().and_then(FlowWatermark::current) {
+            let (timestamp, age) = self.inner.watermark_gauges.get_or_init(|| {
+                let labels = [
+                    ("pipeline", self.pipeline.to_string()),
+                    ("flow", self.flow.to_string()),
+                ];
+                (
+                    metrics::gauge!("sluice_watermark_timestamp_seconds", &labels),
+                    metrics::gauge!("sluice_data_watermark_age_seconds", &labels),
+                )
+            });
+            timestamp.set(ms as f64 / 1000.0);
+            let age_ms = crate::time::now_ms().saturating_sub(ms).max(0);
+            age.set(age_ms as f64 / 1000.0);
+        }
+    }
+
+    /// Rows committed below the watermark.
+    pub(crate) fn late(&self, n: u64) {
+        self.inner.late.add(n);
+    }
+
+    /// Sets `sluice_dedup_cache_entries` to the `entries` keys the memory tier holds.
+    pub(crate) fn publish_cache_entries(&self, entries: u64) {
+        self.inner.cache_entries.set(entries as f64);
+    }
+
+    /// A failed commit attempt; `kind` is one of [`COMMIT_ERROR_KINDS`].
+    pub(crate) fn commit_failed(&self, kind: &'static str) {
+        self.inner.commit_errors.fetch_add(1, Ordering::Relaxed);
+        self.commit_error_counter(kind).increment(1);
+    }
+    pub(crate) fn commit_took(&self, seconds: f64) {
+        self.inner.commit_seconds.record(seconds);
+    }
+    pub(crate) fn ack_latency(&self, seconds: f64) {
+        self.inner.ack_latency_seconds.record(seconds);
+    }
+
+    /// Current values.
+    pub fn snapshot(&self) -> Snapshot {
+        let i = &self.inner;
+        Snapshot {
+            received: i.received.get(),
+            duplicates_memory: i.duplicates_memory.get(),
+            duplicates_store: i.duplicates_store.get(),
+            committed: i.committed.get(),
+            dead_lettered: i.dead_lettered.load(Ordering::Relaxed),
+            acked: i.acked.get(),
+            nacked: i.nacked.load(Ordering::Relaxed),
+            stale: i.stale.get(),
+            commit_errors: i.commit_errors.load(Ordering::Relaxed),
+            late: i.late.get(),
+        }
+    }
+}
