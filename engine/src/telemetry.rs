@@ -23,7 +23,8 @@ pub const DEAD_LETTER_REASONS: [&str; 8] = [
 
 /// The kinds of failed commit attempts (`sluice_commit_errors_total{kind}`), exported at 0 from
 /// a flow's start.
-pub const COMMIT_ERROR_KINDS: [&str; 8] = [
+pub const COMMIT_ERROR_KINDS: [&str; 9] = [
+    "claim_lost",
     "config",
     "gave_up",
     "moved",
@@ -50,7 +51,8 @@ struct Inner {
     /// Total only: the metric carries the reason, so it is made per reason when counted.
     dead_lettered: AtomicU64,
     acked: Tally,
-    nacked: AtomicU64,
+    /// Deliveries given back uncommitted (`sluice_messages_nacked_total`).
+    nacked: Tally,
     /// Nacked because they were held past the commit bound (part of `nacked`).
     stale: Tally,
     commit_errors: AtomicU64,
@@ -147,7 +149,7 @@ impl Counters {
                 )),
                 dead_lettered: AtomicU64::new(0),
                 acked: Tally::new(metrics::counter!("sluice_messages_acked_total", &labels)),
-                nacked: AtomicU64::new(0),
+                nacked: Tally::new(metrics::counter!("sluice_messages_nacked_total", &labels)),
                 stale: Tally::new(metrics::counter!("sluice_messages_stale_total", &labels)),
                 commit_errors: AtomicU64::new(0),
                 inflight: metrics::gauge!("sluice_inflight_messages", &labels),
@@ -224,7 +226,7 @@ impl Counters {
         self.inner.inflight.decrement(n as f64);
     }
     pub(crate) fn nacked(&self, n: u64) {
-        self.inner.nacked.fetch_add(n, Ordering::Relaxed);
+        self.inner.nacked.add(n);
         self.inner.inflight.decrement(n as f64);
     }
     /// Deliveries given back because they were held past the commit bound (also counted as
@@ -368,10 +370,36 @@ impl Counters {
             committed: i.committed.get(),
             dead_lettered: i.dead_lettered.load(Ordering::Relaxed),
             acked: i.acked.get(),
-            nacked: i.nacked.load(Ordering::Relaxed),
+            nacked: i.nacked.get(),
             stale: i.stale.get(),
             commit_errors: i.commit_errors.load(Ordering::Relaxed),
             late: i.late.get(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::COMMIT_ERROR_KINDS;
+    use sluice_store::StoreError;
+
+    #[test]
+    fn every_store_errors_commit_label_is_exported_from_the_start() {
+        let errors = [
+            StoreError::Unavailable(String::new()),
+            StoreError::Rejected(String::new()),
+            StoreError::Config(String::new()),
+            StoreError::Closed,
+            StoreError::Stale,
+            StoreError::ClaimLost(String::new()),
+            StoreError::Moved,
+        ];
+        for error in errors {
+            assert!(
+                COMMIT_ERROR_KINDS.contains(&error.commit_error_kind()),
+                "{error:?} is labelled {:?}, not in COMMIT_ERROR_KINDS",
+                error.commit_error_kind()
+            );
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Network and disk faults between a `sluice` worker and its parts, each test counting what was
 //! published against what was stored: nothing lost, nothing stored twice, and at the end the
-//! worker holds nothing in flight and has acked every message it received (its `/metrics`:
-//! `sluice_inflight_messages` 0, `sluice_messages_acked_total` = `sluice_messages_received_total`
-//! for flow `ingest`). Each test prints its recovery time (from the end of the fault to the
+//! worker holds nothing in flight and has acked or given back every message it received (its
+//! `/metrics`: `sluice_inflight_messages` 0, `sluice_messages_received_total` =
+//! `sluice_messages_acked_total` + `sluice_messages_nacked_total` for flow `ingest`; a silence
+//! past the self-fence stops the flows, which nack what they held). Each test prints its recovery time (from the end of the fault to the
 //! moment every message published until then is stored) and one line of the table
 //! `scenario | messages | faults injected | lost | duplicated | recovery`.
 //!
@@ -201,7 +202,8 @@ fn unavailable_commit_errors(port: u16) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Waits until the worker holds nothing in flight and has acked all it received; returns
+/// Waits until the worker holds nothing in flight and has acked or given back (a flow stopped
+/// by its self-fence nacks what it held) all it received; returns
 /// `(received, acked)`, panicking with the worker's logs when it does not settle in time.
 async fn assert_settled(port: u16, worker: &Worker) -> (f64, f64) {
     let read = || {
@@ -209,17 +211,19 @@ async fn assert_settled(port: u16, worker: &Worker) -> (f64, f64) {
             flow_metric(port, "sluice_inflight_messages", "ingest"),
             flow_metric(port, "sluice_messages_received_total", "ingest"),
             flow_metric(port, "sluice_messages_acked_total", "ingest"),
+            flow_metric(port, "sluice_messages_nacked_total", "ingest"),
         )
     };
     let settled = eventually(Duration::from_secs(60), || {
-        matches!(read(), (Some(inflight), Some(received), Some(acked))
-            if inflight == 0.0 && received == acked && received > 0.0)
+        matches!(read(), (Some(inflight), Some(received), Some(acked), Some(nacked))
+            if inflight == 0.0 && received == acked + nacked && received > 0.0)
     })
     .await;
-    let (inflight, received, acked) = read();
+    let (inflight, received, acked, nacked) = read();
     assert!(
         settled,
-        "not settled: inflight {inflight:?}, received {received:?}, acked {acked:?}; logs:\n{}",
+        "not settled: inflight {inflight:?}, received {received:?}, acked {acked:?}, \
+         nacked {nacked:?}; logs:\n{}",
         tail(&worker.logs())
     );
     (received.unwrap(), acked.unwrap())
