@@ -38,6 +38,21 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The `kind` label of `sluice_commit_errors_total` for a commit that failed with this
+    /// error. The match is exhaustive here, in the enum's own crate, so a new variant must be
+    /// given its label (the enum is `#[non_exhaustive]` to other crates, whose matches need a
+    /// wildcard that would label it silently).
+    pub fn commit_error_kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) | StoreError::Closed => "unavailable",
+            StoreError::Rejected(_) => "rejected",
+            StoreError::Config(_) => "config",
+            StoreError::Stale => "stale",
+            StoreError::ClaimLost(_) => "claim_lost",
+            StoreError::Moved => "moved",
+        }
+    }
+
     /// Whether retrying the same batch later may succeed without changing it (everything but a
     /// refusal of the data or a misconfiguration).
     pub fn is_transient(&self) -> bool {

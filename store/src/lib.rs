@@ -66,8 +66,8 @@ pub use model::{
 pub use outbox::{OutboxCensus, OutboxLetter};
 pub use pool::{LeaseGrant, LeaseRecord, LeaseRequest, LedgerUpkeep, WorkerBeat, WorkerRecord};
 pub use pool_updates::{ClearClaim, PoolUpdate, PoolUpdateState};
-/// Throwaway PostgreSQL databases, for tests and benchmarks (the `testing` feature).
-#[cfg(feature = "testing")]
+/// Throwaway PostgreSQL databases, for tests and `sluice bench` (the `scratch` feature).
+#[cfg(feature = "scratch")]
 pub use postgres::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 pub use postgres::{Footprint, PostgresOptions, PostgresStore};
 pub use progress::{

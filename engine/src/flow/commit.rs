@@ -386,7 +386,9 @@ impl CommitThenAck {
                 tracing::warn!(flow = %self.flow.name, batch = batch.id,
                     "the table source's position moved (another replica reads it, or a reset); \
                      giving the page back");
-                batch.counters().commit_failed("moved");
+                batch
+                    .counters()
+                    .commit_failed(StoreError::Moved.commit_error_kind());
                 report.abandoned += batch.len() as u64;
                 batch.abandon();
                 return None;
@@ -394,15 +396,14 @@ impl CommitThenAck {
             if matches!(failure, Failure::Store(StoreError::Stale)) {
                 tracing::warn!(flow = %self.flow.name, batch = batch.id,
                     "the store found the batch past its commit deadline; giving it back");
-                batch.counters().commit_failed("stale");
+                batch
+                    .counters()
+                    .commit_failed(StoreError::Stale.commit_error_kind());
                 report.abandoned += batch.nack_stale_batch();
                 return None;
             }
             batch.counters().commit_failed(match &failure {
-                Failure::Store(StoreError::Rejected(_)) => "rejected",
-                Failure::Store(StoreError::Config(_)) => "config",
-                Failure::Store(StoreError::Moved) => "moved",
-                Failure::Store(_) => "unavailable",
+                Failure::Store(error) => error.commit_error_kind(),
                 Failure::Stage(_) => "stage",
                 Failure::StageUnavailable(_) => "stage_unavailable",
                 Failure::GaveUp => "gave_up",

@@ -26,12 +26,12 @@ mod pool_updates;
 mod progress;
 mod runs;
 mod schema;
-#[cfg(feature = "testing")]
+#[cfg(feature = "scratch")]
 mod scratch;
 mod windows;
 
 pub use connect::PostgresOptions;
-#[cfg(feature = "testing")]
+#[cfg(feature = "scratch")]
 pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 
 #[cfg(feature = "testing")]
