@@ -18,6 +18,7 @@
 
 use crate::drain::{Progress, bench_flow, sluice_drain};
 use crate::error::BenchError;
+use crate::latency_points::{Percentiles, RatePoint};
 use crate::stores::{Backend, FreshStore};
 use crate::throughput::{WarmEmulator, raw_drain};
 use async_trait::async_trait;
@@ -59,29 +60,11 @@ pub struct LatencyArgs {
     pub plot: PathBuf,
 }
 
-/// Latency percentiles of one measurement, in milliseconds.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Percentiles {
-    pub(crate) p50: f64,
-    pub(crate) p99: f64,
-    pub(crate) max: f64,
-    /// Messages measured (after the first second).
-    pub(crate) count: usize,
-}
-
 /// Who reads a measurement's subscription.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reader {
     Raw,
     Sluice,
-}
-
-/// One rate's four measurements: (raw, sluice) unordered, then ordered.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RatePoint {
-    pub(crate) rate: u32,
-    pub(crate) unordered: [Percentiles; 2],
-    pub(crate) ordered: [Percentiles; 2],
 }
 
 /// Runs the benchmark, prints a Markdown table and writes the plot.

@@ -1,7 +1,7 @@
 //! The plot of `sluice bench latency`: p50 and p99 latency (log scale) against publish rate, for the raw
 //! client and sluice, unordered and ordered (an SVG; text is left to the viewer's fonts).
 
-use crate::latency::RatePoint;
+use crate::latency_points::RatePoint;
 use plotters::prelude::*;
 use std::path::Path;
 

@@ -12,6 +12,7 @@ mod error;
 mod job;
 mod latency;
 mod latency_plot;
+mod latency_points;
 mod stores;
 mod throughput;
 mod watermark;
