@@ -1,13 +1,15 @@
 //! Where messages come from, and the seam between a source and the rest of a flow.
 //!
 //! A source pushes [`Received`] messages into a bounded channel, holding a [`Budget`] permit per
-//! message; a [`SourceHandle`] stops it. The sources: [`pubsub::PubSubSource`] (streaming pull,
-//! the real one), [`FileSource`](crate::FileSource) (JSONL files, with `file_checkpoint.rs` for a pool's
-//! reader), [`TableSource`](crate::TableSource) (another target's table, page by page, see `page.rs`),
-//! [`KeptOpen`](crate::KeptOpen) (a Pub/Sub source kept running across a schedule's runs) and
-//! [`InProcessSource`](crate::InProcessSource) (generated messages, for measuring sluice's own capacity and
-//! for faults the emulator cannot produce). [`ReaderTurn`](crate::ReaderTurn) lets one replica of a pool
-//! read a bounded source at a time; `bounded.rs` skips what a re-read finds committed.
+//! message; a [`SourceHandle`] stops it. Five sources implement [`MessageSource`]:
+//! [`pubsub::PubSubSource`] (streaming pull, the real one), [`FileSource`](crate::FileSource)
+//! (JSONL files, with `file_checkpoint.rs` for a pool's reader), [`TableSource`](crate::TableSource)
+//! (another target's table, page by page, see `page.rs`), [`KeptOpen`](crate::KeptOpen) (a Pub/Sub
+//! source kept running across a schedule's runs; each run reads it through a view of its own,
+//! which is what implements the trait) and [`InProcessSource`](crate::InProcessSource) (generated
+//! messages, for measuring sluice's own capacity and for faults the emulator cannot produce).
+//! [`ReaderTurn`](crate::ReaderTurn) lets one replica of a pool read a bounded source at a time;
+//! `bounded.rs` skips what a re-read finds committed.
 //!
 //! [`Budget`]: crate::Budget
 
