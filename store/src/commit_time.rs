@@ -4,7 +4,7 @@
 //!
 //! A commit whose transaction runs long (a library handler waiting for a lock, a sink's file
 //! written in it, a table page waiting for the page before it) must still keep the two promises
-//! of the commit bound (`sluice_connector`'s `commit_bound.rs`): a delivery older than its
+//! of the commit bound (the engine's `flow/commit_bound.rs`): a delivery older than its
 //! deadline is never committed, and a committed key is remembered for the whole window from the
 //! moment it committed. Checked only when the transaction began, a transaction longer than the
 //! window could commit a copy whose twin another replica took over meanwhile (the other replica

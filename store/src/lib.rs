@@ -76,8 +76,8 @@ pub use progress::{
 #[cfg(feature = "testing")]
 pub use roles::Inspect;
 pub use roles::{
-    FeedStore, FlowStore, LedgerStore, OutboxStore, PoolStore, ProgressStore, RunStore, Store,
-    WindowStore,
+    DrainStore, FeedStore, FlowStore, LedgerStore, MembershipStore, OutboxStore, PoolStore,
+    PoolUpdateStore, ProgressStore, RunStore, Store, WindowStore,
 };
 pub use runs::{RunEnd, RunRecord, RunStart, RunState, RunTrigger};
 pub use schema::{is_identifier, table_name, window_table_name};

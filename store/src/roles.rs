@@ -98,15 +98,15 @@ pub trait FlowStore: Send + Sync + 'static {
     ) -> Result<Vec<StoredRow>, StoreError>;
 }
 
-/// How the replicas of a pipeline coordinate through the store: heartbeats, leases and the
-/// drain reports of once flows.
+/// The pool's members and leases: heartbeats, who is alive, and the leases that give one
+/// worker a role at a time (ledger upkeep, a feed's reader, the scheduler, the tracker).
 #[async_trait]
-pub trait PoolStore: Send + Sync + 'static {
+pub trait MembershipStore: Send + Sync + 'static {
     /// Records that `beat.worker` is alive (first call registers it).
     async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError>;
 
     /// Removes `worker` from the pool's list at a clean stop (a dead worker drops out of
-    /// [`PoolStore::workers`] when its heartbeats stop).
+    /// [`MembershipStore::workers`] when its heartbeats stop).
     async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError>;
 
     /// Workers of `pipeline` heard of within `within` (by the store's clock).
@@ -132,7 +132,12 @@ pub trait PoolStore: Send + Sync + 'static {
 
     /// The leases of `pipeline`, expired ones included.
     async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError>;
+}
 
+/// Pool updates: a reset or refresh asked of every replica, drained by each, cleared once by
+/// the holder of its claim (see the `pool_updates` module docs).
+#[async_trait]
+pub trait PoolUpdateStore: Send + Sync + 'static {
     /// Records a request to update every replica of `pipeline` (see the `pool_updates` module
     /// docs); returns its number.
     async fn request_pool_update(
@@ -180,7 +185,12 @@ pub trait PoolStore: Send + Sync + 'static {
         done: bool,
         message: &str,
     ) -> Result<bool, StoreError>;
+}
 
+/// The drain reports of once flows: each reader's part, so that a flow drains only when every
+/// replica reading it agrees (the worker's drain quorum).
+#[async_trait]
+pub trait DrainStore: Send + Sync + 'static {
     /// Records this worker's part in draining the once flow `flow` (see [`crate::DrainReport`]):
     /// reading (`drained: false`) or found its source empty holding nothing (`true`).
     async fn report_drain(
@@ -196,6 +206,12 @@ pub trait PoolStore: Send + Sync + 'static {
     /// Every reader's drain report on `flow`, with its latest heartbeat, on the store's clock.
     async fn drain_census(&self, flow: &FlowHandle) -> Result<DrainCensus, StoreError>;
 }
+
+/// How the replicas of a pipeline coordinate through the store: the three roles above, for a
+/// caller that takes part in all of them; a caller that needs one takes that one.
+pub trait PoolStore: MembershipStore + PoolUpdateStore + DrainStore {}
+
+impl<T> PoolStore for T where T: MembershipStore + PoolUpdateStore + DrainStore + ?Sized {}
 
 /// What the store keeps for event-time watermarks: per-bucket message reports and each
 /// flow's forward-only watermark record.

@@ -3,12 +3,13 @@
 //! cannot be made to do on demand. Tests that use it say it is a fake around a real one.
 
 use crate::{
-    BucketCounts, BucketMessage, ClearClaim, CommitBatch, CommitOutcome, DrainCensus, FeedLag,
-    FeedRow, FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Inspect, Layout,
-    LeaseGrant, LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter,
-    OutboxStore, PoolStore, PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd,
-    RunRecord, RunStart, RunStore, Store, StoreError, StoredRow, WatermarkRecord, WindowEmission,
-    WindowStore, WindowsEmitted, WorkerBeat, WorkerRecord,
+    BucketCounts, BucketMessage, ClearClaim, CommitBatch, CommitOutcome, DrainCensus, DrainStore,
+    FeedLag, FeedRow, FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Inspect,
+    Layout, LeaseGrant, LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, MembershipStore,
+    OutboxCensus, OutboxLetter, OutboxStore, PoolUpdate, PoolUpdateStore, ProgressStore,
+    ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord, RunStart, RunStore, Store, StoreError,
+    StoredRow, WatermarkRecord, WindowEmission, WindowStore, WindowsEmitted, WorkerBeat,
+    WorkerRecord,
 };
 use async_trait::async_trait;
 
@@ -185,7 +186,43 @@ impl<S: Store + Inspect> FeedStore for FaultStore<S> {
 }
 
 #[async_trait]
-impl<S: Store + Inspect> PoolStore for FaultStore<S> {
+impl<S: Store + Inspect> MembershipStore for FaultStore<S> {
+    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
+        self.inner.heartbeat(beat).await
+    }
+
+    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
+        self.inner.leave(pipeline, worker).await
+    }
+
+    async fn workers(
+        &self,
+        pipeline: &str,
+        within: std::time::Duration,
+    ) -> Result<Vec<WorkerRecord>, StoreError> {
+        self.inner.workers(pipeline, within).await
+    }
+
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
+        self.inner.acquire_lease(request).await
+    }
+
+    async fn release_lease(
+        &self,
+        pipeline: &str,
+        role: &str,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.release_lease(pipeline, role, holder).await
+    }
+
+    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        self.inner.leases(pipeline).await
+    }
+}
+
+#[async_trait]
+impl<S: Store + Inspect> PoolUpdateStore for FaultStore<S> {
     async fn request_pool_update(
         &self,
         pipeline: &str,
@@ -244,40 +281,10 @@ impl<S: Store + Inspect> PoolStore for FaultStore<S> {
             .finish_pool_update(pipeline, id, clearer, done, message)
             .await
     }
+}
 
-    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
-        self.inner.heartbeat(beat).await
-    }
-
-    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
-        self.inner.leave(pipeline, worker).await
-    }
-
-    async fn workers(
-        &self,
-        pipeline: &str,
-        within: std::time::Duration,
-    ) -> Result<Vec<WorkerRecord>, StoreError> {
-        self.inner.workers(pipeline, within).await
-    }
-
-    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
-        self.inner.acquire_lease(request).await
-    }
-
-    async fn release_lease(
-        &self,
-        pipeline: &str,
-        role: &str,
-        holder: &str,
-    ) -> Result<(), StoreError> {
-        self.inner.release_lease(pipeline, role, holder).await
-    }
-
-    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        self.inner.leases(pipeline).await
-    }
-
+#[async_trait]
+impl<S: Store + Inspect> DrainStore for FaultStore<S> {
     async fn report_drain(
         &self,
         flow: &FlowHandle,

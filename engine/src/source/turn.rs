@@ -11,7 +11,7 @@
 //!   changes are fenced; a file's records are checked against the ledger), so the turn only
 //!   keeps replicas from doing the same work, and [`Turn::lost`] tells its holder to stop.
 
-use sluice_store::{FlowHandle, LeaseGrant, LeaseRequest, PoolStore};
+use sluice_store::{FlowHandle, LeaseGrant, LeaseRequest, MembershipStore};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -24,7 +24,7 @@ pub const TURN_TTL: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct ReaderTurn {
     /// The pool's store.
-    pub pool: Arc<dyn PoolStore>,
+    pub pool: Arc<dyn MembershipStore>,
     /// This worker's id.
     pub holder: String,
 }
@@ -112,7 +112,7 @@ pub(crate) struct Turn {
 }
 
 impl Turn {
-    fn keep(pool: Arc<dyn PoolStore>, request: LeaseRequest) -> Self {
+    fn keep(pool: Arc<dyn MembershipStore>, request: LeaseRequest) -> Self {
         let lost = Arc::new(AtomicBool::new(false));
         let flag = lost.clone();
         let task = tokio::spawn(async move {

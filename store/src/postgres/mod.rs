@@ -39,11 +39,10 @@ use crate::Inspect;
 use crate::schema::table_name;
 use crate::{
     BucketCounts, BucketMessage, ClearClaim, CommitBatch, CommitOutcome, FeedLag, FeedRow,
-    FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant,
-    LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore,
-    PoolStore, PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord,
-    RunStart, RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore,
-    WindowsEmitted, WorkerBeat, WorkerRecord,
+    FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LedgerStore,
+    LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore, ProgressStore, ReadPosition, ResetRows,
+    RowCursor, RunEnd, RunRecord, RunStart, RunStore, StoreError, StoredRow, WatermarkRecord,
+    WindowEmission, WindowStore, WindowsEmitted,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -645,133 +644,6 @@ impl FeedStore for PostgresStore {
     ) -> Result<(), StoreError> {
         let (client, _) = self.ready().await?;
         feed::save_file_checkpoint(&client, flow, at).await
-    }
-}
-
-#[async_trait]
-impl PoolStore for PostgresStore {
-    async fn request_pool_update(
-        &self,
-        pipeline: &str,
-        request: &str,
-        requested_by: &str,
-    ) -> Result<i64, StoreError> {
-        let (client, _) = self.ready().await?;
-        pool_updates::request(&client, pipeline, request, requested_by).await
-    }
-
-    async fn pool_update(
-        &self,
-        pipeline: &str,
-        id: Option<i64>,
-    ) -> Result<Option<PoolUpdate>, StoreError> {
-        let (client, _) = self.ready().await?;
-        let which = id.map_or(pool_updates::Which::OldestOpen, pool_updates::Which::Id);
-        pool_updates::read(&client, pipeline, which).await
-    }
-
-    async fn latest_pool_update(&self, pipeline: &str) -> Result<Option<PoolUpdate>, StoreError> {
-        let (client, _) = self.ready().await?;
-        pool_updates::read(&client, pipeline, pool_updates::Which::Latest).await
-    }
-
-    async fn drained_for_pool_update(
-        &self,
-        _pipeline: &str,
-        id: i64,
-        worker: &str,
-    ) -> Result<(), StoreError> {
-        let (client, _) = self.ready().await?;
-        pool_updates::drained(&client, id, worker).await
-    }
-
-    async fn claim_pool_update(
-        &self,
-        pipeline: &str,
-        id: i64,
-        worker: &str,
-        stale_after: Duration,
-    ) -> Result<bool, StoreError> {
-        let (client, _) = self.ready().await?;
-        pool_updates::claim(&client, pipeline, id, worker, stale_after).await
-    }
-
-    async fn finish_pool_update(
-        &self,
-        pipeline: &str,
-        id: i64,
-        clearer: &str,
-        done: bool,
-        message: &str,
-    ) -> Result<bool, StoreError> {
-        let (client, _) = self.ready().await?;
-        pool_updates::finish(&client, pipeline, id, clearer, done, message).await
-    }
-
-    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
-        if self.generation_ms.get().is_none() {
-            // Not migrated yet in this process: once, through the main pool.
-            drop(self.ready().await?);
-        }
-        let client = self.beats.get().await?;
-        pool::heartbeat(&client, beat).await?;
-        // Each beat also renews the clock offset that commit deadlines are converted with.
-        self.server_clock.measure(&client).await?;
-        Ok(())
-    }
-
-    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
-        let (client, _) = self.ready().await?;
-        pool::leave(&client, pipeline, worker).await
-    }
-
-    async fn workers(
-        &self,
-        pipeline: &str,
-        within: Duration,
-    ) -> Result<Vec<WorkerRecord>, StoreError> {
-        let (client, _) = self.ready().await?;
-        pool::workers(&client, pipeline, within).await
-    }
-
-    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
-        let (client, _) = self.ready().await?;
-        pool::acquire_lease(&client, request).await
-    }
-
-    async fn release_lease(
-        &self,
-        pipeline: &str,
-        role: &str,
-        holder: &str,
-    ) -> Result<(), StoreError> {
-        let (client, _) = self.ready().await?;
-        pool::release_lease(&client, pipeline, role, holder).await
-    }
-
-    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        let (client, _) = self.ready().await?;
-        pool::leases(&client, pipeline).await
-    }
-
-    async fn report_drain(
-        &self,
-        flow: &FlowHandle,
-        worker: &str,
-        drained: bool,
-    ) -> Result<(), StoreError> {
-        let (client, _) = self.ready().await?;
-        pool::report_drain(&client, flow, worker, drained).await
-    }
-
-    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
-        let (client, _) = self.ready().await?;
-        pool::withdraw_drain(&client, flow, worker).await
-    }
-
-    async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
-        let (client, _) = self.ready().await?;
-        pool::drain_census(&client, flow).await
     }
 }
 

@@ -2,11 +2,14 @@
 //! and leases — each call one statement on the server's clock (`now()`), so workers on
 //! different hosts agree on who is alive and who holds what.
 
+use super::PostgresStore;
 use super::ms;
 use crate::{
     DrainCensus, DrainReport, FlowHandle, LeaseGrant, LeaseRecord, LeaseRequest, StoreError,
     WorkerBeat, WorkerRecord,
 };
+use crate::{DrainStore, MembershipStore};
+use async_trait::async_trait;
 use deadpool_postgres::Client;
 use std::time::Duration;
 
@@ -231,4 +234,76 @@ pub(super) async fn leases(
             })
         })
         .collect()
+}
+
+#[async_trait]
+impl MembershipStore for PostgresStore {
+    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
+        if self.generation_ms.get().is_none() {
+            // Not migrated yet in this process: once, through the main pool.
+            drop(self.ready().await?);
+        }
+        let client = self.beats.get().await?;
+        heartbeat(&client, beat).await?;
+        // Each beat also renews the clock offset that commit deadlines are converted with.
+        self.server_clock.measure(&client).await?;
+        Ok(())
+    }
+
+    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        leave(&client, pipeline, worker).await
+    }
+
+    async fn workers(
+        &self,
+        pipeline: &str,
+        within: Duration,
+    ) -> Result<Vec<WorkerRecord>, StoreError> {
+        let (client, _) = self.ready().await?;
+        workers(&client, pipeline, within).await
+    }
+
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
+        let (client, _) = self.ready().await?;
+        acquire_lease(&client, request).await
+    }
+
+    async fn release_lease(
+        &self,
+        pipeline: &str,
+        role: &str,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        release_lease(&client, pipeline, role, holder).await
+    }
+
+    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let (client, _) = self.ready().await?;
+        leases(&client, pipeline).await
+    }
+}
+
+#[async_trait]
+impl DrainStore for PostgresStore {
+    async fn report_drain(
+        &self,
+        flow: &FlowHandle,
+        worker: &str,
+        drained: bool,
+    ) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        report_drain(&client, flow, worker, drained).await
+    }
+
+    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        withdraw_drain(&client, flow, worker).await
+    }
+
+    async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
+        let (client, _) = self.ready().await?;
+        drain_census(&client, flow).await
+    }
 }

@@ -1,8 +1,11 @@
 //! Pool updates on PostgreSQL (see [`crate::PoolUpdate`]), each call one statement on the
 //! server's clock.
 
+use super::PostgresStore;
 use super::ms;
+use crate::PoolUpdateStore;
 use crate::{PoolUpdate, PoolUpdateState, StoreError};
+use async_trait::async_trait;
 use deadpool_postgres::Client;
 use std::time::Duration;
 
@@ -170,4 +173,65 @@ pub(super) async fn finish(
         )
         .await?;
     Ok(changed == 1)
+}
+
+#[async_trait]
+impl PoolUpdateStore for PostgresStore {
+    async fn request_pool_update(
+        &self,
+        pipeline: &str,
+        request: &str,
+        requested_by: &str,
+    ) -> Result<i64, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::request(&client, pipeline, request, requested_by).await
+    }
+
+    async fn pool_update(
+        &self,
+        pipeline: &str,
+        id: Option<i64>,
+    ) -> Result<Option<PoolUpdate>, StoreError> {
+        let (client, _) = self.ready().await?;
+        let which = id.map_or(Which::OldestOpen, Which::Id);
+        read(&client, pipeline, which).await
+    }
+
+    async fn latest_pool_update(&self, pipeline: &str) -> Result<Option<PoolUpdate>, StoreError> {
+        let (client, _) = self.ready().await?;
+        read(&client, pipeline, Which::Latest).await
+    }
+
+    async fn drained_for_pool_update(
+        &self,
+        _pipeline: &str,
+        id: i64,
+        worker: &str,
+    ) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        drained(&client, id, worker).await
+    }
+
+    async fn claim_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        worker: &str,
+        stale_after: Duration,
+    ) -> Result<bool, StoreError> {
+        let (client, _) = self.ready().await?;
+        claim(&client, pipeline, id, worker, stale_after).await
+    }
+
+    async fn finish_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        clearer: &str,
+        done: bool,
+        message: &str,
+    ) -> Result<bool, StoreError> {
+        let (client, _) = self.ready().await?;
+        finish(&client, pipeline, id, clearer, done, message).await
+    }
 }

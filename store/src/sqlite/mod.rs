@@ -22,11 +22,10 @@ use crate::Inspect;
 use crate::local_clock::now_ms;
 use crate::{
     BucketCounts, BucketMessage, ClearClaim, CommitBatch, CommitOutcome, FeedLag, FeedRow,
-    FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LeaseGrant,
-    LeaseRecord, LeaseRequest, LedgerStore, LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore,
-    PoolStore, PoolUpdate, ProgressStore, ReadPosition, ResetRows, RowCursor, RunEnd, RunRecord,
-    RunStart, RunStore, StoreError, StoredRow, WatermarkRecord, WindowEmission, WindowStore,
-    WindowsEmitted, WorkerBeat, WorkerRecord,
+    FeedStore, FileCheckpoint, FlowHandle, FlowProgress, FlowStore, Layout, LedgerStore,
+    LedgerUpkeep, OutboxCensus, OutboxLetter, OutboxStore, ProgressStore, ReadPosition, ResetRows,
+    RowCursor, RunEnd, RunRecord, RunStart, RunStore, StoreError, StoredRow, WatermarkRecord,
+    WindowEmission, WindowStore, WindowsEmitted,
 };
 use async_trait::async_trait;
 use rusqlite::Connection;
@@ -268,149 +267,6 @@ impl FeedStore for SqliteStore {
     ) -> Result<(), StoreError> {
         let (flow, at) = (flow.clone(), at.clone());
         self.call(move |conn| feed::save_file_checkpoint(conn, &flow, &at))
-            .await
-    }
-}
-
-#[async_trait]
-impl PoolStore for SqliteStore {
-    async fn request_pool_update(
-        &self,
-        pipeline: &str,
-        request: &str,
-        requested_by: &str,
-    ) -> Result<i64, StoreError> {
-        let (pipeline, request, by) = (
-            pipeline.to_owned(),
-            request.to_owned(),
-            requested_by.to_owned(),
-        );
-        self.call(move |conn| pool_updates::request(conn, &pipeline, &request, &by, now_ms()))
-            .await
-    }
-
-    async fn pool_update(
-        &self,
-        pipeline: &str,
-        id: Option<i64>,
-    ) -> Result<Option<PoolUpdate>, StoreError> {
-        let pipeline = pipeline.to_owned();
-        let which = id.map_or(pool_updates::Which::OldestOpen, pool_updates::Which::Id);
-        self.call(move |conn| pool_updates::read(conn, &pipeline, which))
-            .await
-    }
-
-    async fn latest_pool_update(&self, pipeline: &str) -> Result<Option<PoolUpdate>, StoreError> {
-        let pipeline = pipeline.to_owned();
-        self.call(move |conn| pool_updates::read(conn, &pipeline, pool_updates::Which::Latest))
-            .await
-    }
-
-    async fn drained_for_pool_update(
-        &self,
-        _pipeline: &str,
-        id: i64,
-        worker: &str,
-    ) -> Result<(), StoreError> {
-        let worker = worker.to_owned();
-        self.call(move |conn| pool_updates::drained(conn, id, &worker))
-            .await
-    }
-
-    async fn claim_pool_update(
-        &self,
-        pipeline: &str,
-        id: i64,
-        worker: &str,
-        stale_after: Duration,
-    ) -> Result<bool, StoreError> {
-        let (pipeline, worker) = (pipeline.to_owned(), worker.to_owned());
-        self.call(move |conn| {
-            pool_updates::claim(conn, &pipeline, id, &worker, stale_after, now_ms())
-        })
-        .await
-    }
-
-    async fn finish_pool_update(
-        &self,
-        pipeline: &str,
-        id: i64,
-        clearer: &str,
-        done: bool,
-        message: &str,
-    ) -> Result<bool, StoreError> {
-        let (pipeline, clearer, message) =
-            (pipeline.to_owned(), clearer.to_owned(), message.to_owned());
-        self.call(move |conn| {
-            pool_updates::finish(conn, &pipeline, id, &clearer, done, &message, now_ms())
-        })
-        .await
-    }
-
-    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
-        let beat = beat.clone();
-        self.call(move |conn| pool::heartbeat(conn, &beat, now_ms()))
-            .await
-    }
-
-    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
-        let (pipeline, worker) = (pipeline.to_owned(), worker.to_owned());
-        self.call(move |conn| pool::leave(conn, &pipeline, &worker))
-            .await
-    }
-
-    async fn workers(
-        &self,
-        pipeline: &str,
-        within: Duration,
-    ) -> Result<Vec<WorkerRecord>, StoreError> {
-        let pipeline = pipeline.to_owned();
-        self.call(move |conn| pool::workers(conn, &pipeline, within, now_ms()))
-            .await
-    }
-
-    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
-        let request = request.clone();
-        self.call(move |conn| pool::acquire_lease(conn, &request, now_ms()))
-            .await
-    }
-
-    async fn release_lease(
-        &self,
-        pipeline: &str,
-        role: &str,
-        holder: &str,
-    ) -> Result<(), StoreError> {
-        let (pipeline, role, holder) = (pipeline.to_owned(), role.to_owned(), holder.to_owned());
-        self.call(move |conn| pool::release_lease(conn, &pipeline, &role, &holder))
-            .await
-    }
-
-    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
-        let pipeline = pipeline.to_owned();
-        self.call(move |conn| pool::leases(conn, &pipeline)).await
-    }
-
-    async fn report_drain(
-        &self,
-        flow: &FlowHandle,
-        worker: &str,
-        drained: bool,
-    ) -> Result<(), StoreError> {
-        let (id, worker) = (flow.id, worker.to_owned());
-        self.call(move |conn| pool::report_drain(conn, id, &worker, drained, now_ms()))
-            .await
-    }
-
-    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
-        let (id, worker) = (flow.id, worker.to_owned());
-        self.call(move |conn| pool::withdraw_drain(conn, id, &worker))
-            .await
-    }
-
-    async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
-        let flow = flow.clone();
-        self.call(move |conn| pool::drain_census(conn, &flow, now_ms()))
             .await
     }
 }

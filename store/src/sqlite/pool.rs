@@ -1,7 +1,11 @@
 //! Heartbeats and leases on SQLite (replicas on one host sharing a file); the semantics are
 //! those of [`crate::pool`], with the host's clock.
 
+use super::SqliteStore;
+use super::now_ms;
+use crate::{DrainStore, FlowHandle, MembershipStore};
 use crate::{LeaseGrant, LeaseRecord, LeaseRequest, StoreError, WorkerBeat, WorkerRecord};
+use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use std::time::Duration;
 
@@ -185,4 +189,76 @@ pub(super) fn leave(conn: &mut Connection, pipeline: &str, worker: &str) -> Resu
         params![pipeline, worker],
     )?;
     Ok(())
+}
+
+#[async_trait]
+impl MembershipStore for SqliteStore {
+    async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
+        let beat = beat.clone();
+        self.call(move |conn| heartbeat(conn, &beat, now_ms()))
+            .await
+    }
+
+    async fn leave(&self, pipeline: &str, worker: &str) -> Result<(), StoreError> {
+        let (pipeline, worker) = (pipeline.to_owned(), worker.to_owned());
+        self.call(move |conn| leave(conn, &pipeline, &worker)).await
+    }
+
+    async fn workers(
+        &self,
+        pipeline: &str,
+        within: Duration,
+    ) -> Result<Vec<WorkerRecord>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| workers(conn, &pipeline, within, now_ms()))
+            .await
+    }
+
+    async fn acquire_lease(&self, request: &LeaseRequest) -> Result<LeaseGrant, StoreError> {
+        let request = request.clone();
+        self.call(move |conn| acquire_lease(conn, &request, now_ms()))
+            .await
+    }
+
+    async fn release_lease(
+        &self,
+        pipeline: &str,
+        role: &str,
+        holder: &str,
+    ) -> Result<(), StoreError> {
+        let (pipeline, role, holder) = (pipeline.to_owned(), role.to_owned(), holder.to_owned());
+        self.call(move |conn| release_lease(conn, &pipeline, &role, &holder))
+            .await
+    }
+
+    async fn leases(&self, pipeline: &str) -> Result<Vec<LeaseRecord>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| leases(conn, &pipeline)).await
+    }
+}
+
+#[async_trait]
+impl DrainStore for SqliteStore {
+    async fn report_drain(
+        &self,
+        flow: &FlowHandle,
+        worker: &str,
+        drained: bool,
+    ) -> Result<(), StoreError> {
+        let (id, worker) = (flow.id, worker.to_owned());
+        self.call(move |conn| report_drain(conn, id, &worker, drained, now_ms()))
+            .await
+    }
+
+    async fn withdraw_drain(&self, flow: &FlowHandle, worker: &str) -> Result<(), StoreError> {
+        let (id, worker) = (flow.id, worker.to_owned());
+        self.call(move |conn| withdraw_drain(conn, id, &worker))
+            .await
+    }
+
+    async fn drain_census(&self, flow: &FlowHandle) -> Result<crate::DrainCensus, StoreError> {
+        let flow = flow.clone();
+        self.call(move |conn| drain_census(conn, &flow, now_ms()))
+            .await
+    }
 }

@@ -1,6 +1,10 @@
 //! Pool updates on SQLite (see [`crate::PoolUpdate`]), on the host's clock.
 
+use super::SqliteStore;
+use super::now_ms;
+use crate::PoolUpdateStore;
 use crate::{PoolUpdate, PoolUpdateState, StoreError};
+use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use std::time::Duration;
 
@@ -138,4 +142,74 @@ pub(crate) fn finish(
         ],
     )?;
     Ok(changed == 1)
+}
+
+#[async_trait]
+impl PoolUpdateStore for SqliteStore {
+    async fn request_pool_update(
+        &self,
+        pipeline: &str,
+        request: &str,
+        requested_by: &str,
+    ) -> Result<i64, StoreError> {
+        let (pipeline, request, by) = (
+            pipeline.to_owned(),
+            request.to_owned(),
+            requested_by.to_owned(),
+        );
+        self.call(move |conn| self::request(conn, &pipeline, &request, &by, now_ms()))
+            .await
+    }
+
+    async fn pool_update(
+        &self,
+        pipeline: &str,
+        id: Option<i64>,
+    ) -> Result<Option<PoolUpdate>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        let which = id.map_or(Which::OldestOpen, Which::Id);
+        self.call(move |conn| read(conn, &pipeline, which)).await
+    }
+
+    async fn latest_pool_update(&self, pipeline: &str) -> Result<Option<PoolUpdate>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| read(conn, &pipeline, Which::Latest))
+            .await
+    }
+
+    async fn drained_for_pool_update(
+        &self,
+        _pipeline: &str,
+        id: i64,
+        worker: &str,
+    ) -> Result<(), StoreError> {
+        let worker = worker.to_owned();
+        self.call(move |conn| drained(conn, id, &worker)).await
+    }
+
+    async fn claim_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        worker: &str,
+        stale_after: Duration,
+    ) -> Result<bool, StoreError> {
+        let (pipeline, worker) = (pipeline.to_owned(), worker.to_owned());
+        self.call(move |conn| claim(conn, &pipeline, id, &worker, stale_after, now_ms()))
+            .await
+    }
+
+    async fn finish_pool_update(
+        &self,
+        pipeline: &str,
+        id: i64,
+        clearer: &str,
+        done: bool,
+        message: &str,
+    ) -> Result<bool, StoreError> {
+        let (pipeline, clearer, message) =
+            (pipeline.to_owned(), clearer.to_owned(), message.to_owned());
+        self.call(move |conn| finish(conn, &pipeline, id, &clearer, done, &message, now_ms()))
+            .await
+    }
 }
