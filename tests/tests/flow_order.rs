@@ -364,7 +364,21 @@ async fn parallel_then_chained_backfills_then_live() {
     db.assert_exactly_once(10_000);
     // The copy waited for every writer of `events` (a data edge) and holds each row once.
     assert!(flow_line(&output, "copy").contains("COMPLETED"), "{output}");
-    assert_eq!(db.query("SELECT count(*) FROM test__events_copy"), 10_000);
+    let copied_by_writer = db.text(
+        "SELECT string_agg(w || ' ' || n, ', ' ORDER BY w) FROM (SELECT \
+         split_part(dedup_key, '/', 1) AS w, count(*) AS n FROM test__events_copy GROUP BY 1) c",
+    );
+    assert_eq!(
+        db.query("SELECT count(*) FROM test__events_copy"),
+        10_000,
+        "copied per writer {copied_by_writer:?}; the copy's first commit at {} µs, the writers' \
+         last commits: hist_c {}, live {}\n{output}\n{logs}",
+        db.query(
+            "SELECT (extract(epoch FROM min(committed_at)) * 1000000)::int8 FROM test__events_copy"
+        ),
+        at("max", "hist_c"),
+        at("max", "live"),
+    );
     assert_eq!(
         db.query("SELECT count(DISTINCT dedup_key) FROM test__events_copy"),
         10_000
