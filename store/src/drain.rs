@@ -9,7 +9,7 @@
 //! after that (`false`); a reader that stops cleanly withdraws its report. The reports and the
 //! readers' heartbeats, read together on the store's clock ([`crate::PoolStore::drain_census`]), let
 //! a reader decide whether the flow may be recorded complete (the worker's rule is in
-//! `worker/src/runtime/drain_quorum.rs`).
+//! `worker/src/runtime/pool/drain_quorum.rs`).
 
 /// One reader's latest report.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 use sluice_tests::{PgDb, PostgresPipeline, Worker, event, eventually};
 use std::time::{Duration, Instant};
 
-/// Lease life plus one beat (worker/src/runtime/membership.rs), and room for a loaded machine.
+/// Lease life plus one beat (worker/src/runtime/pool/membership.rs), and room for a loaded machine.
 const TAKEOVER_BOUND: Duration = Duration::from_secs(20);
 const SLACK: Duration = Duration::from_secs(10);
 

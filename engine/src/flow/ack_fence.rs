@@ -3,7 +3,7 @@
 //! A worker of a pool that may have been counted gone (its heartbeats failed) must not ack: a
 //! clear may have deleted rows whose keys it still holds in its memory tier, and an ack of a
 //! replayed copy would drop the message for good. The worker's membership decides
-//! (`sluice`'s `runtime/liveness.rs`); a Pub/Sub source given a fence
+//! (`sluice`'s `runtime/pool/liveness.rs`); a Pub/Sub source given a fence
 //! ([`crate::PubSubSource::with_ack_fence`]) asks it at every ack and, when it says no, gives
 //! the message back (nack) instead, counted in `sluice_acks_withheld_total{subscription}`.
 //! The message comes back, to this worker or another, and the ledger decides it again.

@@ -4,8 +4,8 @@
 //! then runs a triggered backfill-then-live pipeline (`depends_on`) into SQLite and checks each
 //! flow's result against what was written and published.
 
-use crate::runtime::scheduler::FlowState;
-use crate::runtime::signals;
+use crate::runtime::flow::executor::FlowState;
+use crate::runtime::kit::signals;
 use crate::runtime::supervisor::execute;
 use bytes::Bytes;
 use google_cloud_pubsub::model::Message;

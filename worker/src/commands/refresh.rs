@@ -1,16 +1,16 @@
 //! `sluice full-refresh -c FILE [--seek TIME [--drop-unread]]` and `sluice reset FLOW -c FILE
-//! [--seek TIME [--drop-unread]]`: the command-line front of `runtime/refresh.rs` (which states
-//! the guarantees). With no worker of the pipeline running, the command clears by itself; with
-//! workers running, it asks them for a pool update (`runtime/pool_update.rs`) and waits until
-//! it ended. Exit 0 when done, 2 for invalid input, 1 when the store or Pub/Sub refused or the
-//! pool update failed.
+//! [--seek TIME [--drop-unread]]`: the command-line front of `runtime/updates/refresh.rs` (which
+//! states the guarantees). With no worker of the pipeline running, the command clears by itself;
+//! with workers running, it asks them for a pool update (`runtime/updates/pool.rs`) and waits until
+//! it ended. Exit 0 when done, 2 for invalid input, 1 when the store or Pub/Sub refused or the pool
+//! update failed.
 
-use crate::runtime::flows;
-use crate::runtime::membership;
-use crate::runtime::pool_update::{self, Part};
-pub use crate::runtime::refresh::Seek;
-use crate::runtime::refresh::{Clearing, RefreshError};
-use crate::runtime::update::{self, UpdateKind};
+use crate::runtime::flow::build;
+use crate::runtime::pool::membership;
+use crate::runtime::updates::pool::{self, Part};
+pub use crate::runtime::updates::refresh::Seek;
+use crate::runtime::updates::refresh::{Clearing, RefreshError};
+use crate::runtime::updates::request::{self, UpdateKind};
 use sluice_pipeline::Pipeline;
 use std::path::Path;
 use std::process::ExitCode;
@@ -43,17 +43,17 @@ pub async fn reset_file(path: &Path, flow: &str, seek: Option<&Seek>) -> ExitCod
 /// Clears what `kind` asks: alone when no worker of the pipeline runs, else as a pool update
 /// the running workers carry out.
 async fn carry_out(pipeline: &Pipeline, kind: UpdateKind) -> Result<String, RefreshError> {
-    update::check(pipeline, &kind).await?;
+    request::check(pipeline, &kind).await?;
     let failed = |e: sluice_store::StoreError| RefreshError::Failed(format!("store: {e}"));
     let store = sluice_store::open(&pipeline.store).map_err(failed)?;
     store
-        .prepare(&flows::layout(pipeline))
+        .prepare(&build::layout(pipeline))
         .await
         .map_err(failed)?;
     let me = format!("cli-{}", membership::identity(&pipeline.name).worker);
-    let running = update::others_alive(pipeline, &*store, &me).await?;
+    let running = request::others_alive(pipeline, &*store, &me).await?;
     if running.is_empty() {
-        return update::clear(pipeline, &kind, Clearing::default()).await;
+        return request::clear(pipeline, &kind, Clearing::default()).await;
     }
     eprintln!(
         "{} worker(s) of pipeline {} are running ({}): asking them to stop their flows for \
@@ -62,7 +62,7 @@ async fn carry_out(pipeline: &Pipeline, kind: UpdateKind) -> Result<String, Refr
         pipeline.name,
         running.join(", ")
     );
-    let id = pool_update::request(pipeline, &*store, &kind, &me).await?;
+    let id = pool::request(pipeline, &*store, &kind, &me).await?;
     let part = Part {
         pipeline,
         store: &store,
@@ -70,7 +70,7 @@ async fn carry_out(pipeline: &Pipeline, kind: UpdateKind) -> Result<String, Refr
         stopped_flows: false,
         asker: true,
     };
-    pool_update::take_part(&part, id)
+    pool::take_part(&part, id)
         .await
         .map(|done| format!("pool update {id} done: {done}"))
 }

@@ -9,8 +9,8 @@
 //! which replicas have stopped their flows for it and which are still running).
 
 use super::text::{rfc3339, table};
-use crate::runtime::flows;
-use crate::runtime::membership::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
+use crate::runtime::flow::build;
+use crate::runtime::pool::membership::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
 use clap::ValueEnum;
 use sluice_engine::{TRACKER_LEASE_TTL, TRACKER_TICK, TURN_TTL};
 use std::path::Path;
@@ -312,7 +312,7 @@ async fn ask_worker(pipeline: &sluice_pipeline::Pipeline, token: Option<String>)
 async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_store::StoreError> {
     let store = sluice_store::open(&pipeline.store)?;
     // Idempotent: creates nothing that a run would not create.
-    let handles = store.prepare(&flows::layout(pipeline)).await?;
+    let handles = store.prepare(&build::layout(pipeline)).await?;
     let completions: std::collections::HashMap<String, i64> = store
         .completions(&pipeline.name)
         .await?
@@ -329,7 +329,7 @@ async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_s
         let watermark_ms = watermarks.get(&flow.name).map(|w| w.watermark_ms);
         let progress = store.flow_progress(handle).await?;
         let completed_at_ms = completions.get(&flow.name).copied();
-        let feed = match flows::read_table(pipeline, flow) {
+        let feed = match build::read_table(pipeline, flow) {
             Some(table) => {
                 let at = store.read_position(handle, &table).await?;
                 Some(store.feed_lag(&table, &at).await?)

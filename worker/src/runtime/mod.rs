@@ -1,27 +1,12 @@
-//! What runs inside a worker process: the supervisor of updates, the runs of a triggered
-//! pipeline and its schedule, the scheduler that starts flows in `depends_on` order, the
-//! building of each flow, the board of their phases, the pool membership, drain quorum and pool updates,
-//! watermarks and windows, refreshes, and the signals that drain.
+//! What runs inside a worker process, one room per concern: the [`supervisor`] of a process
+//! (its entry, `execute`); [`updates`], one run of the flows at a time and the requests that
+//! replace it; [`runs`], a triggered pipeline's runs at the fires of its timetable; [`flow`],
+//! the graph executor and everything beside a running flow; [`pool`], membership and
+//! self-fencing; [`kit`], the signals that drain and the one way to wait for the store.
 
-pub mod board;
-pub mod dead_letters;
-pub mod drain_quorum;
-pub mod flows;
-pub mod liveness;
-pub mod membership;
-pub mod pool_update;
-pub mod progress;
-pub mod refresh;
-pub mod run_record;
-pub mod schedule;
-pub mod scheduler;
-pub mod scheduler_lease;
-pub mod signals;
-pub mod stage_client;
-pub mod store_retry;
-pub mod supervisor;
-pub mod table_updates;
-pub mod update;
-pub mod update_loop;
-pub mod watermarks;
-pub mod windows;
+pub(crate) mod flow;
+pub(crate) mod kit;
+pub(crate) mod pool;
+mod runs;
+pub(crate) mod supervisor;
+pub(crate) mod updates;

@@ -1,25 +1,25 @@
-//! The supervisor of a worker process: opens the store, prepares the pipeline's tables, starts
-//! the metrics and control endpoints and the pool membership, then runs the flows as
-//! *updates* (`update_loop.rs`: the scheduler starts a flow once every flow it `depends_on` has
-//! completed): a continuous pipeline's one update until a signal drains it, a triggered
-//! pipeline's runs (`schedule.rs`: one, or one at each fire of its schedule). The control API's
+//! The supervisor of a worker process: opens the store, prepares the pipeline's tables, starts the
+//! metrics and control endpoints and the pool membership, then runs the flows as *updates*
+//! (`updates/update_loop.rs`: the scheduler starts a flow once every flow it `depends_on` has
+//! completed): a continuous pipeline's one update until a signal drains it, a triggered pipeline's
+//! runs (`runs/timetable.rs`: one, or one at each fire of its schedule). The control API's
 //! `StartUpdate` and `ResetFlow` replace the running update with a new one in the same process
-//! ([`crate::runtime::update`]); the outcomes returned are the last update's.
+//! ([`crate::runtime::updates::request`]); the outcomes returned are the last update's.
 //!
 //! A once flow that drains records its completion in the store; every replica sharing the store,
 //! and every later run, finds it there and leaves the flow IDLE (not re-read), so its dependents
 //! start at once.
 
-use crate::runtime::board::FlowBoard;
-use crate::runtime::flows;
-use crate::runtime::liveness::Liveness;
-use crate::runtime::membership::{self, Membership};
-use crate::runtime::scheduler::{FlowOutcome, MAX_PARALLEL_BOUNDED};
-use crate::runtime::signals::Shutdown;
-use crate::runtime::store_retry::{self, Retry};
-use crate::runtime::update::{self, UpdateSender};
-pub use crate::runtime::update_loop::RunError;
-use crate::runtime::update_loop::{Prepared, Updates, read_flows};
+use crate::runtime::flow::board::FlowBoard;
+use crate::runtime::flow::build;
+use crate::runtime::flow::executor::{FlowOutcome, MAX_PARALLEL_BOUNDED};
+use crate::runtime::kit::signals::Shutdown;
+use crate::runtime::kit::store_retry::{self, Retry};
+use crate::runtime::pool::liveness::Liveness;
+use crate::runtime::pool::membership::{self, Membership};
+use crate::runtime::updates::request::{self, UpdateSender};
+pub use crate::runtime::updates::update_loop::RunError;
+use crate::runtime::updates::update_loop::{Prepared, Updates, read_flows};
 use crate::serve::control::{self, ControlService};
 use crate::serve::observe;
 use sluice_pipeline::{Mode, Pipeline};
@@ -34,7 +34,7 @@ pub async fn execute(
     pipeline: &Pipeline,
     shutdown: &Shutdown,
 ) -> Result<Vec<FlowOutcome>, RunError> {
-    let layout = flows::layout(pipeline);
+    let layout = build::layout(pipeline);
     let metrics_listen = pipeline
         .metrics_listen
         .as_deref()
@@ -49,7 +49,7 @@ pub async fn execute(
         &pipeline.name,
         pipeline.flows.iter().map(|f| (f.name.clone(), f.once)),
     );
-    let (update_requests, requests) = mpsc::channel(update::PENDING_REQUESTS);
+    let (update_requests, requests) = mpsc::channel(request::PENDING_REQUESTS);
     let _control = start_control(
         pipeline,
         &beat.worker,
@@ -60,13 +60,16 @@ pub async fn execute(
     )
     .await?;
     let (store, handles, completed) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
-    crate::runtime::watermarks::create_tracking_subscriptions(pipeline, shutdown.drain.clone());
+    crate::runtime::flow::watermarks::create_tracking_subscriptions(
+        pipeline,
+        shutdown.drain.clone(),
+    );
     let worker = beat.worker.clone();
     // Beats at once; no update starts before a beat succeeded, so a pool update's clearer
-    // that has not seen this worker report its flows stopped waits for it (`pool_update.rs`).
+    // that has not seen this worker report its flows stopped waits for it (`updates/pool.rs`).
     let liveness = Liveness::new();
     let membership = Membership::start(store.clone(), beat, liveness.clone());
-    let publishing = crate::runtime::dead_letters::start(pipeline, &store, &worker)
+    let publishing = crate::runtime::flow::dead_letters::start(pipeline, &store, &worker)
         .await
         .map_err(RunError::Invalid)?;
     {
@@ -91,10 +94,10 @@ pub async fn execute(
     });
     let outcomes = match (&pipeline.schedule, pipeline.mode) {
         (Some(schedule), _) => {
-            crate::runtime::schedule::drive(&mut updates, schedule, shutdown).await?
+            crate::runtime::runs::timetable::drive(&mut updates, schedule, shutdown).await?
         }
         (None, Mode::Triggered) => {
-            crate::runtime::schedule::run_once(&mut updates, shutdown).await?
+            crate::runtime::runs::timetable::run_once(&mut updates, shutdown).await?
         }
         (None, Mode::Continuous) => updates.run(shutdown, Default::default()).await?,
     };

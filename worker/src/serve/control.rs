@@ -1,6 +1,6 @@
 //! The control API of SPEC §9 (`proto/sluice/v1/control.proto`), served with tonic on
 //! `control.listen`: `GetStatus`, `ListFlows`, `StartUpdate`, `ResetFlow` and `Drain` (how an
-//! update replaces the running one: [`crate::runtime::update`]).
+//! update replaces the running one: [`crate::runtime::updates::request`]).
 //!
 //! # Guarantees (who may call what)
 //!
@@ -22,9 +22,9 @@
 //! mesh, a private cluster network) protects it. Anyone who can read the token file, or write
 //! the store (`sluice reset` and `full-refresh` act through the store), has the same power.
 
-use crate::runtime::board::FlowBoard;
-use crate::runtime::refresh::RefreshError;
-use crate::runtime::update::{UpdateKind, UpdateSender};
+use crate::runtime::flow::board::FlowBoard;
+use crate::runtime::updates::refresh::RefreshError;
+use crate::runtime::updates::request::{UpdateKind, UpdateSender};
 use crate::serve::observe::Readiness;
 use sluice_proto::v1::control_server::{Control, ControlServer};
 use sluice_proto::v1::{
@@ -50,8 +50,8 @@ pub struct ControlService {
     pub readiness: Readiness,
     /// Cancelled to drain, as SIGTERM does.
     pub drain: CancellationToken,
-    /// Cancelled [`crate::runtime::signals::DRAIN_DEADLINE`] after a drain the API started, as after a
-    /// signal: batches still waiting on the store are nacked then.
+    /// Cancelled [`crate::runtime::kit::signals::DRAIN_DEADLINE`] after a drain the API started, as
+    /// after a signal: batches still waiting on the store are nacked then.
     pub give_up: CancellationToken,
     /// Where `StartUpdate` and `ResetFlow` go: the run loop.
     pub updates: UpdateSender,
@@ -182,7 +182,7 @@ impl Control for ControlService {
         let kind = UpdateKind::Reset {
             flow: request.flow,
             seek: Some(request.seek).filter(|s| !s.is_empty()).map(|time| {
-                crate::runtime::refresh::Seek {
+                crate::runtime::updates::refresh::Seek {
                     time,
                     drop_unread: request.drop_unread,
                 }
@@ -207,7 +207,7 @@ impl Control for ControlService {
             self.drain.cancel();
             let give_up = self.give_up.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(crate::runtime::signals::DRAIN_DEADLINE).await;
+                tokio::time::sleep(crate::runtime::kit::signals::DRAIN_DEADLINE).await;
                 give_up.cancel();
             });
         }

@@ -9,7 +9,7 @@
 //! once. The role is safe to run twice for a moment (upkeep is idempotent), so a paused holder
 //! that wakes up after losing its lease does no harm.
 
-use crate::runtime::liveness::Liveness;
+use crate::runtime::pool::liveness::Liveness;
 use sluice_store::{LeaseGrant, LeaseRequest, Store, StoreError, WorkerBeat};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,9 +51,9 @@ pub fn identity(pipeline: &str) -> WorkerBeat {
 /// the last good beat was sent) if it is answered within this, however slow the store or
 /// starved this process; a store that does not answer at all is asked again this often.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(6);
-/// After a failed heartbeat the next is tried this soon, so that one failure alone does not
-/// fence the worker (the fence lapses [`crate::runtime::liveness::SELF_FENCE_AFTER`] after the
-/// last good beat was sent).
+/// After a failed heartbeat the next is tried this soon, so that one failure alone does not fence
+/// the worker (the fence lapses [`crate::runtime::pool::liveness::SELF_FENCE_AFTER`] after the last
+/// good beat was sent).
 pub const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 /// The running membership task.
@@ -200,7 +200,7 @@ fn on_grant(lease: &LeaseRequest, grant: LeaseGrant, was_holding: bool) -> bool 
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::runtime::liveness::{FENCE_MARGIN, SELF_FENCE_AFTER};
+    use crate::runtime::pool::liveness::{FENCE_MARGIN, SELF_FENCE_AFTER};
     use async_trait::async_trait;
     use sluice_store::{
         BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FlowHandle,

@@ -4,21 +4,21 @@
 //!
 //! # Guarantees
 //!
-//! * **Nothing is cleared under a running flow.** A request is checked first (known flows, a
-//!   seek the subscription can replay); a refused request leaves the running update alone.
-//!   With other workers of the pipeline alive it becomes a pool update they all stop their
-//!   flows for (`pool_update.rs`). An accepted one stops every flow of the update
-//!   the way a drain does (what was received is committed and acked, or nacked after
-//!   [`crate::runtime::signals::DRAIN_DEADLINE`] if the store stays down), and only then clears the
-//!   flows asked for, exactly as `sluice full-refresh` and `sluice reset` do.
+//! * **Nothing is cleared under a running flow.** A request is checked first (known flows, a seek
+//!   the subscription can replay); a refused request leaves the running update alone. With other
+//!   workers of the pipeline alive it becomes a pool update they all stop their flows for
+//!   (`runtime/updates/pool.rs`). An accepted one stops every flow of the update the way a drain
+//!   does (what was received is committed and acked, or nacked after
+//!   [`crate::runtime::kit::signals::DRAIN_DEADLINE`] if the store stays down), and only then
+//!   clears the flows asked for, exactly as `sluice full-refresh` and `sluice reset` do.
 //! * **The new update starts from fresh state.** Flow handles and completions are read again
 //!   from the store (a reset on PostgreSQL gives the flow a new id), and every flow starts with
 //!   an empty dedup cache, so no key remembered from before the reset can drop a record.
 //! * A signal or `Drain` ends the worker as always; a request that arrives during a drain is
 //!   refused.
 
-use crate::runtime::membership::ALIVE_WITHIN;
-use crate::runtime::refresh::{self, Clearing, RefreshError};
+use crate::runtime::pool::membership::ALIVE_WITHIN;
+use crate::runtime::updates::refresh::{self, Clearing, RefreshError};
 use sluice_pipeline::Pipeline;
 use sluice_store::PoolStore;
 use tokio::sync::{mpsc, oneshot};
@@ -109,7 +109,7 @@ pub async fn check(pipeline: &Pipeline, kind: &UpdateKind) -> Result<(), Refresh
 }
 
 /// The other live workers of the pipeline (heartbeat within [`ALIVE_WITHIN`]): with any, a
-/// request becomes a pool update (`runtime/pool_update.rs`).
+/// request becomes a pool update (`runtime/updates/pool.rs`).
 pub async fn others_alive(
     pipeline: &Pipeline,
     store: &dyn PoolStore,

@@ -21,7 +21,7 @@
 //! * **Never under a running worker.** A worker keeps recent keys in memory; resetting beneath
 //!   it could let it drop a record the store no longer holds. The clear refuses while any
 //!   worker of the pipeline has beaten within the last 15 s, except those that stopped their
-//!   flows for it (the asking worker, a pool update's replicas: `pool_update.rs`).
+//!   flows for it (the asking worker, a pool update's replicas: `runtime/updates/pool.rs`).
 //! * `--seek TIME` is refused unless the subscription retains acked messages for long enough
 //!   to replay everything since TIME, and so does the flow's tracking subscription (if it
 //!   exists), which is seeked to TIME first so the replay is tracked; the seeks happen after
@@ -38,8 +38,8 @@
 //!   each reset checks the claim in its transaction, each seek and sink clear renews it first,
 //!   so a clearer paused past its claim deletes and replays nothing once it wakes.
 
-use crate::runtime::flows;
-use crate::runtime::membership::ALIVE_WITHIN;
+use crate::runtime::flow::build;
+use crate::runtime::pool::membership::ALIVE_WITHIN;
 use sluice_engine::pubsub::Admin;
 use sluice_engine::{PubSubConfig, parse_event_time};
 use sluice_pipeline::{Pipeline, Source};
@@ -87,7 +87,7 @@ pub struct Clearing<'a> {
 pub struct UnderClaim {
     /// The update and its clearer.
     pub claim: ClearClaim,
-    /// A claim older than this may be taken over (`pool_update::CLAIM_STALE_AFTER`).
+    /// A claim older than this may be taken over (`updates::pool::CLAIM_STALE_AFTER`).
     pub stale_after: std::time::Duration,
 }
 
@@ -215,7 +215,7 @@ async fn seekable(
         let Source::PubSub(settings) = &flow.source else {
             continue;
         };
-        if flows::sink_of(pipeline, flow).is_some() {
+        if build::sink_of(pipeline, flow).is_some() {
             return Err(RefreshError::Invalid(format!(
                 "--seek: flow `{}` writes a sink, whose files mix records published before and \
                  after the seek time; they cannot be split, so a sink flow cannot be seeked",
@@ -223,7 +223,9 @@ async fn seekable(
             )));
         }
         subscriptions.push(settings.subscription.clone());
-        if let Some((tracking, _)) = crate::runtime::watermarks::tracking_subscription(settings) {
+        if let Some((tracking, _)) =
+            crate::runtime::flow::watermarks::tracking_subscription(settings)
+        {
             trackings.push(tracking);
         }
     }
@@ -439,7 +441,7 @@ pub async fn refresh(
     let failed = |e: sluice_store::StoreError| RefreshError::Failed(format!("store: {e}"));
     let store: Arc<dyn Store> = sluice_store::open(&pipeline.store).map_err(failed)?;
     let handles = store
-        .prepare(&flows::layout(pipeline))
+        .prepare(&build::layout(pipeline))
         .await
         .map_err(failed)?;
     let running: Vec<_> = store
@@ -460,14 +462,14 @@ pub async fn refresh(
     }
     for (flow, handle) in pipeline.flows.iter().zip(&handles) {
         if names.contains(&flow.name) {
-            let table = flows::target_table(pipeline, flow);
+            let table = build::target_table(pipeline, flow);
             let rows = rows_reset(flow, seek_ms);
             let claim = clearing.claim.map(|under| &under.claim);
             store
                 .reset_flow(handle, table.as_deref(), rows, claim)
                 .await
                 .map_err(failed)?;
-            if let Some(sink) = flows::sink_of(pipeline, flow).filter(|_| rows == ResetRows::All) {
+            if let Some(sink) = build::sink_of(pipeline, flow).filter(|_| rows == ResetRows::All) {
                 clearing.confirm(&pipeline.name, &*store).await?;
                 let removed = sink.clear().map_err(|e| {
                     RefreshError::Failed(format!(

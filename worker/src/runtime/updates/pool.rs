@@ -10,14 +10,14 @@
 //!   after the clearer claimed it, so no replica's memory can drop a record the store no longer
 //!   holds. A replica counted gone (its heartbeats failed for [`ALIVE_WITHIN`]) has fenced
 //!   itself 3 s before that: it withholds every ack and stops its flows, and starts them again
-//!   with empty memory once it beats again (`liveness.rs`, where the bound is proved).
+//!   with empty memory once it beats again (`runtime/pool/liveness.rs`, where the bound is proved).
 //! * **One clearer, fenced by its claim.** Exactly one process clears (the store's claim,
 //!   renewed while it clears; a claim left by a clearer that died is taken over after
 //!   [`CLAIM_STALE_AFTER`], and the clear, which is idempotent, runs again). Each step of the
 //!   clear checks the claim is still its clearer's (a reset in its transaction, a seek or a sink
 //!   clear just before), and only the claim's holder ends the update: a clearer paused past
 //!   its claim deletes and replays nothing once it wakes. What it clears is what the same
-//!   request does to a stopped pool (`runtime/refresh.rs`).
+//!   request does to a stopped pool (`runtime/updates/refresh.rs`).
 //! * **Everyone resumes from fresh state.** Once the update has ended every replica reads its
 //!   flows again from the store and starts a new update with empty dedup caches. A replica
 //!   that starts while an update is unfinished takes part in it before it runs any flow (it
@@ -33,9 +33,9 @@
 //! not cleared resumes where it stood (its acked messages do not come back), so nothing of it
 //! is replayed.
 
-use crate::runtime::membership::ALIVE_WITHIN;
-use crate::runtime::refresh::{Clearing, RefreshError, UnderClaim};
-use crate::runtime::update::{self, UpdateKind};
+use crate::runtime::pool::membership::ALIVE_WITHIN;
+use crate::runtime::updates::refresh::{Clearing, RefreshError, UnderClaim};
+use crate::runtime::updates::request::{self, UpdateKind};
 use sluice_pipeline::Pipeline;
 use sluice_store::{ClearClaim, PoolStore, PoolUpdate, PoolUpdateState, StoreError};
 use std::sync::Arc;
@@ -300,7 +300,7 @@ async fn clear_if_claimed(
                 stopped: &update.drained,
                 claim: Some(&under),
             };
-            let mut cleared = update::clear(part.pipeline, &kind, clearing).await;
+            let mut cleared = request::clear(part.pipeline, &kind, clearing).await;
             // A deadlock with another session (a `sluice status` preparing the tables, say)
             // rolled the clear back whole: it is tried again.
             for _ in 1..CLEAR_ATTEMPTS {
@@ -309,7 +309,7 @@ async fn clear_if_claimed(
                         tracing::warn!(update = update.id, %why,
                             "pool update: the clear met a deadlock; clearing again");
                         tokio::time::sleep(POLL).await;
-                        cleared = update::clear(part.pipeline, &kind, clearing).await;
+                        cleared = request::clear(part.pipeline, &kind, clearing).await;
                     }
                     _ => break,
                 }

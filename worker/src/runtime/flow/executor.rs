@@ -16,12 +16,12 @@
 //!   before its dependents are released, so a restart (of this replica or any other) finds it
 //!   `IDLE` and resumes at the first flow not completed. A once flow on a subscription drains
 //!   only when every replica reading it agrees and a crashed reader's messages have had the
-//!   time to come back (`drain_quorum.rs`).
+//!   time to come back (`runtime/pool/drain_quorum.rs`).
 
-use crate::runtime::board::{FlowBoard, FlowPhase};
-use crate::runtime::flows;
-use crate::runtime::signals::Shutdown;
-use crate::runtime::store_retry::{self, Retry};
+use crate::runtime::flow::board::{FlowBoard, FlowPhase};
+use crate::runtime::flow::build;
+use crate::runtime::kit::signals::Shutdown;
+use crate::runtime::kit::store_retry::{self, Retry};
 use crate::serve::observe;
 use sluice_engine::{Counters, Ended, FlowEnd, Snapshot};
 use sluice_pipeline::{Flow, Mode, Pipeline, Source};
@@ -114,7 +114,7 @@ pub struct RunContext {
     /// This worker's id in the pool (lease holder name).
     pub worker: String,
     /// What the run gives its flows: a scheduled run's data interval, kept sources.
-    pub scope: flows::RunScope,
+    pub scope: build::RunScope,
 }
 
 /// Runs one flow once its predecessors have succeeded, with retries; announces its end on
@@ -180,7 +180,7 @@ pub async fn run_flow(
 /// Resolves a sink flow's crash leftovers when the flow itself does not run (IDLE); a failure
 /// is logged and left to the next start.
 pub async fn recover_sink(ctx: &RunContext, flow: &Flow, handle: &FlowHandle) {
-    if let Some(sink) = flows::sink_of(&ctx.pipeline, flow)
+    if let Some(sink) = build::sink_of(&ctx.pipeline, flow)
         && let Err(error) = sink.recover(&*ctx.store, handle).await
     {
         tracing::warn!(flow = %flow.name, %error, "cannot resolve sink files left by a crash");
@@ -195,10 +195,10 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         counters: counters.map(Counters::snapshot).unwrap_or_default(),
         skipped: 0,
     };
-    if let Some(plan) = crate::runtime::windows::table_plan(&ctx.pipeline, flow) {
+    if let Some(plan) = crate::runtime::flow::windows::table_plan(&ctx.pipeline, flow) {
         return window_over_table(ctx, flow, handle, plan).await;
     }
-    let built = match flows::build(
+    let built = match build::build(
         &ctx.pipeline,
         flow,
         ctx.store.clone(),
@@ -217,12 +217,19 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         return outcome(FlowState::Failed(error), None);
     }
     let tracker = built.watermark.map(|plan| {
-        crate::runtime::watermarks::start(plan, ctx.store.clone(), handle.clone(), &ctx.worker)
+        crate::runtime::flow::watermarks::start(
+            plan,
+            ctx.store.clone(),
+            handle.clone(),
+            &ctx.worker,
+        )
     });
     let emitter = match built.windows {
         None => None,
         Some(plan) => {
-            match crate::runtime::windows::start(plan, ctx.store.clone(), handle.clone()).await {
+            match crate::runtime::flow::windows::start(plan, ctx.store.clone(), handle.clone())
+                .await
+            {
                 Ok(emitter) => Some(emitter),
                 Err(error) => {
                     if let Some(tracker) = tracker {
@@ -250,14 +257,14 @@ async fn attempt(ctx: &RunContext, flow: &Flow, handle: FlowHandle) -> FlowOutco
         .progress
         .clone()
         .filter(|_| built.draw_progress)
-        .and_then(|progress| crate::runtime::progress::draw(&flow.name, progress));
+        .and_then(|progress| crate::runtime::flow::progress::draw(&flow.name, progress));
     let mut run = built.run;
     // A once flow on a subscription drains only when every replica reading it agrees.
     if flow.once
         && let Source::PubSub(source) = &flow.source
     {
         run.drain_agreement = Some(Arc::new(
-            crate::runtime::drain_quorum::StoreDrainQuorum::new(
+            crate::runtime::pool::drain_quorum::StoreDrainQuorum::new(
                 ctx.store.clone(),
                 handle.clone(),
                 &ctx.worker,
@@ -319,13 +326,13 @@ async fn window_over_table(
     ctx: &RunContext,
     flow: &Flow,
     handle: FlowHandle,
-    plan: crate::runtime::windows::TableWindowPlan,
+    plan: crate::runtime::flow::windows::TableWindowPlan,
 ) -> FlowOutcome {
     let counters = Counters::new(&ctx.pipeline.name, &flow.name);
     ctx.board
         .set(&flow.name, FlowPhase::Starting, Some(&counters));
     let (board, name) = (ctx.board.clone(), flow.name.clone());
-    let ended = crate::runtime::windows::follow_table(
+    let ended = crate::runtime::flow::windows::follow_table(
         plan,
         ctx.store.clone(),
         handle.clone(),
@@ -556,7 +563,7 @@ mod tests {
             let pipeline = sluice_pipeline::parse(&text, Path::new("test.yaml")).unwrap();
             let store: Arc<dyn Store> =
                 Arc::new(sluice_store::SqliteStore::open(&dir.path().join("db.sqlite")).unwrap());
-            let handles = store.prepare(&flows::layout(&pipeline)).await.unwrap();
+            let handles = store.prepare(&build::layout(&pipeline)).await.unwrap();
             let board = FlowBoard::new(
                 &pipeline.name,
                 pipeline.flows.iter().map(|f| (f.name.clone(), f.once)),
@@ -568,7 +575,7 @@ mod tests {
                 board,
                 slots: Arc::new(Semaphore::new(MAX_PARALLEL_BOUNDED)),
                 worker: "w".into(),
-                scope: flows::RunScope::default(),
+                scope: build::RunScope::default(),
             };
             Self { dir, ctx, handles }
         }

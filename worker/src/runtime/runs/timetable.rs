@@ -1,7 +1,7 @@
 //! The runs of a triggered pipeline: one run, then exit (no `schedule:`), or a run at each
 //! fire of its schedule until a signal (`schedule:`, SPEC §7, with the timetable semantics of
 //! `sluice_pipeline::timetable`). Every run is recorded in `sluice_runs` with what fired it,
-//! its data interval, its state and the rows of each flow (`run_record.rs`).
+//! its data interval, its state and the rows of each flow (`record.rs`).
 //!
 //! # Guarantees
 //!
@@ -12,7 +12,7 @@
 //!   skipped, or run as `catchup`/`semantics` say. The schedule counts as served since the
 //!   oldest worker alive started (any of them takes the lease within its bound).
 //! * **One replica runs each fire.** Only the holder of the pipeline's `scheduler` lease
-//!   (`scheduler_lease.rs`) runs fires, and a fire is recorded once
+//!   (`lease.rs`) runs fires, and a fire is recorded once
 //!   ([`sluice_store::RunStore::begin_run`]): a replica that takes the lease over from one that
 //!   died mid-run finishes that same run (same id, same interval) before anything else, and
 //!   never starts an ended fire again. A holder that loses its lease (paused past it) drains
@@ -34,15 +34,15 @@
 //!   at most once per `min_interval` (`table_updates.rs`), recorded `update`, with no data
 //!   interval.
 
-use crate::runtime::flows::RunScope;
-use crate::runtime::membership::ALIVE_WITHIN;
-use crate::runtime::run_record::{self, Ran, RunAsk};
-use crate::runtime::scheduler::FlowOutcome;
-use crate::runtime::scheduler_lease::SchedulerLease;
-use crate::runtime::signals::Shutdown;
-use crate::runtime::store_retry::{self, Retry};
-use crate::runtime::table_updates::TableUpdates;
-use crate::runtime::update_loop::{RunError, Updates, Waited};
+use crate::runtime::flow::build::RunScope;
+use crate::runtime::flow::executor::FlowOutcome;
+use crate::runtime::kit::signals::Shutdown;
+use crate::runtime::kit::store_retry::{self, Retry};
+use crate::runtime::pool::membership::ALIVE_WITHIN;
+use crate::runtime::runs::lease::SchedulerLease;
+use crate::runtime::runs::record::{self, Ran, RunAsk};
+use crate::runtime::runs::table_updates::TableUpdates;
+use crate::runtime::updates::update_loop::{RunError, Updates, Waited};
 use sluice_engine::KeptOpen;
 use sluice_pipeline::timetable::{DataInterval, Fire, FireKind, NextRun, Timetable};
 use sluice_pipeline::{Pipeline, Schedule, Source};
@@ -73,7 +73,7 @@ pub async fn run_once(
         interval: None,
         trigger: RunTrigger::Manual,
     };
-    match run_record::run(updates, shutdown, ask, RunScope::default(), None).await? {
+    match record::run(updates, shutdown, ask, RunScope::default(), None).await? {
         Ran::Ran(outcomes) => Ok(outcomes),
         Ran::EndedBefore => Ok(Vec::new()),
     }
@@ -193,7 +193,7 @@ pub async fn drive(
                         };
                         outcomes =
                             ran(
-                                run_record::run(updates, shutdown, ask, scope(&kept, None), None)
+                                record::run(updates, shutdown, ask, scope(&kept, None), None)
                                     .await?,
                             );
                         count_delayed(&timetable, &pipeline, started);
@@ -215,7 +215,7 @@ pub async fn drive(
             },
         };
         let scope = scope(&kept, fire.interval);
-        outcomes = ran(run_record::run(updates, shutdown, ask, scope, Some(lease.watch())).await?);
+        outcomes = ran(record::run(updates, shutdown, ask, scope, Some(lease.watch())).await?);
         count_delayed(&timetable, &pipeline, started);
     }
     close_all(&kept).await;
@@ -254,7 +254,7 @@ async fn manual_run(
         interval: None,
         trigger: RunTrigger::Manual,
     };
-    Ok(ran(run_record::run(
+    Ok(ran(record::run(
         updates,
         shutdown,
         ask,
@@ -306,7 +306,7 @@ async fn finish(
         interval,
         trigger: unfinished.trigger,
     };
-    let ran = run_record::run(
+    let ran = record::run(
         updates,
         shutdown,
         ask,
@@ -319,7 +319,7 @@ async fn finish(
 
 /// The oldest run its runner left `running`, if any: a manual or update run of a live worker
 /// (another replica runs it now) is not left behind; the next run's start waits for it
-/// (`run_record.rs`).
+/// (`record.rs`).
 async fn unfinished_run(
     updates: &Updates<'_>,
     shutdown: &Shutdown,

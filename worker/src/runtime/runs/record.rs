@@ -2,12 +2,12 @@
 //! `sluice_store::RunStore`), run as an update, ended with its state and each flow's rows,
 //! and counted (`sluice_runs_total{state}`).
 
-use crate::runtime::flows::RunScope;
-use crate::runtime::membership::ALIVE_WITHIN;
-use crate::runtime::scheduler::{FlowOutcome, FlowState};
-use crate::runtime::signals::Shutdown;
-use crate::runtime::store_retry::{self, Retry};
-use crate::runtime::update_loop::{RunError, Updates};
+use crate::runtime::flow::build::RunScope;
+use crate::runtime::flow::executor::{FlowOutcome, FlowState};
+use crate::runtime::kit::signals::Shutdown;
+use crate::runtime::kit::store_retry::{self, Retry};
+use crate::runtime::pool::membership::ALIVE_WITHIN;
+use crate::runtime::updates::update_loop::{RunError, Updates};
 use sluice_store::{RunEnd, RunRecord, RunStart, RunState, RunTrigger, Store};
 use tokio::sync::watch;
 

@@ -3,20 +3,20 @@
 //! control API's `StartUpdate` and `ResetFlow`: a request accepted while an update runs drains
 //! it, clears what was asked and starts a new update in its place; one accepted between runs
 //! (a scheduled pipeline waiting for its fire) clears and asks for a run at once. While other
-//! replicas of the pipeline run, a request becomes a pool update (`pool_update.rs`), and so
+//! replicas of the pipeline run, a request becomes a pool update (`updates/pool.rs`), and so
 //! does one another replica or `sluice reset` asked for: this worker stops its update, takes
 //! part until the update ends, and starts a new one; it takes part in an unfinished one before
 //! each update it starts.
 
-use crate::runtime::board::FlowBoard;
-use crate::runtime::flows::RunScope;
-use crate::runtime::liveness::Liveness;
-use crate::runtime::pool_update::{self, Part, PoolWatch};
-use crate::runtime::refresh::{Clearing, RefreshError};
-use crate::runtime::scheduler::{self, FlowOutcome, RunContext};
-use crate::runtime::signals::Shutdown;
-use crate::runtime::store_retry::{self, Retry};
-use crate::runtime::update::{self, Started, UpdateRequest};
+use crate::runtime::flow::board::FlowBoard;
+use crate::runtime::flow::build::RunScope;
+use crate::runtime::flow::executor::{self, FlowOutcome, RunContext};
+use crate::runtime::kit::signals::Shutdown;
+use crate::runtime::kit::store_retry::{self, Retry};
+use crate::runtime::pool::liveness::Liveness;
+use crate::runtime::updates::pool::{self, Part, PoolWatch};
+use crate::runtime::updates::refresh::{Clearing, RefreshError};
+use crate::runtime::updates::request::{self, Started, UpdateRequest};
 use crate::serve::observe;
 use sluice_pipeline::Pipeline;
 use sluice_store::{FlowStore, Layout, Store, StoreError};
@@ -115,7 +115,7 @@ enum Interrupt {
     /// Pool update `id`, asked for elsewhere.
     Joined(i64),
     /// This worker's heartbeats failed for long enough that the pool may count it gone: its
-    /// flows stop, and a new update starts once it beats again (`liveness.rs`).
+    /// flows stop, and a new update starts once it beats again (`runtime/pool/liveness.rs`).
     Fenced,
 }
 
@@ -187,7 +187,7 @@ impl<'a> Updates<'a> {
             };
             self.board.restart();
             let readiness = self.readiness.clone();
-            let run = scheduler::run_update(
+            let run = executor::run_update(
                 ctx,
                 self.handles.clone(),
                 std::mem::take(&mut self.completed),
@@ -223,7 +223,7 @@ impl<'a> Updates<'a> {
             this_update.drain.cancel();
             let give_up = this_update.give_up.clone();
             let deadline = tokio::spawn(async move {
-                tokio::time::sleep(crate::runtime::signals::DRAIN_DEADLINE).await;
+                tokio::time::sleep(crate::runtime::kit::signals::DRAIN_DEADLINE).await;
                 give_up.cancel();
             });
             for outcome in run.await {
@@ -334,7 +334,7 @@ impl<'a> Updates<'a> {
             asker: asked.is_some(),
         };
         let outcome = tokio::select! {
-            outcome = pool_update::take_part(&part, id) => outcome,
+            outcome = pool::take_part(&part, id) => outcome,
             _ = shutdown.drain.cancelled() => Err(RefreshError::Failed(
                 "the worker is draining; the pool update goes on without it".to_owned(),
             )),
@@ -406,7 +406,7 @@ impl<'a> Updates<'a> {
 
     /// Clears what an accepted request asks, reads the flows again and answers it.
     async fn clear(&mut self, request: UpdateRequest, shutdown: &Shutdown) -> Result<(), RunError> {
-        let cleared = update::clear(
+        let cleared = request::clear(
             self.pipeline,
             &request.kind,
             Clearing {
@@ -459,13 +459,13 @@ async fn accept(
         let error = RefreshError::Failed("the worker is draining; start a new one instead".into());
         return refuse(request, error);
     }
-    if let Err(error) = update::check(pipeline, &request.kind).await {
+    if let Err(error) = request::check(pipeline, &request.kind).await {
         return refuse(request, error);
     }
-    match update::others_alive(pipeline, store, worker).await {
+    match request::others_alive(pipeline, store, worker).await {
         Err(error) => refuse(request, error),
         Ok(others) if others.is_empty() => Some(Interrupt::Local(request)),
-        Ok(_) => match pool_update::request(pipeline, store, &request.kind, worker).await {
+        Ok(_) => match pool::request(pipeline, store, &request.kind, worker).await {
             Ok(id) => Some(Interrupt::Asked(request, id)),
             Err(error) => refuse(request, error),
         },

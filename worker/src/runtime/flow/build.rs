@@ -82,9 +82,9 @@ pub struct BuiltFlow {
     /// A sink flow's file writer: its crash leftovers are resolved before the run.
     pub sink: Option<Arc<JsonlSink>>,
     /// A Pub/Sub flow's watermark tracker, to start beside the run.
-    pub watermark: Option<crate::runtime::watermarks::WatermarkPlan>,
+    pub watermark: Option<crate::runtime::flow::watermarks::WatermarkPlan>,
     /// A window target's emitter, to start beside the run.
-    pub windows: Option<crate::runtime::windows::WindowPlan>,
+    pub windows: Option<crate::runtime::flow::windows::WindowPlan>,
 }
 
 /// How one flow reads: its source and the settings that go with it.
@@ -278,8 +278,8 @@ pub struct RunScope {
     /// Pub/Sub flows' sources kept running across the runs of a schedule, by flow name
     /// (`sluice_engine::KeptOpen`); a flow not in it opens its own.
     pub kept: Option<Arc<HashMap<String, KeptOpen>>>,
-    /// The fence every Pub/Sub ack of the update asks first (`liveness.rs`); `None` acks
-    /// after each commit unasked.
+    /// The fence every Pub/Sub ack of the update asks first (`runtime/pool/liveness.rs`); `None`
+    /// acks after each commit unasked.
     pub acks: Option<Arc<dyn AckFence>>,
 }
 
@@ -352,15 +352,15 @@ pub fn build(
             plan
         }
     };
-    let watermark = crate::runtime::watermarks::plan(pipeline, flow, &counters);
+    let watermark = crate::runtime::flow::watermarks::plan(pipeline, flow, &counters);
     let windows = watermark
         .as_ref()
-        .and_then(|w| crate::runtime::windows::plan(pipeline, flow, w.watermark()));
+        .and_then(|w| crate::runtime::flow::windows::plan(pipeline, flow, w.watermark()));
     let window = plan.dedup.window;
     let target = pipeline.targets.iter().find(|t| t.name == flow.target);
     let stage: Arc<dyn Stage> = match target.map(|t| &t.kind) {
         Some(TargetKind::ForeachBatch { endpoint }) => {
-            Arc::new(crate::runtime::stage_client::grpc_stage(
+            Arc::new(crate::runtime::flow::stage_client::grpc_stage(
                 &pipeline.name,
                 &flow.name,
                 endpoint,
@@ -446,7 +446,7 @@ mod tests {
         assert_eq!(engine::STREAMS, file::STREAMS);
         assert_eq!(
             engine::DRAIN_DEADLINE,
-            crate::runtime::signals::DRAIN_DEADLINE
+            crate::runtime::kit::signals::DRAIN_DEADLINE
         );
     }
 
@@ -460,6 +460,6 @@ mod tests {
             .iter()
             .find(|f| f.name == "per_minute_counts")
             .unwrap();
-        assert!(crate::runtime::windows::table_plan(&pipeline, counts).is_some());
+        assert!(crate::runtime::flow::windows::table_plan(&pipeline, counts).is_some());
     }
 }

@@ -8,7 +8,7 @@
 //! position), so what fires a run is exactly what the run will read; it is polled every
 //! [`POLL`] while the scheduler waits for its next fire.
 
-use crate::runtime::flows;
+use crate::runtime::flow::build;
 use sluice_pipeline::{Pipeline, Source};
 use sluice_store::{FlowHandle, Store};
 use std::sync::Arc;
@@ -34,7 +34,7 @@ impl TableUpdates {
             .iter()
             .zip(handles)
             .filter(|(flow, _)| matches!(flow.source, Source::PipelineTable { .. }))
-            .filter_map(|(flow, handle)| Some((handle.clone(), flows::read_table(pipeline, flow)?)))
+            .filter_map(|(flow, handle)| Some((handle.clone(), build::read_table(pipeline, flow)?)))
             .collect();
         Some(Self {
             store,

@@ -2,7 +2,7 @@
 //! backoff (exponential with jitter, from 100 ms up to 10 s; logged at each step) until it
 //! succeeds or the drain begins. Nothing is dropped or acked meanwhile; the caller decides what
 //! a give-up means. (A window flow following a table retries its own reads: it never gives up
-//! while it runs, `runtime/windows.rs`.)
+//! while it runs, `runtime/flow/windows.rs`.)
 
 use sluice_engine::Backoff;
 use sluice_store::StoreError;

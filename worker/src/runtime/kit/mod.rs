@@ -1,0 +1,6 @@
+//! The small kit every room uses: SIGTERM/SIGINT turned into a drain, then a give-up, then an
+//! exit, and the one way to wait for the store (backoff until done or drained). Neither acks
+//! anything: what they stop or delay is committed or redelivered.
+
+pub(crate) mod signals;
+pub(super) mod store_retry;

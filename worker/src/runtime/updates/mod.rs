@@ -1,0 +1,8 @@
+//! Updates: the flows of a pipeline run as one update at a time, and the requests (control API,
+//! `sluice reset`, `sluice full-refresh`) that drain it, clear what was asked and start the next,
+//! alone or across a running pool. Nothing is cleared under a running flow.
+
+pub(crate) mod pool;
+pub(crate) mod refresh;
+pub(crate) mod request;
+pub(super) mod update_loop;
