@@ -4,10 +4,10 @@
 //! A once Pub/Sub flow read by several replicas is complete only when none of them holds a
 //! message that could still come back: a replica that died holding messages gives them back to
 //! the subscription only when their leases lapse. So each reader reports here when it starts
-//! reading ([`crate::PoolStore::report_drain`] with `drained: false`), when it found the
+//! reading ([`crate::DrainStore::report_drain`] with `drained: false`), when it found the
 //! subscription empty with nothing in flight (`true`), and again when it received something
 //! after that (`false`); a reader that stops cleanly withdraws its report. The reports and the
-//! readers' heartbeats, read together on the store's clock ([`crate::PoolStore::drain_census`]), let
+//! readers' heartbeats, read together on the store's clock ([`crate::DrainStore::drain_census`]), let
 //! a reader decide whether the flow may be recorded complete (the worker's rule is in
 //! `worker/src/runtime/pool/drain_quorum.rs`).
 

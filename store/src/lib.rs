@@ -26,8 +26,8 @@
 //! # Pool coordination
 //!
 //! Replicas find each other through the store, with no other service: heartbeats
-//! ([`PoolStore::heartbeat`], [`PoolStore::workers`]), leases for roles that must have one holder
-//! ([`PoolStore::acquire_lease`]; at most one holder at a time, moved when the holder stops renewing;
+//! ([`MembershipStore::heartbeat`], [`MembershipStore::workers`]), leases for roles that must have one holder
+//! ([`MembershipStore::acquire_lease`]; at most one holder at a time, moved when the holder stops renewing;
 //! see [`LeaseRequest`]), and once-flow completion ([`FlowStore::record_completion`]) that every
 //! replica reads at start.
 

@@ -3,7 +3,7 @@
 //!
 //! # Guarantees
 //!
-//! A lease has at most one holder at any instant of the store's clock: [`crate::PoolStore::acquire_lease`]
+//! A lease has at most one holder at any instant of the store's clock: [`crate::MembershipStore::acquire_lease`]
 //! grants it only when it is free, expired, or already held by the same holder, in one atomic
 //! statement. A holder that stops renewing loses the lease when its time runs out, so a role
 //! moves to another replica at most [`LeaseRequest::ttl`] after its holder died, plus the taker's
@@ -70,7 +70,7 @@ pub struct LeaseRecord {
     pub acquired_at_ms: i64,
 }
 
-/// What [`crate::PoolStore::acquire_lease`] found.
+/// What [`crate::MembershipStore::acquire_lease`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseGrant {
     /// The asker holds the lease until `expires_at_ms` (store clock). `taken` is true when it

@@ -4,20 +4,20 @@
 //! # Guarantees
 //!
 //! * **One at a time, in order.** Updates are numbered as they are asked for; the one the
-//!   replicas take part in is the oldest unfinished ([`crate::PoolStore::pool_update`] with no
+//!   replicas take part in is the oldest unfinished ([`crate::PoolUpdateStore::pool_update`] with no
 //!   id), so a second request waits for the first.
-//! * **One clearer.** [`crate::PoolStore::claim_pool_update`] is one statement: it moves a
+//! * **One clearer.** [`crate::PoolUpdateStore::claim_pool_update`] is one statement: it moves a
 //!   pending update to `clearing` for one caller, or takes a claim over that is older than the
 //!   caller's `stale_after` (its clearer died). The caller clears only once it holds the claim
 //!   and every live replica reported its flows stopped.
-//! * **Ended once, by its clearer.** [`crate::PoolStore::finish_pool_update`] writes the
+//! * **Ended once, by its clearer.** [`crate::PoolUpdateStore::finish_pool_update`] writes the
 //!   outcome of an update that the caller holds the claim of; an ended update is never
 //!   rewritten, and a clearer whose claim was taken over cannot end it.
 //! * **A clear is fenced by its claim.** A reset made for an update
 //!   ([`crate::FlowStore::reset_flow`] with a [`ClearClaim`]) checks, in its own transaction and
 //!   holding the update's row against a takeover until it commits, that the update is still
 //!   being cleared by that clearer; otherwise nothing is deleted ([`crate::StoreError::ClaimLost`]).
-//!   So a clearer paused or cut off past [`crate::PoolStore::claim_pool_update`]'s `stale_after`,
+//!   So a clearer paused or cut off past [`crate::PoolUpdateStore::claim_pool_update`]'s `stale_after`,
 //!   whose claim another took over, cannot clear under replicas that resumed. Clearer ids are
 //!   unique per process (a worker id, or the command line's `cli@host/pid`), so the id is the
 //!   fencing token.

@@ -145,10 +145,7 @@ pub async fn summary(
                 let now = sluice_engine::now_ms();
                 // Served since the oldest worker alive started (none: as if one started now).
                 let up_since = store
-                    .workers(
-                        &pipeline.name,
-                        crate::runtime::pool::membership::ALIVE_WITHIN,
-                    )
+                    .workers(&pipeline.name, crate::runtime::pool::timing::ALIVE_WITHIN)
                     .await?
                     .iter()
                     .map(|w| w.started_at_ms)

@@ -10,7 +10,7 @@
 
 use super::text::{rfc3339, table};
 use crate::runtime::flow::build;
-use crate::runtime::pool::membership::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
+use crate::runtime::pool::timing::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
 use clap::ValueEnum;
 use sluice_engine::{TRACKER_LEASE_TTL, TRACKER_TICK, TURN_TTL};
 use std::path::Path;

@@ -68,7 +68,7 @@ pub async fn execute(
     // Beats at once; no update starts before a beat succeeded, so a pool update's clearer
     // that has not seen this worker report its flows stopped waits for it (`updates/pool.rs`).
     let liveness = Liveness::new();
-    let membership = Membership::start(store.clone(), beat, liveness.clone());
+    let membership = Membership::start(store.clone(), store.clone(), beat, liveness.clone());
     let publishing = crate::runtime::flow::dead_letters::start(pipeline, &store, &worker)
         .await
         .map_err(RunError::Invalid)?;

@@ -19,7 +19,7 @@
 //! the flow just as another records it complete (the newcomer commits what it reads; if it then
 //! dies holding messages, they stay in the subscription).
 
-use crate::runtime::pool::membership::ALIVE_WITHIN;
+use crate::runtime::pool::timing::ALIVE_WITHIN;
 use async_trait::async_trait;
 use sluice_engine::DrainAgreement;
 use sluice_store::PoolStore;

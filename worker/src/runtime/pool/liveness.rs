@@ -36,7 +36,7 @@
 //! still land: a commit writes its ledger keys with its rows, so a replay after a clear finds
 //! them and nothing is written twice.
 
-use crate::runtime::pool::membership::ALIVE_WITHIN;
+use crate::runtime::pool::timing::ALIVE_WITHIN;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::watch;

@@ -9,20 +9,17 @@
 //! once. The role is safe to run twice for a moment (upkeep is idempotent), so a paused holder
 //! that wakes up after losing its lease does no harm.
 
+use super::timing::{BEAT_INTERVAL, LEASE_TTL};
 use crate::runtime::pool::liveness::Liveness;
-use sluice_store::{LeaseGrant, LeaseRequest, Store, StoreError, WorkerBeat};
+use sluice_store::{
+    LeaseGrant, LeaseRequest, LedgerStore, MembershipStore, StoreError, WorkerBeat,
+};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// How often a worker beats, renews its leases and, when it holds `ledger_upkeep`, does upkeep.
-pub const BEAT_INTERVAL: Duration = Duration::from_secs(5);
-/// How long a lease lasts without renewal: three beats, so one slow store call does not lose it.
-pub const LEASE_TTL: Duration = Duration::from_secs(15);
-/// Workers heard of within this long count as alive: three missed beats.
-pub const ALIVE_WITHIN: Duration = Duration::from_secs(BEAT_INTERVAL.as_secs() * 3);
 /// The role that keeps the dedup ledger's generations.
 pub const LEDGER_UPKEEP: &str = "ledger_upkeep";
 
@@ -64,11 +61,16 @@ pub struct Membership {
 
 impl Membership {
     /// Starts beating for `beat.worker` (each successful beat renews `liveness`) and competing
-    /// for the pool's leases.
-    pub fn start(store: Arc<dyn Store>, beat: WorkerBeat, liveness: Liveness) -> Self {
+    /// for the pool's leases; the holder of the upkeep lease keeps `ledger`'s generations.
+    pub fn start(
+        store: Arc<dyn MembershipStore>,
+        ledger: Arc<dyn LedgerStore>,
+        beat: WorkerBeat,
+        liveness: Liveness,
+    ) -> Self {
         let stop = CancellationToken::new();
         tracing::info!(worker = %beat.worker, "joined the worker pool");
-        let task = tokio::spawn(beat_loop(store, beat, liveness, stop.clone()));
+        let task = tokio::spawn(beat_loop(store, ledger, beat, liveness, stop.clone()));
         Self { stop, task }
     }
 
@@ -81,7 +83,8 @@ impl Membership {
 }
 
 async fn beat_loop(
-    store: Arc<dyn Store>,
+    store: Arc<dyn MembershipStore>,
+    ledger: Arc<dyn LedgerStore>,
     beat: WorkerBeat,
     liveness: Liveness,
     stop: CancellationToken,
@@ -126,7 +129,7 @@ async fn beat_loop(
                 }
                 holding = on_grant(&lease, grant, holding);
                 if holding && upkeep.as_ref().is_none_or(JoinHandle::is_finished) {
-                    upkeep = Some(tokio::spawn(keep_ledger(store.clone())));
+                    upkeep = Some(tokio::spawn(keep_ledger(ledger.clone())));
                 }
                 BEAT_INTERVAL
             }
@@ -164,8 +167,8 @@ async fn beat_loop(
 }
 
 /// One round of ledger upkeep, by the lease's holder.
-async fn keep_ledger(store: Arc<dyn Store>) {
-    match store.ledger_upkeep().await {
+async fn keep_ledger(ledger: Arc<dyn LedgerStore>) {
+    match ledger.ledger_upkeep().await {
         Ok(upkeep) if upkeep.generations_created + upkeep.generations_dropped > 0 => {
             tracing::info!(
                 created = upkeep.generations_created,
@@ -201,11 +204,11 @@ fn on_grant(lease: &LeaseRequest, grant: LeaseGrant, was_holding: bool) -> bool 
 mod tests {
     use super::*;
     use crate::runtime::pool::liveness::{FENCE_MARGIN, SELF_FENCE_AFTER};
+    use crate::runtime::pool::timing::ALIVE_WITHIN;
     use async_trait::async_trait;
     use sluice_store::{
-        BucketCounts, BucketMessage, CommitBatch, CommitOutcome, DrainCensus, FlowHandle,
-        FlowProgress, Layout, LeaseRecord, LedgerUpkeep, ResetRows, RowCursor, StoreError,
-        StoredRow, WatermarkRecord, WindowEmission, WindowsEmitted, WorkerRecord,
+        CommitBatch, CommitOutcome, FlowHandle, FlowProgress, LeaseRecord, LedgerUpkeep,
+        StoreError, WorkerRecord,
     };
     use std::sync::Mutex;
     use tokio::time::{Instant, sleep};
@@ -222,7 +225,7 @@ mod tests {
     }
 
     /// A fake store, not a real backend: it records membership's calls on tokio's clock and
-    /// keeps the lease by `PoolStore::acquire_lease`'s rule (free, expired or already the asker's)
+    /// keeps the lease by `MembershipStore::acquire_lease`'s rule (free, expired or already the asker's)
     /// on tokio's clock too, so paused time moves it. SQLite's lease expiry reads the wall
     /// clock; the real stores' leases are tested in store/tests/pool_contract.rs and, moving
     /// between processes, in tests/tests/pool_lease.rs.
@@ -295,7 +298,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_worker_beats_and_renews_its_15_second_lease_every_5_seconds() {
         let store = FakeStore::new();
-        let member = Membership::start(store.clone(), beat("a"), Liveness::new());
+        let member = Membership::start(store.clone(), store.clone(), beat("a"), Liveness::new());
         sleep(Duration::from_secs(22)).await;
         let beats = secs(&[0, 5, 10, 15, 20]);
         assert_eq!(store.times(|c| c == &Call::Heartbeat("a".into())), beats);
@@ -315,9 +318,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_second_worker_gets_the_lease_only_after_the_first_stops_beating() {
         let store = FakeStore::new();
-        let first = Membership::start(store.clone(), beat("a"), Liveness::new());
+        let first = Membership::start(store.clone(), store.clone(), beat("a"), Liveness::new());
         sleep(Duration::from_secs(1)).await;
-        let _second = Membership::start(store.clone(), beat("b"), Liveness::new());
+        let _second = Membership::start(store.clone(), store.clone(), beat("b"), Liveness::new());
         sleep(Duration::from_millis(60_500)).await;
         // b asked at every beat and was refused while a kept beating.
         assert_eq!(
@@ -348,9 +351,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_clean_stop_hands_the_lease_over_at_the_next_beat() {
         let store = FakeStore::new();
-        let first = Membership::start(store.clone(), beat("a"), Liveness::new());
+        let first = Membership::start(store.clone(), store.clone(), beat("a"), Liveness::new());
         sleep(Duration::from_secs(1)).await;
-        let _second = Membership::start(store.clone(), beat("b"), Liveness::new());
+        let _second = Membership::start(store.clone(), store.clone(), beat("b"), Liveness::new());
         sleep(Duration::from_millis(11_500)).await;
         first.stop().await;
         let stopped_at = store.origin.elapsed();
@@ -368,7 +371,7 @@ mod tests {
     async fn a_worker_whose_beats_hang_fences_itself_before_the_pool_counts_it_gone() {
         let store = FakeStore::new();
         let liveness = Liveness::new();
-        let _member = Membership::start(store.clone(), beat("a"), liveness.clone());
+        let _member = Membership::start(store.clone(), store.clone(), beat("a"), liveness.clone());
         sleep(Duration::from_millis(100)).await;
         assert!(liveness.is_live(), "the first beat makes it live");
         let gate = liveness.gate();
@@ -429,143 +432,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl sluice_store::FlowStore for FakeStore {
-        // Not used by membership.
-        async fn prepare(&self, _: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
-            unused("prepare")
-        }
-
-        async fn record_completion(&self, _: &FlowHandle) -> Result<(), StoreError> {
-            unused("record_completion")
-        }
-
-        async fn completions(&self, _: &str) -> Result<Vec<(String, i64)>, StoreError> {
-            unused("completions")
-        }
-
-        async fn reset_flow(
-            &self,
-            _: &FlowHandle,
-            _: Option<&str>,
-            _: ResetRows,
-            _: Option<&sluice_store::ClearClaim>,
-        ) -> Result<(), StoreError> {
-            unused("reset_flow")
-        }
-
-        async fn read_rows(
-            &self,
-            _: &str,
-            _: Option<&RowCursor>,
-            _: usize,
-        ) -> Result<Vec<StoredRow>, StoreError> {
-            unused("read_rows")
-        }
-    }
-
-    #[async_trait]
-    impl sluice_store::FeedStore for FakeStore {
-        async fn read_position(
-            &self,
-            _: &FlowHandle,
-            _: &str,
-        ) -> Result<sluice_store::ReadPosition, StoreError> {
-            unused("read_position")
-        }
-
-        async fn plan_range(
-            &self,
-            _: &FlowHandle,
-            _: &str,
-            _: &sluice_store::ReadPosition,
-        ) -> Result<sluice_store::ReadPosition, StoreError> {
-            unused("plan_range")
-        }
-
-        async fn read_range(
-            &self,
-            _: &str,
-            _: &sluice_store::ReadPosition,
-            _: usize,
-        ) -> Result<Vec<sluice_store::FeedRow>, StoreError> {
-            unused("read_range")
-        }
-
-        async fn feed_lag(
-            &self,
-            _: &str,
-            _: &sluice_store::ReadPosition,
-        ) -> Result<sluice_store::FeedLag, StoreError> {
-            unused("feed_lag")
-        }
-
-        async fn file_checkpoint(
-            &self,
-            _: &FlowHandle,
-        ) -> Result<Option<sluice_store::FileCheckpoint>, StoreError> {
-            unused("file_checkpoint")
-        }
-
-        async fn save_file_checkpoint(
-            &self,
-            _: &FlowHandle,
-            _: &sluice_store::FileCheckpoint,
-        ) -> Result<(), StoreError> {
-            unused("save_file_checkpoint")
-        }
-    }
-
-    #[async_trait]
-    impl sluice_store::PoolStore for FakeStore {
-        async fn request_pool_update(&self, _: &str, _: &str, _: &str) -> Result<i64, StoreError> {
-            unused("request_pool_update")
-        }
-
-        async fn pool_update(
-            &self,
-            _: &str,
-            _: Option<i64>,
-        ) -> Result<Option<sluice_store::PoolUpdate>, StoreError> {
-            unused("pool_update")
-        }
-
-        async fn latest_pool_update(
-            &self,
-            _: &str,
-        ) -> Result<Option<sluice_store::PoolUpdate>, StoreError> {
-            unused("latest_pool_update")
-        }
-
-        async fn drained_for_pool_update(
-            &self,
-            _: &str,
-            _: i64,
-            _: &str,
-        ) -> Result<(), StoreError> {
-            unused("drained_for_pool_update")
-        }
-
-        async fn claim_pool_update(
-            &self,
-            _: &str,
-            _: i64,
-            _: &str,
-            _: Duration,
-        ) -> Result<bool, StoreError> {
-            unused("claim_pool_update")
-        }
-
-        async fn finish_pool_update(
-            &self,
-            _: &str,
-            _: i64,
-            _: &str,
-            _: bool,
-            _: &str,
-        ) -> Result<bool, StoreError> {
-            unused("finish_pool_update")
-        }
-
+    impl sluice_store::MembershipStore for FakeStore {
         async fn heartbeat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
             self.record(Call::Heartbeat(beat.worker.clone()));
             let hang = self.state.lock().unwrap().hang_until;
@@ -631,124 +498,6 @@ mod tests {
 
         async fn leases(&self, _: &str) -> Result<Vec<LeaseRecord>, StoreError> {
             unused("leases")
-        }
-
-        async fn report_drain(&self, _: &FlowHandle, _: &str, _: bool) -> Result<(), StoreError> {
-            unused("report_drain")
-        }
-
-        async fn withdraw_drain(&self, _: &FlowHandle, _: &str) -> Result<(), StoreError> {
-            unused("withdraw_drain")
-        }
-
-        async fn drain_census(&self, _: &FlowHandle) -> Result<DrainCensus, StoreError> {
-            unused("drain_census")
-        }
-    }
-
-    #[async_trait]
-    impl sluice_store::ProgressStore for FakeStore {
-        async fn add_bucket_messages(
-            &self,
-            _: &FlowHandle,
-            _: &[BucketMessage],
-        ) -> Result<(), StoreError> {
-            unused("add_bucket_messages")
-        }
-
-        async fn bucket_counts(
-            &self,
-            _: &FlowHandle,
-            _: i64,
-        ) -> Result<Vec<BucketCounts>, StoreError> {
-            unused("bucket_counts")
-        }
-
-        async fn prune_buckets(&self, _: &FlowHandle, _: i64) -> Result<u64, StoreError> {
-            unused("prune_buckets")
-        }
-
-        async fn advance_watermark(
-            &self,
-            _: &FlowHandle,
-            _: &WatermarkRecord,
-            _: Option<&str>,
-        ) -> Result<Option<WatermarkRecord>, StoreError> {
-            unused("advance_watermark")
-        }
-
-        async fn watermarks(&self, _: &str) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
-            unused("watermarks")
-        }
-    }
-
-    #[async_trait]
-    impl sluice_store::WindowStore for FakeStore {
-        async fn prepare_window_table(&self, _: &str) -> Result<(), StoreError> {
-            unused("prepare_window_table")
-        }
-
-        async fn emit_windows(
-            &self,
-            _: &FlowHandle,
-            _: &WindowEmission,
-        ) -> Result<WindowsEmitted, StoreError> {
-            unused("emit_windows")
-        }
-    }
-
-    #[async_trait]
-    impl sluice_store::RunStore for FakeStore {
-        async fn begin_run(
-            &self,
-            _: &sluice_store::RunStart,
-        ) -> Result<sluice_store::RunRecord, StoreError> {
-            unused("begin_run")
-        }
-
-        async fn end_run(
-            &self,
-            _: i64,
-            _: &str,
-            _: &sluice_store::RunEnd,
-        ) -> Result<bool, StoreError> {
-            unused("end_run")
-        }
-
-        async fn runs(
-            &self,
-            _: &str,
-            _: usize,
-        ) -> Result<Vec<sluice_store::RunRecord>, StoreError> {
-            unused("runs")
-        }
-
-        async fn last_fire(&self, _: &str) -> Result<Option<i64>, StoreError> {
-            unused("last_fire")
-        }
-    }
-
-    #[async_trait]
-    impl sluice_store::OutboxStore for FakeStore {
-        async fn take_outbox(
-            &self,
-            _: &str,
-            _: usize,
-            _: usize,
-        ) -> Result<Vec<sluice_store::OutboxLetter>, StoreError> {
-            unused("take_outbox")
-        }
-
-        async fn outbox_published(&self, _: &str, _: &[i64]) -> Result<(), StoreError> {
-            unused("outbox_published")
-        }
-
-        async fn outbox_refused(&self, _: &str, _: i64, _: &str) -> Result<(), StoreError> {
-            unused("outbox_refused")
-        }
-
-        async fn outbox_census(&self, _: &str) -> Result<sluice_store::OutboxCensus, StoreError> {
-            unused("outbox_census")
         }
     }
 }

@@ -5,3 +5,4 @@
 pub(super) mod drain_quorum;
 pub(super) mod liveness;
 pub(crate) mod membership;
+pub(crate) mod timing;

@@ -4,7 +4,7 @@
 //! ([`LEASE_TTL`] after the last renewal), so a short store outage neither drains a run nor
 //! makes the worker wait for the lease again; a clean stop hands it back at once.
 
-use crate::runtime::pool::membership::{BEAT_INTERVAL, LEASE_TTL};
+use crate::runtime::pool::timing::{BEAT_INTERVAL, LEASE_TTL};
 use sluice_store::{LeaseGrant, LeaseRequest, Store};
 use std::sync::Arc;
 use tokio::sync::watch;

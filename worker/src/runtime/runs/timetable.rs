@@ -38,7 +38,7 @@ use crate::runtime::flow::build::RunScope;
 use crate::runtime::flow::executor::FlowOutcome;
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
-use crate::runtime::pool::membership::ALIVE_WITHIN;
+use crate::runtime::pool::timing::ALIVE_WITHIN;
 use crate::runtime::runs::lease::SchedulerLease;
 use crate::runtime::runs::record::{self, Ran, RunAsk};
 use crate::runtime::runs::table_updates::TableUpdates;

@@ -33,7 +33,7 @@
 //! not cleared resumes where it stood (its acked messages do not come back), so nothing of it
 //! is replayed.
 
-use crate::runtime::pool::membership::ALIVE_WITHIN;
+use crate::runtime::pool::timing::ALIVE_WITHIN;
 use crate::runtime::updates::refresh::{Clearing, RefreshError, UnderClaim};
 use crate::runtime::updates::request::{self, UpdateKind};
 use sluice_pipeline::Pipeline;

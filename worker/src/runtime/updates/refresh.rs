@@ -39,7 +39,7 @@
 //!   so a clearer paused past its claim deletes and replays nothing once it wakes.
 
 use crate::runtime::flow::build;
-use crate::runtime::pool::membership::ALIVE_WITHIN;
+use crate::runtime::pool::timing::ALIVE_WITHIN;
 use sluice_engine::pubsub::Admin;
 use sluice_engine::{PubSubConfig, parse_event_time};
 use sluice_pipeline::{Pipeline, Source};

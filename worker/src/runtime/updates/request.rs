@@ -17,7 +17,7 @@
 //! * A signal or `Drain` ends the worker as always; a request that arrives during a drain is
 //!   refused.
 
-use crate::runtime::pool::membership::ALIVE_WITHIN;
+use crate::runtime::pool::timing::ALIVE_WITHIN;
 use crate::runtime::updates::refresh::{self, Clearing, RefreshError};
 use sluice_pipeline::Pipeline;
 use sluice_store::PoolStore;
