@@ -1,4 +1,4 @@
-//! The pool role (`PoolStore`): leases with one holder, heartbeats of live workers, drain
+//! The pool roles (`MembershipStore`, `PoolUpdateStore`, `DrainStore`): leases with one holder, heartbeats of live workers, drain
 //! reports with the readers' heartbeats.
 //! Each test runs on both backends (`contract/mod.rs`).
 #![allow(clippy::unwrap_used, missing_docs)]

@@ -22,7 +22,7 @@
 use crate::runtime::pool::timing::ALIVE_WITHIN;
 use async_trait::async_trait;
 use sluice_engine::DrainAgreement;
-use sluice_store::PoolStore;
+use sluice_store::DrainStore;
 use sluice_store::{DrainCensus, FlowHandle};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +37,7 @@ pub const REDELIVERY_WAIT: Duration = Duration::from_secs(240);
 
 /// The store-backed [`DrainAgreement`] of one once flow on one worker.
 pub struct StoreDrainQuorum {
-    store: Arc<dyn PoolStore>,
+    store: Arc<dyn DrainStore>,
     flow: FlowHandle,
     worker: String,
     drain_idle: Duration,
@@ -46,7 +46,7 @@ pub struct StoreDrainQuorum {
 impl StoreDrainQuorum {
     /// The agreement of `worker` on `flow`, whose source drains after `drain_idle`.
     pub fn new(
-        store: Arc<dyn PoolStore>,
+        store: Arc<dyn DrainStore>,
         flow: FlowHandle,
         worker: &str,
         drain_idle: Duration,

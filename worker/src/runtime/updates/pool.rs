@@ -37,7 +37,9 @@ use crate::runtime::pool::timing::ALIVE_WITHIN;
 use crate::runtime::updates::refresh::{Clearing, RefreshError, UnderClaim};
 use crate::runtime::updates::request::{self, UpdateKind};
 use sluice_pipeline::Pipeline;
-use sluice_store::{ClearClaim, PoolStore, PoolUpdate, PoolUpdateState, StoreError};
+use sluice_store::{
+    ClearClaim, MembershipStore, PoolUpdate, PoolUpdateState, PoolUpdateStore, StoreError,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -127,7 +129,7 @@ pub struct Part<'a> {
 /// Records a request for an update of the running pool; returns its number.
 pub async fn request(
     pipeline: &Pipeline,
-    store: &dyn PoolStore,
+    store: &dyn PoolUpdateStore,
     kind: &UpdateKind,
     me: &str,
 ) -> Result<i64, RefreshError> {
@@ -380,7 +382,7 @@ fn keep_claim(part: &Part<'_>, id: i64) -> tokio_util::sync::DropGuard {
 }
 
 /// The live replicas that have not reported their flows stopped for `update`.
-async fn still_running(store: &dyn PoolStore, update: &PoolUpdate) -> Vec<String> {
+async fn still_running(store: &dyn MembershipStore, update: &PoolUpdate) -> Vec<String> {
     let live = retry("read the pool's workers", || {
         store.workers(&update.pipeline, ALIVE_WITHIN)
     })
@@ -421,7 +423,7 @@ pub struct PoolWatch {
 
 impl PoolWatch {
     /// Starts watching `pipeline`'s pool updates.
-    pub fn start(store: Arc<dyn PoolStore>, pipeline: &str) -> Self {
+    pub fn start(store: Arc<dyn PoolUpdateStore>, pipeline: &str) -> Self {
         let (send, current) = watch::channel(None);
         let pipeline = pipeline.to_owned();
         let task = tokio::spawn(async move {

@@ -43,7 +43,7 @@ use crate::runtime::pool::timing::ALIVE_WITHIN;
 use sluice_engine::pubsub::Admin;
 use sluice_engine::{PubSubConfig, parse_event_time};
 use sluice_pipeline::{Pipeline, Source};
-use sluice_store::{ClearClaim, PoolStore, ResetRows, Store};
+use sluice_store::{ClearClaim, PoolUpdateStore, ResetRows, Store};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -94,7 +94,11 @@ pub struct UnderClaim {
 impl Clearing<'_> {
     /// Renews the claim, if there is one: an error if another process holds it now (or the
     /// update ended), before something that no transaction can fence (a seek, a file removal).
-    async fn confirm(&self, pipeline: &str, store: &dyn PoolStore) -> Result<(), RefreshError> {
+    async fn confirm(
+        &self,
+        pipeline: &str,
+        store: &dyn PoolUpdateStore,
+    ) -> Result<(), RefreshError> {
         let Some(under) = self.claim else {
             return Ok(());
         };

@@ -20,7 +20,7 @@
 use crate::runtime::pool::timing::ALIVE_WITHIN;
 use crate::runtime::updates::refresh::{self, Clearing, RefreshError};
 use sluice_pipeline::Pipeline;
-use sluice_store::PoolStore;
+use sluice_store::MembershipStore;
 use tokio::sync::{mpsc, oneshot};
 
 /// Requests waiting for the run loop, at most (a caller beyond that waits to be queued).
@@ -112,7 +112,7 @@ pub async fn check(pipeline: &Pipeline, kind: &UpdateKind) -> Result<(), Refresh
 /// request becomes a pool update (`runtime/updates/pool.rs`).
 pub async fn others_alive(
     pipeline: &Pipeline,
-    store: &dyn PoolStore,
+    store: &dyn MembershipStore,
     me: &str,
 ) -> Result<Vec<String>, RefreshError> {
     Ok(store
