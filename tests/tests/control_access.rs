@@ -70,15 +70,23 @@ fn refused<T: std::fmt::Debug>(call: &str, result: Result<T, Status>, code: Code
     }
 }
 
-/// The worker's only flow, asked without a token.
+/// The worker's only flow, asked without a token once the worker reports itself ready (its
+/// readiness follows the flows' states every 250 ms, so it may lag a flow that just started).
 async fn flow(client: &mut ControlClient<tonic::transport::Channel>) -> FlowStatus {
-    let status = client
-        .get_status(GetStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(status.ready && !status.draining, "{status:?}");
-    status.flows.into_iter().next().unwrap()
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = client
+            .get_status(GetStatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!status.draining, "{status:?}");
+        if status.ready {
+            return status.flows.into_iter().next().unwrap();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never ready: {status:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A seek an hour ahead: it would mark everything published until then as acknowledged.

@@ -32,6 +32,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const EVENTS: usize = 3_000;
+/// Each way between a process and PostgreSQL while the clearer is aimed at: the answer to its
+/// last check takes this long to come back, the window in which the test stops it.
+const AIM_DELAY: Duration = Duration::from_millis(250);
 
 /// The local PostgreSQL server the scratch database lives on.
 fn postgres_addr() -> SocketAddr {
@@ -246,7 +249,7 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
         .await
         .unwrap();
     // Every process reaches PostgreSQL through its own proxy, slowed while the update clears
-    // (150 ms each way), so that the clearer can be stopped between its last check and its
+    // ([`AIM_DELAY`] each way), so that the clearer can be stopped between its last check and its
     // clear, holding no transaction.
     let endpoint = sluice_tests::emulator().endpoint();
     let proxies: Vec<FaultProxy> = (0..4).map(|_| FaultProxy::start(postgres_addr())).collect();
@@ -292,7 +295,7 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
     );
 
     for proxy in &proxies {
-        proxy.delay(Duration::from_millis(150));
+        proxy.delay(AIM_DELAY);
     }
     let reset = start_reset(&files[3], seek_ms);
     // The clearer, as soon as one claims the update.
@@ -321,17 +324,27 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
          AND backend_start > '{claimed_at}' AND query LIKE 'SELECT worker, host%'"
     );
+    // Watched over one open session, every 5 ms: starting a `psql` per look took longer than
+    // the answer's way back under a loaded machine (CI run 2026-12-04: the aim missed).
+    let (watch, session) = tokio_postgres::connect(database.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(session);
+    // Worker ids are `<host>-<pid>-<random>`; the command line's `cli-<host>-<pid>-<random>`.
+    let pid: u32 = clearer.rsplit('-').nth(1).unwrap().parse().unwrap();
     let started = Instant::now();
-    while db.query(&checking) == 0 {
+    loop {
+        let seen: i64 = watch.query_one(&checking, &[]).await.unwrap().get(0);
+        if seen > 0 {
+            break;
+        }
         assert!(
             started.elapsed() < Duration::from_secs(120),
             "the clearer never checked the running workers: {}",
             logs(&workers)
         );
-        std::thread::sleep(Duration::from_millis(10));
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // Worker ids are `<host>-<pid>-<random>`; the command line's `cli-<host>-<pid>-<random>`.
-    let pid: u32 = clearer.rsplit('-').nth(1).unwrap().parse().unwrap();
     signal(pid, "STOP");
     let rows_at_claim = db.query("SELECT count(*) FROM test__events");
     // The stop landed outside the clear's transactions: none of its sessions holds one open

@@ -7,6 +7,8 @@
 
 pub(crate) mod ack_fence;
 pub(crate) mod batch;
+#[cfg(test)]
+mod batch_timing;
 pub(crate) mod budget;
 pub(crate) mod commit;
 pub(crate) mod commit_bound;

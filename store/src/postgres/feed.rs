@@ -3,10 +3,13 @@
 //! (`writer_xid`) is visible in its end and not in its start, so a transaction that commits
 //! after one with a larger id is still read, in the range of its own commit.
 
+use super::PostgresStore;
+use async_trait::async_trait;
+
 use crate::schema::check_table;
 use crate::{
-    FILE_SOURCE, FeedLag, FeedRow, FileCheckpoint, FlowHandle, PositionAdvance, ReadPosition,
-    StoreError, StoredRow,
+    FILE_SOURCE, FeedLag, FeedRow, FeedStore, FileCheckpoint, FlowHandle, PositionAdvance,
+    ReadPosition, StoreError, StoredRow,
 };
 use deadpool_postgres::{Client, GenericClient};
 
@@ -254,4 +257,58 @@ pub(super) async fn save_file_checkpoint(
         )
         .await?;
     Ok(())
+}
+
+#[async_trait]
+impl FeedStore for PostgresStore {
+    async fn read_position(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+    ) -> Result<ReadPosition, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::read_position(&client, flow, table).await
+    }
+
+    async fn plan_range(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        at: &ReadPosition,
+    ) -> Result<ReadPosition, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::plan_range(&client, flow, table, at).await
+    }
+
+    async fn read_range(
+        &self,
+        table: &str,
+        at: &ReadPosition,
+        limit: usize,
+    ) -> Result<Vec<FeedRow>, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::read_range(&client, table, at, limit).await
+    }
+
+    async fn feed_lag(&self, table: &str, at: &ReadPosition) -> Result<FeedLag, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::feed_lag(&client, table, at).await
+    }
+
+    async fn file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+    ) -> Result<Option<FileCheckpoint>, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::file_checkpoint(&client, flow).await
+    }
+
+    async fn save_file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+        at: &FileCheckpoint,
+    ) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        self::save_file_checkpoint(&client, flow, at).await
+    }
 }

@@ -1,8 +1,14 @@
 //! PostgreSQL: a flow's lifecycle beyond commits — forgetting it (`reset FLOW`, `full-refresh`)
 //! and asking which keys it has already written.
 
+use super::{PostgresStore, ledger, ms, schema};
+use async_trait::async_trait;
+use std::sync::Arc;
+
 use crate::schema::{check_table, table_name};
-use crate::{ClearClaim, FlowHandle, ResetRows, RowCursor, StoreError, StoredRow};
+use crate::{
+    ClearClaim, FlowHandle, FlowStore, Layout, ResetRows, RowCursor, StoreError, StoredRow,
+};
 use deadpool_postgres::Client;
 
 /// Forgets the flow in one transaction: its counters, completion, commit marks, watermark
@@ -258,4 +264,105 @@ pub(super) async fn commit_recorded(
         .await?;
     tx.commit().await?;
     Ok(row.try_get::<_, i64>(0)? > 0)
+}
+
+#[async_trait]
+impl FlowStore for PostgresStore {
+    async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
+        let (mut client, width) = self.ready().await?;
+        let mut ddl = schema::dead_letter_ddl(&layout.pipeline)?;
+        for target in &layout.tables {
+            if target == "dead_letter" {
+                return Err(StoreError::Config(
+                    "a table target may not be named dead_letter".to_owned(),
+                ));
+            }
+            ddl.push_str(&schema::target_ddl(&table_name(&layout.pipeline, target)?));
+        }
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&schema::DDL_LOCK])
+            .await?;
+        tx.batch_execute(&ddl).await?;
+        for target in &layout.tables {
+            schema::upgrade_target(&tx, &table_name(&layout.pipeline, target)?).await?;
+        }
+        let mut handles = Vec::with_capacity(layout.flows.len());
+        let pipeline: Arc<str> = Arc::from(layout.pipeline.as_str());
+        for flow in &layout.flows {
+            table_name(&layout.pipeline, flow)?;
+            tx.execute(
+                "INSERT INTO sluice_flows (pipeline, flow) VALUES ($1, $2)
+                 ON CONFLICT (pipeline, flow) DO NOTHING",
+                &[&layout.pipeline, flow],
+            )
+            .await?;
+            let id: i64 = tx
+                .query_one(
+                    "SELECT flow_id FROM sluice_flows WHERE pipeline = $1 AND flow = $2",
+                    &[&layout.pipeline, flow],
+                )
+                .await?
+                .try_get(0)?;
+            handles.push(FlowHandle {
+                id,
+                pipeline: pipeline.clone(),
+                name: Arc::from(flow.as_str()),
+            });
+        }
+        tx.commit().await?;
+        ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+        self.server_clock.measure(&client).await?;
+        Ok(handles)
+    }
+
+    async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        client
+            .execute(
+                "INSERT INTO sluice_completions (flow_id, completed_at) VALUES ($1, now())
+                 ON CONFLICT (flow_id) DO UPDATE SET completed_at = excluded.completed_at",
+                &[&flow.id],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        let (client, _) = self.ready().await?;
+        let rows = client
+            .query(
+                concat!(
+                    "SELECT f.flow, ",
+                    ms!("c.completed_at"),
+                    " FROM sluice_completions c JOIN sluice_flows f USING (flow_id)
+                     WHERE f.pipeline = $1 ORDER BY f.flow"
+                ),
+                &[&pipeline],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect()
+    }
+
+    async fn reset_flow(
+        &self,
+        flow: &FlowHandle,
+        table: Option<&str>,
+        rows: ResetRows,
+        claim: Option<&ClearClaim>,
+    ) -> Result<(), StoreError> {
+        let (mut client, _) = self.ready().await?;
+        self::reset_flow(&mut client, flow, table, rows, claim).await
+    }
+
+    async fn read_rows(
+        &self,
+        table: &str,
+        after: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        let client = self.client().await?;
+        self::read_rows(&client, table, after, limit).await
+    }
 }

@@ -2,7 +2,10 @@
 //! statement. A letter is owed while `published_at` and `refused` are both unset; a published
 //! one stays as a marker with its message dropped (migration 13).
 
-use crate::{OutboxCensus, OutboxLetter, StoreError};
+use super::PostgresStore;
+use async_trait::async_trait;
+
+use crate::{OutboxCensus, OutboxLetter, OutboxStore, StoreError};
 use bytes::Bytes;
 use deadpool_postgres::Client;
 
@@ -99,4 +102,32 @@ pub(super) async fn census(client: &Client, pipeline: &str) -> Result<OutboxCens
         waiting: count(0)?,
         refused: count(1)?,
     })
+}
+
+#[async_trait]
+impl OutboxStore for PostgresStore {
+    async fn take_outbox(
+        &self,
+        pipeline: &str,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<OutboxLetter>, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::take(&client, pipeline, limit, max_bytes).await
+    }
+
+    async fn outbox_published(&self, pipeline: &str, ids: &[i64]) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        self::published(&client, pipeline, ids).await
+    }
+
+    async fn outbox_refused(&self, pipeline: &str, id: i64, why: &str) -> Result<(), StoreError> {
+        let (client, _) = self.ready().await?;
+        self::refused(&client, pipeline, id, why).await
+    }
+
+    async fn outbox_census(&self, pipeline: &str) -> Result<OutboxCensus, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::census(&client, pipeline).await
+    }
 }

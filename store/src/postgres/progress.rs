@@ -7,7 +7,12 @@
 //! rows without reading them first. A flow's reset gives it a new id (see
 //! `flows.rs`): its records are then reachable neither by id nor by name.
 
-use crate::{BucketCounts, BucketMessage, FlowHandle, MessageReport, StoreError, WatermarkRecord};
+use super::PostgresStore;
+use crate::{
+    BucketCounts, BucketMessage, FlowHandle, MessageReport, ProgressStore, StoreError,
+    WatermarkRecord,
+};
+use async_trait::async_trait;
 use deadpool_postgres::Client;
 use std::collections::BTreeMap;
 
@@ -180,6 +185,53 @@ pub(super) async fn watermarks(
             ))
         })
         .collect()
+}
+
+#[async_trait]
+impl ProgressStore for PostgresStore {
+    async fn add_bucket_messages(
+        &self,
+        flow: &FlowHandle,
+        messages: &[BucketMessage],
+    ) -> Result<(), StoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let (client, _) = self.ready().await?;
+        self::add_bucket_messages(&client, flow, messages).await
+    }
+
+    async fn bucket_counts(
+        &self,
+        flow: &FlowHandle,
+        from_ms: i64,
+    ) -> Result<Vec<BucketCounts>, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::bucket_counts(&client, flow, from_ms).await
+    }
+
+    async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::prune_buckets(&client, flow, before_ms).await
+    }
+
+    async fn advance_watermark(
+        &self,
+        flow: &FlowHandle,
+        offer: &WatermarkRecord,
+        fenced_by: Option<&str>,
+    ) -> Result<Option<WatermarkRecord>, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::advance_watermark(&client, flow, offer, fenced_by).await
+    }
+
+    async fn watermarks(
+        &self,
+        pipeline: &str,
+    ) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::watermarks(&client, pipeline).await
+    }
 }
 
 #[cfg(test)]

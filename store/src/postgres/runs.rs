@@ -1,9 +1,11 @@
 //! A triggered pipeline's runs on PostgreSQL; the semantics are those of [`crate::runs`], with
 //! the database server's clock.
 
-use super::ms;
+use super::{PostgresStore, ms};
+use async_trait::async_trait;
+
 use crate::runs::{Begin, rows_from_json, rows_to_json};
-use crate::{RunEnd, RunRecord, RunStart, RunState, RunTrigger, StoreError};
+use crate::{RunEnd, RunRecord, RunStart, RunState, RunStore, RunTrigger, StoreError};
 use deadpool_postgres::Client;
 use tokio_postgres::Row;
 
@@ -193,4 +195,27 @@ fn record(row: &Row) -> Result<RunRecord, StoreError> {
         rows: rows_from_json(&row.try_get::<_, String>(9)?),
         error: row.try_get(10)?,
     })
+}
+
+#[async_trait]
+impl RunStore for PostgresStore {
+    async fn begin_run(&self, run: &RunStart) -> Result<RunRecord, StoreError> {
+        let (mut client, _) = self.ready().await?;
+        self::begin_run(&mut client, run).await
+    }
+
+    async fn end_run(&self, run_id: i64, worker: &str, end: &RunEnd) -> Result<bool, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::end_run(&client, run_id, worker, end).await
+    }
+
+    async fn runs(&self, pipeline: &str, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::runs(&client, pipeline, limit).await
+    }
+
+    async fn last_fire(&self, pipeline: &str) -> Result<Option<i64>, StoreError> {
+        let (client, _) = self.ready().await?;
+        self::last_fire(&client, pipeline).await
+    }
 }

@@ -9,9 +9,12 @@
 //! epoch as `read_rows` gives them, so a row lands in the window its event time says;
 //! `emitted_at` is the database server's clock.
 
+use super::PostgresStore;
+use async_trait::async_trait;
+
 use crate::schema::check_table;
 use crate::windows::{COUNTS_KEY, Plan, check_emission, mark_of_size, plan};
-use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowsEmitted};
+use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowStore, WindowsEmitted};
 use deadpool_postgres::Client;
 
 /// Near the latest instant PostgreSQL's `timestamptz` holds (294276-12-31 23:59:59 UTC), ms:
@@ -255,4 +258,21 @@ pub(super) async fn emit_windows(
         rows,
         emitted_before_ms: end,
     })
+}
+
+#[async_trait]
+impl WindowStore for PostgresStore {
+    async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError> {
+        let (mut client, _) = self.ready().await?;
+        self::prepare_window_table(&mut client, windows_table).await
+    }
+
+    async fn emit_windows(
+        &self,
+        flow: &FlowHandle,
+        emission: &WindowEmission,
+    ) -> Result<WindowsEmitted, StoreError> {
+        let (mut client, _) = self.ready().await?;
+        self::emit_windows(&mut client, flow, emission).await
+    }
 }

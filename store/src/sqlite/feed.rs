@@ -1,11 +1,14 @@
 //! Feeds on SQLite (see the crate's `feed` module): a point of a table's history is its
 //! `sluice_table_seqs` counter, a range `(from, to]` of `seq`.
 
+use super::SqliteStore;
+use crate::FeedStore;
 use crate::schema::check_table;
 use crate::{
     FILE_SOURCE, FeedLag, FeedRow, FileCheckpoint, FlowHandle, PositionAdvance, ReadPosition,
     StoreError, StoredRow,
 };
+use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 /// A point as stored: the counter value, 0 for the beginning.
@@ -201,4 +204,64 @@ pub(crate) fn save_file_checkpoint(
         params![flow.id, FILE_SOURCE, at.path, at.offset, at.line],
     )?;
     Ok(())
+}
+
+#[async_trait]
+impl FeedStore for SqliteStore {
+    async fn read_position(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+    ) -> Result<ReadPosition, StoreError> {
+        let (flow, table) = (flow.clone(), table.to_owned());
+        self.call(move |conn| self::read_position(conn, &flow, &table))
+            .await
+    }
+
+    async fn plan_range(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        at: &ReadPosition,
+    ) -> Result<ReadPosition, StoreError> {
+        let (flow, table, at) = (flow.clone(), table.to_owned(), at.clone());
+        self.call(move |conn| self::plan_range(conn, &flow, &table, &at))
+            .await
+    }
+
+    async fn read_range(
+        &self,
+        table: &str,
+        at: &ReadPosition,
+        limit: usize,
+    ) -> Result<Vec<FeedRow>, StoreError> {
+        let (table, at) = (table.to_owned(), at.clone());
+        self.call(move |conn| self::read_range(conn, &table, &at, limit))
+            .await
+    }
+
+    async fn feed_lag(&self, table: &str, at: &ReadPosition) -> Result<FeedLag, StoreError> {
+        let (table, at) = (table.to_owned(), at.clone());
+        self.call(move |conn| self::feed_lag(conn, &table, &at))
+            .await
+    }
+
+    async fn file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+    ) -> Result<Option<FileCheckpoint>, StoreError> {
+        let flow = flow.clone();
+        self.call(move |conn| self::file_checkpoint(conn, &flow))
+            .await
+    }
+
+    async fn save_file_checkpoint(
+        &self,
+        flow: &FlowHandle,
+        at: &FileCheckpoint,
+    ) -> Result<(), StoreError> {
+        let (flow, at) = (flow.clone(), at.clone());
+        self.call(move |conn| self::save_file_checkpoint(conn, &flow, &at))
+            .await
+    }
 }

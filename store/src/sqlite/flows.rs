@@ -1,8 +1,13 @@
 //! SQLite: a flow's lifecycle beyond commits — forgetting it (`reset FLOW`, `full-refresh`),
 //! asking which keys it has already written, its completion, its counters and row counts.
 
+use super::{Command, SqliteStore, now_ms};
 use crate::schema::{check_table, table_name};
-use crate::{ClearClaim, FlowHandle, FlowProgress, ResetRows, RowCursor, StoreError, StoredRow};
+use crate::{
+    ClearClaim, FlowHandle, FlowProgress, FlowStore, Layout, ResetRows, RowCursor, StoreError,
+    StoredRow,
+};
+use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 /// Keys looked up per statement (well under SQLite's limit of bound parameters).
@@ -324,4 +329,47 @@ pub(super) fn flow_progress(conn: &Connection, id: i64) -> Result<FlowProgress, 
         )
         .optional()?;
     progress.ok_or_else(|| StoreError::Config(format!("no flow with id {id}")))
+}
+
+#[async_trait]
+impl FlowStore for SqliteStore {
+    async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
+        let layout = layout.clone();
+        self.ask(|reply| Command::Prepare(layout, reply)).await
+    }
+
+    async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
+        let id = flow.id;
+        self.call(move |conn| self::record_completion(conn, id, now_ms()))
+            .await
+    }
+
+    async fn completions(&self, pipeline: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| self::completions(conn, &pipeline))
+            .await
+    }
+
+    async fn reset_flow(
+        &self,
+        flow: &FlowHandle,
+        table: Option<&str>,
+        rows: ResetRows,
+        claim: Option<&ClearClaim>,
+    ) -> Result<(), StoreError> {
+        let (flow, table, claim) = (flow.clone(), table.map(str::to_owned), claim.cloned());
+        self.call(move |conn| self::reset_flow(conn, &flow, table.as_deref(), rows, claim.as_ref()))
+            .await
+    }
+
+    async fn read_rows(
+        &self,
+        table: &str,
+        after: Option<&RowCursor>,
+        limit: usize,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        let (table, after) = (table.to_owned(), after.cloned());
+        self.call(move |conn| self::read_rows(conn, &table, after.as_ref(), limit))
+            .await
+    }
 }

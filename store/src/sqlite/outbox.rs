@@ -2,7 +2,10 @@
 //! `published_at` and `refused` are both unset; a published one stays as a marker with its
 //! message dropped (see `schema.rs`, `upgrade_outbox`).
 
+use super::SqliteStore;
+use crate::OutboxStore;
 use crate::{OutboxCensus, OutboxLetter, StoreError};
+use async_trait::async_trait;
 use bytes::Bytes;
 use rusqlite::{Connection, TransactionBehavior, params};
 
@@ -136,4 +139,35 @@ pub(super) fn census(conn: &mut Connection, pipeline: &str) -> Result<OutboxCens
         waiting: u64::try_from(waiting).unwrap_or(0),
         refused: u64::try_from(refused).unwrap_or(0),
     })
+}
+
+#[async_trait]
+impl OutboxStore for SqliteStore {
+    async fn take_outbox(
+        &self,
+        pipeline: &str,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<OutboxLetter>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| self::take(conn, &pipeline, limit, max_bytes))
+            .await
+    }
+
+    async fn outbox_published(&self, pipeline: &str, ids: &[i64]) -> Result<(), StoreError> {
+        let (pipeline, ids) = (pipeline.to_owned(), ids.to_vec());
+        self.call(move |conn| self::published(conn, &pipeline, &ids))
+            .await
+    }
+
+    async fn outbox_refused(&self, pipeline: &str, id: i64, why: &str) -> Result<(), StoreError> {
+        let (pipeline, why) = (pipeline.to_owned(), why.to_owned());
+        self.call(move |conn| self::refused(conn, &pipeline, id, &why))
+            .await
+    }
+
+    async fn outbox_census(&self, pipeline: &str) -> Result<OutboxCensus, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| self::census(conn, &pipeline)).await
+    }
 }

@@ -4,7 +4,12 @@
 //! Merges happen in the statements themselves (`MAX(tracked, excluded.tracked)`), so several
 //! processes sharing the file can report into the same rows without reading first.
 
-use crate::{BucketCounts, BucketMessage, FlowHandle, MessageReport, StoreError, WatermarkRecord};
+use super::{SqliteStore, now_ms};
+use crate::{
+    BucketCounts, BucketMessage, FlowHandle, MessageReport, ProgressStore, StoreError,
+    WatermarkRecord,
+};
+use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 /// Records each message's report, in one transaction: a row per flow, bucket and message id,
@@ -148,4 +153,58 @@ pub(crate) fn watermarks(
         ))
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
+}
+
+#[async_trait]
+impl ProgressStore for SqliteStore {
+    async fn add_bucket_messages(
+        &self,
+        flow: &FlowHandle,
+        messages: &[BucketMessage],
+    ) -> Result<(), StoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let (flow, messages) = (flow.clone(), messages.to_vec());
+        self.call(move |conn| self::add_bucket_messages(conn, &flow, &messages))
+            .await
+    }
+
+    async fn bucket_counts(
+        &self,
+        flow: &FlowHandle,
+        from_ms: i64,
+    ) -> Result<Vec<BucketCounts>, StoreError> {
+        let flow = flow.clone();
+        self.call(move |conn| self::bucket_counts(conn, &flow, from_ms))
+            .await
+    }
+
+    async fn prune_buckets(&self, flow: &FlowHandle, before_ms: i64) -> Result<u64, StoreError> {
+        let flow = flow.clone();
+        self.call(move |conn| self::prune_buckets(conn, &flow, before_ms))
+            .await
+    }
+
+    async fn advance_watermark(
+        &self,
+        flow: &FlowHandle,
+        offer: &WatermarkRecord,
+        fenced_by: Option<&str>,
+    ) -> Result<Option<WatermarkRecord>, StoreError> {
+        let (flow, offer, fence) = (flow.clone(), *offer, fenced_by.map(str::to_owned));
+        self.call(move |conn| {
+            self::advance_watermark(conn, &flow, &offer, fence.as_deref(), now_ms())
+        })
+        .await
+    }
+
+    async fn watermarks(
+        &self,
+        pipeline: &str,
+    ) -> Result<Vec<(String, WatermarkRecord)>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| self::watermarks(conn, &pipeline))
+            .await
+    }
 }

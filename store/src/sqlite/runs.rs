@@ -1,8 +1,10 @@
 //! A triggered pipeline's runs on SQLite; the semantics are those of [`crate::runs`], with the
 //! host's clock.
 
+use super::{SqliteStore, now_ms};
 use crate::runs::{Begin, rows_from_json, rows_to_json};
-use crate::{RunEnd, RunRecord, RunStart, RunState, RunTrigger, StoreError};
+use crate::{RunEnd, RunRecord, RunStart, RunState, RunStore, RunTrigger, StoreError};
+use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 const COLUMNS: &str = "run_id, fire_ms, interval_start, interval_end, trigger, state, worker, \
@@ -155,4 +157,31 @@ fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         rows: rows_from_json(&row.get::<_, String>(9)?),
         error: row.get(10)?,
     })
+}
+
+#[async_trait]
+impl RunStore for SqliteStore {
+    async fn begin_run(&self, run: &RunStart) -> Result<RunRecord, StoreError> {
+        let run = run.clone();
+        self.call(move |conn| self::begin_run(conn, &run, now_ms()))
+            .await
+    }
+
+    async fn end_run(&self, run_id: i64, worker: &str, end: &RunEnd) -> Result<bool, StoreError> {
+        let (worker, end) = (worker.to_owned(), end.clone());
+        self.call(move |conn| self::end_run(conn, run_id, &worker, &end, now_ms()))
+            .await
+    }
+
+    async fn runs(&self, pipeline: &str, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| self::runs(conn, &pipeline, limit))
+            .await
+    }
+
+    async fn last_fire(&self, pipeline: &str) -> Result<Option<i64>, StoreError> {
+        let pipeline = pipeline.to_owned();
+        self.call(move |conn| self::last_fire(conn, &pipeline))
+            .await
+    }
 }

@@ -9,9 +9,11 @@
 //! The window arithmetic ([`plan`], [`mark_of_size`]) is shared with the PostgreSQL backend
 //! (`crate::windows`).
 
+use super::{SqliteStore, now_ms};
 use crate::schema::check_table;
 use crate::windows::{COUNTS_KEY, Plan, check_emission, mark_of_size, plan};
-use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowsEmitted};
+use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowStore, WindowsEmitted};
+use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 /// Creates the counts table `windows_table` if missing, and brings what older versions made
@@ -206,6 +208,25 @@ pub(crate) fn emit_windows(
         rows: u64::try_from(rows).unwrap_or(u64::MAX),
         emitted_before_ms: end,
     })
+}
+
+#[async_trait]
+impl WindowStore for SqliteStore {
+    async fn prepare_window_table(&self, windows_table: &str) -> Result<(), StoreError> {
+        let windows_table = windows_table.to_owned();
+        self.call(move |conn| self::prepare_window_table(conn, &windows_table))
+            .await
+    }
+
+    async fn emit_windows(
+        &self,
+        flow: &FlowHandle,
+        emission: &WindowEmission,
+    ) -> Result<WindowsEmitted, StoreError> {
+        let (flow, emission) = (flow.clone(), emission.clone());
+        self.call(move |conn| self::emit_windows(conn, &flow, &emission, now_ms()))
+            .await
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,331 @@
+//! The order of one commit's steps on PostgreSQL, in one place: a plain batch is one statement
+//! (`commit.rs`); a batch that must do more runs one explicit transaction in this order: the
+//! hook attempt's advisory lock, the statement, the caller's own work and its guard, the hook
+//! and its commit mark, the page's position (after the page before it committed), the seal
+//! (`commit_time.rs`), then COMMIT. A page that would wait long for the page before it rolls
+//! back and waits without a connection.
+
+use super::{PostgresStore, commit, error, feed, flows, ledger};
+use crate::{
+    CommitBatch, CommitOutcome, FlowHandle, FlowProgress, LedgerStore, LedgerUpkeep, StoreError,
+};
+use async_trait::async_trait;
+use deadpool_postgres::Client;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+#[async_trait]
+impl LedgerStore for PostgresStore {
+    async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError> {
+        loop {
+            match self.commit_once(&batch).await? {
+                Committed::Done(outcome) => return Ok(outcome),
+                Committed::WaitForPage(gate, version) => {
+                    // The connection went back to the pool with the rolled-back transaction:
+                    // the page before this one may need it to commit.
+                    if !gate.wait(version).await {
+                        return Err(StoreError::Moved);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Half the pool: commits overlap their round trips and the server's fsyncs, and the
+    /// other half of the pool stays free for the other flows and for coordination.
+    fn commit_concurrency(&self) -> usize {
+        (self.options.pool_size / 2).max(1)
+    }
+
+    async fn keys_present(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        keys: &[String],
+    ) -> Result<Vec<bool>, StoreError> {
+        let (client, _) = self.ready().await?;
+        flows::keys_present(&client, flow, table, keys).await
+    }
+
+    async fn commit_recorded(
+        &self,
+        flow: &FlowHandle,
+        commit_id: &str,
+    ) -> Result<bool, StoreError> {
+        let (mut client, _) = self.ready().await?;
+        flows::commit_recorded(&mut client, flow, commit_id).await
+    }
+
+    async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT COALESCE(sum(committed), 0)::int8, COALESCE(sum(duplicates), 0)::int8,
+                        COALESCE(sum(dead_lettered), 0)::int8, COALESCE(sum(batches), 0)::int8
+                 FROM sluice_flow_counters WHERE flow_id = $1",
+                &[&flow.id],
+            )
+            .await?;
+        let get = |i: usize| -> Result<u64, StoreError> {
+            Ok(u64::try_from(row.try_get::<_, i64>(i)?).unwrap_or_default())
+        };
+        Ok(FlowProgress {
+            committed: get(0)?,
+            duplicates: get(1)?,
+            dead_lettered: get(2)?,
+            batches: get(3)?,
+        })
+    }
+
+    async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
+        let (mut client, width) = self.ready().await?;
+        let generations_created =
+            ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+        let generations_dropped = ledger::drop_expired(&mut client, width).await?;
+        // Workers that stopped beating a day ago are history.
+        client
+            .execute(
+                "DELETE FROM sluice_workers WHERE last_beat < now() - interval '1 day'",
+                &[],
+            )
+            .await?;
+        Ok(LedgerUpkeep {
+            keys_removed: 0,
+            generations_created,
+            generations_dropped,
+        })
+    }
+}
+
+/// How long a page's transaction, its work done, waits for the page before it with its
+/// connection held: longer than a page's commit takes while the store answers (tens of
+/// milliseconds), far shorter than the pool's wait for a connection (`connect.rs`). Past it,
+/// the page waits without a connection and runs its transaction again.
+const PAGE_WAIT_IN_TRANSACTION: Duration = Duration::from_millis(500);
+
+/// How one commit attempt ended.
+enum Committed {
+    /// Committed.
+    Done(CommitOutcome),
+    /// Rolled back with nothing written, to wait for the page before it (the gate, and the
+    /// version it waits for) without holding a connection; then tried again.
+    WaitForPage(Arc<dyn crate::PositionGate>, i64),
+}
+
+impl PostgresStore {
+    /// A commit that must do more inside its transaction: run a hook (a sink's file) with its
+    /// commit mark, and move a reading flow's position (last, after waiting for the page before
+    /// it; refused, the whole transaction rolls back). One explicit transaction (a few more
+    /// round trips than a plain commit), which holds a hook attempt's advisory lock until it
+    /// ends (see `flows::commit_recorded`), sealed as it commits (`commit_time.rs`).
+    ///
+    /// A page waits for the page before it for at most [`PAGE_WAIT_IN_TRANSACTION`] with its
+    /// transaction open; past that the transaction rolls back and the connection goes back to
+    /// the pool ([`Committed::WaitForPage`]): pages in flight together never hold the pool's
+    /// connections while the page they wait for needs one.
+    async fn commit_in_transaction(
+        &self,
+        client: &mut Client,
+        width: i64,
+        batch: &CommitBatch,
+        arguments: &commit::Arguments<'_>,
+    ) -> Result<Committed, StoreError> {
+        let mut attempts_left = 2;
+        loop {
+            attempts_left -= 1;
+            let tx = client.transaction().await?;
+            if let Some(hook) = &batch.hook {
+                // Held until this transaction ends: `commit_recorded` waits for it.
+                tx.execute(
+                    "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                    &[&flows::COMMIT_ATTEMPT_LOCK, &hook.id()],
+                )
+                .await?;
+            }
+            let fresh = match self.run_commit(&tx, batch, arguments).await {
+                Err(error) if error::is_missing_generation(&error) && attempts_left > 0 => {
+                    drop(tx);
+                    ledger::create_ahead(client, width, self.horizon_ms()).await?;
+                    continue;
+                }
+                other => other?.ok_or(StoreError::Stale)?,
+            };
+            let mut written = commit::outcome(batch, &arguments.firsts, &fresh);
+            // The caller's own writes for the new rows (a library job), in this transaction.
+            match &batch.work {
+                None => {}
+                Some(crate::TransactionWork::Postgres(work)) => {
+                    work.write(&tx, &crate::work::new_rows(batch, &written))
+                        .await?;
+                    // A statement of the work that failed (its error swallowed) aborted the
+                    // transaction, and COMMIT would then roll it back without a word: refuse.
+                    tx.batch_execute("SELECT 1").await?;
+                }
+                Some(crate::TransactionWork::Sqlite(_)) => {
+                    return Err(StoreError::Config(
+                        "work for a SQLite transaction given to a PostgreSQL store".to_owned(),
+                    ));
+                }
+            }
+            if let Some(hook) = &batch.hook {
+                // The hook writes and syncs a file: off the async threads, which other commits
+                // need meanwhile.
+                let (work, id) = (hook.clone(), hook.id().to_owned());
+                let done = tokio::task::spawn_blocking(move || {
+                    work.before_commit(&written).map(|()| written)
+                })
+                .await
+                .map_err(|e| format!("panicked: {e}"))
+                .and_then(|result| result);
+                written =
+                    done.map_err(|e| StoreError::Unavailable(format!("commit hook {id}: {e}")))?;
+                tx.execute(
+                    "INSERT INTO sluice_commit_marks (flow_id, commit_id) VALUES ($1, $2)",
+                    &[&batch.flow.id, &hook.id()],
+                )
+                .await?;
+            }
+            // Last, so that pages in flight together overlap their work and move the position
+            // in order, each after the one before it committed.
+            if let Some(advance) = &batch.position {
+                if let Some(gate) = &batch.position_gate {
+                    let version = advance.expected_version;
+                    match tokio::time::timeout(PAGE_WAIT_IN_TRANSACTION, gate.wait(version)).await {
+                        Ok(true) => {}
+                        Ok(false) => return Err(StoreError::Moved),
+                        Err(_) => return Ok(Committed::WaitForPage(gate.clone(), version)),
+                    }
+                }
+                feed::advance(&tx, batch.flow.id, advance).await?;
+            }
+            match self.seal(&tx, width, batch, arguments, &written).await {
+                Err(error) if error::is_missing_generation(&error) && attempts_left > 0 => {
+                    drop(tx);
+                    ledger::create_ahead(client, width, self.horizon_ms()).await?;
+                    continue;
+                }
+                Err(error) => return Err(error.into()),
+                Ok(false) => return Err(StoreError::Stale),
+                Ok(true) => {}
+            }
+            tx.commit().await?;
+            return Ok(Committed::Done(CommitOutcome { written }));
+        }
+    }
+
+    /// One attempt at `batch`: committed, or rolled back to wait, without a connection, for
+    /// the page before it.
+    async fn commit_once(&self, batch: &CommitBatch) -> Result<Committed, StoreError> {
+        let (mut client, width) = self.ready().await?;
+        // Pages of a reading flow in flight together take different shards: a page waiting for
+        // the one before it must not hold a counter row that one needs.
+        let shard = match &batch.position {
+            Some(advance) => i32::try_from(
+                advance
+                    .expected_version
+                    .rem_euclid(commit::COUNTER_SHARDS.into()),
+            )
+            .unwrap_or_default(),
+            None => rand::random_range(0..commit::COUNTER_SHARDS),
+        };
+        let deadline = self.server_deadline(&client, batch).await?;
+        let arguments = commit::Arguments::new(batch, width, shard, deadline);
+        self.largest_window_ms
+            .fetch_max(arguments.window_ms(), Ordering::Relaxed);
+        if batch.hook.is_some() || batch.position.is_some() || batch.work.is_some() {
+            return self
+                .commit_in_transaction(&mut client, width, batch, &arguments)
+                .await;
+        }
+        let fresh = match self.run_commit(&client, batch, &arguments).await {
+            Err(error) if error::is_missing_generation(&error) => {
+                // The upkeep holder is late (or this is the first commit after a long pause):
+                // create what is missing and try once more.
+                ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+                self.run_commit(&client, batch, &arguments).await?
+            }
+            other => other?,
+        }
+        .ok_or(StoreError::Stale)?;
+        Ok(Committed::Done(CommitOutcome {
+            written: commit::outcome(batch, &arguments.firsts, &fresh),
+        }))
+    }
+
+    /// Runs [`commit::SEAL`] in `tx`: `false` if the batch is past its deadline now.
+    async fn seal(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        width: i64,
+        batch: &CommitBatch,
+        arguments: &commit::Arguments<'_>,
+        written: &[bool],
+    ) -> Result<bool, tokio_postgres::Error> {
+        let won: Vec<&str> = batch
+            .entries
+            .iter()
+            .zip(written)
+            .filter(|(_, written)| **written)
+            .map(|(entry, _)| entry.key.as_str())
+            .collect();
+        let statement = tx.prepare_cached(commit::SEAL).await?;
+        let row = tx
+            .query_one(
+                &statement,
+                &[
+                    &arguments.commit_by_ms(),
+                    &batch.flow.id,
+                    &arguments.window_ms(),
+                    &won,
+                    &width,
+                    &crate::RESTAMP_AFTER_MS,
+                ],
+            )
+            .await?;
+        row.try_get(0)
+    }
+
+    async fn run_commit(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        batch: &CommitBatch,
+        arguments: &commit::Arguments<'_>,
+    ) -> Result<Option<Vec<String>>, tokio_postgres::Error> {
+        let dead_letter = format!("{}__dead_letter", batch.flow.pipeline);
+        let statement = client
+            .prepare_cached(&commit::statement(
+                batch.work.is_none().then_some(&*batch.table),
+                &dead_letter,
+            ))
+            .await?;
+        let rows = client
+            .query(
+                &statement,
+                &arguments.params(&batch.flow.id, &&*batch.flow.name),
+            )
+            .await?;
+        // Keys won, or one NULL when the batch was past its deadline (nothing written).
+        let keys: Vec<Option<String>> = rows
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?;
+        Ok(keys.into_iter().collect())
+    }
+
+    /// The batch's commit deadline on the server's clock, measuring the clock first if it
+    /// never was.
+    async fn server_deadline(
+        &self,
+        client: &Client,
+        batch: &CommitBatch,
+    ) -> Result<Option<i64>, StoreError> {
+        let Some(local) = batch.commit_by_ms else {
+            return Ok(None);
+        };
+        if !self.server_clock.is_measured() {
+            self.server_clock.measure(client).await?;
+        }
+        Ok(Some(self.server_clock.to_server(local)))
+    }
+}
