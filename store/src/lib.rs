@@ -80,7 +80,9 @@ pub use roles::{
     PoolUpdateStore, ProgressStore, RunStore, Store, WindowStore,
 };
 pub use runs::{RunEnd, RunRecord, RunStart, RunState, RunTrigger};
-pub use schema::{is_identifier, table_name, window_table_name};
+pub use schema::{
+    RESET_CLEARS, RESET_CLEARS_APART, RESET_KEEPS, is_identifier, table_name, window_table_name,
+};
 pub use sqlite::SqliteStore;
 pub use url::{StoreUrl, open};
 pub use windows::{WindowEmission, WindowRows, WindowsEmitted};

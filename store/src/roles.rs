@@ -393,6 +393,10 @@ pub trait Inspect: Send + Sync + 'static {
 
     /// Distinct dedup keys in a target table and the number of keys that appear more than once.
     async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError>;
+
+    /// The store's own tables (`sluice_*`; not a partitioned table's partitions) that have a
+    /// column named `column`, sorted.
+    async fn tables_with_column(&self, column: &str) -> Result<Vec<String>, StoreError>;
 }
 
 /// The durable store behind every flow: every role. Implementations are shared by all flows

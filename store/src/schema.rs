@@ -42,6 +42,33 @@ pub(crate) fn check_table(table: &str) -> Result<(), StoreError> {
     }
 }
 
+/// The tables that hold a flow's state under its `flow_id` and that a reset of the flow clears,
+/// the same on both backends. Beside them a reset deletes the flow's ledger keys (by window and
+/// flow) and its watermark's message reports (unless a seek's replay holds the watermark), and
+/// its counters ([`RESET_CLEARS_APART`]), and keeps the flow's identity ([`RESET_KEEPS`]).
+/// `store/tests/flows_contract.rs` checks the three lists against each backend's schema: a new
+/// table with a `flow_id` must be put in one of them.
+pub const RESET_CLEARS: [&str; 6] = [
+    "sluice_completions",
+    "sluice_drains",
+    "sluice_commit_marks",
+    "sluice_watermarks",
+    "sluice_window_marks",
+    "sluice_read_positions",
+];
+
+/// Per-flow tables a reset clears on terms of their own (see [`RESET_CLEARS`]): the ledger, the
+/// watermark's message reports, and PostgreSQL's sharded commit counters (SQLite keeps them in
+/// `sluice_flows`, set back to 0 there).
+pub const RESET_CLEARS_APART: [&str; 3] = [
+    "sluice_ledger",
+    "sluice_watermark_messages",
+    "sluice_flow_counters",
+];
+
+/// Per-flow tables a reset keeps: the flow's identity, which its handles hold.
+pub const RESET_KEEPS: [&str; 1] = ["sluice_flows"];
+
 #[cfg(test)]
 mod tests {
     use super::*;

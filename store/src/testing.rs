@@ -409,6 +409,10 @@ impl<S: Store + Inspect> Inspect for FaultStore<S> {
     async fn key_census(&self, table: &str) -> Result<(u64, u64), StoreError> {
         self.inner.key_census(table).await
     }
+
+    async fn tables_with_column(&self, column: &str) -> Result<Vec<String>, StoreError> {
+        self.inner.tables_with_column(column).await
+    }
 }
 
 /// A store whose tables can be counted: every backend, and a [`FaultStore`] around one.

@@ -173,8 +173,52 @@ async fn rows_are_read_in_pages(postgres: bool) {
     assert_eq!(&first.data[..], b"payload");
 }
 
+/// Every table of the store's own that holds state under a `flow_id` is one a reset clears
+/// (`RESET_CLEARS`), clears on its own terms (`RESET_CLEARS_APART`) or keeps on purpose
+/// (`RESET_KEEPS`); and after a reset of a flow that committed, none of the tables it clears
+/// holds a row of it. A new per-flow table that no list names fails here.
+async fn a_reset_clears_every_table_that_holds_flow_state(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let tables = store.tables_with_column("flow_id").await.unwrap();
+    assert!(tables.len() >= 8, "{tables:?}");
+    let named: Vec<&str> = sluice_store::RESET_CLEARS
+        .iter()
+        .chain(&sluice_store::RESET_CLEARS_APART)
+        .chain(&sluice_store::RESET_KEEPS)
+        .copied()
+        .collect();
+    let unnamed: Vec<&String> = tables
+        .iter()
+        .filter(|t| !named.contains(&t.as_str()))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "per-flow tables no reset list names: {unnamed:?}"
+    );
+    for cleared in sluice_store::RESET_CLEARS {
+        assert!(
+            tables.iter().any(|t| t == cleared),
+            "{cleared} is not in the schema"
+        );
+    }
+
+    let live = &flows[0];
+    store
+        .commit(batch(live, vec![row("a"), dead("b")]))
+        .await
+        .unwrap();
+    store.record_completion(live).await.unwrap();
+    store
+        .reset_flow(live, Some("p__events"), ResetRows::All, None)
+        .await
+        .unwrap();
+    assert!(store.completions("p").await.unwrap().is_empty());
+    assert_eq!(store.flow_progress(live).await.unwrap().committed, 0);
+}
+
 on_both_backends!(
     completions_are_seen_by_every_handle,
     reset_forgets_one_flow_only,
     rows_are_read_in_pages,
+    a_reset_clears_every_table_that_holds_flow_state,
 );

@@ -84,7 +84,10 @@ async fn flow(client: &mut ControlClient<tonic::transport::Channel>) -> FlowStat
         if status.ready {
             return status.flows.into_iter().next().unwrap();
         }
-        assert!(tokio::time::Instant::now() < deadline, "never ready: {status:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never ready: {status:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -43,15 +43,8 @@ pub(super) async fn reset_flow(
         &[&flow.id],
     )
     .await?;
-    let mut states = vec![
-        "sluice_completions",
-        "sluice_drains",
-        "sluice_flow_counters",
-        "sluice_commit_marks",
-        "sluice_watermarks",
-        "sluice_window_marks",
-        "sluice_read_positions",
-    ];
+    let mut states = crate::RESET_CLEARS.to_vec();
+    states.push("sluice_flow_counters");
     match (rows, table) {
         (
             ResetRows::PublishedSince {

@@ -211,4 +211,24 @@ impl Inspect for PostgresStore {
             u64::try_from(repeated).unwrap_or_default(),
         ))
     }
+
+    async fn tables_with_column(&self, column: &str) -> Result<Vec<String>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT c.relname::text FROM pg_class c
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 JOIN pg_attribute a ON a.attrelid = c.oid AND NOT a.attisdropped
+                 WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')
+                   AND NOT c.relispartition AND a.attname = $1
+                   AND c.relname LIKE 'sluice\\_%'
+                 ORDER BY c.relname",
+                &[&column],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?)
+    }
 }

@@ -78,14 +78,7 @@ pub(crate) fn reset_flow(
             )?;
         }
     }
-    let mut states = vec![
-        "sluice_completions",
-        "sluice_drains",
-        "sluice_commit_marks",
-        "sluice_watermarks",
-        "sluice_window_marks",
-        "sluice_read_positions",
-    ];
+    let mut states = crate::RESET_CLEARS.to_vec();
     match (rows, table) {
         (
             ResetRows::PublishedSince {

@@ -126,6 +126,21 @@ impl Inspect for SqliteStore {
         let table = table.to_owned();
         self.call(move |conn| flows::key_census(conn, &table)).await
     }
+
+    async fn tables_with_column(&self, column: &str) -> Result<Vec<String>, StoreError> {
+        let column = column.to_owned();
+        self.call(move |conn| {
+            let mut statement = conn.prepare(
+                "SELECT m.name FROM sqlite_master m, pragma_table_info(m.name) c
+                 WHERE m.type = 'table' AND m.name LIKE 'sluice\\_%' ESCAPE '\\'
+                   AND c.name = ?1
+                 ORDER BY m.name",
+            )?;
+            let names = statement.query_map([&column], |row| row.get(0))?;
+            Ok(names.collect::<Result<Vec<String>, _>>()?)
+        })
+        .await
+    }
 }
 
 struct Writer {
