@@ -43,15 +43,15 @@ pub async fn run(
     lease: Option<watch::Receiver<bool>>,
 ) -> Result<Ran, RunError> {
     let start = RunStart {
-        pipeline: updates.pipeline.name.clone(),
+        pipeline: updates.pipeline().name.clone(),
         fire_ms: ask.fire_ms,
         interval: ask.interval.map(|i| (i.start_ms, i.end_ms)),
         trigger: ask.trigger,
-        worker: updates.worker.clone(),
+        worker: updates.worker().to_owned(),
         alive_within: ALIVE_WITHIN,
         queued_as: None,
     };
-    let Some(record) = begin_alone(&*updates.store, &start, shutdown).await? else {
+    let Some(record) = begin_alone(&**updates.store(), &start, shutdown).await? else {
         return Ok(Ran::EndedBefore);
     };
     if record.state != RunState::Running {
@@ -96,16 +96,16 @@ pub async fn run(
     };
     if let Some(state) = state
         && end(
-            &*updates.store,
+            &**updates.store(),
             &record,
-            &updates.worker,
+            updates.worker(),
             state,
             &outcomes,
             shutdown,
         )
         .await
     {
-        metrics::counter!("sluice_runs_total", "pipeline" => updates.pipeline.name.clone(),
+        metrics::counter!("sluice_runs_total", "pipeline" => updates.pipeline().name.clone(),
             "state" => state.name())
         .increment(1);
     }

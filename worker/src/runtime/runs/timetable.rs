@@ -97,9 +97,9 @@ pub async fn drive(
     shutdown: &Shutdown,
 ) -> Result<Vec<FlowOutcome>, RunError> {
     let timetable = Timetable::new(schedule).map_err(RunError::Invalid)?;
-    let pipeline = updates.pipeline.name.clone();
-    let lease = SchedulerLease::start(updates.store.clone(), &pipeline, &updates.worker);
-    let kept = kept_sources(updates.pipeline);
+    let pipeline = updates.pipeline().name.clone();
+    let lease = SchedulerLease::start(updates.store().clone(), &pipeline, updates.worker());
+    let kept = kept_sources(updates.pipeline());
     let mut outcomes = Vec::new();
     // When the last run started (this worker's clock): `on_update` runs wait `min_interval`.
     let mut last_started: Option<i64> = None;
@@ -141,8 +141,11 @@ pub async fn drive(
                     _ => None,
                 };
                 next_fire_gauge(&pipeline, at_ms);
-                let table_updates =
-                    TableUpdates::new(updates.pipeline, updates.handles(), updates.store.clone());
+                let table_updates = TableUpdates::new(
+                    updates.pipeline(),
+                    updates.handles(),
+                    updates.store().clone(),
+                );
                 let mut holding = lease.watch();
                 let until_fire = async move {
                     let fire = async {
@@ -288,7 +291,7 @@ async fn finish(
             &shutdown.drain,
             || {
                 updates
-                    .store
+                    .store()
                     .end_run(unfinished.run_id, &unfinished.worker, &ended)
             },
         )
@@ -324,14 +327,14 @@ async fn unfinished_run(
     updates: &Updates<'_>,
     shutdown: &Shutdown,
 ) -> Result<Option<RunRecord>, RunError> {
-    let pipeline = &updates.pipeline.name;
+    let pipeline = &updates.pipeline().name;
     let (runs, alive) = store_retry::until_stored(
         "read the runs",
         Retry::WhileUnavailable,
         &shutdown.drain,
         || async {
-            let runs = updates.store.runs(pipeline, UNFINISHED_LOOKBACK).await?;
-            let alive = updates.store.workers(pipeline, ALIVE_WITHIN).await?;
+            let runs = updates.store().runs(pipeline, UNFINISHED_LOOKBACK).await?;
+            let alive = updates.store().workers(pipeline, ALIVE_WITHIN).await?;
             Ok((runs, alive))
         },
     )
@@ -341,7 +344,7 @@ async fn unfinished_run(
     // update run of a live worker is that worker's.
     let running_elsewhere = |run: &RunRecord| {
         !run.trigger.is_fire()
-            && run.worker != updates.worker
+            && run.worker != updates.worker()
             && alive.iter().any(|w| w.worker == run.worker)
     };
     let unfinished = |run: &RunRecord| matches!(run.state, RunState::Running | RunState::Queued);
@@ -357,20 +360,20 @@ async fn schedule_state(
     updates: &Updates<'_>,
     shutdown: &Shutdown,
 ) -> Result<(Option<i64>, i64, Option<i64>), RunError> {
-    let pipeline = &updates.pipeline.name;
+    let pipeline = &updates.pipeline().name;
     store_retry::until_stored(
         "read the schedule's state",
         Retry::WhileUnavailable,
         &shutdown.drain,
         || async {
-            let last_fire = updates.store.last_fire(pipeline).await?;
-            let alive = updates.store.workers(pipeline, ALIVE_WITHIN).await?;
+            let last_fire = updates.store().last_fire(pipeline).await?;
+            let alive = updates.store().workers(pipeline, ALIVE_WITHIN).await?;
             let up_since = alive
                 .iter()
                 .map(|w| w.started_at_ms)
                 .min()
                 .unwrap_or_else(now_ms);
-            let newest = updates.store.runs(pipeline, 1).await?;
+            let newest = updates.store().runs(pipeline, 1).await?;
             Ok((last_fire, up_since, newest.first().map(|r| r.started_at_ms)))
         },
     )

@@ -76,17 +76,13 @@ pub struct Prepared<'a> {
 /// What runs a pipeline's updates in this worker: the store, the flows' handles and board,
 /// and the control requests that replace a running update.
 pub struct Updates<'a> {
-    /// The pipeline.
-    pub pipeline: &'a Pipeline,
+    pipeline: &'a Pipeline,
     layout: Layout,
-    /// The store.
-    pub store: Arc<dyn Store>,
-    /// The flows' live states.
-    pub board: FlowBoard,
+    store: Arc<dyn Store>,
+    board: FlowBoard,
     readiness: observe::Readiness,
     slots: Arc<Semaphore>,
-    /// This worker's id in the pool.
-    pub worker: String,
+    worker: String,
     requests: mpsc::Receiver<UpdateRequest>,
     handles: Vec<sluice_store::FlowHandle>,
     completed: HashSet<String>,
@@ -120,6 +116,21 @@ enum Interrupt {
 }
 
 impl<'a> Updates<'a> {
+    /// The pipeline.
+    pub fn pipeline(&self) -> &'a Pipeline {
+        self.pipeline
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// This worker's id in the pool.
+    pub fn worker(&self) -> &str {
+        &self.worker
+    }
+
     /// The updates of a prepared worker.
     pub fn new(prepared: Prepared<'a>) -> Self {
         let pool = PoolWatch::start(prepared.store.clone(), &prepared.pipeline.name);
