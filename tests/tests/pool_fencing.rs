@@ -257,9 +257,14 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
         .iter()
         .enumerate()
         .map(|(i, proxy)| {
-            let store = database
-                .url()
-                .replace("127.0.0.1:5432", &proxy.addr().to_string());
+            // Each process's sessions carry its name, so the aim watches the clearer's alone
+            // (every replica asks who is alive with the same statement).
+            let store = format!(
+                "{}?application_name=p{i}",
+                database
+                    .url()
+                    .replace("127.0.0.1:5432", &proxy.addr().to_string())
+            );
             pipeline_file(
                 &dir,
                 &format!("p{i}.yaml"),
@@ -320,9 +325,16 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
     // Its clear opens the store anew: stopped the moment the server runs its check that no
     // worker runs (an autocommit read on a connection opened since the claim), so its answer
     // waits in the proxy and the clearer holds no transaction while stopped.
+    // Worker ids are `<host>-<pid>-<random>`; the command line's `cli-<host>-<pid>-<random>`.
+    let pid: u32 = clearer.rsplit('-').nth(1).unwrap().parse().unwrap();
+    let clearer_app = match workers.iter().position(|w| w.pid() == pid) {
+        Some(i) => format!("p{i}"),
+        None => "p3".to_owned(),
+    };
     let checking = format!(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-         AND backend_start > '{claimed_at}' AND query LIKE 'SELECT worker, host%'"
+         AND application_name = '{clearer_app}' AND backend_start > '{claimed_at}' \
+         AND query LIKE 'SELECT worker, host%'"
     );
     // Watched over one open session, every 5 ms: starting a `psql` per look took longer than
     // the answer's way back under a loaded machine (CI run 2026-12-04: the aim missed).
@@ -330,8 +342,6 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
         .await
         .unwrap();
     tokio::spawn(session);
-    // Worker ids are `<host>-<pid>-<random>`; the command line's `cli-<host>-<pid>-<random>`.
-    let pid: u32 = clearer.rsplit('-').nth(1).unwrap().parse().unwrap();
     let started = Instant::now();
     loop {
         let seen: i64 = watch.query_one(&checking, &[]).await.unwrap().get(0);
@@ -351,7 +361,8 @@ async fn a_clearer_stopped_past_its_claim_clears_nothing_once_it_wakes() {
     // (else the clear's locks would hold back the takeover, and the test would prove nothing).
     let in_transaction = db.query(&format!(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-         AND backend_start > '{claimed_at}' AND state LIKE 'idle in transaction%'"
+         AND application_name = '{clearer_app}' AND backend_start > '{claimed_at}' \
+         AND state LIKE 'idle in transaction%'"
     ));
     assert_eq!(
         in_transaction,
