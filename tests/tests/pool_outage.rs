@@ -5,11 +5,11 @@
 //! distinct key lands exactly once, with nothing left unacked.
 //!
 //! A soak (`#[ignore]`, README "soak"): on the emulator a restarted flow's new streams receive
-//! nothing for 2-3 minutes after the old ones closed (`../shared/notes/pubsub-client.md`, gotcha
-//! 1), and a nack sent after a stream's lease loop ended is dropped by the client, so that
+//! nothing for 2-3 minutes after the old ones closed (ARCHITECTURE.md, "Pub/Sub client facts we
+//! build on"), and a nack sent after a stream's lease loop ended is dropped by the client, so that
 //! message comes back only when its lease runs out (the client extends leases by at most 60 s):
 //! the test waits [`REDELIVERY_SETTLES`] after the last row lands before it stops the workers,
-//! then reads the subscription for what is left unacked (240 s); about 9 minutes in all.
+//! then reads the subscription for what is left unacked (240 s); about 7 minutes in all.
 //!
 //! Real parts: the Pub/Sub emulator and a PostgreSQL server of this test's own (the machine's
 //! release, a fresh cluster on a free port), stopped and started with `pg_ctl`, so the tests
@@ -27,7 +27,7 @@ use std::time::Duration;
 const REDELIVERY_SETTLES: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "a soak of about 9 minutes: run with the README's soak command"]
+#[ignore = "a soak of about 7 minutes: run with the README's soak command"]
 async fn a_fifteen_second_database_outage_loses_nothing_and_duplicates_nothing() {
     const DISTINCT: usize = 20_000;
     const DUPLICATES: usize = 2_000;
