@@ -76,8 +76,8 @@ pub use progress::{
 #[cfg(feature = "testing")]
 pub use roles::Inspect;
 pub use roles::{
-    DrainStore, FeedStore, FlowStore, LedgerStore, MembershipStore, OutboxStore, PoolStore,
-    PoolUpdateStore, ProgressStore, RunStore, Store, WindowStore,
+    DrainStore, FeedStore, FlowStore, LedgerStore, MembershipStore, OutboxStore, PoolUpdateStore,
+    ProgressStore, RunStore, Store, WindowStore,
 };
 pub use runs::{RunEnd, RunRecord, RunStart, RunState, RunTrigger};
 pub use schema::{

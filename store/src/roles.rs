@@ -1,7 +1,7 @@
 //! The store's roles, one trait each: committing against the ledger, a pipeline's flows,
 //! tables read as feeds, the pool's coordination, watermark progress, windows and the runs of
 //! a triggered pipeline. [`Store`] is all of them (every
-//! backend implements each); a caller takes the narrowest role it needs (`&dyn PoolStore`,
+//! backend implements each); a caller takes the narrowest role it needs (`&dyn MembershipStore`,
 //! `Arc<dyn LedgerStore>`), and an `Arc<dyn Store>` coerces to any of them.
 
 use crate::{
@@ -207,12 +207,6 @@ pub trait DrainStore: Send + Sync + 'static {
     async fn drain_census(&self, flow: &FlowHandle) -> Result<DrainCensus, StoreError>;
 }
 
-/// How the replicas of a pipeline coordinate through the store: the three roles above, for a
-/// caller that takes part in all of them; a caller that needs one takes that one.
-pub trait PoolStore: MembershipStore + PoolUpdateStore + DrainStore {}
-
-impl<T> PoolStore for T where T: MembershipStore + PoolUpdateStore + DrainStore + ?Sized {}
-
 /// What the store keeps for event-time watermarks: per-bucket message reports and each
 /// flow's forward-only watermark record.
 #[async_trait]
@@ -405,7 +399,9 @@ pub trait Store:
     LedgerStore
     + FlowStore
     + FeedStore
-    + PoolStore
+    + MembershipStore
+    + PoolUpdateStore
+    + DrainStore
     + ProgressStore
     + WindowStore
     + RunStore
@@ -417,7 +413,9 @@ impl<T> Store for T where
     T: LedgerStore
         + FlowStore
         + FeedStore
-        + PoolStore
+        + MembershipStore
+        + PoolUpdateStore
+        + DrainStore
         + ProgressStore
         + WindowStore
         + RunStore
