@@ -28,11 +28,13 @@ pub mod pipeline_yaml;
 pub mod private_postgres;
 pub mod proxy;
 pub mod stage_server;
+pub mod unacked;
 pub mod watermarks;
 pub use command::{COMMAND_TIMEOUT, CommandOutput, sluice_command, sluice_command_within};
 pub use pipeline_yaml::{FlowYaml, PipelineYaml};
 pub use private_postgres::PrivatePostgres;
 pub use proxy::FaultProxy;
+pub use unacked::{UNACKED_READ_WINDOW, unacked_beside_control, unacked_event_ids, unacked_messages};
 
 /// Project of every test resource.
 pub const PROJECT: &str = "sluice-test";
@@ -189,6 +191,20 @@ impl PubSub {
         ack: bool,
         take: fn(&google_cloud_pubsub::model::Message) -> T,
     ) -> tokio::task::JoinHandle<HashSet<T>> {
+        let (_never, stop) = tokio::sync::watch::channel(false);
+        self.plain_client_until(subscription, n, within, ack, take, stop)
+    }
+
+    /// As [`PubSub::plain_client_taking`], ending early too once `stop` turns true.
+    pub fn plain_client_until<T: std::hash::Hash + Eq + Send + 'static>(
+        &self,
+        subscription: &str,
+        n: usize,
+        within: Duration,
+        ack: bool,
+        take: fn(&google_cloud_pubsub::model::Message) -> T,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<HashSet<T>> {
         let (config, subscription) = (self.config.clone(), subscription.to_owned());
         tokio::spawn(async move {
             let mut stream = plain_stream(&config, &subscription).await;
@@ -198,7 +214,12 @@ impl PubSub {
             let mut held = Vec::new();
             let deadline = tokio::time::Instant::now() + within;
             while ids.len() < n {
-                match tokio::time::timeout_at(deadline, stream.next()).await {
+                let next = tokio::select! {
+                    next = tokio::time::timeout_at(deadline, stream.next()) => next,
+                    // A dropped sender never stops the read.
+                    Ok(_) = stop.wait_for(|stop| *stop) => break,
+                };
+                match next {
                     Ok(Some(Ok((message, handler)))) => {
                         if ack {
                             handler.ack();
@@ -804,31 +825,4 @@ pub async fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// How long [`unacked_messages`] reads. Messages that a closed stream held come back to a reader
-/// opened right after the close within about 20 s here; a reader opened 15 s later got them only
-/// after 35 s more (measured on the emulator). With other end-to-end tests loading both cores it
-/// takes longer: once 100 of 1 000 were still missing after 60 s, and once (a CI run on
-/// 2026-12-01) 200 of 1 000 after 90 s. So the reader opens at once and reads for four minutes,
-/// past the longest hold-back seen on the emulator (about three minutes, see ARCHITECTURE.md).
-pub const UNACKED_READ_WINDOW: Duration = Duration::from_secs(240);
-
-/// The message ids still unacked on `subscription`, read by a plain client (which acks them)
-/// opened right away, for [`UNACKED_READ_WINDOW`] or until `expected` arrived.
-pub async fn unacked_messages(
-    pubsub: &PubSub,
-    subscription: &str,
-    expected: usize,
-) -> HashSet<String> {
-    let received = pubsub.plain_receiver(subscription, expected.max(1), UNACKED_READ_WINDOW);
-    received.await.unwrap()
-}
-
-/// As [`unacked_messages`], the `event_id` attribute of each (`None` without one).
-pub async fn unacked_event_ids(pubsub: &PubSub, subscription: &str) -> HashSet<Option<String>> {
-    let received = pubsub.plain_client_taking(subscription, 1, UNACKED_READ_WINDOW, true, |m| {
-        m.attributes.get("event_id").cloned()
-    });
-    received.await.unwrap()
 }
