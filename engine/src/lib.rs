@@ -50,12 +50,14 @@ pub use source::file::{CHECKPOINT_EVERY, DEFAULT_MAX_RECORD_BYTES, FileSource, F
 pub use source::inprocess::{InProcessAck, InProcessSource, InProcessTally, PACE_STEP};
 pub use source::kept_open::KeptOpen;
 pub use source::pubsub::{self, PubSubConfig, PubSubSource};
-pub use source::table::{DEFAULT_POLL, PAGE_ROWS, TableSource, TableWatermark};
+pub use source::table::{DEFAULT_POLL, PAGE_ROWS, TableSource};
+pub use source::table_watermark::TableWatermark;
 pub use source::turn::{ReaderTurn, TURN_TTL};
 pub use source::{MessageSource, Received, SourceError, SourceHandle};
 pub use telemetry::{COMMIT_ERROR_KINDS, Counters, DEAD_LETTER_REASONS, Snapshot};
 pub use time::now_ms;
+pub use watermark::tracker_settings::TrackerSettings;
 pub use watermark::tracking::{
-    LEASE_TTL as TRACKER_LEASE_TTL, TICK as TRACKER_TICK, TrackerSettings, WatermarkTracker,
+    LEASE_TTL as TRACKER_LEASE_TTL, TICK as TRACKER_TICK, WatermarkTracker,
 };
 pub use watermark::{FlowWatermark, bucket_of};

@@ -24,6 +24,9 @@ pub(crate) mod kept_open;
 pub(crate) mod page;
 pub mod pubsub;
 pub(crate) mod table;
+mod table_reader;
+mod table_rows;
+pub(crate) mod table_watermark;
 pub(crate) mod turn;
 
 use crate::flow::budget::{Budget, Permits};
