@@ -9,6 +9,7 @@
 use crate::flow::delivery::Delivery;
 use crate::flow::memory_tier::{FlowDedup, ack_after_report, ack_now};
 use crate::telemetry::Counters;
+use crate::time::age;
 use sluice_dedup::Settlement;
 use std::sync::Arc;
 use std::time::Duration;
@@ -147,16 +148,12 @@ impl Batch {
     /// keeping ordering keys in order: what came after a given-back message must not commit
     /// before it comes again). Returns how many messages were given back.
     pub(crate) fn nack_older_than(&mut self, bound: Duration, whole: bool) -> u64 {
-        if self
-            .deliveries
-            .iter()
-            .all(|d| d.received_at.elapsed() <= bound)
-        {
+        if self.deliveries.iter().all(|d| age(d.received_at) <= bound) {
             return 0;
         }
         let (stale, fresh): (Vec<Delivery>, Vec<Delivery>) = std::mem::take(&mut self.deliveries)
             .into_iter()
-            .partition(|d| whole || d.received_at.elapsed() > bound);
+            .partition(|d| whole || age(d.received_at) > bound);
         self.deliveries = fresh;
         self.untrack();
         if let Some(oldest) = self.deliveries.iter().map(|d| d.received_at).min() {

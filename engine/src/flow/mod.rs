@@ -15,6 +15,8 @@ pub(crate) mod budget;
 pub(crate) mod commit;
 pub(crate) mod commit_bound;
 pub(crate) mod commit_lanes;
+#[cfg(test)]
+mod commit_timing;
 pub(crate) mod delivery;
 pub(crate) mod event_time;
 pub(crate) mod foreach;

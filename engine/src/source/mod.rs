@@ -73,7 +73,7 @@ impl Received {
             message,
             handle,
             permits,
-            received_at: Instant::now(),
+            received_at: crate::time::monotonic_now(),
             page: None,
             ordering_key: None,
             earlier_attempts: 0,

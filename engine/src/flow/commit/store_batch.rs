@@ -9,7 +9,7 @@ use super::CommitThenAck;
 use crate::flow::batch::Batch;
 use crate::flow::delivery::Delivery;
 use crate::flow::sink::SinkCommit;
-use crate::time::now_ms;
+use crate::time::{age, now_ms};
 use sluice_store::{CommitBatch, Effect, Entry, MessageFields};
 use std::sync::Arc;
 
@@ -36,7 +36,7 @@ impl CommitThenAck {
         // The oldest delivery's receipt on the wall clock, plus the bound.
         let commit_by_ms = self.retry.commit_bound.and_then(|bound| {
             let oldest = batch.deliveries().iter().map(|d| d.received_at).min()?;
-            let left = bound.checked_sub(oldest.elapsed()).unwrap_or_default();
+            let left = bound.checked_sub(age(oldest)).unwrap_or_default();
             Some(now.saturating_add(i64::try_from(left.as_millis()).unwrap_or(i64::MAX)))
         });
         let commit = CommitBatch {
