@@ -13,6 +13,7 @@ mod job;
 mod latency;
 mod latency_plot;
 mod latency_points;
+mod latency_samples;
 mod stores;
 mod throughput;
 mod watermark;

@@ -33,7 +33,8 @@ pub mod watermark;
 pub use backoff::Backoff;
 pub use dead_letter_topic::{DeadLetterTopic, FLUSH_GRACE, PUBLISHER_ROLE};
 pub use flow::ack_fence::AckFence;
-pub use flow::batch::{Batch, BatchSettings, BatchSource, DedupSettings, Idle, KeySource};
+pub use flow::batch::Batch;
+pub use flow::batcher::{BatchSettings, BatchSource, DedupSettings, Idle, KeySource};
 pub use flow::budget::Budget;
 pub use flow::commit::{BatchWork, CommitReport, CommitThenAck, RetrySettings};
 pub use flow::commit_bound::{MAX_COMMIT_MARGIN, commit_bound, commit_margin, pause_threshold};
@@ -50,12 +51,14 @@ pub use source::file::{CHECKPOINT_EVERY, DEFAULT_MAX_RECORD_BYTES, FileSource, F
 pub use source::inprocess::{InProcessAck, InProcessSource, InProcessTally, PACE_STEP};
 pub use source::kept_open::KeptOpen;
 pub use source::pubsub::{self, PubSubConfig, PubSubSource};
-pub use source::table::{DEFAULT_POLL, PAGE_ROWS, TableSource, TableWatermark};
+pub use source::table::{DEFAULT_POLL, PAGE_ROWS, TableSource};
+pub use source::table_watermark::TableWatermark;
 pub use source::turn::{ReaderTurn, TURN_TTL};
 pub use source::{MessageSource, Received, SourceError, SourceHandle};
 pub use telemetry::{COMMIT_ERROR_KINDS, Counters, DEAD_LETTER_REASONS, Snapshot};
 pub use time::now_ms;
+pub use watermark::tracker_settings::TrackerSettings;
 pub use watermark::tracking::{
-    LEASE_TTL as TRACKER_LEASE_TTL, TICK as TRACKER_TICK, TrackerSettings, WatermarkTracker,
+    LEASE_TTL as TRACKER_LEASE_TTL, TICK as TRACKER_TICK, WatermarkTracker,
 };
 pub use watermark::{FlowWatermark, bucket_of};

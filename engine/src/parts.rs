@@ -4,7 +4,7 @@
 //! commit bound, the subscription's start-up warnings).
 
 use crate::defaults;
-use crate::flow::batch::{BatchSettings, DedupSettings, KeySource};
+use crate::flow::batcher::{BatchSettings, DedupSettings, KeySource};
 use crate::flow::budget::Budget;
 use crate::flow::commit::RetrySettings;
 use crate::flow::commit_bound::{commit_bound, pause_threshold};

@@ -4,10 +4,10 @@
 //! the batch's messages are acked only after the commit, with the same retries and dead
 //! letters as a handler's run.
 
-use super::handler::AnyHandler;
-use super::{
-    Job, JobError, JobReport, Message, PostgresHandler, SqliteHandler, give_up_after_drain,
-};
+use super::error::JobError;
+use super::handler::{AnyHandler, PostgresHandler, SqliteHandler};
+use super::message::Message;
+use super::run::{Job, JobReport, give_up_after_drain};
 use sluice_engine::CommitThenAck;
 use sluice_engine::FlowError;
 use sluice_engine::SourceHandle;
@@ -60,8 +60,18 @@ pub struct JobStream {
     tracker: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
 }
 
+impl Job {
+    /// Batches to pull and commit one by one ([`JobStream`] has an example).
+    ///
+    /// # Errors
+    /// The subscription cannot be read.
+    pub async fn stream(self) -> Result<JobStream, JobError> {
+        JobStream::start(self).await
+    }
+}
+
 impl JobStream {
-    pub(super) async fn start(job: Job) -> Result<Self, JobError> {
+    async fn start(job: Job) -> Result<Self, JobError> {
         let parts = job.settings.flow.parts().map_err(FlowError::from)?;
         let counters = Counters::new(&job.settings.name, &job.settings.name);
         let give_up = give_up_after_drain(&job.stop);

@@ -1,320 +1,18 @@
-//! From received messages to deduplicated batches: keying, the memory tier, parking of racing
-//! redeliveries, and batching by count and delay.
+//! A batch: messages of one flow processed and committed together, their keys in flight in the
+//! memory tier until it is settled, and every way it ends (committed and acked, given back,
+//! split into lanes or singles).
+//!
+//! Guarantee: nothing is acked without a settle after its commit
+//! ([`Batch::settle_committed`]); a batch dropped unsettled gives every message back (nack) and
+//! releases its keys.
 
-use crate::flow::budget::Budget;
-use crate::flow::delivery::{Delivery, SourceMessage};
-use crate::flow::storable::make_storable;
-use crate::source::SourceError;
-use crate::source::{INTAKE_CAPACITY, MessageSource, Received, SourceHandle};
+use crate::flow::delivery::Delivery;
+use crate::flow::memory_tier::{FlowDedup, ack_after_report, ack_now};
 use crate::telemetry::Counters;
-use sluice_dedup::{Admission, DedupKey, MemoryWindow, Settlement};
+use crate::time::age;
+use sluice_dedup::Settlement;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
-use tokio::time::{Instant, sleep_until, timeout};
-use tokio_util::sync::CancellationToken;
-
-/// Where a message's dedup key comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySource {
-    /// The Pub/Sub message id.
-    MessageId,
-    /// An attribute; a message without it falls back to its message id, or, with
-    /// `dead_letter_if_missing`, is dead-lettered (reason `missing_dedup_attribute`).
-    Attribute {
-        /// Attribute name.
-        name: String,
-        /// Dead-letter instead of falling back.
-        dead_letter_if_missing: bool,
-    },
-}
-
-/// Dedup settings of one flow.
-#[derive(Debug, Clone)]
-pub struct DedupSettings {
-    /// Key source.
-    pub key: KeySource,
-    /// The dedup window (default 10 minutes).
-    pub window: Duration,
-}
-
-/// Batch bounds of one flow.
-#[derive(Debug, Clone, Copy)]
-pub struct BatchSettings {
-    /// A batch closes at this many messages.
-    pub max_messages: usize,
-    /// ...or this long after its first message arrived.
-    pub max_delay: Duration,
-}
-
-/// What the batcher and the committer share: the memory tier (with the redeliveries parked behind
-/// keys in flight) and the flow's counters.
-pub(crate) struct FlowDedup {
-    window: MemoryWindow<Delivery>,
-    pub(crate) counters: Counters,
-}
-
-impl FlowDedup {
-    /// Returns the delivery if it should be processed; parks or acks (a duplicate) otherwise.
-    fn admit(&self, delivery: Delivery) -> Option<Delivery> {
-        match self.window.admit(delivery.hash, delivery) {
-            Admission::New(delivery) => Some(delivery),
-            Admission::Parked => None,
-            Admission::Committed(duplicate) => {
-                self.counters.duplicate_in_memory(1);
-                ack_after_report(&self.counters, [duplicate]);
-                None
-            }
-        }
-    }
-}
-
-/// Acks `deliveries`, counted; for a flow with a watermark, only once their settled reports
-/// are stored (the tracker's next tick), so a crash in between leaves them to be redelivered
-/// and reported again.
-fn ack_after_report<I>(counters: &Counters, deliveries: I)
-where
-    I: IntoIterator<Item = Delivery>,
-    I::IntoIter: ExactSizeIterator,
-{
-    let deliveries = deliveries.into_iter();
-    if deliveries.len() == 0 {
-        return;
-    }
-    let Some(watermark) = counters.watermark() else {
-        return ack_now(counters, deliveries);
-    };
-    // Only a flow with a watermark keeps them (until its reports are stored).
-    let deliveries: Vec<Delivery> = deliveries.collect();
-    watermark.settled(
-        deliveries
-            .iter()
-            .map(|d| (d.message.publish_time_ms, d.message.message_id.as_str())),
-    );
-    let counters = counters.clone();
-    watermark.after_settled(Box::new(move || ack_now(&counters, deliveries)));
-}
-
-/// Acks `deliveries` now, counted.
-fn ack_now<I>(counters: &Counters, deliveries: I)
-where
-    I: IntoIterator<Item = Delivery>,
-    I::IntoIter: ExactSizeIterator,
-{
-    let deliveries = deliveries.into_iter();
-    counters.acked(deliveries.len() as u64);
-    for delivery in deliveries {
-        counters.ack_latency(delivery.ack().elapsed().as_secs_f64());
-    }
-}
-
-/// Turns a source's intake into deduplicated [`Batch`]es of one flow.
-pub struct BatchSource {
-    intake: mpsc::Receiver<Received>,
-    dedup: Arc<FlowDedup>,
-    key: KeySource,
-    batch: BatchSettings,
-    next_id: u64,
-    /// The source hands over pages ([`MessageSource::paged`]).
-    paged: bool,
-}
-
-impl BatchSource {
-    /// A batcher over `intake`.
-    pub fn new(
-        intake: mpsc::Receiver<Received>,
-        dedup: DedupSettings,
-        batch: BatchSettings,
-        counters: Counters,
-    ) -> Self {
-        Self {
-            intake,
-            dedup: Arc::new(FlowDedup {
-                window: MemoryWindow::new(dedup.window),
-                counters,
-            }),
-            key: dedup.key,
-            batch: BatchSettings {
-                max_messages: batch.max_messages.max(1),
-                max_delay: batch.max_delay,
-            },
-            next_id: 0,
-            paged: false,
-        }
-    }
-
-    /// Starts `source` within `budget` and returns a batcher over it, with the source's handle
-    /// (close it after the last batch is settled). Cancelling `stop` stops the source asking
-    /// for messages; [`BatchSource::next_batch`] returns `None` once what it had is batched.
-    pub async fn start(
-        source: Box<dyn MessageSource>,
-        budget: Budget,
-        dedup: DedupSettings,
-        batch: BatchSettings,
-        counters: Counters,
-        stop: CancellationToken,
-    ) -> Result<(Self, Box<dyn SourceHandle>), SourceError> {
-        let (intake_tx, intake) = mpsc::channel(INTAKE_CAPACITY);
-        let paged = source.paged();
-        let handle = source.start(intake_tx, budget, stop).await?;
-        let mut batcher = Self::new(intake, dedup, batch, counters);
-        batcher.paged = paged;
-        Ok((batcher, handle))
-    }
-
-    /// The next batch; `None` once the intake has closed (the source stopped) and is empty.
-    /// Cancel-safe: if this future is dropped, the messages it had gathered are nacked and their
-    /// keys released.
-    pub async fn next_batch(&mut self) -> Option<Batch> {
-        self.next_batch_within(None).await.ok().flatten()
-    }
-
-    /// As [`BatchSource::next_batch`], but gives up with `Err(Idle)` when no message at all
-    /// arrived for `idle` and no key is in flight (every batch handed out has been settled):
-    /// the subscription has drained.
-    pub async fn next_batch_or_idle(&mut self, idle: Duration) -> Result<Option<Batch>, Idle> {
-        self.next_batch_within(Some(idle)).await
-    }
-
-    /// Keys currently held in memory (`sluice_dedup_cache_entries`).
-    pub fn cache_entries(&self) -> u64 {
-        self.dedup.window.entries()
-    }
-
-    /// Keys admitted and not yet settled (committed or abandoned).
-    pub fn keys_in_flight(&self) -> usize {
-        self.dedup.window.in_flight()
-    }
-
-    /// Cancel-safe: the batch under construction is a [`Batch`] from its first delivery on, so
-    /// dropping this future abandons (nacks) what it held and releases the keys.
-    async fn next_batch_within(&mut self, idle: Option<Duration>) -> Result<Option<Batch>, Idle> {
-        let mut batch = Batch {
-            id: self.next_id + 1,
-            deliveries: Vec::new(),
-            dedup: self.dedup.clone(),
-            tracked_since: None,
-            page: None,
-            page_part: None,
-        };
-        if self.paged {
-            return self.next_page(batch, idle).await;
-        }
-        while batch.deliveries.is_empty() {
-            let Some(received) = self.receive(idle).await? else {
-                return Ok(None);
-            };
-            if let Some(delivery) = self.admit(received) {
-                batch.deliveries.reserve(self.batch.max_messages.min(4096));
-                batch.track(delivery.received_at);
-                batch.deliveries.push(delivery);
-            }
-        }
-        let deadline = sleep_until(Instant::now() + self.batch.max_delay);
-        tokio::pin!(deadline);
-        while batch.deliveries.len() < self.batch.max_messages {
-            let received = tokio::select! {
-                biased;
-                received = self.intake.recv() => received,
-                _ = &mut deadline => break,
-            };
-            let Some(received) = received else { break };
-            if let Some(delivery) = self.admit(received) {
-                batch.deliveries.push(delivery);
-            }
-        }
-        self.next_id += 1;
-        Ok(Some(batch))
-    }
-
-    /// A paged source's next batch: one whole page, up to the mark that follows its records,
-    /// whatever the batch bounds say (the source keeps pages within the budget). A page cut
-    /// short by the end of the intake is given back; so is a page whose every record was a
-    /// duplicate in memory... except its mark, which still commits (an empty batch).
-    async fn next_page(
-        &mut self,
-        mut batch: Batch,
-        idle: Option<Duration>,
-    ) -> Result<Option<Batch>, Idle> {
-        loop {
-            let Some(mut received) = self.receive(idle).await? else {
-                return Ok(None);
-            };
-            // The mark comes on its own, after the page's records.
-            if let Some(page) = received.page.take() {
-                batch.page = Some(page);
-                self.next_id += 1;
-                return Ok(Some(batch));
-            }
-            if let Some(delivery) = self.admit(received) {
-                if batch.deliveries.is_empty() {
-                    batch.track(delivery.received_at);
-                }
-                batch.deliveries.push(delivery);
-            }
-        }
-    }
-
-    /// The next received message; `Ok(None)` once the intake closed; `Err(Idle)` when nothing
-    /// arrived for `idle` and no key is in flight.
-    async fn receive(&mut self, idle: Option<Duration>) -> Result<Option<Received>, Idle> {
-        let Some(idle) = idle else {
-            return Ok(self.intake.recv().await);
-        };
-        loop {
-            match timeout(idle, self.intake.recv()).await {
-                Ok(received) => return Ok(received),
-                // Drained only when nothing is in flight either: a full budget held by
-                // batches still committing also leaves the intake empty.
-                Err(_) if self.dedup.window.in_flight() == 0 => return Err(Idle),
-                Err(_) => continue,
-            }
-        }
-    }
-
-    fn admit(&self, received: Received) -> Option<Delivery> {
-        self.dedup.counters.received(1);
-        let mut message = received.message;
-        let (mut key, key_problem) = key_of(&self.key, &message);
-        if let Some(escaped) = make_storable(&mut message, key.as_str()) {
-            key = DedupKey::new(escaped);
-        }
-        let delivery = Delivery {
-            hash: key.hash(),
-            key,
-            key_problem,
-            message,
-            handle: received.handle,
-            _permits: received.permits,
-            received_at: received.received_at,
-            attempts: received.earlier_attempts,
-            last_error: None,
-            ordering_key: received.ordering_key,
-            store_refused: None,
-        };
-        self.dedup.admit(delivery)
-    }
-}
-
-/// The subscription stayed empty for the idle time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Idle;
-
-fn key_of(source: &KeySource, message: &SourceMessage) -> (DedupKey, Option<&'static str>) {
-    match source {
-        KeySource::MessageId => (DedupKey::new(message.message_id.as_str()), None),
-        KeySource::Attribute {
-            name,
-            dead_letter_if_missing,
-        } => match message.attributes.get(name) {
-            Some(value) => (DedupKey::new(value.as_str()), None),
-            None => (
-                DedupKey::new(message.message_id.as_str()),
-                dead_letter_if_missing.then_some("missing_dedup_attribute"),
-            ),
-        },
-    }
-}
 
 /// Messages of one flow to be processed and committed together. Its deliveries' keys are in
 /// flight in the memory tier until the batch is settled. Dropping an unsettled batch abandons
@@ -338,6 +36,37 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// An empty batch numbered `id`, its keys to be held in `dedup`.
+    pub(crate) fn new(id: u64, dedup: Arc<FlowDedup>) -> Self {
+        Batch {
+            id,
+            deliveries: Vec::new(),
+            dedup,
+            tracked_since: None,
+            page: None,
+            page_part: None,
+        }
+    }
+
+    /// Adds a delivery admitted to the memory tier; the first one starts the batch's
+    /// system-lag tracking.
+    pub(crate) fn push(&mut self, delivery: Delivery) {
+        if self.deliveries.is_empty() {
+            self.track(delivery.received_at);
+        }
+        self.deliveries.push(delivery);
+    }
+
+    /// Makes room for `additional` more deliveries.
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.deliveries.reserve(additional);
+    }
+
+    /// Closes a paged source's batch with its page's position change (see `page.rs`).
+    pub(crate) fn end_page(&mut self, mark: crate::source::page::PageMark) {
+        self.page = Some(mark);
+    }
+
     /// The batch's deliveries, in receive order.
     pub fn deliveries(&self) -> &[Delivery] {
         &self.deliveries
@@ -397,8 +126,6 @@ impl Batch {
         }
     }
 
-    /// Records a failed attempt of a single-message batch (batches of several are split
-    /// first, so an innocent message is not charged for its neighbour).
     /// The store refused the dead letter of this batch's message as it was (see
     /// [`Delivery::store_refused`]).
     pub(crate) fn refused_by_store(&mut self, why: &str) {
@@ -407,6 +134,8 @@ impl Batch {
         }
     }
 
+    /// Records a failed attempt of a single-message batch (batches of several are split
+    /// first, so an innocent message is not charged for its neighbour).
     pub(crate) fn count_failed_attempt(&mut self, error: &str) {
         for delivery in &mut self.deliveries {
             delivery.attempts += 1;
@@ -419,16 +148,12 @@ impl Batch {
     /// keeping ordering keys in order: what came after a given-back message must not commit
     /// before it comes again). Returns how many messages were given back.
     pub(crate) fn nack_older_than(&mut self, bound: Duration, whole: bool) -> u64 {
-        if self
-            .deliveries
-            .iter()
-            .all(|d| d.received_at.elapsed() <= bound)
-        {
+        if self.deliveries.iter().all(|d| age(d.received_at) <= bound) {
             return 0;
         }
         let (stale, fresh): (Vec<Delivery>, Vec<Delivery>) = std::mem::take(&mut self.deliveries)
             .into_iter()
-            .partition(|d| whole || d.received_at.elapsed() > bound);
+            .partition(|d| whole || age(d.received_at) > bound);
         self.deliveries = fresh;
         self.untrack();
         if let Some(oldest) = self.deliveries.iter().map(|d| d.received_at).min() {
@@ -476,22 +201,11 @@ impl Batch {
         let id = self.id;
         self.untrack();
         let mut parts: Vec<Batch> = (0..lanes.max(1))
-            .map(|_| Batch {
-                id,
-                deliveries: Vec::new(),
-                dedup: self.dedup.clone(),
-                tracked_since: None,
-                page: None,
-                page_part: None,
-            })
+            .map(|_| Batch::new(id, self.dedup.clone()))
             .collect();
         let count = parts.len();
         for delivery in std::mem::take(&mut self.deliveries) {
-            let part = &mut parts[lane_of(&delivery) % count];
-            if part.deliveries.is_empty() {
-                part.track(delivery.received_at);
-            }
-            part.deliveries.push(delivery);
+            parts[lane_of(&delivery) % count].push(delivery);
         }
         parts
     }

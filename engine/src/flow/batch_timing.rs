@@ -3,7 +3,7 @@
 //! drained after the idle time only while no key is in flight. The clock is paused, so each
 //! test states instants exactly and takes no real time.
 
-use crate::flow::batch::{BatchSettings, BatchSource, DedupSettings, Idle, KeySource};
+use crate::flow::batcher::{BatchSettings, BatchSource, DedupSettings, Idle, KeySource};
 use crate::flow::budget::Budget;
 use crate::flow::delivery::{AckHandle, SourceMessage};
 use crate::source::Received;

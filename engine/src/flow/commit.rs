@@ -25,73 +25,28 @@
 //! * a table source's page whose position moved meanwhile ([`StoreError::Moved`]: another
 //!   replica reads the table now, or the flow was reset): given back whole, nothing written;
 //!   the source reads on from the stored position.
+//!
+//! The counts and settings are in `commit/report.rs`, the store's work for a batch in
+//! `commit/store_batch.rs`, the sink file's publication in `commit/sink_files.rs`.
+
+mod report;
+mod sink_files;
+mod store_batch;
+
+pub use report::{BatchWork, CommitReport, RetrySettings};
 
 use crate::backoff::Backoff;
 use crate::flow::batch::Batch;
-use crate::flow::delivery::Delivery;
 use crate::flow::sink::{JsonlSink, SinkCommit};
 use crate::flow::stage::Stage;
 use crate::flow::storable::UNSTORABLE;
-use crate::time::now_ms;
+use report::count_and_settle;
 use sluice_store::LedgerStore;
-use sluice_store::{CommitBatch, Effect, Entry, FlowHandle, MessageFields, StoreError};
+use sluice_store::{Effect, FlowHandle, StoreError};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// Retry settings of a flow.
-#[derive(Debug, Clone, Copy)]
-pub struct RetrySettings {
-    /// Attempts before a failing message is dead-lettered (at least 1).
-    pub max_attempts: u32,
-    /// Ledger keys written now expire after this (the dedup window).
-    pub dedup_window: Duration,
-    /// A delivery received longer ago than this is given back (nacked) instead of committed:
-    /// `commit_bound` of the dedup window for sources that redeliver (Pub/Sub);
-    /// `None` for sources where a nack would drop the record (files, tables).
-    pub commit_bound: Option<Duration>,
-}
-
-/// What became of one batch, or of a run (`sluice_connector::JobReport`); reports add up.
-///
-/// ```
-/// let mut total = sluice_engine::CommitReport::default();
-/// total += sluice_engine::CommitReport::default();
-/// assert_eq!(total.rows, 0);
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CommitReport {
-    /// Target rows written.
-    pub rows: u64,
-    /// Dead-letter rows written.
-    pub dead_letters: u64,
-    /// Entries the ledger found duplicate.
-    pub duplicates: u64,
-    /// Messages acked, redeliveries parked behind the batch's messages included (for a flow
-    /// with a watermark, those parked are acked once their reports are stored, a tick later).
-    pub acked: u64,
-    /// Messages nacked because the caller gave up.
-    pub abandoned: u64,
-}
-
-impl std::ops::AddAssign for CommitReport {
-    fn add_assign(&mut self, other: Self) {
-        self.rows += other.rows;
-        self.dead_letters += other.dead_letters;
-        self.duplicates += other.duplicates;
-        self.acked += other.acked;
-        self.abandoned += other.abandoned;
-    }
-}
-
-/// The caller's own writes for a batch, done in its commit's transaction (a library job's
-/// handler): given the batch and its staged effects, the work the store runs.
-pub trait BatchWork: Send + Sync {
-    /// The work the store runs in the commit of `batch`, whose staged effects are `effects`.
-    fn work(&self, batch: &Batch, effects: &[Effect]) -> sluice_store::TransactionWork;
-}
 
 /// Commits batches of one flow to a store and acks them afterwards.
 pub struct CommitThenAck {
@@ -345,39 +300,7 @@ impl CommitThenAck {
             };
             let failure = match outcome {
                 Ok(outcome) => {
-                    let (rows, dead_letters, duplicates) = count_written(&dead, &outcome.written);
-                    batch.counters().committed(rows, duplicates);
-                    // Late: below the watermark as it is once the commit has landed.
-                    let late_rows = batch.watermark_ms().map_or(0, |watermark| {
-                        row_event_times
-                            .iter()
-                            .zip(&outcome.written)
-                            .filter(|(event, written)| {
-                                **written && event.is_some_and(|e| e < watermark)
-                            })
-                            .count()
-                    });
-                    if late_rows > 0 {
-                        tracing::debug!(late_rows, "rows committed below the watermark");
-                        batch.counters().late(late_rows as u64);
-                    }
-                    for (reason, _) in dead
-                        .iter()
-                        .zip(&outcome.written)
-                        .filter(|(_, written)| **written)
-                    {
-                        if let Some(reason) = reason {
-                            batch.counters().dead_lettered(reason, 1);
-                        }
-                    }
-                    let acked = batch.settle_recorded(&outcome.written);
-                    *report += CommitReport {
-                        rows,
-                        dead_letters,
-                        duplicates,
-                        acked,
-                        abandoned: 0,
-                    };
+                    *report += count_and_settle(batch, &dead, &row_event_times, &outcome.written);
                     return None;
                 }
                 Err(failure) => failure,
@@ -466,148 +389,7 @@ impl CommitThenAck {
             }
         }
     }
-
-    /// Publishes a committed sink file before the batch is acked, retrying with backoff as
-    /// long as it fails (a full disk, a permission taken away): the ack waits, as it does for
-    /// a store outage. Only when the caller gives up (shutdown) is the file left under its
-    /// temporary name for the next start's recovery, which publishes it (its commit is
-    /// recorded); the batch is acked then, since its records are committed.
-    async fn publish(&self, sink: &SinkCommit) {
-        let mut backoff = Backoff::default();
-        loop {
-            let error = match sink.publish() {
-                Ok(()) => return,
-                Err(error) => error,
-            };
-            if self.give_up.is_cancelled() {
-                tracing::error!(flow = %self.flow.name, commit = sink.commit_id(), %error,
-                    "cannot publish a committed sink file; the next start's recovery will");
-                sink.release();
-                return;
-            }
-            let delay = backoff.next_delay();
-            tracing::warn!(flow = %self.flow.name, commit = sink.commit_id(), %error,
-                step = backoff.step(), retry_in_ms = delay.as_millis() as u64,
-                "cannot publish a committed sink file; retrying (nothing acked)");
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = self.give_up.cancelled() => {}
-            }
-        }
-    }
-
-    /// Decides the sink attempts whose commit reported an error after their transaction ran:
-    /// published if the store recorded them (the answer was lost, the commit landed),
-    /// discarded if not; left to the next start's recovery if the store cannot say.
-    async fn resolve_uncertain(&self, uncertain: Vec<Arc<SinkCommit>>) {
-        for sink in uncertain {
-            match self
-                .store
-                .commit_recorded(&self.flow, sink.commit_id())
-                .await
-            {
-                Ok(true) => self.publish(&sink).await,
-                Ok(false) => sink.discard(),
-                Err(error) => {
-                    tracing::warn!(flow = %self.flow.name, commit = sink.commit_id(), %error,
-                        "cannot tell whether a sink commit landed; the next start's recovery will");
-                    sink.release();
-                }
-            }
-        }
-    }
-
-    /// The store's work for a batch, and a sink's file work when the flow writes a sink.
-    fn commit_batch(
-        &self,
-        batch: &Batch,
-        effects: Vec<Effect>,
-        work: Option<sluice_store::TransactionWork>,
-    ) -> (CommitBatch, Option<Arc<SinkCommit>>) {
-        let now = now_ms();
-        let window = i64::try_from(self.retry.dedup_window.as_millis()).unwrap_or(i64::MAX);
-        let entries: Vec<Entry> = batch
-            .deliveries()
-            .iter()
-            .zip(effects)
-            .map(|(delivery, effect)| entry(delivery, effect))
-            .collect();
-        let sink_commit = self
-            .sink
-            .as_ref()
-            .map(|sink| Arc::new(sink.commit(&entries, now)));
-        // The oldest delivery's receipt on the wall clock, plus the bound.
-        let commit_by_ms = self.retry.commit_bound.and_then(|bound| {
-            let oldest = batch.deliveries().iter().map(|d| d.received_at).min()?;
-            let left = bound.checked_sub(oldest.elapsed()).unwrap_or_default();
-            Some(now.saturating_add(i64::try_from(left.as_millis()).unwrap_or(i64::MAX)))
-        });
-        let commit = CommitBatch {
-            flow: self.flow.clone(),
-            table: self.table.clone(),
-            entries,
-            now_ms: now,
-            expires_at_ms: now.saturating_add(window),
-            commit_by_ms,
-            hook: sink_commit
-                .clone()
-                .map(|s| s as Arc<dyn sluice_store::CommitHook>),
-            watermark_progress: batch.counters().watermark().is_some(),
-            position: batch.position().cloned(),
-            position_gate: batch.position_gate(),
-            work,
-            publish_dead_letters: self.publish_dead_letters,
-        };
-        (commit, sink_commit)
-    }
 }
-
-/// (rows, dead letters, duplicates) written by a committed batch, from which entries were dead
-/// letters and which the ledger accepted.
-fn count_written(dead: &[Option<String>], written: &[bool]) -> (u64, u64, u64) {
-    let (mut rows, mut dead_letters, mut duplicates) = (0, 0, 0);
-    for (reason, &is_new) in dead.iter().zip(written) {
-        match (is_new, reason.is_some()) {
-            (false, _) => duplicates += 1,
-            (true, true) => dead_letters += 1,
-            (true, false) => rows += 1,
-        }
-    }
-    (rows, dead_letters, duplicates)
-}
-
-fn entry(delivery: &Delivery, effect: Effect) -> Entry {
-    let message = &delivery.message;
-    if delivery.store_refused.is_some() {
-        // What the store could not hold is left out: the dead letter keeps the message's
-        // identity, its reason and the store's error.
-        return Entry {
-            key: delivery.key.clone(),
-            message: MessageFields {
-                message_id: message.message_id.chars().take(BARE_ID_CHARS).collect(),
-                publish_time_ms: message.publish_time_ms,
-                attributes_json: "{}".to_owned(),
-                data: bytes::Bytes::new(),
-            },
-            effect,
-        };
-    }
-    Entry {
-        key: delivery.key.clone(),
-        message: MessageFields {
-            message_id: message.message_id.clone(),
-            publish_time_ms: message.publish_time_ms,
-            attributes_json: serde_json::to_string(&message.attributes)
-                .unwrap_or_else(|_| "{}".to_owned()),
-            data: message.data.clone(),
-        },
-        effect,
-    }
-}
-
-/// A dead letter kept without its payload keeps this much of its message id (a file record's
-/// id may be as long as its line).
-const BARE_ID_CHARS: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 enum Failure {

@@ -31,9 +31,10 @@ use crate::flow::commit::{CommitReport, CommitThenAck};
 use crate::flow::delivery::Delivery;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 /// How long after a give-back a lane gives back what it received (messages of the key that
 /// were already on their way when it was given back).
@@ -120,7 +121,7 @@ async fn run_lane(committer: Arc<CommitThenAck>, mut parts: mpsc::Receiver<Batch
     let mut regive_before: Option<Instant> = None;
     while let Some(part) = parts.recv().await {
         if let (Some(until), Some(oldest)) = (regive_before, part.oldest_received())
-            && oldest <= until
+            && oldest <= until.into_std()
         {
             let count = part.len() as u64;
             tracing::warn!(

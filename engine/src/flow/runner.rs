@@ -16,7 +16,7 @@
 //! ([`DrainAgreement`]): an idle replica keeps reading while another may still hold messages
 //! that could come back to the subscription.
 
-use crate::flow::batch::{BatchSettings, BatchSource, DedupSettings};
+use crate::flow::batcher::{BatchSettings, BatchSource, DedupSettings};
 use crate::flow::budget::Budget;
 use crate::flow::commit::{CommitReport, CommitThenAck};
 use crate::source::MessageSource;

@@ -18,12 +18,17 @@ pub(crate) mod file;
 pub(crate) mod file_checkpoint;
 pub(crate) mod file_glob;
 pub(crate) mod file_lines;
+pub(crate) mod file_reader;
 pub(crate) mod file_record;
+mod file_turns;
 pub(crate) mod inprocess;
 pub(crate) mod kept_open;
 pub(crate) mod page;
 pub mod pubsub;
 pub(crate) mod table;
+mod table_reader;
+mod table_rows;
+pub(crate) mod table_watermark;
 pub(crate) mod turn;
 
 use crate::flow::budget::{Budget, Permits};
@@ -68,7 +73,7 @@ impl Received {
             message,
             handle,
             permits,
-            received_at: Instant::now(),
+            received_at: crate::time::monotonic_now(),
             page: None,
             ordering_key: None,
             earlier_attempts: 0,

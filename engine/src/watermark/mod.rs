@@ -18,6 +18,10 @@
 //! Guarantee: the watermark held here only moves forward ([`FlowWatermark::advance`] keeps the
 //! larger value), so a replica that reads an older record never shows a watermark going back.
 
+mod probes;
+mod reading;
+mod stall;
+pub(crate) mod tracker_settings;
 pub(crate) mod tracking;
 
 use sluice_store::{
@@ -89,6 +93,14 @@ impl Default for FlowWatermark {
             }),
         }
     }
+}
+
+/// The labels of a flow's watermark gauges.
+fn flow_labels(flow: &FlowHandle) -> [(&'static str, String); 2] {
+    [
+        ("pipeline", flow.pipeline.to_string()),
+        ("flow", flow.name.to_string()),
+    ]
 }
 
 /// The start of the progress bucket holding `publish_ms`.

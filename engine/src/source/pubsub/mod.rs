@@ -14,13 +14,12 @@ mod probe;
 mod publish_outcome;
 mod settings;
 mod source;
+mod tracking_subscription;
 
 /// Where the error of a source lives: the seam of every source (`crate::source`).
 pub use crate::source::SourceError;
 pub use ack::ACK_FAILURE_REASONS;
-pub use admin::{
-    Admin, SubscriptionSettings, TrackingStart, log_tracking_start, publish_all, tracking_filter,
-};
+pub use admin::{Admin, SubscriptionSettings, publish_all};
 pub use probe::{
     PROBE_ATTRIBUTE, RESERVED_ATTRIBUTE_REASON, is_probe, probe_message, reserved_attribute_problem,
 };
@@ -28,6 +27,7 @@ pub use publish_outcome::publish_refused;
 pub use settings::FlowIntent;
 pub use settings::describe as describe_subscription;
 pub use source::PubSubSource;
+pub use tracking_subscription::{TrackingStart, log_tracking_start, tracking_filter};
 
 use google_cloud_auth::credentials::Credentials;
 
