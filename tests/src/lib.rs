@@ -34,7 +34,9 @@ pub use command::{COMMAND_TIMEOUT, CommandOutput, sluice_command, sluice_command
 pub use pipeline_yaml::{FlowYaml, PipelineYaml};
 pub use private_postgres::PrivatePostgres;
 pub use proxy::FaultProxy;
-pub use unacked::{UNACKED_READ_WINDOW, unacked_beside_control, unacked_event_ids, unacked_messages};
+pub use unacked::{
+    UNACKED_READ_WINDOW, unacked_beside_control, unacked_event_ids, unacked_messages,
+};
 
 /// Project of every test resource.
 pub const PROJECT: &str = "sluice-test";

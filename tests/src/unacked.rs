@@ -61,16 +61,30 @@ pub async fn unacked_beside_control<T: std::hash::Hash + Eq + Send + 'static>(
 ) -> HashSet<T> {
     let (control_done, stop) = tokio::sync::watch::channel(false);
     let started = std::time::Instant::now();
-    let real = pubsub.plain_client_until(subscription, usize::MAX, UNACKED_READ_WINDOW, true, take, stop);
+    let real = pubsub.plain_client_until(
+        subscription,
+        usize::MAX,
+        UNACKED_READ_WINDOW,
+        true,
+        take,
+        stop,
+    );
     let (control_topic, control_subs) = pubsub.topic_with("unacked-control", 1).await;
     pubsub
         .publish(
             &control_topic,
-            (0..CONTROL_MESSAGES).map(|i| event(&format!("x{i}"))).collect(),
+            (0..CONTROL_MESSAGES)
+                .map(|i| event(&format!("x{i}")))
+                .collect(),
         )
         .await;
     let held = pubsub
-        .plain_client(&control_subs[0], CONTROL_HELD, Duration::from_secs(30), false)
+        .plain_client(
+            &control_subs[0],
+            CONTROL_HELD,
+            Duration::from_secs(30),
+            false,
+        )
         .await
         .unwrap();
     let found = unacked_messages(pubsub, &control_subs[0], CONTROL_MESSAGES).await;
@@ -84,7 +98,11 @@ pub async fn unacked_beside_control<T: std::hash::Hash + Eq + Send + 'static>(
         control_took.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(held.len(), CONTROL_HELD, "the control's holder took too few");
+    assert_eq!(
+        held.len(),
+        CONTROL_HELD,
+        "the control's holder took too few"
+    );
     let missed = held.difference(&found).count();
     assert_eq!(
         missed, 0,

@@ -87,357 +87,453 @@ fn flow_line<'a>(output: &'a str, flow: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no outcome line for {flow} in {output:?}"))
 }
 
-/// Pattern 1 (backfill then live on one table), continuous, on SQLite; then a restart (the
-/// backfill is IDLE, not re-read), a reset of the live flow with --seek (only it replays), and
-/// a full refresh with --seek (the chain runs again from the start, in order).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backfill_then_live_restart_reset_and_full_refresh() {
-    let pubsub = PubSub::connect().await;
-    let topic = unique("order");
-    pubsub.admin.create_topic(&topic).await.unwrap();
-    let subscription = format!("{topic}-sub");
-    pubsub
-        .admin
-        .create_replayable_subscription(&subscription, &topic, 10)
-        .await
-        .unwrap();
-    let dir = Workdir::new();
-    // 8 000 history records in 4 files, 200 of them repeated, 2 lines that cannot be records.
-    let glob = history(
-        dir.path(),
-        "history",
-        "h",
-        8_000,
-        4,
-        200,
-        &["this is not json", r#"{"data":"bm8gaWQ="}"#],
-    );
-    let db = dir.db("order");
-    let file = PipelineYaml::new("test")
-        .mode("continuous")
-        .sqlite(&db)
-        .pubsub_emulator()
-        .target_table("events")
-        .flow(FlowYaml::file("events_backfill", "events", &glob).once())
-        .flow(
-            FlowYaml::pubsub("events_live", "events", &subscription)
-                .depends_on(&["events_backfill"])
-                .dedup_attribute("event_id")
-                .batch(500, "20ms")
-                .streams(2),
-        )
-        .write(dir.path(), "p.yaml");
-    let store = Db(db.clone());
-    let count = |flow: &str| {
-        store.query(&format!(
+/// Pattern 1 (backfill then live on one table), continuous, on SQLite, after its first run:
+/// what the tests of a restart, a reset and a full refresh start from.
+struct FirstRun {
+    pubsub: PubSub,
+    topic: String,
+    dir: Workdir,
+    file: PathBuf,
+    store: Db,
+    /// A time before every live message: a seek to it replays them all.
+    seek_to: i64,
+    /// When the backfill's last row was committed.
+    backfill_done: i64,
+}
+
+impl FirstRun {
+    /// Writes the pipeline (8 000 history records in 4 files, 200 of them repeated, 2 lines that
+    /// cannot be records; 1 000 live events plus 100 publisher duplicates already published),
+    /// runs it until every record is in, stops it, and checks the first run: the backfill
+    /// COMPLETED before the first live row, each record once, the two bad lines dead letters.
+    async fn run() -> Self {
+        let pubsub = PubSub::connect().await;
+        let topic = unique("order");
+        pubsub.admin.create_topic(&topic).await.unwrap();
+        let subscription = format!("{topic}-sub");
+        pubsub
+            .admin
+            .create_replayable_subscription(&subscription, &topic, 10)
+            .await
+            .unwrap();
+        let dir = Workdir::new();
+        let glob = history(
+            dir.path(),
+            "history",
+            "h",
+            8_000,
+            4,
+            200,
+            &["this is not json", r#"{"data":"bm8gaWQ="}"#],
+        );
+        let db = dir.db("order");
+        let file = PipelineYaml::new("test")
+            .mode("continuous")
+            .sqlite(&db)
+            .pubsub_emulator()
+            .target_table("events")
+            .flow(FlowYaml::file("events_backfill", "events", &glob).once())
+            .flow(
+                FlowYaml::pubsub("events_live", "events", &subscription)
+                    .depends_on(&["events_backfill"])
+                    .dedup_attribute("event_id")
+                    .batch(500, "20ms")
+                    .streams(2),
+            )
+            .write(dir.path(), "p.yaml");
+        let store = Db(db.clone());
+        // The live subscription has its messages before the worker starts: without depends_on
+        // the live flow would write at once, beside the backfill.
+        let seek_to = now_ms() - 1_000;
+        pubsub
+            .publish(&topic, events_with_duplicates("live", 1_000, 100))
+            .await;
+        let mut first = Self {
+            pubsub,
+            topic,
+            dir,
+            file,
+            store,
+            seek_to,
+            backfill_done: 0,
+        };
+        let worker = Worker::start(&first.file, "first");
+        let all_in =
+            || first.count("events_backfill") == 8_000 && first.count("events_live") == 1_000;
+        wait_for(&worker, Duration::from_secs(180), all_in, || first.rows()).await;
+        let output = stop(worker);
+        assert!(
+            flow_line(&output, "events_backfill").contains("COMPLETED"),
+            "{output}"
+        );
+        assert!(
+            flow_line(&output, "events_live").contains("STOPPED"),
+            "{output}"
+        );
+        first.backfill_done = first.max_at("events_backfill");
+        assert!(
+            first.backfill_done <= first.min_at("events_live"),
+            "a live row ({}) was committed before the last backfill row ({})",
+            first.min_at("events_live"),
+            first.backfill_done
+        );
+        assert_eq!(first.store.rows(), 9_000);
+        assert_eq!(first.store.distinct_keys(), 9_000, "each record once");
+        // The two lines that are not records are dead letters, with their reasons.
+        assert_eq!(first.store.dead_letters(), 2);
+        assert_eq!(
+            first.store.query(
+                "SELECT COUNT(*) FROM test__dead_letter WHERE reason IN ('undecodable', 'missing_id')"
+            ),
+            2
+        );
+        first
+    }
+
+    fn count(&self, flow: &str) -> i64 {
+        self.store.query(&format!(
             "SELECT COUNT(*) FROM test__events WHERE flow = '{flow}'"
         ))
-    };
-    let max_at = |flow: &str| {
-        store.query(&format!(
+    }
+
+    fn max_at(&self, flow: &str) -> i64 {
+        self.store.query(&format!(
             "SELECT COALESCE(MAX(committed_at), 0) FROM test__events WHERE flow = '{flow}'"
         ))
-    };
-    let min_at = |flow: &str| {
-        store.query(&format!(
+    }
+
+    fn min_at(&self, flow: &str) -> i64 {
+        self.store.query(&format!(
             "SELECT COALESCE(MIN(committed_at), 0) FROM test__events WHERE flow = '{flow}'"
         ))
-    };
+    }
 
-    // The live subscription has its messages before the worker starts: without depends_on the
-    // live flow would write at once, beside the backfill.
-    let seek_to = now_ms() - 1_000;
-    pubsub
-        .publish(&topic, events_with_duplicates("live", 1_000, 100))
-        .await;
-
-    let rows = || {
+    fn rows(&self) -> String {
         format!(
             "rows: backfill {} live {}",
-            count("events_backfill"),
-            count("events_live")
+            self.count("events_backfill"),
+            self.count("events_live")
         )
-    };
-    let worker = Worker::start(&file, "first");
-    let all_in = || count("events_backfill") == 8_000 && count("events_live") == 1_000;
-    wait_for(&worker, Duration::from_secs(180), all_in, rows).await;
-    let output = stop(worker);
-    assert!(
-        flow_line(&output, "events_backfill").contains("COMPLETED"),
-        "{output}"
-    );
-    assert!(
-        flow_line(&output, "events_live").contains("STOPPED"),
-        "{output}"
-    );
-    let backfill_done = max_at("events_backfill");
-    assert!(
-        backfill_done <= min_at("events_live"),
-        "a live row ({}) was committed before the last backfill row ({backfill_done})",
-        min_at("events_live")
-    );
-    assert_eq!(store.rows(), 9_000);
-    assert_eq!(store.distinct_keys(), 9_000, "each record once");
-    // The two lines that are not records are dead letters, with their reasons.
-    assert_eq!(store.dead_letters(), 2);
-    assert_eq!(
-        store.query(
-            "SELECT COUNT(*) FROM test__dead_letter WHERE reason IN ('undecodable', 'missing_id')"
-        ),
-        2
-    );
+    }
 
-    // Restart: the backfill is IDLE and not re-read; live carries on.
-    pubsub
-        .publish(
-            &topic,
-            (1_000..1_200).map(|i| event(&format!("live{i}"))).collect(),
-        )
+    /// 200 more live events (`live1000..live1200`).
+    async fn publish_more(&self) {
+        self.pubsub
+            .publish(
+                &self.topic,
+                (1_000..1_200).map(|i| event(&format!("live{i}"))).collect(),
+            )
+            .await;
+    }
+
+    /// Runs the pipeline as worker `name` until the live flow has all 1 200 rows, stops it and
+    /// checks that the backfill is as it was: IDLE, not re-read, each record once. (Up to about 3
+    /// minutes: the emulator holds a subscription's new streams back after a stream of it
+    /// closed, and after a seek, ARCHITECTURE.md, "Pub/Sub client facts we build on".)
+    async fn run_live_to_the_end(&self, name: &str) {
+        let worker = Worker::start(&self.file, name);
+        let live_complete = || self.count("events_live") == 1_200;
+        wait_for(&worker, Duration::from_secs(300), live_complete, || {
+            self.rows()
+        })
         .await;
-    let live_complete = || count("events_live") == 1_200;
-    // A run after which the backfill must be as it was: IDLE, not re-read, each record once.
-    let untouched_backfill = |output: &str| {
+        let output = stop(worker);
         assert!(
-            flow_line(output, "events_backfill").contains("IDLE"),
+            flow_line(&output, "events_backfill").contains("IDLE"),
             "{output}"
         );
         assert_eq!(
-            max_at("events_backfill"),
-            backfill_done,
+            self.max_at("events_backfill"),
+            self.backfill_done,
             "the backfill was re-read"
         );
-        assert_eq!(store.rows(), 9_200);
-        assert_eq!(store.distinct_keys(), 9_200);
-    };
-    // (Up to about 3 minutes: the emulator holds a subscription's new streams back after a
-    // stream of it closed, ARCHITECTURE.md, "Pub/Sub client facts we build on".)
-    let worker = Worker::start(&file, "second");
-    wait_for(&worker, Duration::from_secs(300), live_complete, rows).await;
-    untouched_backfill(&stop(worker));
+        assert_eq!(self.store.rows(), 9_200);
+        assert_eq!(self.store.distinct_keys(), 9_200);
+    }
 
-    // A reset without a seek keeps the live flow's rows: acked messages do not come back.
-    let (code, stdout, stderr) = sluice(
-        &["reset", "events_live", "-c", file.to_str().unwrap()],
-        dir.path(),
-    );
-    assert_eq!(code, 0, "{stdout}{stderr}");
+    /// `sluice ARGS -c FILE` succeeded.
+    fn sluice_ok(&self, args: &[&str]) {
+        let mut args = args.to_vec();
+        args.extend(["-c", self.file.to_str().unwrap()]);
+        let (code, stdout, stderr) = sluice(&args, self.dir.path());
+        assert_eq!(code, 0, "{stdout}{stderr}");
+    }
+}
+
+/// Pattern 1, then a restart: the backfill is IDLE and not re-read, live carries on; then a
+/// reset of the live flow without a seek keeps its rows (acked messages do not come back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_then_live_then_a_restart_reads_only_what_is_new() {
+    let first = FirstRun::run().await;
+    first.publish_more().await;
+    first.run_live_to_the_end("second").await;
+    first.sluice_ok(&["reset", "events_live"]);
     assert_eq!(
-        count("events_live"),
+        first.count("events_live"),
         1_200,
         "rows that cannot be replayed stay"
     );
+}
 
-    // Reset of the live flow, seeking its subscription back: only the live flow replays.
-    let seek = seek_to.to_string();
-    let (code, stdout, stderr) = sluice(
-        &[
-            "reset",
-            "events_live",
-            "-c",
-            file.to_str().unwrap(),
-            "--seek",
-            &seek,
-            // Everything published before the seek time was ingested: nothing is dropped.
-            "--drop-unread",
-        ],
-        dir.path(),
+/// Pattern 1, then a reset of the live flow seeking its subscription back: only the live flow
+/// replays, the backfill's rows stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_with_seek_replays_only_the_live_flow() {
+    let first = FirstRun::run().await;
+    first.publish_more().await;
+    let seek = first.seek_to.to_string();
+    // Everything published before the seek time was ingested: nothing is dropped.
+    first.sluice_ok(&["reset", "events_live", "--seek", &seek, "--drop-unread"]);
+    assert_eq!(
+        first.count("events_live"),
+        0,
+        "reset deletes the flow's rows"
     );
-    assert_eq!(code, 0, "{stdout}{stderr}");
-    assert_eq!(count("events_live"), 0, "reset deletes the flow's rows");
-    assert_eq!(count("events_backfill"), 8_000, "and no other flow's");
+    assert_eq!(first.count("events_backfill"), 8_000, "and no other flow's");
     let live_reset_at = now_ms();
-    let worker = Worker::start(&file, "after-reset");
-    wait_for(&worker, Duration::from_secs(300), live_complete, rows).await;
-    untouched_backfill(&stop(worker));
-    assert!(min_at("events_live") >= live_reset_at);
+    first.run_live_to_the_end("after-reset").await;
+    assert!(first.min_at("events_live") >= live_reset_at);
+}
 
-    // Full refresh: the chain runs again from the start, in order, each record once.
-    let (code, stdout, stderr) = sluice(
-        &[
-            "full-refresh",
-            "-c",
-            file.to_str().unwrap(),
-            "--seek",
-            &seek,
-            // Everything published before the seek time was ingested: nothing is dropped.
-            "--drop-unread",
-        ],
-        dir.path(),
-    );
-    assert_eq!(code, 0, "{stdout}{stderr}");
-    assert_eq!(store.rows(), 0);
-    assert_eq!(store.dead_letters(), 0);
+/// Pattern 1, then a full refresh with a seek: the chain runs again from the start, in order,
+/// each record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_refresh_runs_the_chain_again_in_order() {
+    let first = FirstRun::run().await;
+    first.publish_more().await;
+    let seek = first.seek_to.to_string();
+    // Everything published before the seek time was ingested: nothing is dropped.
+    first.sluice_ok(&["full-refresh", "--seek", &seek, "--drop-unread"]);
+    assert_eq!(first.store.rows(), 0);
+    assert_eq!(first.store.dead_letters(), 0);
     let refreshed_at = now_ms();
-    let worker = Worker::start(&file, "after-refresh");
-    let again = || count("events_backfill") == 8_000 && count("events_live") == 1_200;
-    wait_for(&worker, Duration::from_secs(300), again, rows).await;
+    let worker = Worker::start(&first.file, "after-refresh");
+    let again = || first.count("events_backfill") == 8_000 && first.count("events_live") == 1_200;
+    wait_for(&worker, Duration::from_secs(300), again, || first.rows()).await;
     let output = stop(worker);
     assert!(
         flow_line(&output, "events_backfill").contains("COMPLETED"),
         "{output}"
     );
     assert!(
-        min_at("events_backfill") >= refreshed_at,
+        first.min_at("events_backfill") >= refreshed_at,
         "the backfill ran again"
     );
     assert!(
-        max_at("events_backfill") <= min_at("events_live"),
+        first.max_at("events_backfill") <= first.min_at("events_live"),
         "order kept after the refresh"
     );
-    assert_eq!(store.rows(), 9_200);
-    assert_eq!(store.distinct_keys(), 9_200);
-    assert_eq!(store.dead_letters(), 2);
+    assert_eq!(first.store.rows(), 9_200);
+    assert_eq!(first.store.distinct_keys(), 9_200);
+    assert_eq!(first.store.dead_letters(), 2);
 }
 
-/// Patterns 2 and 3 in one triggered run on PostgreSQL: two backfills in parallel, then a
-/// third chained after both, then the live flow; each starts only after its predecessors'
-/// last row, and the run ends by itself with every record once. A `table` source copies the
-/// target after all its writers (a data edge), each row once, again on the next run.
+/// Patterns 2 and 3 in one triggered run on PostgreSQL, after its first run: two backfills in
+/// parallel, then a third chained after both, then the live flow, and a `table` source that
+/// copies the target after all its writers (a data edge).
+struct ChainRun {
+    _database: sluice_store::ScratchDatabase,
+    db: PgDb,
+    pubsub: PubSub,
+    topic: String,
+    dir: Workdir,
+    file: PathBuf,
+    /// Rows the first run wrote.
+    rows: i64,
+}
+
+impl ChainRun {
+    /// Writes the pipeline (`per_backfill` records in each backfill, `live` events plus a tenth
+    /// as publisher duplicates already published) and runs it once: each flow starts only after
+    /// its predecessors' last row, and the run ends by itself with every record once; the copy
+    /// waited for every writer and holds each row once.
+    async fn run(per_backfill: usize, live: usize) -> Self {
+        let database = sluice_store::ScratchDatabase::create().await.unwrap();
+        let db = PgDb(database.url().to_owned());
+        let pubsub = PubSub::connect().await;
+        let (topic, subs) = pubsub.topic_with("chain", 1).await;
+        pubsub
+            .publish(&topic, events_with_duplicates("live", live, live / 10))
+            .await;
+        let dir = Workdir::new();
+        let a = history(dir.path(), "a", "a", per_backfill, 2, 0, &[]);
+        let b = history(dir.path(), "b", "b", per_backfill, 2, 0, &[]);
+        let c = history(dir.path(), "c", "c", per_backfill, 2, 50, &[]);
+        let file = PipelineYaml::new("test")
+            .mode("triggered")
+            .store(database.url())
+            .pubsub_emulator()
+            .target_table("events")
+            .target_table("events_copy")
+            .flow(FlowYaml::table("copy", "events_copy", "events"))
+            .flow(FlowYaml::file("hist_a", "events", &a).once())
+            .flow(FlowYaml::file("hist_b", "events", &b).once())
+            .flow(
+                FlowYaml::file("hist_c", "events", &c)
+                    .once()
+                    .depends_on(&["hist_a", "hist_b"]),
+            )
+            .flow(
+                FlowYaml::pubsub("live", "events", &subs[0])
+                    .depends_on(&["hist_c"])
+                    .dedup_attribute("event_id")
+                    .drain_idle("20s")
+                    .streams(2),
+            )
+            .write(dir.path(), "p.yaml");
+        let rows = (3 * per_backfill + live) as i64;
+        let chain = Self {
+            _database: database,
+            db,
+            pubsub,
+            topic,
+            dir,
+            file,
+            rows,
+        };
+        chain.first_run(per_backfill, live).await;
+        chain
+    }
+
+    async fn first_run(&self, per_backfill: usize, live: usize) {
+        let db = &self.db;
+        let worker = Worker::start(&self.file, "triggered");
+        let status = worker.wait(Duration::from_secs(240));
+        let output = std::fs::read_to_string(self.dir.path().join("triggered.out")).unwrap();
+        let logs = std::fs::read_to_string(self.dir.path().join("triggered.err")).unwrap();
+        assert!(status.success(), "{output}\n{logs}");
+        for flow in ["hist_a", "hist_b", "hist_c", "live"] {
+            assert!(flow_line(&output, flow).contains("COMPLETED"), "{output}");
+        }
+        let at = |agg: &str, flow: &str| {
+            db.query(&format!(
+                "SELECT (extract(epoch FROM {agg}(committed_at)) * 1000000)::int8 FROM test__events WHERE flow = '{flow}'"
+            ))
+        };
+        let backfills_done = at("max", "hist_a").max(at("max", "hist_b"));
+        assert!(
+            at("min", "hist_c") >= backfills_done,
+            "hist_c started before hist_a and hist_b had finished"
+        );
+        assert!(
+            at("min", "live") >= at("max", "hist_c"),
+            "live started before hist_c finished"
+        );
+        for (flow, n) in [
+            ("hist_a", per_backfill),
+            ("hist_b", per_backfill),
+            ("hist_c", per_backfill),
+            ("live", live),
+        ] {
+            let rows = db.query(&format!(
+                "SELECT count(*) FROM test__events WHERE flow = '{flow}'"
+            ));
+            assert_eq!(rows, n as i64, "{flow}");
+        }
+        db.assert_exactly_once(self.rows as usize);
+        // The copy waited for every writer of `events` (a data edge) and holds each row once.
+        assert!(flow_line(&output, "copy").contains("COMPLETED"), "{output}");
+        let copied_by_writer = db.text(
+            "SELECT string_agg(w || ' ' || n, ', ' ORDER BY w) FROM (SELECT \
+             split_part(dedup_key, '/', 1) AS w, count(*) AS n FROM test__events_copy GROUP BY 1) c",
+        );
+        assert_eq!(
+            db.query("SELECT count(*) FROM test__events_copy"),
+            self.rows,
+            "copied per writer {copied_by_writer:?}; the copy's first commit at {} µs, the writers' \
+             last commits: hist_c {}, live {}\n{output}\n{logs}",
+            db.query(
+                "SELECT (extract(epoch FROM min(committed_at)) * 1000000)::int8 FROM test__events_copy"
+            ),
+            at("max", "hist_c"),
+            at("max", "live"),
+        );
+        assert_eq!(
+            db.query("SELECT count(DISTINCT dedup_key) FROM test__events_copy"),
+            self.rows
+        );
+        let copy_started = db.query(
+            "SELECT (extract(epoch FROM min(committed_at)) * 1000000)::int8 FROM test__events_copy",
+        );
+        assert!(
+            copy_started >= at("max", "live"),
+            "the copy started before a writer finished"
+        );
+    }
+}
+
+/// Patterns 2 and 3: the first run (see [`ChainRun::run`]); then a seek reset of the live flow
+/// is refused, since its subscription does not retain acked messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_then_chained_backfills_then_live() {
-    let database = sluice_store::ScratchDatabase::create().await.unwrap();
-    let db = PgDb(database.url().to_owned());
-    let pubsub = PubSub::connect().await;
-    let (topic, subs) = pubsub.topic_with("chain", 1).await;
-    pubsub
-        .publish(&topic, events_with_duplicates("live", 1_000, 100))
-        .await;
-    let dir = Workdir::new();
-    let a = history(dir.path(), "a", "a", 3_000, 2, 0, &[]);
-    let b = history(dir.path(), "b", "b", 3_000, 2, 0, &[]);
-    let c = history(dir.path(), "c", "c", 3_000, 2, 50, &[]);
-    let file = PipelineYaml::new("test")
-        .mode("triggered")
-        .store(database.url())
-        .pubsub_emulator()
-        .target_table("events")
-        .target_table("events_copy")
-        .flow(FlowYaml::table("copy", "events_copy", "events"))
-        .flow(FlowYaml::file("hist_a", "events", &a).once())
-        .flow(FlowYaml::file("hist_b", "events", &b).once())
-        .flow(
-            FlowYaml::file("hist_c", "events", &c)
-                .once()
-                .depends_on(&["hist_a", "hist_b"]),
-        )
-        .flow(
-            FlowYaml::pubsub("live", "events", &subs[0])
-                .depends_on(&["hist_c"])
-                .dedup_attribute("event_id")
-                .drain_idle("20s")
-                .streams(2),
-        )
-        .write(dir.path(), "p.yaml");
-    let worker = Worker::start(&file, "triggered");
-    let status = worker.wait(Duration::from_secs(240));
-    let output = std::fs::read_to_string(dir.path().join("triggered.out")).unwrap();
-    let logs = std::fs::read_to_string(dir.path().join("triggered.err")).unwrap();
-    assert!(status.success(), "{output}\n{logs}");
-    for flow in ["hist_a", "hist_b", "hist_c", "live"] {
-        assert!(flow_line(&output, flow).contains("COMPLETED"), "{output}");
-    }
-    let at = |agg: &str, flow: &str| {
-        db.query(&format!(
-            "SELECT (extract(epoch FROM {agg}(committed_at)) * 1000000)::int8 FROM test__events WHERE flow = '{flow}'"
-        ))
-    };
-    let backfills_done = at("max", "hist_a").max(at("max", "hist_b"));
-    assert!(
-        at("min", "hist_c") >= backfills_done,
-        "hist_c started before hist_a and hist_b had finished"
-    );
-    assert!(
-        at("min", "live") >= at("max", "hist_c"),
-        "live started before hist_c finished"
-    );
-    for (flow, n) in [
-        ("hist_a", 3_000),
-        ("hist_b", 3_000),
-        ("hist_c", 3_000),
-        ("live", 1_000),
-    ] {
-        let rows = db.query(&format!(
-            "SELECT count(*) FROM test__events WHERE flow = '{flow}'"
-        ));
-        assert_eq!(rows, n, "{flow}");
-    }
-    db.assert_exactly_once(10_000);
-    // The copy waited for every writer of `events` (a data edge) and holds each row once.
-    assert!(flow_line(&output, "copy").contains("COMPLETED"), "{output}");
-    let copied_by_writer = db.text(
-        "SELECT string_agg(w || ' ' || n, ', ' ORDER BY w) FROM (SELECT \
-         split_part(dedup_key, '/', 1) AS w, count(*) AS n FROM test__events_copy GROUP BY 1) c",
-    );
-    assert_eq!(
-        db.query("SELECT count(*) FROM test__events_copy"),
-        10_000,
-        "copied per writer {copied_by_writer:?}; the copy's first commit at {} µs, the writers' \
-         last commits: hist_c {}, live {}\n{output}\n{logs}",
-        db.query(
-            "SELECT (extract(epoch FROM min(committed_at)) * 1000000)::int8 FROM test__events_copy"
-        ),
-        at("max", "hist_c"),
-        at("max", "live"),
-    );
-    assert_eq!(
-        db.query("SELECT count(DISTINCT dedup_key) FROM test__events_copy"),
-        10_000
-    );
-    let copy_started = db.query(
-        "SELECT (extract(epoch FROM min(committed_at)) * 1000000)::int8 FROM test__events_copy",
-    );
-    assert!(
-        copy_started >= at("max", "live"),
-        "the copy started before a writer finished"
-    );
-
-    // A second triggered run: the backfills are IDLE, the live flow drains what is new. The
-    // emulator holds new streams of a subscription back for up to about 3 minutes after a
-    // stream of it closed (ARCHITECTURE.md, "Pub/Sub client facts we build on"; a CI run saw
-    // 20 s of silence with half the new messages still held), so this run waits 200 s of quiet before
-    // it calls the subscription drained.
-    std::fs::write(
-        &file,
-        std::fs::read_to_string(&file)
-            .unwrap()
-            .replace("drain_idle: 20s", "drain_idle: 200s"),
-    )
-    .unwrap();
-    pubsub
-        .publish(
-            &topic,
-            (1_000..1_200).map(|i| event(&format!("live{i}"))).collect(),
-        )
-        .await;
-    let worker = Worker::start(&file, "triggered-again");
-    let status = worker.wait(Duration::from_secs(480));
-    let output = std::fs::read_to_string(dir.path().join("triggered-again.out")).unwrap();
-    assert!(status.success(), "{output}");
-    for flow in ["hist_a", "hist_b", "hist_c"] {
-        assert!(flow_line(&output, flow).contains("IDLE"), "{output}");
-    }
-    assert!(flow_line(&output, "live").contains("COMPLETED"), "{output}");
-    db.assert_exactly_once(10_200);
-    // The copy read the whole table again and wrote only the 200 new rows.
-    assert!(flow_line(&output, "copy").contains("rows 200,"), "{output}");
-    assert_eq!(
-        db.query("SELECT count(DISTINCT dedup_key) FROM test__events_copy"),
-        10_200
-    );
-    assert_eq!(db.query("SELECT count(*) FROM test__events_copy"), 10_200);
-
-    // This subscription does not retain acked messages: seeking it could not replay the rows a
-    // seek reset deletes, so the reset is refused and nothing is touched.
+    let chain = ChainRun::run(3_000, 1_000).await;
+    // Seeking the subscription could not replay the rows a seek reset deletes, so the reset is
+    // refused and nothing is touched.
     let (code, stdout, stderr) = sluice(
-        &["reset", "live", "-c", file.to_str().unwrap(), "--seek", "0"],
-        dir.path(),
+        &[
+            "reset",
+            "live",
+            "-c",
+            chain.file.to_str().unwrap(),
+            "--seek",
+            "0",
+        ],
+        chain.dir.path(),
     );
     assert_eq!(code, 2, "{stdout}{stderr}");
     assert!(
         stderr.contains("does not retain acked messages"),
         "{stderr}"
     );
-    db.assert_exactly_once(10_200);
+    chain.db.assert_exactly_once(chain.rows as usize);
+}
+
+/// Patterns 2 and 3 run a second time (a smaller first run, see [`ChainRun::run`]): the
+/// backfills are IDLE, the live flow drains what is new, and the copy reads the whole table
+/// again and writes only the new rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_triggered_run_reads_only_what_is_new() {
+    let chain = ChainRun::run(300, 100).await;
+    // The emulator holds new streams of a subscription back after a stream of it closed (up to
+    // about 3 minutes seen, ARCHITECTURE.md, "Pub/Sub client facts we build on"; a CI run saw
+    // 20 s of silence with half the new messages still held), so this run waits 180 s of quiet
+    // before it calls the subscription drained.
+    std::fs::write(
+        &chain.file,
+        std::fs::read_to_string(&chain.file)
+            .unwrap()
+            .replace("drain_idle: 20s", "drain_idle: 180s"),
+    )
+    .unwrap();
+    chain
+        .pubsub
+        .publish(
+            &chain.topic,
+            (1_000..1_200).map(|i| event(&format!("live{i}"))).collect(),
+        )
+        .await;
+    let worker = Worker::start(&chain.file, "triggered-again");
+    let status = worker.wait(Duration::from_secs(480));
+    let output = std::fs::read_to_string(chain.dir.path().join("triggered-again.out")).unwrap();
+    assert!(status.success(), "{output}");
+    for flow in ["hist_a", "hist_b", "hist_c"] {
+        assert!(flow_line(&output, flow).contains("IDLE"), "{output}");
+    }
+    assert!(flow_line(&output, "live").contains("COMPLETED"), "{output}");
+    let rows = chain.rows + 200;
+    chain.db.assert_exactly_once(rows as usize);
+    // The copy read the whole table again and wrote only the 200 new rows.
+    assert!(flow_line(&output, "copy").contains("rows 200,"), "{output}");
+    assert_eq!(
+        chain
+            .db
+            .query("SELECT count(DISTINCT dedup_key) FROM test__events_copy"),
+        rows
+    );
+    assert_eq!(
+        chain.db.query("SELECT count(*) FROM test__events_copy"),
+        rows
+    );
 }
 
 /// A flow that cannot read its files fails (after its retries) and its dependents are SKIPPED,

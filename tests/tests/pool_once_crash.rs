@@ -15,6 +15,10 @@ use sluice_tests::{
 use std::time::Duration;
 
 const MESSAGES: usize = 500;
+/// How long after the holder's death the other replica waits for what it held
+/// (`SLUICE_REDELIVERY_WAIT`; 4 minutes by default): past the longest hold-back of a killed
+/// stream's messages seen on the emulator (about 3 minutes), so the test stays under 4 minutes.
+const REDELIVERY_WAIT: &str = "200s";
 
 /// A continuous pipeline whose only flow, `ingest`, is a once flow on `subscription`. With a
 /// `metrics_port` (the holder's) it batches for 60 s, so its messages stay uncommitted.
@@ -66,7 +70,19 @@ async fn a_once_flow_is_not_complete_while_a_crashed_replicas_messages_can_come_
     );
     let other_file = pipeline(&dir, "other.yaml", database.url(), &subscriptions[0], None);
 
-    let holder = Worker::start(&holder_file, "holder");
+    let start = |file: &std::path::Path, name: &str| {
+        let env = [(
+            "SLUICE_REDELIVERY_WAIT".to_owned(),
+            REDELIVERY_WAIT.to_owned(),
+        )];
+        Worker::spawn_with_env(
+            &["run", "-c", file.to_str().unwrap()],
+            &env,
+            file.parent().unwrap(),
+            name,
+        )
+    };
+    let holder = start(&holder_file, "holder");
     let metric = |name: &str| flow_metric(port, name, "ingest").unwrap_or(-1.0);
     assert!(
         eventually(Duration::from_secs(60), || metric(
@@ -97,7 +113,7 @@ async fn a_once_flow_is_not_complete_while_a_crashed_replicas_messages_can_come_
     );
 
     // The other replica starts with everything held by the holder; then the holder dies.
-    let other = Worker::start(&other_file, "other");
+    let other = start(&other_file, "other");
     tokio::time::sleep(Duration::from_secs(2)).await;
     holder.kill9();
     // The emulator gives some of a killed stream's messages back only minutes later.

@@ -8,7 +8,8 @@
 //!    and has not received anything since;
 //! 3. every reader that died while reading (its report says reading, its heartbeat stopped) died
 //!    long enough ago for what it held to have come back and been read: its last sign of life
-//!    plus [`REDELIVERY_WAIT`] plus `drain_idle` is in the past.
+//!    plus [`REDELIVERY_WAIT`] (or `SLUICE_REDELIVERY_WAIT`, [`redelivery_wait`]) plus
+//!    `drain_idle` is in the past.
 //!
 //! Until then an idle replica keeps reading, so messages a crashed replica held come back to a
 //! stream that is still open and are committed. A reader that stops cleanly (a drain) holds
@@ -19,6 +20,7 @@
 //! the flow just as another records it complete (the newcomer commits what it reads; if it then
 //! dies holding messages, they stay in the subscription).
 
+use crate::runtime::kit::env_duration::from_env;
 use crate::runtime::pool::timing::ALIVE_WITHIN;
 use async_trait::async_trait;
 use sluice_engine::DrainAgreement;
@@ -34,6 +36,24 @@ use std::time::Duration;
 /// so the wait is four minutes: a once flow whose reader crashed completes that much later, and
 /// no message it held is left behind.
 pub const REDELIVERY_WAIT: Duration = Duration::from_secs(240);
+
+/// [`REDELIVERY_WAIT`] can be shortened, never below one ack deadline (10 s): on Pub/Sub,
+/// where a lapsed lease comes back within seconds, or in a test that cannot wait four minutes.
+pub const REDELIVERY_WAIT_VARIABLE: &str = "SLUICE_REDELIVERY_WAIT";
+const SHORTEST_REDELIVERY_WAIT: Duration = Duration::from_secs(10);
+
+/// This process's redelivery wait: [`REDELIVERY_WAIT`] or what [`REDELIVERY_WAIT_VARIABLE`]
+/// says (every process of a pool should be given the same), read once.
+pub fn redelivery_wait() -> Duration {
+    static WAIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *WAIT.get_or_init(|| {
+        from_env(
+            REDELIVERY_WAIT_VARIABLE,
+            REDELIVERY_WAIT,
+            SHORTEST_REDELIVERY_WAIT,
+        )
+    })
+}
 
 /// The store-backed [`DrainAgreement`] of one once flow on one worker.
 pub struct StoreDrainQuorum {
@@ -78,7 +98,7 @@ impl StoreDrainQuorum {
 /// Why `me` may not end the flow yet, given every reader's report; `None`: it may.
 fn blocked_by(census: &DrainCensus, me: &str, drain_idle: Duration) -> Option<String> {
     let alive_within = millis(ALIVE_WITHIN);
-    let settle = millis(REDELIVERY_WAIT).saturating_add(millis(drain_idle));
+    let settle = millis(redelivery_wait()).saturating_add(millis(drain_idle));
     census
         .reports
         .iter()
