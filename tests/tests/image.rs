@@ -1,12 +1,16 @@
 //! The image's binary, as the `Dockerfile` builds and runs it, without a container engine
-//! (none on these machines): the release profile with the lockfile (`cargo build --release
-//! --locked -p sluice`, which `./scripts/test` runs), the same compiler release as the
-//! Dockerfile's build stage, run as user 65532 with writable paths only where the chart mounts
-//! them (its working directory `/var/lib/sluice` and `/tmp`): the pipeline file is in a
-//! root-owned, read-only folder, as the chart's ConfigMap mount is, and the environment holds
-//! only what the Deployment sets.
+//! (none on these machines): the same compiler release as the Dockerfile's build stage, run as
+//! user 65532 with writable paths only where the chart mounts them (its working directory
+//! `/var/lib/sluice` and `/tmp`): the pipeline file is in a root-owned, read-only folder, as
+//! the chart's ConfigMap mount is, and the environment holds only what the Deployment sets.
 //!
-//! Real parts: the Pub/Sub emulator, PostgreSQL, the release binary under `setpriv`. Not here:
+//! Which binary: the Dockerfile's `cargo build --release --locked -p sluice` takes minutes on
+//! these machines, so the test command runs this on the debug binary it builds anyway (the same
+//! code; the lockfile is checked by `./scripts/test` with `cargo metadata --locked`), and the
+//! release binary is run by the named command `scripts/test-release-image` (README, "Tests"),
+//! which builds it as the Dockerfile does and sets `SLUICE_TEST_RELEASE_BINARY=1`.
+//!
+//! Real parts: the Pub/Sub emulator, PostgreSQL, the binary under `setpriv`. Not here:
 //! the distroless base and a read-only root filesystem (a non-root user cannot write outside
 //! the folders it owns and `/tmp` on this machine either, which is what the test relies on).
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -71,13 +75,25 @@ fn running_as_root() -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_release_binary_runs_as_nonroot_with_only_the_charts_writable_paths() {
-    let binary = workspace().join("target/release/sluice");
-    assert!(
-        binary.exists(),
-        "{} missing: `cargo build --release --locked -p sluice` (./scripts/test runs it)",
-        binary.display()
-    );
+async fn the_binary_runs_as_nonroot_with_only_the_charts_writable_paths() {
+    let binary = if std::env::var_os("SLUICE_TEST_RELEASE_BINARY").is_some() {
+        // target/debug/sluice -> target/release/sluice, wherever the target directory is.
+        let release = sluice_tests::sluice_bin()
+            .parent()
+            .unwrap()
+            .with_file_name("release")
+            .join("sluice");
+        assert!(
+            release.exists(),
+            "{} missing: `cargo build --release --locked -p sluice` \
+             (scripts/test-release-image runs it)",
+            release.display()
+        );
+        release
+    } else {
+        sluice_tests::sluice_bin()
+    };
+    println!("running {}", binary.display());
     let database = sluice_store::ScratchDatabase::create().await.unwrap();
     let pubsub = PubSub::connect().await;
     let (topic, subscriptions) = pubsub.topic_with("image", 1).await;
