@@ -7,6 +7,7 @@
 pub(crate) mod flow;
 pub(crate) mod kit;
 pub(crate) mod pool;
+pub(crate) mod run_error;
 mod runs;
 pub(crate) mod supervisor;
 pub(crate) mod updates;

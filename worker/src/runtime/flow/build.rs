@@ -27,18 +27,6 @@ const FILE_BATCH: BatchSettings = BatchSettings {
     max_delay: defaults::BATCH_MAX_DELAY,
 };
 
-/// Whether a target has a table in the store: `table` targets, and `foreach_batch` and `sink`
-/// targets (a row per record handed over and committed: the record of what they were given).
-fn has_table(kind: &TargetKind) -> bool {
-    matches!(
-        kind,
-        TargetKind::Table
-            | TargetKind::ForeachBatch { .. }
-            | TargetKind::Sink { .. }
-            | TargetKind::Window { .. }
-    )
-}
-
 /// The sink of a flow, when its target is a `sink`.
 pub fn sink_of(pipeline: &Pipeline, flow: &Flow) -> Option<JsonlSink> {
     pipeline.targets.iter().find_map(|t| match &t.kind {
@@ -47,26 +35,6 @@ pub fn sink_of(pipeline: &Pipeline, flow: &Flow) -> Option<JsonlSink> {
         }
         _ => None,
     })
-}
-
-/// The targets of a pipeline that have a table in the store.
-pub fn table_targets(pipeline: &Pipeline) -> Vec<String> {
-    pipeline
-        .targets
-        .iter()
-        .filter(|t| has_table(&t.kind))
-        .map(|t| t.name.clone())
-        .collect()
-}
-
-/// The full name of a flow's target table, when its target has one.
-pub fn target_table(pipeline: &Pipeline, flow: &Flow) -> Option<String> {
-    let has = pipeline
-        .targets
-        .iter()
-        .any(|t| t.name == flow.target && has_table(&t.kind));
-    has.then(|| table_name(&pipeline.name, &flow.target).ok())
-        .flatten()
 }
 
 /// A flow ready to run.
@@ -412,15 +380,6 @@ pub fn build(
         watermark,
         windows,
     })
-}
-
-/// What the store prepares for a pipeline: its table targets and its flows.
-pub fn layout(pipeline: &Pipeline) -> sluice_store::Layout {
-    sluice_store::Layout {
-        pipeline: pipeline.name.clone(),
-        tables: table_targets(pipeline),
-        flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
-    }
 }
 
 #[cfg(test)]

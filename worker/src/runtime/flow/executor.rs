@@ -563,7 +563,10 @@ mod tests {
             let pipeline = sluice_pipeline::parse(&text, Path::new("test.yaml")).unwrap();
             let store: Arc<dyn Store> =
                 Arc::new(sluice_store::SqliteStore::open(&dir.path().join("db.sqlite")).unwrap());
-            let handles = store.prepare(&build::layout(&pipeline)).await.unwrap();
+            let handles = store
+                .prepare(&crate::runtime::updates::prepare::layout(&pipeline))
+                .await
+                .unwrap();
             let board = FlowBoard::new(
                 &pipeline.name,
                 pipeline.flows.iter().map(|f| (f.name.clone(), f.once)),

@@ -9,5 +9,6 @@ pub(super) mod dead_letters;
 pub(crate) mod executor;
 mod progress;
 mod stage_client;
+pub(super) mod tracking_subscriptions;
 pub(super) mod watermarks;
 mod windows;

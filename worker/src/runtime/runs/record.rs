@@ -7,7 +7,8 @@ use crate::runtime::flow::executor::{FlowOutcome, FlowState};
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
 use crate::runtime::pool::timing::ALIVE_WITHIN;
-use crate::runtime::updates::update_loop::{RunError, Updates};
+use crate::runtime::run_error::RunError;
+use crate::runtime::updates::update_loop::Updates;
 use sluice_store::{RunEnd, RunRecord, RunStart, RunState, RunTrigger, Store};
 use tokio::sync::watch;
 

@@ -3,6 +3,7 @@
 //! alone or across a running pool. Nothing is cleared under a running flow.
 
 pub(crate) mod pool;
+pub(crate) mod prepare;
 pub(crate) mod refresh;
 pub(crate) mod request;
 pub(super) mod update_loop;

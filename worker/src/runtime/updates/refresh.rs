@@ -40,6 +40,7 @@
 
 use crate::runtime::flow::build;
 use crate::runtime::pool::timing::ALIVE_WITHIN;
+use crate::runtime::updates::prepare;
 use sluice_engine::pubsub::Admin;
 use sluice_engine::{PubSubConfig, parse_event_time};
 use sluice_pipeline::{Pipeline, Source};
@@ -445,7 +446,7 @@ pub async fn refresh(
     let failed = |e: sluice_store::StoreError| RefreshError::Failed(format!("store: {e}"));
     let store: Arc<dyn Store> = sluice_store::open(&pipeline.store).map_err(failed)?;
     let handles = store
-        .prepare(&build::layout(pipeline))
+        .prepare(&prepare::layout(pipeline))
         .await
         .map_err(failed)?;
     let running: Vec<_> = store
@@ -466,7 +467,7 @@ pub async fn refresh(
     }
     for (flow, handle) in pipeline.flows.iter().zip(&handles) {
         if names.contains(&flow.name) {
-            let table = build::target_table(pipeline, flow);
+            let table = prepare::target_table(pipeline, flow);
             let rows = rows_reset(flow, seek_ms);
             let claim = clearing.claim.map(|under| &under.claim);
             store

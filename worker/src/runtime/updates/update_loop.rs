@@ -14,30 +14,17 @@ use crate::runtime::flow::executor::{self, FlowOutcome, RunContext};
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
 use crate::runtime::pool::liveness::Liveness;
+use crate::runtime::run_error::RunError;
 use crate::runtime::updates::pool::{self, Part, PoolWatch};
+use crate::runtime::updates::prepare::read_flows;
 use crate::runtime::updates::refresh::{Clearing, RefreshError};
 use crate::runtime::updates::request::{self, Started, UpdateRequest};
 use crate::serve::observe;
 use sluice_pipeline::Pipeline;
-use sluice_store::{FlowStore, Layout, Store, StoreError};
+use sluice_store::{Layout, Store, StoreError};
 use std::collections::HashSet;
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
-
-/// Why a run could not happen at all.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// A setting the parser accepted is unusable (an address that is not one, a control API
-    /// beyond loopback without its token file): invalid input, exit 2.
-    #[error("{0}")]
-    Invalid(String),
-    /// The metrics or control endpoint could not be started (address in use): exit 1.
-    #[error("{0}")]
-    Endpoint(String),
-    /// The store could not be opened or prepared, and retrying is pointless or was stopped.
-    #[error("store: {0}")]
-    Store(StoreError),
-}
 
 /// What ended a wait between runs ([`Updates::serve_requests_until`]).
 pub enum Waited<T> {
@@ -498,19 +485,4 @@ async fn reread(
     )
     .await
     .map_err(RunError::Store)
-}
-
-/// Prepares the layout; returns the flow handles and the once flows recorded complete.
-pub async fn read_flows(
-    store: &dyn FlowStore,
-    layout: &Layout,
-) -> Result<(Vec<sluice_store::FlowHandle>, HashSet<String>), StoreError> {
-    let handles = store.prepare(layout).await?;
-    let completed = store
-        .completions(&layout.pipeline)
-        .await?
-        .into_iter()
-        .map(|(flow, _)| flow)
-        .collect();
-    Ok((handles, completed))
 }
