@@ -24,7 +24,7 @@ use crate::runtime::updates::request::{self, UpdateSender};
 use crate::runtime::updates::update_loop::{Prepared, Updates};
 use crate::serve::control::{ControlApi, ControlSettings};
 use crate::serve::observe;
-use sluice_pipeline::{Mode, Pipeline};
+use sluice_pipeline::Pipeline;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
@@ -107,15 +107,7 @@ pub async fn execute(
         completed: opened.completed,
         liveness,
     });
-    let outcomes = match (&pipeline.schedule, pipeline.mode) {
-        (Some(schedule), _) => {
-            crate::runtime::runs::timetable::drive(&mut updates, schedule, shutdown).await?
-        }
-        (None, Mode::Triggered) => {
-            crate::runtime::runs::timetable::run_once(&mut updates, shutdown).await?
-        }
-        (None, Mode::Continuous) => updates.run(shutdown, Default::default()).await?,
-    };
+    let outcomes = crate::runtime::runs::timetable::drive(&mut updates, shutdown).await?;
     if let Some(publishing) = publishing {
         publishing.finish(&shutdown.give_up).await;
     }

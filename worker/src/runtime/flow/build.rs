@@ -236,6 +236,10 @@ pub fn follows(pipeline: &Pipeline, flow: &Flow) -> bool {
         && !flow.once
 }
 
+/// Pub/Sub flows' sources kept running across the runs of a schedule, by flow name
+/// (`sluice_engine::KeptOpen`).
+pub type KeptSources = Arc<HashMap<String, KeptOpen>>;
+
 /// What a run gives its flows beyond the pipeline: a scheduled run's data interval and the
 /// Pub/Sub sources kept open between its runs.
 #[derive(Clone, Default)]
@@ -243,9 +247,9 @@ pub struct RunScope {
     /// The run's data interval (`semantics: data_interval`): file flows read only the records
     /// whose event time lies in it.
     pub interval: Option<DataInterval>,
-    /// Pub/Sub flows' sources kept running across the runs of a schedule, by flow name
-    /// (`sluice_engine::KeptOpen`); a flow not in it opens its own.
-    pub kept: Option<Arc<HashMap<String, KeptOpen>>>,
+    /// Pub/Sub flows' sources kept running across the runs of a schedule; a flow not in it
+    /// opens its own.
+    pub kept: Option<KeptSources>,
     /// The fence every Pub/Sub ack of the update asks first (`runtime/pool/liveness.rs`); `None`
     /// acks after each commit unasked.
     pub acks: Option<Arc<dyn AckFence>>,
