@@ -11,7 +11,8 @@
 //! start at once.
 
 use crate::runtime::flow::board::FlowBoard;
-use crate::runtime::flow::executor::{FlowOutcome, MAX_PARALLEL_BOUNDED};
+use crate::runtime::flow::executor::MAX_PARALLEL_BOUNDED;
+use crate::runtime::flow::outcome::FlowOutcome;
 use crate::runtime::flow::tracking_subscriptions;
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};

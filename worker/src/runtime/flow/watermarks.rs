@@ -28,17 +28,10 @@ pub const PROBE_ENDPOINT_ENV: &str = "SLUICE_PROBE_ENDPOINT";
 
 /// What a flow with a watermark needs to start its tracker.
 #[derive(Debug, Clone)]
-pub struct WatermarkPlan {
+struct WatermarkPlan {
     config: PubSubConfig,
     settings: TrackerSettings,
     watermark: FlowWatermark,
-}
-
-impl WatermarkPlan {
-    /// The flow's watermark (shared with its counters and batches).
-    pub fn watermark(&self) -> &FlowWatermark {
-        &self.watermark
-    }
 }
 
 /// The tracking subscription of a Pub/Sub source with a watermark (`auto`:
@@ -53,7 +46,7 @@ pub fn tracking_subscription(source: &PubSubSource) -> Option<(String, bool)> {
 
 /// The plan of `flow`'s watermark, if its source asks for one; attaches the watermark to the
 /// flow's `counters` (processed counts, late rows, gauges).
-pub fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<WatermarkPlan> {
+fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<WatermarkPlan> {
     let Source::PubSub(source) = &flow.source else {
         return None;
     };
@@ -87,11 +80,17 @@ pub fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<Wat
 
 /// A running tracker.
 pub struct RunningTracker {
+    watermark: FlowWatermark,
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
 
 impl RunningTracker {
+    /// The flow's watermark (shared with its counters and batches).
+    pub fn watermark(&self) -> &FlowWatermark {
+        &self.watermark
+    }
+
     /// Stops it after the flow's run ended (its last processed counts are stored first).
     pub async fn finish(self) {
         self.stop.cancel();
@@ -101,19 +100,28 @@ impl RunningTracker {
     }
 }
 
-/// Starts the tracker of `flow`.
+/// Starts the tracker of `flow` (stored under `handle`, run as `worker`) when its source asks
+/// for a watermark, which is attached to its `counters` (processed counts, late rows, gauges).
 pub fn start(
-    plan: WatermarkPlan,
+    pipeline: &Pipeline,
+    flow: &Flow,
+    counters: &Counters,
     store: Arc<dyn Store>,
-    flow: FlowHandle,
+    handle: FlowHandle,
     worker: &str,
-) -> RunningTracker {
+) -> Option<RunningTracker> {
+    let plan = plan(pipeline, flow, counters)?;
     let settings = TrackerSettings {
         worker: worker.to_owned(),
         ..plan.settings
     };
-    let tracker = WatermarkTracker::new(store, flow, plan.config, settings, plan.watermark);
+    let watermark = plan.watermark;
+    let tracker = WatermarkTracker::new(store, handle, plan.config, settings, watermark.clone());
     let stop = CancellationToken::new();
     let task = tokio::spawn(tracker.run(stop.clone()));
-    RunningTracker { stop, task }
+    Some(RunningTracker {
+        watermark,
+        stop,
+        task,
+    })
 }

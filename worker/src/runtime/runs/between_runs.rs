@@ -4,7 +4,7 @@
 //! the fire it waits for (`sluice_schedule_next_fire_timestamp_seconds`, 0 for none). The
 //! kept streams are given back first unless the fire comes within [`KEEP_OPEN_WITHIN`].
 
-use crate::runtime::flow::build::KeptSources;
+use crate::runtime::flow::run_context::KeptSources;
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::run_error::RunError;
 use crate::runtime::runs::lease::SchedulerLease;

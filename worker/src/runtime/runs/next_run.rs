@@ -8,7 +8,7 @@
 //! retry while the store is unavailable), the wait is `between_runs.rs`'s, and the run decided
 //! is made by `record.rs`.
 
-use crate::runtime::flow::build::{KeptSources, RunScope};
+use crate::runtime::flow::run_context::{KeptSources, RunScope};
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
 use crate::runtime::pool::timing::ALIVE_WITHIN;

@@ -3,8 +3,8 @@
 //! `sluice_store::RunStore`), run as an update, ended with its state and each flow's rows
 //! (`run_end.rs`); or a run a gone worker left unfinished, recorded failed.
 
-use crate::runtime::flow::build::{KeptSources, RunScope};
-use crate::runtime::flow::executor::FlowOutcome;
+use crate::runtime::flow::outcome::FlowOutcome;
+use crate::runtime::flow::run_context::{KeptSources, RunScope};
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
 use crate::runtime::pool::timing::ALIVE_WITHIN;

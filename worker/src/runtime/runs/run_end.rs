@@ -3,7 +3,7 @@
 //! failed; counted in `sluice_runs_total{state}`. A fire's run a signal or the loss of the lease
 //! stopped is not ended: it stays running for the next scheduler to finish.
 
-use crate::runtime::flow::executor::{FlowOutcome, FlowState};
+use crate::runtime::flow::outcome::{FlowOutcome, FlowState};
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
 use sluice_store::{RunEnd, RunRecord, RunState, RunStore, RunTrigger};

@@ -38,7 +38,7 @@
 //!   at most once per `min_interval` (`table_updates.rs`), recorded `update`, with no data
 //!   interval.
 
-use crate::runtime::flow::executor::FlowOutcome;
+use crate::runtime::flow::outcome::FlowOutcome;
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::run_error::RunError;
 use crate::runtime::runs::lease::SchedulerLease;

@@ -38,7 +38,7 @@
 //!   each reset checks the claim in its transaction, each seek and sink clear renews it first,
 //!   so a clearer paused past its claim deletes and replays nothing once it wakes.
 
-use crate::runtime::flow::build;
+use crate::runtime::flow::sinks;
 use crate::runtime::pool::timing::ALIVE_WITHIN;
 use crate::runtime::updates::prepare;
 use sluice_engine::pubsub::Admin;
@@ -220,7 +220,7 @@ async fn seekable(
         let Source::PubSub(settings) = &flow.source else {
             continue;
         };
-        if build::sink_of(pipeline, flow).is_some() {
+        if sinks::sink_of(pipeline, flow).is_some() {
             return Err(RefreshError::Invalid(format!(
                 "--seek: flow `{}` writes a sink, whose files mix records published before and \
                  after the seek time; they cannot be split, so a sink flow cannot be seeked",
@@ -474,7 +474,7 @@ pub async fn refresh(
                 .reset_flow(handle, table.as_deref(), rows, claim)
                 .await
                 .map_err(failed)?;
-            if let Some(sink) = build::sink_of(pipeline, flow).filter(|_| rows == ResetRows::All) {
+            if let Some(sink) = sinks::sink_of(pipeline, flow).filter(|_| rows == ResetRows::All) {
                 clearing.confirm(&pipeline.name, &*store).await?;
                 let removed = sink.clear().map_err(|e| {
                     RefreshError::Failed(format!(

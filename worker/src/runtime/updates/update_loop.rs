@@ -9,8 +9,9 @@
 //! each update it starts.
 
 use crate::runtime::flow::board::FlowBoard;
-use crate::runtime::flow::build::RunScope;
-use crate::runtime::flow::executor::{self, FlowOutcome, RunContext};
+use crate::runtime::flow::executor;
+use crate::runtime::flow::outcome::FlowOutcome;
+use crate::runtime::flow::run_context::{RunContext, RunScope};
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
 use crate::runtime::pool::liveness::Liveness;
