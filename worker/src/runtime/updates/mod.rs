@@ -2,6 +2,7 @@
 //! `sluice reset`, `sluice full-refresh`) that drain it, clear what was asked and start the next,
 //! alone or across a running pool. Nothing is cleared under a running flow.
 
+mod interrupts;
 pub(crate) mod pool;
 pub(crate) mod prepare;
 pub(crate) mod refresh;
