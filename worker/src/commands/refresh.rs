@@ -8,9 +8,10 @@
 use crate::runtime::pool::identity;
 use crate::runtime::updates::pool::{self, Part};
 use crate::runtime::updates::prepare;
-pub use crate::runtime::updates::refresh::Seek;
-use crate::runtime::updates::refresh::{Clearing, RefreshError};
+use crate::runtime::updates::refresh::Clearing;
+use crate::runtime::updates::refresh_error::RefreshError;
 use crate::runtime::updates::request::{self, UpdateKind};
+pub use crate::runtime::updates::seek::Seek;
 use sluice_pipeline::Pipeline;
 use std::path::Path;
 use std::process::ExitCode;

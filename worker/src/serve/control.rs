@@ -25,7 +25,7 @@
 use crate::runtime::flow::board::FlowBoard;
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::run_error::RunError;
-use crate::runtime::updates::refresh::RefreshError;
+use crate::runtime::updates::refresh_error::RefreshError;
 use crate::runtime::updates::request::{UpdateKind, UpdateSender};
 use crate::serve::observe::Readiness;
 use sluice_proto::v1::control_server::{Control, ControlServer};
@@ -184,7 +184,7 @@ impl Control for ControlService {
         let kind = UpdateKind::Reset {
             flow: request.flow,
             seek: Some(request.seek).filter(|s| !s.is_empty()).map(|time| {
-                crate::runtime::updates::refresh::Seek {
+                crate::runtime::updates::seek::Seek {
                     time,
                     drop_unread: request.drop_unread,
                 }

@@ -7,7 +7,7 @@
 
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::updates::pool::{self, POLL};
-use crate::runtime::updates::refresh::RefreshError;
+use crate::runtime::updates::refresh_error::RefreshError;
 use crate::runtime::updates::request::{self, UpdateRequest};
 use sluice_pipeline::Pipeline;
 use sluice_store::{PoolUpdate, PoolUpdateStore, Store};

@@ -6,5 +6,7 @@ mod interrupts;
 pub(crate) mod pool;
 pub(crate) mod prepare;
 pub(crate) mod refresh;
+pub(crate) mod refresh_error;
 pub(crate) mod request;
+pub(crate) mod seek;
 pub(super) mod update_loop;

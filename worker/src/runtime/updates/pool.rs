@@ -34,7 +34,8 @@
 //! is replayed.
 
 use crate::runtime::pool::timing::ALIVE_WITHIN;
-use crate::runtime::updates::refresh::{Clearing, RefreshError, UnderClaim};
+use crate::runtime::updates::refresh::{Clearing, UnderClaim};
+use crate::runtime::updates::refresh_error::RefreshError;
 use crate::runtime::updates::request::{self, UpdateKind};
 use sluice_pipeline::Pipeline;
 use sluice_store::{
