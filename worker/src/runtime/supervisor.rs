@@ -1,8 +1,9 @@
-//! The supervisor of a worker process: opens the store, prepares the pipeline's tables, starts the
-//! metrics and control endpoints and the pool membership, then runs the flows as *updates*
-//! (`updates/update_loop.rs`: the scheduler starts a flow once every flow it `depends_on` has
-//! completed): a continuous pipeline's one update until a signal drains it, a triggered pipeline's
-//! runs (`runs/timetable.rs`: one, or one at each fire of its schedule). The control API's
+//! The supervisor of a worker process: starts the metrics and control endpoints, opens the store
+//! and prepares the pipeline's tables, starts the pool membership, then runs the flows as
+//! *updates* (`updates/update_loop.rs`: the scheduler starts a flow once every flow it
+//! `depends_on` has completed), run after run (`runs/timetable.rs`): a continuous pipeline's one
+//! update until a signal drains it, a triggered pipeline's one run, or one at each fire of its
+//! schedule. Each step is a call into the room that owns it. The control API's
 //! `StartUpdate` and `ResetFlow` replace the running update with a new one in the same process
 //! ([`crate::runtime::updates::request`]); the outcomes returned are the last update's.
 //!
