@@ -4,7 +4,7 @@
 //! then runs a triggered backfill-then-live pipeline (`depends_on`) into SQLite and checks each
 //! flow's result against what was written and published.
 
-use crate::runtime::flow::executor::FlowState;
+use crate::runtime::flow::outcome::FlowState;
 use crate::runtime::kit::signals;
 use crate::runtime::supervisor::execute;
 use bytes::Bytes;

@@ -5,12 +5,13 @@
 //! it ended. Exit 0 when done, 2 for invalid input, 1 when the store or Pub/Sub refused or the pool
 //! update failed.
 
-use crate::runtime::flow::build;
-use crate::runtime::pool::membership;
+use crate::runtime::pool::identity;
 use crate::runtime::updates::pool::{self, Part};
-pub use crate::runtime::updates::refresh::Seek;
-use crate::runtime::updates::refresh::{Clearing, RefreshError};
+use crate::runtime::updates::prepare;
+use crate::runtime::updates::refresh::Clearing;
+use crate::runtime::updates::refresh_error::RefreshError;
 use crate::runtime::updates::request::{self, UpdateKind};
+pub use crate::runtime::updates::seek::Seek;
 use sluice_pipeline::Pipeline;
 use std::path::Path;
 use std::process::ExitCode;
@@ -47,10 +48,10 @@ async fn carry_out(pipeline: &Pipeline, kind: UpdateKind) -> Result<String, Refr
     let failed = |e: sluice_store::StoreError| RefreshError::Failed(format!("store: {e}"));
     let store = sluice_store::open(&pipeline.store).map_err(failed)?;
     store
-        .prepare(&build::layout(pipeline))
+        .prepare(&prepare::layout(pipeline))
         .await
         .map_err(failed)?;
-    let me = format!("cli-{}", membership::identity(&pipeline.name).worker);
+    let me = format!("cli-{}", identity::identity(&pipeline.name).worker);
     let running = request::others_alive(pipeline, &*store, &me).await?;
     if running.is_empty() {
         return request::clear(pipeline, &kind, Clearing::default()).await;

@@ -3,7 +3,7 @@
 //! (continuous), and prints each flow's outcome. Exit 0 when no flow failed, 1 when one did or
 //! the run could not start, 2 for a file that is invalid or asks for what is not built.
 
-use crate::runtime::flow::executor::{FlowOutcome, FlowState};
+use crate::runtime::flow::outcome::{FlowOutcome, FlowState};
 use crate::runtime::kit::signals;
 use crate::runtime::supervisor::{RunError, execute};
 use crate::runtime::updates::refresh;

@@ -11,6 +11,7 @@
 use super::text::{rfc3339, table};
 use crate::runtime::flow::build;
 use crate::runtime::pool::timing::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
+use crate::runtime::updates::prepare;
 use clap::ValueEnum;
 use sluice_engine::{TRACKER_LEASE_TTL, TRACKER_TICK, TURN_TTL};
 use std::path::Path;
@@ -312,7 +313,7 @@ async fn ask_worker(pipeline: &sluice_pipeline::Pipeline, token: Option<String>)
 async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_store::StoreError> {
     let store = sluice_store::open(&pipeline.store)?;
     // Idempotent: creates nothing that a run would not create.
-    let handles = store.prepare(&build::layout(pipeline)).await?;
+    let handles = store.prepare(&prepare::layout(pipeline)).await?;
     let completions: std::collections::HashMap<String, i64> = store
         .completions(&pipeline.name)
         .await?

@@ -1,8 +1,9 @@
-//! The supervisor of a worker process: opens the store, prepares the pipeline's tables, starts the
-//! metrics and control endpoints and the pool membership, then runs the flows as *updates*
-//! (`updates/update_loop.rs`: the scheduler starts a flow once every flow it `depends_on` has
-//! completed): a continuous pipeline's one update until a signal drains it, a triggered pipeline's
-//! runs (`runs/timetable.rs`: one, or one at each fire of its schedule). The control API's
+//! The supervisor of a worker process: starts the metrics and control endpoints, opens the store
+//! and prepares the pipeline's tables, starts the pool membership, then runs the flows as
+//! *updates* (`updates/update_loop.rs`: the scheduler starts a flow once every flow it
+//! `depends_on` has completed), run after run (`runs/timetable.rs`): a continuous pipeline's one
+//! update until a signal drains it, a triggered pipeline's one run, or one at each fire of its
+//! schedule. Each step is a call into the room that owns it. The control API's
 //! `StartUpdate` and `ResetFlow` replace the running update with a new one in the same process
 //! ([`crate::runtime::updates::request`]); the outcomes returned are the last update's.
 //!
@@ -11,20 +12,22 @@
 //! start at once.
 
 use crate::runtime::flow::board::FlowBoard;
-use crate::runtime::flow::build;
-use crate::runtime::flow::executor::{FlowOutcome, MAX_PARALLEL_BOUNDED};
+use crate::runtime::flow::executor::MAX_PARALLEL_BOUNDED;
+use crate::runtime::flow::outcome::FlowOutcome;
+use crate::runtime::flow::tracking_subscriptions;
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
+use crate::runtime::pool::identity::identity;
 use crate::runtime::pool::liveness::Liveness;
-use crate::runtime::pool::membership::{self, Membership};
+use crate::runtime::pool::membership::Membership;
+pub use crate::runtime::run_error::RunError;
+use crate::runtime::updates::prepare;
 use crate::runtime::updates::request::{self, UpdateSender};
-pub use crate::runtime::updates::update_loop::RunError;
-use crate::runtime::updates::update_loop::{Prepared, Updates, read_flows};
-use crate::serve::control::{self, ControlService};
+use crate::runtime::updates::update_loop::{Prepared, Updates};
+use crate::serve::control::{ControlApi, ControlSettings};
 use crate::serve::observe;
-use sluice_pipeline::{Mode, Pipeline};
-use sluice_store::{Layout, Store};
-use std::collections::HashSet;
+use sluice_pipeline::Pipeline;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
 
@@ -34,42 +37,56 @@ pub async fn execute(
     pipeline: &Pipeline,
     shutdown: &Shutdown,
 ) -> Result<Vec<FlowOutcome>, RunError> {
-    let layout = build::layout(pipeline);
     let metrics_listen = pipeline
         .metrics_listen
         .as_deref()
         .map(|listen| address("metrics.listen", listen))
         .transpose()?;
+    // Read now, reported when the control API starts (after the metrics endpoint's errors).
+    let control_listen = pipeline
+        .control_listen
+        .as_deref()
+        .map(|listen| Ok((listen, address("control.listen", listen)?)))
+        .transpose();
     let observed = observe::Observed::start(metrics_listen, &pipeline.name)
         .await
         .map_err(RunError::Endpoint)?;
     let readiness = observed.readiness.clone();
-    let beat = membership::identity(&pipeline.name);
+    let beat = identity(&pipeline.name);
     let board = FlowBoard::new(
         &pipeline.name,
         pipeline.flows.iter().map(|f| (f.name.clone(), f.once)),
     );
-    let (update_requests, requests) = mpsc::channel(request::PENDING_REQUESTS);
-    let _control = start_control(
-        pipeline,
-        &beat.worker,
-        &board,
-        &readiness,
+    let (sender, requests) = mpsc::channel(request::PENDING_REQUESTS);
+    let _control = ControlApi::start(ControlSettings {
+        listen: control_listen?,
+        pipeline: &pipeline.name,
+        token_file: pipeline.control_token_file.as_deref(),
+        worker: &beat.worker,
+        board: &board,
+        readiness: &readiness,
         shutdown,
-        UpdateSender(update_requests),
-    )
+        update_requests: UpdateSender(sender),
+    })
     .await?;
-    let (store, handles, completed) = open_and_prepare(&pipeline.store, &layout, shutdown).await?;
-    crate::runtime::flow::watermarks::create_tracking_subscriptions(
-        pipeline,
-        shutdown.drain.clone(),
-    );
-    let worker = beat.worker.clone();
+    // Retried with backoff while the store is unavailable (logged once per backoff step), until
+    // it works or the run is stopped.
+    let opened = store_retry::until_stored(
+        "open the store",
+        Retry::WhileUnavailable,
+        &shutdown.drain,
+        || prepare::open(pipeline),
+    )
+    .await
+    .map_err(RunError::Store)?;
+    tracking_subscriptions::create_tracking_subscriptions(pipeline, shutdown.drain.clone());
+    let store = opened.store;
     // Beats at once; no update starts before a beat succeeded, so a pool update's clearer
     // that has not seen this worker report its flows stopped waits for it (`updates/pool.rs`).
     let liveness = Liveness::new();
-    let membership = Membership::start(store.clone(), store.clone(), beat, liveness.clone());
-    let publishing = crate::runtime::flow::dead_letters::start(pipeline, &store, &worker)
+    let membership =
+        Membership::start(store.clone(), store.clone(), beat.clone(), liveness.clone());
+    let publishing = crate::runtime::flow::dead_letters::start(pipeline, &store, &beat.worker)
         .await
         .map_err(RunError::Invalid)?;
     {
@@ -81,26 +98,18 @@ pub async fn execute(
     }
     let mut updates = Updates::new(Prepared {
         pipeline,
-        layout,
+        layout: opened.layout,
         store,
         board,
         readiness,
         slots: Arc::new(Semaphore::new(MAX_PARALLEL_BOUNDED)),
-        worker,
+        worker: beat.worker,
         requests,
-        handles,
-        completed,
+        handles: opened.handles,
+        completed: opened.completed,
         liveness,
     });
-    let outcomes = match (&pipeline.schedule, pipeline.mode) {
-        (Some(schedule), _) => {
-            crate::runtime::runs::timetable::drive(&mut updates, schedule, shutdown).await?
-        }
-        (None, Mode::Triggered) => {
-            crate::runtime::runs::timetable::run_once(&mut updates, shutdown).await?
-        }
-        (None, Mode::Continuous) => updates.run(shutdown, Default::default()).await?,
-    };
+    let outcomes = crate::runtime::runs::timetable::drive(&mut updates, shutdown).await?;
     if let Some(publishing) = publishing {
         publishing.finish(&shutdown.give_up).await;
     }
@@ -109,72 +118,11 @@ pub async fn execute(
     Ok(outcomes)
 }
 
-/// Starts the control API when `control.listen` is set; dropping the guard stops it.
-async fn start_control(
-    pipeline: &Pipeline,
-    worker: &str,
-    board: &FlowBoard,
-    readiness: &observe::Readiness,
-    shutdown: &Shutdown,
-    updates: UpdateSender,
-) -> Result<Option<tokio_util::sync::DropGuard>, RunError> {
-    let Some(listen) = &pipeline.control_listen else {
-        return Ok(None);
-    };
-    let address = address("control.listen", listen)?;
-    let token = control::token_for(address, pipeline.control_token_file.as_deref())
-        .map_err(RunError::Invalid)?;
-    let service = ControlService {
-        pipeline: pipeline.name.clone(),
-        worker: worker.to_owned(),
-        board: board.clone(),
-        readiness: readiness.clone(),
-        drain: shutdown.drain.clone(),
-        give_up: shutdown.give_up.clone(),
-        updates,
-        access: control::Access::new(&pipeline.name, address, token),
-    };
-    let stop = tokio_util::sync::CancellationToken::new();
-    control::serve(address, service, stop.clone())
-        .await
-        .map_err(|e| RunError::Endpoint(format!("control.listen {listen}: {e}")))?;
-    Ok(Some(stop.drop_guard()))
-}
-
 /// A `listen` setting as a socket address (`127.0.0.1:9464`).
-fn address(setting: &str, listen: &str) -> Result<std::net::SocketAddr, RunError> {
+fn address(setting: &str, listen: &str) -> Result<SocketAddr, RunError> {
     listen.parse().map_err(|_| {
         RunError::Invalid(format!(
             "{setting}: {listen:?} is not an address like 127.0.0.1:9464"
         ))
     })
-}
-
-/// The store, the pipeline's flow handles, and the names of once flows recorded complete.
-pub type Opened = (
-    Arc<dyn Store>,
-    Vec<sluice_store::FlowHandle>,
-    HashSet<String>,
-);
-
-/// Opens the store, prepares the layout and reads which once flows completed, retrying with
-/// backoff while the store is unavailable (logged once per backoff step), until it works or the
-/// run is stopped.
-pub async fn open_and_prepare(
-    url: &str,
-    layout: &Layout,
-    shutdown: &Shutdown,
-) -> Result<Opened, RunError> {
-    store_retry::until_stored(
-        "open the store",
-        Retry::WhileUnavailable,
-        &shutdown.drain,
-        || async {
-            let store = sluice_store::open(url)?;
-            let (handles, completed) = read_flows(&*store, layout).await?;
-            Ok((store, handles, completed))
-        },
-    )
-    .await
-    .map_err(RunError::Store)
 }

@@ -23,7 +23,9 @@
 //! the store (`sluice reset` and `full-refresh` act through the store), has the same power.
 
 use crate::runtime::flow::board::FlowBoard;
-use crate::runtime::updates::refresh::RefreshError;
+use crate::runtime::kit::signals::Shutdown;
+use crate::runtime::run_error::RunError;
+use crate::runtime::updates::refresh_error::RefreshError;
 use crate::runtime::updates::request::{UpdateKind, UpdateSender};
 use crate::serve::observe::Readiness;
 use sluice_proto::v1::control_server::{Control, ControlServer};
@@ -34,7 +36,7 @@ use sluice_proto::v1::{
 };
 use std::net::SocketAddr;
 use std::path::Path;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
@@ -182,7 +184,7 @@ impl Control for ControlService {
         let kind = UpdateKind::Reset {
             flow: request.flow,
             seek: Some(request.seek).filter(|s| !s.is_empty()).map(|time| {
-                crate::runtime::updates::refresh::Seek {
+                crate::runtime::updates::seek::Seek {
                     time,
                     drop_unread: request.drop_unread,
                 }
@@ -221,6 +223,60 @@ fn refused(error: RefreshError) -> Status {
     match error {
         RefreshError::Invalid(why) => Status::invalid_argument(why),
         RefreshError::Failed(why) => Status::failed_precondition(why),
+    }
+}
+
+/// Where the control API of a worker listens, and what it answers from and acts on.
+pub struct ControlSettings<'a> {
+    /// `control.listen` as written, and its address; `None`: no control API.
+    pub listen: Option<(&'a str, SocketAddr)>,
+    /// The pipeline's name.
+    pub pipeline: &'a str,
+    /// `control.token_file`.
+    pub token_file: Option<&'a Path>,
+    /// This worker's id.
+    pub worker: &'a str,
+    /// The run's flows.
+    pub board: &'a FlowBoard,
+    /// The run's readiness.
+    pub readiness: &'a Readiness,
+    /// The worker's signals, which `Drain` sets off.
+    pub shutdown: &'a Shutdown,
+    /// Where `StartUpdate` and `ResetFlow` go: the run loop.
+    pub update_requests: UpdateSender,
+}
+
+/// A running control API; dropping it stops it.
+pub struct ControlApi {
+    _stop: DropGuard,
+}
+
+impl ControlApi {
+    /// Starts the control API when `control.listen` is set. A token file that cannot be read,
+    /// or none off loopback, is invalid input; an address that cannot be bound, an endpoint
+    /// error.
+    pub async fn start(settings: ControlSettings<'_>) -> Result<Option<ControlApi>, RunError> {
+        let Some((listen, address)) = settings.listen else {
+            return Ok(None);
+        };
+        let token = token_for(address, settings.token_file).map_err(RunError::Invalid)?;
+        let service = ControlService {
+            pipeline: settings.pipeline.to_owned(),
+            worker: settings.worker.to_owned(),
+            board: settings.board.clone(),
+            readiness: settings.readiness.clone(),
+            drain: settings.shutdown.drain.clone(),
+            give_up: settings.shutdown.give_up.clone(),
+            updates: settings.update_requests,
+            access: Access::new(settings.pipeline, address, token),
+        };
+        let stop = CancellationToken::new();
+        serve(address, service, stop.clone())
+            .await
+            .map_err(|e| RunError::Endpoint(format!("control.listen {listen}: {e}")))?;
+        Ok(Some(ControlApi {
+            _stop: stop.drop_guard(),
+        }))
     }
 }
 

@@ -2,23 +2,21 @@
 //! (JSONL files by glob) or a read of another target's table, all committing through the same
 //! ledger.
 
+use crate::runtime::flow::run_context::RunContext;
 use sluice_engine::defaults;
 use sluice_engine::pubsub::FlowIntent;
 use sluice_engine::{
     AckFence, BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, DedupSettings,
-    FileSource, FileTurn, FlowRun, FlowWatermark, JsonlSink, KeptOpen, KeySource, MessageSource,
+    FileSource, FileTurn, FlowRun, FlowWatermark, JsonlSink, KeySource, MessageSource,
     PubSubConfig, PubSubFlow, ReaderTurn, RetrySettings, RunUntil, SkipCommitted, SourceProgress,
     Stage, TableSource, TableStage, TableWatermark,
 };
-use sluice_pipeline::timetable::DataInterval;
 use sluice_pipeline::{
     DedupBy, Flow, Mode, OnBadTimestamp, OnMissingKey, Pipeline, Poison, Source, TargetKind,
 };
 use sluice_store::{FlowHandle, Store, table_name};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 /// Settings of a file or table flow, which has no `pubsub:` section to take them from: the
 /// defaults of every flow (the library's too, `sluice_engine::defaults`).
@@ -26,48 +24,6 @@ const FILE_BATCH: BatchSettings = BatchSettings {
     max_messages: defaults::BATCH_MAX_MESSAGES,
     max_delay: defaults::BATCH_MAX_DELAY,
 };
-
-/// Whether a target has a table in the store: `table` targets, and `foreach_batch` and `sink`
-/// targets (a row per record handed over and committed: the record of what they were given).
-fn has_table(kind: &TargetKind) -> bool {
-    matches!(
-        kind,
-        TargetKind::Table
-            | TargetKind::ForeachBatch { .. }
-            | TargetKind::Sink { .. }
-            | TargetKind::Window { .. }
-    )
-}
-
-/// The sink of a flow, when its target is a `sink`.
-pub fn sink_of(pipeline: &Pipeline, flow: &Flow) -> Option<JsonlSink> {
-    pipeline.targets.iter().find_map(|t| match &t.kind {
-        TargetKind::Sink { path, .. } if t.name == flow.target => {
-            Some(JsonlSink::new(path, &flow.name))
-        }
-        _ => None,
-    })
-}
-
-/// The targets of a pipeline that have a table in the store.
-pub fn table_targets(pipeline: &Pipeline) -> Vec<String> {
-    pipeline
-        .targets
-        .iter()
-        .filter(|t| has_table(&t.kind))
-        .map(|t| t.name.clone())
-        .collect()
-}
-
-/// The full name of a flow's target table, when its target has one.
-pub fn target_table(pipeline: &Pipeline, flow: &Flow) -> Option<String> {
-    let has = pipeline
-        .targets
-        .iter()
-        .any(|t| t.name == flow.target && has_table(&t.kind));
-    has.then(|| table_name(&pipeline.name, &flow.target).ok())
-        .flatten()
-}
 
 /// A flow ready to run.
 pub struct BuiltFlow {
@@ -81,10 +37,6 @@ pub struct BuiltFlow {
     pub draw_progress: bool,
     /// A sink flow's file writer: its crash leftovers are resolved before the run.
     pub sink: Option<Arc<JsonlSink>>,
-    /// A Pub/Sub flow's watermark tracker, to start beside the run.
-    pub watermark: Option<crate::runtime::flow::watermarks::WatermarkPlan>,
-    /// A window target's emitter, to start beside the run.
-    pub windows: Option<crate::runtime::flow::windows::WindowPlan>,
 }
 
 /// How one flow reads: its source and the settings that go with it.
@@ -268,32 +220,18 @@ pub fn follows(pipeline: &Pipeline, flow: &Flow) -> bool {
         && !flow.once
 }
 
-/// What a run gives its flows beyond the pipeline: a scheduled run's data interval and the
-/// Pub/Sub sources kept open between its runs.
-#[derive(Clone, Default)]
-pub struct RunScope {
-    /// The run's data interval (`semantics: data_interval`): file flows read only the records
-    /// whose event time lies in it.
-    pub interval: Option<DataInterval>,
-    /// Pub/Sub flows' sources kept running across the runs of a schedule, by flow name
-    /// (`sluice_engine::KeptOpen`); a flow not in it opens its own.
-    pub kept: Option<Arc<HashMap<String, KeptOpen>>>,
-    /// The fence every Pub/Sub ack of the update asks first (`runtime/pool/liveness.rs`); `None`
-    /// acks after each commit unasked.
-    pub acks: Option<Arc<dyn AckFence>>,
-}
-
-/// Builds the run of one flow; `worker` is this worker's id in the pool; `scope` is what the
-/// run gives it (a file flow keeps to the data interval, a Pub/Sub flow reads a kept source).
+/// Builds the run of one flow of `ctx`'s run (a file flow keeps to the run's data interval, a
+/// Pub/Sub flow reads a kept source), writing to `sink` when its target is a `sink`.
 pub fn build(
-    pipeline: &Pipeline,
+    ctx: &RunContext,
     flow: &Flow,
-    store: Arc<dyn Store>,
     handle: FlowHandle,
-    worker: &str,
-    give_up: CancellationToken,
-    scope: &RunScope,
+    sink: Option<Arc<JsonlSink>>,
 ) -> Result<BuiltFlow, String> {
+    let pipeline = &ctx.pipeline;
+    let store = ctx.store.clone();
+    let worker = &ctx.worker;
+    let scope = &ctx.scope;
     let table: Arc<str> = Arc::from(
         table_name(&pipeline.name, &flow.target)
             .map_err(|e| e.to_string())?
@@ -352,10 +290,6 @@ pub fn build(
             plan
         }
     };
-    let watermark = crate::runtime::flow::watermarks::plan(pipeline, flow, &counters);
-    let windows = watermark
-        .as_ref()
-        .and_then(|w| crate::runtime::flow::windows::plan(pipeline, flow, w.watermark()));
     let window = plan.dedup.window;
     let target = pipeline.targets.iter().find(|t| t.name == flow.target);
     let stage: Arc<dyn Stage> = match target.map(|t| &t.kind) {
@@ -369,7 +303,6 @@ pub fn build(
         }
         _ => Arc::new(plan.stage),
     };
-    let sink = sink_of(pipeline, flow).map(Arc::new);
     let mut committer = CommitThenAck::new(
         store,
         handle,
@@ -380,7 +313,7 @@ pub fn build(
             dedup_window: window,
             commit_bound: plan.commit_bound,
         },
-        give_up,
+        ctx.shutdown.give_up.clone(),
     );
     if let Some(sink) = &sink {
         committer = committer.with_sink(sink.clone());
@@ -409,18 +342,7 @@ pub fn build(
         progress: plan.progress,
         draw_progress: plan.draw_progress,
         sink,
-        watermark,
-        windows,
     })
-}
-
-/// What the store prepares for a pipeline: its table targets and its flows.
-pub fn layout(pipeline: &Pipeline) -> sluice_store::Layout {
-    sluice_store::Layout {
-        pipeline: pipeline.name.clone(),
-        tables: table_targets(pipeline),
-        flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
-    }
 }
 
 #[cfg(test)]

@@ -3,11 +3,18 @@
 //! tracker, window emission, `foreach_batch` stage client, dead-letter publisher and progress
 //! bar. Whatever fails here, nothing is acked without its commit.
 
+mod attempt;
 pub(crate) mod board;
 pub(crate) mod build;
 pub(super) mod dead_letters;
 pub(crate) mod executor;
+mod flow_task;
+pub(crate) mod outcome;
 mod progress;
+pub(crate) mod run_context;
+mod side_tasks;
+pub(crate) mod sinks;
 mod stage_client;
+pub(super) mod tracking_subscriptions;
 pub(super) mod watermarks;
 mod windows;

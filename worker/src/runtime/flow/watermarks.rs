@@ -7,9 +7,7 @@
 //! retries and the watermark holds meanwhile.
 //!
 //! `auto` tracking subscriptions are also created when the worker starts, before any flow
-//! runs ([`create_tracking_subscriptions`]): a live flow that waits for a backfill
-//! (`depends_on`) starts its reader late, and a message published in between must already be
-//! on the tracking subscription, or the watermark could pass it.
+//! runs (`tracking_subscriptions.rs`).
 //!
 //! `SLUICE_PROBE_ENDPOINT` in the environment, when set, is where the tracking readers publish
 //! their probes instead of `pubsub.endpoint` ([`PROBE_ENDPOINT_ENV`]).
@@ -17,9 +15,7 @@
 //! How the watermark is estimated, and what it guarantees: `sluice_connector`'s `tracking`
 //! module and the `sluice_watermark` crate.
 
-use sluice_engine::{
-    Backoff, Counters, FlowWatermark, PubSubConfig, TrackerSettings, WatermarkTracker,
-};
+use sluice_engine::{Counters, FlowWatermark, PubSubConfig, TrackerSettings, WatermarkTracker};
 use sluice_pipeline::{Flow, OnBadTimestamp, Pipeline, PubSubSource, Source, TrackingSubscription};
 use sluice_store::{FlowHandle, Store};
 use std::sync::Arc;
@@ -32,17 +28,10 @@ pub const PROBE_ENDPOINT_ENV: &str = "SLUICE_PROBE_ENDPOINT";
 
 /// What a flow with a watermark needs to start its tracker.
 #[derive(Debug, Clone)]
-pub struct WatermarkPlan {
+struct WatermarkPlan {
     config: PubSubConfig,
     settings: TrackerSettings,
     watermark: FlowWatermark,
-}
-
-impl WatermarkPlan {
-    /// The flow's watermark (shared with its counters and batches).
-    pub fn watermark(&self) -> &FlowWatermark {
-        &self.watermark
-    }
 }
 
 /// The tracking subscription of a Pub/Sub source with a watermark (`auto`:
@@ -57,7 +46,7 @@ pub fn tracking_subscription(source: &PubSubSource) -> Option<(String, bool)> {
 
 /// The plan of `flow`'s watermark, if its source asks for one; attaches the watermark to the
 /// flow's `counters` (processed counts, late rows, gauges).
-pub fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<WatermarkPlan> {
+fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<WatermarkPlan> {
     let Source::PubSub(source) = &flow.source else {
         return None;
     };
@@ -91,11 +80,17 @@ pub fn plan(pipeline: &Pipeline, flow: &Flow, counters: &Counters) -> Option<Wat
 
 /// A running tracker.
 pub struct RunningTracker {
+    watermark: FlowWatermark,
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
 
 impl RunningTracker {
+    /// The flow's watermark (shared with its counters and batches).
+    pub fn watermark(&self) -> &FlowWatermark {
+        &self.watermark
+    }
+
     /// Stops it after the flow's run ended (its last processed counts are stored first).
     pub async fn finish(self) {
         self.stop.cancel();
@@ -105,71 +100,28 @@ impl RunningTracker {
     }
 }
 
-/// Starts the tracker of `flow`.
+/// Starts the tracker of `flow` (stored under `handle`, run as `worker`) when its source asks
+/// for a watermark, which is attached to its `counters` (processed counts, late rows, gauges).
 pub fn start(
-    plan: WatermarkPlan,
+    pipeline: &Pipeline,
+    flow: &Flow,
+    counters: &Counters,
     store: Arc<dyn Store>,
-    flow: FlowHandle,
+    handle: FlowHandle,
     worker: &str,
-) -> RunningTracker {
+) -> Option<RunningTracker> {
+    let plan = plan(pipeline, flow, counters)?;
     let settings = TrackerSettings {
         worker: worker.to_owned(),
         ..plan.settings
     };
-    let tracker = WatermarkTracker::new(store, flow, plan.config, settings, plan.watermark);
+    let watermark = plan.watermark;
+    let tracker = WatermarkTracker::new(store, handle, plan.config, settings, watermark.clone());
     let stop = CancellationToken::new();
     let task = tokio::spawn(tracker.run(stop.clone()));
-    RunningTracker { stop, task }
-}
-
-/// How long one attempt at creating a tracking subscription may take.
-const CREATE_ATTEMPT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Creates the `auto` tracking subscriptions of `pipeline`'s flows that are missing, in the
-/// background, retrying with backoff until each exists or `drain` is cancelled. The tracking
-/// reader creates its own too, so a failure here is only logged.
-pub fn create_tracking_subscriptions(pipeline: &Pipeline, drain: CancellationToken) {
-    let config = PubSubConfig {
-        project: pipeline.pubsub.project.clone(),
-        endpoint: pipeline.pubsub.endpoint.clone(),
-    };
-    for flow in &pipeline.flows {
-        let Source::PubSub(source) = &flow.source else {
-            continue;
-        };
-        let Some(TrackingSubscription::Auto) =
-            source.watermark.as_ref().map(|w| &w.tracking_subscription)
-        else {
-            continue;
-        };
-        let base = source.subscription.clone();
-        let tracking = format!("{base}-tracking");
-        let (config, drain, name) = (config.clone(), drain.clone(), flow.name.clone());
-        tokio::spawn(async move {
-            let mut backoff = Backoff::default();
-            loop {
-                let attempt = tokio::time::timeout(CREATE_ATTEMPT, async {
-                    sluice_engine::pubsub::Admin::connect(&config)
-                        .await?
-                        .ensure_tracking_subscription(&base, &tracking)
-                        .await
-                })
-                .await;
-                match attempt {
-                    Ok(Ok(start)) => {
-                        sluice_engine::pubsub::log_tracking_start(&name, &tracking, &start);
-                        return;
-                    }
-                    Ok(Err(error)) => tracing::warn!(flow = %name, %error,
-                        "cannot create the tracking subscription yet; retrying"),
-                    Err(_) => tracing::warn!(flow = %name,
-                        "Pub/Sub did not answer creating the tracking subscription; retrying"),
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff.next_delay()) => {}
-                    _ = drain.cancelled() => return,
-                }
-            }
-        });
-    }
+    Some(RunningTracker {
+        watermark,
+        stop,
+        task,
+    })
 }

@@ -42,7 +42,7 @@ pub const EMIT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What a flow writing a window target needs to emit it.
 #[derive(Debug, Clone)]
-pub struct WindowPlan {
+struct WindowPlan {
     emission: WindowEmission,
     lateness_ms: i64,
     watermark: FlowWatermark,
@@ -50,7 +50,7 @@ pub struct WindowPlan {
 
 /// The plan of `flow`'s windows, if its target is a `window` (whose checks `sluice_pipeline::load_for_run`
 /// made).
-pub fn plan(pipeline: &Pipeline, flow: &Flow, watermark: &FlowWatermark) -> Option<WindowPlan> {
+fn plan(pipeline: &Pipeline, flow: &Flow, watermark: &FlowWatermark) -> Option<WindowPlan> {
     let (size_ms, group, lateness_ms) = window_of(pipeline, flow)?;
     Some(WindowPlan {
         emission: WindowEmission {
@@ -250,12 +250,18 @@ impl RunningEmitter {
     }
 }
 
-/// Creates the counts table and starts emitting.
+/// When `flow` writes a `window` target: creates its counts table and starts emitting, under
+/// the flow's `watermark`.
 pub async fn start(
-    plan: WindowPlan,
+    pipeline: &Pipeline,
+    flow: &Flow,
+    watermark: &FlowWatermark,
     store: Arc<dyn Store>,
-    flow: FlowHandle,
-) -> Result<RunningEmitter, String> {
+    handle: FlowHandle,
+) -> Result<Option<RunningEmitter>, String> {
+    let Some(plan) = plan(pipeline, flow, watermark) else {
+        return Ok(None);
+    };
     store
         .prepare_window_table(&plan.emission.windows_table)
         .await
@@ -265,15 +271,15 @@ pub async fn start(
     let task = tokio::spawn(emit_until(
         plan,
         store,
-        flow,
+        handle,
         stop.clone(),
         input_ended.clone(),
     ));
-    Ok(RunningEmitter {
+    Ok(Some(RunningEmitter {
         stop,
         input_ended,
         task,
-    })
+    }))
 }
 
 async fn emit_until(

@@ -23,26 +23,6 @@ use tokio_util::sync::CancellationToken;
 /// The role that keeps the dedup ledger's generations.
 pub const LEDGER_UPKEEP: &str = "ledger_upkeep";
 
-/// This worker's identity in the pool: `<host>-<pid>-<random>`, unique per process start.
-pub fn identity(pipeline: &str) -> WorkerBeat {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown".to_owned());
-    let pid = std::process::id();
-    WorkerBeat {
-        pipeline: pipeline.to_owned(),
-        worker: format!("{host}-{pid}-{:04x}", rand::random::<u16>()),
-        host,
-        pid,
-    }
-}
-
 /// How long one heartbeat may take before it counts as failed and is sent again: a beat sent
 /// [`BEAT_INTERVAL`] after the last good one still renews the fence (`liveness.rs`, 12 s after
 /// the last good beat was sent) if it is answered within this, however slow the store or

@@ -3,6 +3,7 @@
 //! counts it gone), and when a once Pub/Sub flow read by several replicas is drained.
 
 pub(super) mod drain_quorum;
+pub(crate) mod identity;
 pub(super) mod liveness;
 pub(crate) mod membership;
 pub(crate) mod timing;

@@ -1,8 +1,13 @@
-//! The runs of a triggered pipeline: one, or one at each fire of its timetable (or of an
-//! `on_update` table it reads), under the pool's `scheduler` lease, each recorded in
-//! `sluice_runs`. Runs never overlap, and each fire runs once.
+//! What a worker runs, one run after the other: a continuous pipeline's one update; a triggered
+//! pipeline's one run, or one at each fire of its timetable (or of an `on_update` table it
+//! reads), under the pool's `scheduler` lease, each recorded in `sluice_runs`. Runs never
+//! overlap, and each fire runs once.
 
+mod between_runs;
+mod due;
 mod lease;
+mod next_run;
 mod record;
+mod run_end;
 mod table_updates;
 pub(super) mod timetable;

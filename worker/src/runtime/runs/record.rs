@@ -1,13 +1,16 @@
-//! One run of a triggered pipeline, recorded in `sluice_runs`: begun (a fire once, see
-//! `sluice_store::RunStore`), run as an update, ended with its state and each flow's rows,
-//! and counted (`sluice_runs_total{state}`).
+//! One run, as the run loop (`timetable.rs`) makes it: a continuous pipeline's update, not
+//! recorded; a triggered pipeline's run, recorded in `sluice_runs`: begun (a fire once, see
+//! `sluice_store::RunStore`), run as an update, ended with its state and each flow's rows
+//! (`run_end.rs`); or a run a gone worker left unfinished, recorded failed.
 
-use crate::runtime::flow::build::RunScope;
-use crate::runtime::flow::executor::{FlowOutcome, FlowState};
+use crate::runtime::flow::outcome::FlowOutcome;
+use crate::runtime::flow::run_context::{KeptSources, RunScope};
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
 use crate::runtime::pool::timing::ALIVE_WITHIN;
-use crate::runtime::updates::update_loop::{RunError, Updates};
+use crate::runtime::run_error::RunError;
+use crate::runtime::runs::run_end::{self, Ended};
+use crate::runtime::updates::update_loop::Updates;
 use sluice_store::{RunEnd, RunRecord, RunStart, RunState, RunTrigger, Store};
 use tokio::sync::watch;
 
@@ -23,51 +26,78 @@ pub struct RunAsk {
     pub trigger: RunTrigger,
 }
 
-/// How a run went.
-pub enum Ran {
-    /// It ran (to its end, or until a stop): the flows' outcomes.
-    Ran(Vec<FlowOutcome>),
-    /// Its fire is recorded ended already (another replica ran it): not run again.
-    EndedBefore,
+/// A run to make.
+pub enum Run {
+    /// A continuous pipeline's update, until a signal: not recorded.
+    Update,
+    /// A triggered pipeline's run, recorded.
+    Recorded {
+        /// What it runs.
+        ask: RunAsk,
+        /// What it gives its flows (its interval, the sources kept open between runs).
+        scope: RunScope,
+        /// A fire's run: the scheduler lease, whose loss drains the run (which then stays
+        /// running for the next holder to finish).
+        lease: Option<watch::Receiver<bool>>,
+        /// The kept sources are closed first (what they hold is given back): a run asked for
+        /// between fires, after what it clears was cleared.
+        give_back_kept: bool,
+    },
+    /// A manual or update run its runner (a worker gone) left unfinished: nobody will ask for
+    /// it again, so it is recorded failed, not run.
+    Abandoned(RunRecord),
 }
 
-/// Runs `ask` as an update of `updates` and records it. `kept` are the sources the scheduler
-/// keeps open between runs. With `lease` (a fire's run), losing the scheduler lease drains the
-/// run, which then stays running for the next holder to finish; a run a signal stops does
-/// too. A manual or update run a signal stops is recorded `stopped`.
+/// Makes `run` with `updates`; returns the flows' outcomes (none for a fire another replica
+/// ran, or a run not run). A fire's run a signal stops, or the loss of the lease, stays
+/// running for the next scheduler to finish; a manual or update run a signal stops is
+/// recorded `stopped` (`run_end.rs`).
 pub async fn run(
     updates: &mut Updates<'_>,
     shutdown: &Shutdown,
-    ask: RunAsk,
-    scope: RunScope,
-    lease: Option<watch::Receiver<bool>>,
-) -> Result<Ran, RunError> {
-    let start = RunStart {
-        pipeline: updates.pipeline().name.clone(),
-        fire_ms: ask.fire_ms,
-        interval: ask.interval.map(|i| (i.start_ms, i.end_ms)),
-        trigger: ask.trigger,
-        worker: updates.worker().to_owned(),
-        alive_within: ALIVE_WITHIN,
-        queued_as: None,
-    };
-    let Some(record) = begin_alone(&**updates.store(), &start, shutdown).await? else {
-        return Ok(Ran::EndedBefore);
-    };
-    if record.state != RunState::Running {
-        tracing::info!(
-            run = record.run_id,
-            fire_ms = ask.fire_ms,
-            state = record.state.name(),
-            "fire run already; not run again"
-        );
-        return Ok(Ran::EndedBefore);
-    }
-    tracing::info!(run = record.run_id, fire_ms = ask.fire_ms, trigger = ask.trigger.name(),
-        interval = ?ask.interval, "run starts");
-    let this_run = Shutdown {
-        drain: shutdown.drain.child_token(),
-        give_up: shutdown.give_up.child_token(),
+    run: Run,
+) -> Result<Vec<FlowOutcome>, RunError> {
+    let (recorded, this_run, scope, lease) = match run {
+        Run::Recorded {
+            ask,
+            scope,
+            lease,
+            give_back_kept,
+        } => {
+            let kept = scope.kept.as_ref().filter(|_| give_back_kept);
+            let Some(record) = begin(updates, shutdown, ask, kept).await? else {
+                return Ok(Vec::new());
+            };
+            let this_run = Shutdown {
+                drain: shutdown.drain.child_token(),
+                give_up: shutdown.give_up.child_token(),
+            };
+            (Some((ask, record)), this_run, scope, lease)
+        }
+        Run::Update => (None, shutdown.clone(), RunScope::default(), None),
+        Run::Abandoned(unfinished) => {
+            let ended = RunEnd {
+                state: RunState::Failed,
+                rows: Vec::new(),
+                error: Some(format!(
+                    "worker {} stopped before the run ended",
+                    unfinished.worker
+                )),
+            };
+            store_retry::until_stored(
+                "record the run's end",
+                Retry::WhileUnavailable,
+                &shutdown.drain,
+                || {
+                    updates
+                        .store()
+                        .end_run(unfinished.run_id, &unfinished.worker, &ended)
+                },
+            )
+            .await
+            .map_err(RunError::Store)?;
+            return Ok(Vec::new());
+        }
     };
     let lost = lease.map(|mut holding| {
         let drain = this_run.drain.clone();
@@ -83,33 +113,54 @@ pub async fn run(
         lost.abort();
     }
     let outcomes = outcomes?;
-    let state = if !this_run.drain.is_cancelled() {
-        Some(ended_state(&outcomes))
-    } else if ask.trigger.is_fire() {
+    if let Some((ask, record)) = recorded {
+        let ended = Ended {
+            pipeline: &updates.pipeline().name,
+            record: &record,
+            trigger: ask.trigger,
+            stopped: this_run.drain.is_cancelled(),
+            outcomes: &outcomes,
+        };
+        run_end::record(&**updates.store(), updates.worker(), ended, shutdown).await;
+    }
+    Ok(outcomes)
+}
+
+/// Begins the run `ask` (after giving back what the `kept` sources hold, if asked): `None`
+/// when it is not to run (a signal came first, or its fire ran already).
+async fn begin(
+    updates: &Updates<'_>,
+    shutdown: &Shutdown,
+    ask: RunAsk,
+    kept: Option<&KeptSources>,
+) -> Result<Option<RunRecord>, RunError> {
+    for source in kept.into_iter().flat_map(|kept| kept.values()) {
+        source.close().await;
+    }
+    let start = RunStart {
+        pipeline: updates.pipeline().name.clone(),
+        fire_ms: ask.fire_ms,
+        interval: ask.interval.map(|i| (i.start_ms, i.end_ms)),
+        trigger: ask.trigger,
+        worker: updates.worker().to_owned(),
+        alive_within: ALIVE_WITHIN,
+        queued_as: None,
+    };
+    let Some(record) = begin_alone(&**updates.store(), &start, shutdown).await? else {
+        return Ok(None);
+    };
+    if record.state != RunState::Running {
         tracing::info!(
             run = record.run_id,
-            "run stopped before its end; the next scheduler finishes it"
+            fire_ms = ask.fire_ms,
+            state = record.state.name(),
+            "fire run already; not run again"
         );
-        None
-    } else {
-        Some(RunState::Stopped)
-    };
-    if let Some(state) = state
-        && end(
-            &**updates.store(),
-            &record,
-            updates.worker(),
-            state,
-            &outcomes,
-            shutdown,
-        )
-        .await
-    {
-        metrics::counter!("sluice_runs_total", "pipeline" => updates.pipeline().name.clone(),
-            "state" => state.name())
-        .increment(1);
+        return Ok(None);
     }
-    Ok(Ran::Ran(outcomes))
+    tracing::info!(run = record.run_id, fire_ms = ask.fire_ms, trigger = ask.trigger.name(),
+        interval = ?ask.interval, "run starts");
+    Ok(Some(record))
 }
 
 /// Records a run's start once no other live worker's run goes on or was queued before it
@@ -123,7 +174,7 @@ async fn begin_alone(
 ) -> Result<Option<RunRecord>, RunError> {
     let mut start = start.clone();
     loop {
-        let record = begin(store, &start, shutdown).await?;
+        let record = begin_once(store, &start, shutdown).await?;
         if record.state != RunState::Queued {
             return Ok(Some(record));
         }
@@ -157,7 +208,7 @@ async fn begin_alone(
 const OTHER_RUN_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Records a run's start (retrying while the store is unavailable).
-async fn begin(
+async fn begin_once(
     store: &dyn Store,
     start: &RunStart,
     shutdown: &Shutdown,
@@ -170,69 +221,4 @@ async fn begin(
     )
     .await
     .map_err(RunError::Store)
-}
-
-/// How a run that was not stopped ended: failed when a flow failed.
-fn ended_state(outcomes: &[FlowOutcome]) -> RunState {
-    if outcomes
-        .iter()
-        .any(|o| matches!(o.state, FlowState::Failed(_)))
-    {
-        RunState::Failed
-    } else {
-        RunState::Completed
-    }
-}
-
-/// Records how a run ended, with the rows of each flow and why flows failed; `false` when it
-/// was not recorded (the store did not answer before the drain gave up, or the run is another
-/// replica's now).
-async fn end(
-    store: &dyn Store,
-    record: &RunRecord,
-    worker: &str,
-    state: RunState,
-    outcomes: &[FlowOutcome],
-    shutdown: &Shutdown,
-) -> bool {
-    let failed: Vec<String> = outcomes
-        .iter()
-        .filter_map(|o| match &o.state {
-            FlowState::Failed(why) => Some(format!("{}: {why}", o.name)),
-            _ => None,
-        })
-        .collect();
-    let run_end = RunEnd {
-        state,
-        rows: outcomes
-            .iter()
-            .map(|o| (o.name.clone(), o.counters.committed))
-            .collect(),
-        error: (!failed.is_empty()).then(|| failed.join("; ")),
-    };
-    // Tried until the drain gives up: a stopped run's end is recorded while it drains too.
-    let recorded = store_retry::until_stored(
-        "record the run's end",
-        Retry::WhileUnavailable,
-        &shutdown.give_up,
-        || store.end_run(record.run_id, worker, &run_end),
-    )
-    .await;
-    match recorded {
-        Ok(true) => {
-            tracing::info!(run = record.run_id, state = state.name(), "run ended");
-            true
-        }
-        Ok(false) => {
-            tracing::warn!(
-                run = record.run_id,
-                "the run is another worker's now; its end is theirs to record"
-            );
-            false
-        }
-        Err(error) => {
-            tracing::warn!(run = record.run_id, %error, "could not record the run's end");
-            false
-        }
-    }
 }

@@ -2,7 +2,11 @@
 //! `sluice reset`, `sluice full-refresh`) that drain it, clear what was asked and start the next,
 //! alone or across a running pool. Nothing is cleared under a running flow.
 
+mod interrupts;
 pub(crate) mod pool;
+pub(crate) mod prepare;
 pub(crate) mod refresh;
+pub(crate) mod refresh_error;
 pub(crate) mod request;
+pub(crate) mod seek;
 pub(super) mod update_loop;

@@ -34,7 +34,8 @@
 //! is replayed.
 
 use crate::runtime::pool::timing::ALIVE_WITHIN;
-use crate::runtime::updates::refresh::{Clearing, RefreshError, UnderClaim};
+use crate::runtime::updates::refresh::{Clearing, UnderClaim};
+use crate::runtime::updates::refresh_error::RefreshError;
 use crate::runtime::updates::request::{self, UpdateKind};
 use sluice_pipeline::Pipeline;
 use sluice_store::{
@@ -42,7 +43,6 @@ use sluice_store::{
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
 
 /// How often a replica looks for a pool update, and a participant at its progress.
 pub const POLL: Duration = Duration::from_secs(1);
@@ -412,62 +412,6 @@ where
                 tokio::time::sleep(POLL).await;
             }
         }
-    }
-}
-
-/// The pipeline's oldest unfinished pool update (else its newest), looked up every [`POLL`].
-pub struct PoolWatch {
-    current: watch::Receiver<Option<PoolUpdate>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl PoolWatch {
-    /// Starts watching `pipeline`'s pool updates.
-    pub fn start(store: Arc<dyn PoolUpdateStore>, pipeline: &str) -> Self {
-        let (send, current) = watch::channel(None);
-        let pipeline = pipeline.to_owned();
-        let task = tokio::spawn(async move {
-            loop {
-                // The oldest unfinished; else the newest, so that a worker that missed one
-                // (counted gone while it ran) still learns of it and starts afresh.
-                let found = match store.pool_update(&pipeline, None).await {
-                    Ok(None) => store.latest_pool_update(&pipeline).await,
-                    other => other,
-                };
-                match found {
-                    Ok(update) => {
-                        send.send_if_modified(|shown| {
-                            let changed = *shown != update;
-                            *shown = update;
-                            changed
-                        });
-                    }
-                    Err(error) => tracing::debug!(%error, "cannot look for pool updates"),
-                }
-                tokio::time::sleep(POLL).await;
-            }
-        });
-        Self { current, task }
-    }
-
-    /// Waits for an update numbered above `handled` (an ended one: this worker missed it).
-    pub async fn next_after(&mut self, handled: i64) -> PoolUpdate {
-        loop {
-            if let Some(update) = self.current.borrow_and_update().as_ref()
-                && update.id > handled
-            {
-                return update.clone();
-            }
-            if self.current.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-    }
-}
-
-impl Drop for PoolWatch {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

@@ -18,7 +18,9 @@
 //!   refused.
 
 use crate::runtime::pool::timing::ALIVE_WITHIN;
-use crate::runtime::updates::refresh::{self, Clearing, RefreshError};
+use crate::runtime::updates::refresh::{self, Clearing};
+use crate::runtime::updates::refresh_error::RefreshError;
+use crate::runtime::updates::seek::{self, Seek};
 use sluice_pipeline::Pipeline;
 use sluice_store::MembershipStore;
 use tokio::sync::{mpsc, oneshot};
@@ -32,7 +34,7 @@ pub enum UpdateKind {
     /// `StartUpdate { full_refresh: true }` (no seek) or `sluice full-refresh`: every flow.
     FullRefresh {
         /// The seek of every Pub/Sub flow's subscription, if asked.
-        seek: Option<refresh::Seek>,
+        seek: Option<Seek>,
     },
     /// `StartUpdate { refresh_flows }`: these flows (none: just run the chain again).
     Refresh(Vec<String>),
@@ -41,7 +43,7 @@ pub enum UpdateKind {
         /// The flow.
         flow: String,
         /// The seek, if asked.
-        seek: Option<refresh::Seek>,
+        seek: Option<Seek>,
     },
 }
 
@@ -98,10 +100,10 @@ pub async fn check(pipeline: &Pipeline, kind: &UpdateKind) -> Result<(), Refresh
     }
     match kind {
         UpdateKind::Reset { flow, seek } => {
-            refresh::reset_seeks(pipeline, flow, seek.as_ref()).await?;
+            seek::reset_seeks(pipeline, flow, seek.as_ref()).await?;
         }
         UpdateKind::FullRefresh { seek: Some(seek) } => {
-            refresh::full_refresh_seeks(pipeline, seek).await?;
+            seek::full_refresh_seeks(pipeline, seek).await?;
         }
         UpdateKind::FullRefresh { seek: None } | UpdateKind::Refresh(_) => {}
     }

@@ -6,38 +6,28 @@
 //! replicas of the pipeline run, a request becomes a pool update (`updates/pool.rs`), and so
 //! does one another replica or `sluice reset` asked for: this worker stops its update, takes
 //! part until the update ends, and starts a new one; it takes part in an unfinished one before
-//! each update it starts.
+//! each update it starts. What stops an update comes from `interrupts.rs`.
 
 use crate::runtime::flow::board::FlowBoard;
-use crate::runtime::flow::build::RunScope;
-use crate::runtime::flow::executor::{self, FlowOutcome, RunContext};
+use crate::runtime::flow::executor;
+use crate::runtime::flow::outcome::FlowOutcome;
+use crate::runtime::flow::run_context::{RunContext, RunScope};
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
 use crate::runtime::pool::liveness::Liveness;
-use crate::runtime::updates::pool::{self, Part, PoolWatch};
-use crate::runtime::updates::refresh::{Clearing, RefreshError};
+use crate::runtime::run_error::RunError;
+use crate::runtime::updates::interrupts::{self, Interrupt, Interrupts};
+use crate::runtime::updates::pool::{self, Part};
+use crate::runtime::updates::prepare::read_flows;
+use crate::runtime::updates::refresh::Clearing;
+use crate::runtime::updates::refresh_error::RefreshError;
 use crate::runtime::updates::request::{self, Started, UpdateRequest};
 use crate::serve::observe;
 use sluice_pipeline::Pipeline;
-use sluice_store::{FlowStore, Layout, Store, StoreError};
+use sluice_store::{Layout, Store, StoreError};
 use std::collections::HashSet;
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
-
-/// Why a run could not happen at all.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// A setting the parser accepted is unusable (an address that is not one, a control API
-    /// beyond loopback without its token file): invalid input, exit 2.
-    #[error("{0}")]
-    Invalid(String),
-    /// The metrics or control endpoint could not be started (address in use): exit 1.
-    #[error("{0}")]
-    Endpoint(String),
-    /// The store could not be opened or prepared, and retrying is pointless or was stopped.
-    #[error("store: {0}")]
-    Store(StoreError),
-}
 
 /// What ended a wait between runs ([`Updates::serve_requests_until`]).
 pub enum Waited<T> {
@@ -83,14 +73,13 @@ pub struct Updates<'a> {
     readiness: observe::Readiness,
     slots: Arc<Semaphore>,
     worker: String,
-    requests: mpsc::Receiver<UpdateRequest>,
     handles: Vec<sluice_store::FlowHandle>,
     completed: HashSet<String>,
     /// An update ran since the handles and completions were read: read them again first.
     ran: bool,
     number: u64,
-    /// The pipeline's pool updates.
-    pool: PoolWatch,
+    /// The control requests and the pipeline's pool updates.
+    interrupts: Interrupts,
     /// The last pool update this worker took part in.
     handled: i64,
     /// The first look for an unfinished pool update was made.
@@ -100,19 +89,6 @@ pub struct Updates<'a> {
     liveness: Liveness,
     /// The fence epoch the kept sources were opened in.
     kept_epoch: u64,
-}
-
-/// What stops a running update.
-enum Interrupt {
-    /// A control request this worker carries out alone (it is the pipeline's only worker).
-    Local(UpdateRequest),
-    /// A control request this worker recorded as pool update `id` (other replicas run).
-    Asked(UpdateRequest, i64),
-    /// Pool update `id`, asked for elsewhere.
-    Joined(i64),
-    /// This worker's heartbeats failed for long enough that the pool may count it gone: its
-    /// flows stop, and a new update starts once it beats again (`runtime/pool/liveness.rs`).
-    Fenced,
 }
 
 impl<'a> Updates<'a> {
@@ -133,7 +109,11 @@ impl<'a> Updates<'a> {
 
     /// The updates of a prepared worker.
     pub fn new(prepared: Prepared<'a>) -> Self {
-        let pool = PoolWatch::start(prepared.store.clone(), &prepared.pipeline.name);
+        let interrupts = Interrupts::start(
+            prepared.requests,
+            prepared.store.clone(),
+            &prepared.pipeline.name,
+        );
         Self {
             pipeline: prepared.pipeline,
             layout: prepared.layout,
@@ -142,12 +122,11 @@ impl<'a> Updates<'a> {
             readiness: prepared.readiness,
             slots: prepared.slots,
             worker: prepared.worker,
-            requests: prepared.requests,
             handles: prepared.handles,
             completed: prepared.completed,
             ran: false,
             number: 1,
-            pool,
+            interrupts,
             handled: 0,
             joined: false,
             kept_epoch: prepared.liveness.gate().epoch(),
@@ -209,14 +188,14 @@ impl<'a> Updates<'a> {
             let interrupt = loop {
                 tokio::select! {
                     outcomes = &mut run => break Err(outcomes),
-                    Some(request) = self.requests.recv() => {
-                        if let Some(accepted) =
-                            accept(self.pipeline, &*self.store, request, &self.worker, shutdown).await
-                        {
+                    came = self.interrupts.next(handled) => {
+                        let accepted =
+                            interrupts::accept(came, self.pipeline, &*self.store, &self.worker, shutdown)
+                                .await;
+                        if let Some(accepted) = accepted {
                             break Ok(accepted);
                         }
                     }
-                    update = self.pool.next_after(handled) => break Ok(Interrupt::Joined(update.id)),
                     () = self.liveness.lapsed() => break Ok(Interrupt::Fenced),
                 }
             };
@@ -387,10 +366,10 @@ impl<'a> Updates<'a> {
             let handled = self.handled;
             let interrupt = tokio::select! {
                 came = &mut until => return Ok(Waited::Came(came)),
-                Some(request) = self.requests.recv() => {
-                    accept(self.pipeline, &*self.store, request, &self.worker, shutdown).await
+                came = self.interrupts.next(handled) => {
+                    interrupts::accept(came, self.pipeline, &*self.store, &self.worker, shutdown)
+                        .await
                 }
-                update = self.pool.next_after(handled) => Some(Interrupt::Joined(update.id)),
             };
             match interrupt {
                 None => {}
@@ -452,37 +431,6 @@ async fn close_kept(scope: &RunScope) {
     }
 }
 
-/// Checks a control request; answers a refused one at once. With other replicas running, an
-/// accepted one is recorded as a pool update.
-async fn accept(
-    pipeline: &Pipeline,
-    store: &dyn Store,
-    request: UpdateRequest,
-    worker: &str,
-    shutdown: &Shutdown,
-) -> Option<Interrupt> {
-    let refuse = |request: UpdateRequest, error: RefreshError| {
-        tracing::warn!(%error, kind = ?request.kind, "update request refused");
-        let _ = request.reply.send(Err(error));
-        None
-    };
-    if shutdown.drain.is_cancelled() {
-        let error = RefreshError::Failed("the worker is draining; start a new one instead".into());
-        return refuse(request, error);
-    }
-    if let Err(error) = request::check(pipeline, &request.kind).await {
-        return refuse(request, error);
-    }
-    match request::others_alive(pipeline, store, worker).await {
-        Err(error) => refuse(request, error),
-        Ok(others) if others.is_empty() => Some(Interrupt::Local(request)),
-        Ok(_) => match pool::request(pipeline, store, &request.kind, worker).await {
-            Ok(id) => Some(Interrupt::Asked(request, id)),
-            Err(error) => refuse(request, error),
-        },
-    }
-}
-
 /// The flow handles and completions again, after a clear (retrying while the store is
 /// unavailable, like the first read).
 async fn reread(
@@ -498,19 +446,4 @@ async fn reread(
     )
     .await
     .map_err(RunError::Store)
-}
-
-/// Prepares the layout; returns the flow handles and the once flows recorded complete.
-pub async fn read_flows(
-    store: &dyn FlowStore,
-    layout: &Layout,
-) -> Result<(Vec<sluice_store::FlowHandle>, HashSet<String>), StoreError> {
-    let handles = store.prepare(layout).await?;
-    let completed = store
-        .completions(&layout.pipeline)
-        .await?
-        .into_iter()
-        .map(|(flow, _)| flow)
-        .collect();
-    Ok((handles, completed))
 }
