@@ -26,8 +26,9 @@ pub const UNACKED_READ_WINDOW: Duration = Duration::from_secs(240);
 pub const CONTROL_MARGIN: Duration = Duration::from_secs(20);
 
 /// Messages in the control: a plain stream holds [`CONTROL_HELD`] of them when it closes.
-const CONTROL_MESSAGES: usize = 1_000;
-const CONTROL_HELD: usize = 500;
+pub const CONTROL_MESSAGES: usize = 1_000;
+/// How many of the control's messages its plain stream holds when it closes.
+pub const CONTROL_HELD: usize = 500;
 
 /// The message ids still unacked on `subscription`, read by a plain client (which acks them)
 /// opened right away, for [`UNACKED_READ_WINDOW`] or until `expected` arrived.

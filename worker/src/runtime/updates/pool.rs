@@ -33,6 +33,7 @@
 //! not cleared resumes where it stood (its acked messages do not come back), so nothing of it
 //! is replayed.
 
+use crate::runtime::kit::env_duration::from_env;
 use crate::runtime::pool::timing::ALIVE_WITHIN;
 use crate::runtime::updates::refresh::{Clearing, UnderClaim};
 use crate::runtime::updates::refresh_error::RefreshError;
@@ -75,40 +76,17 @@ impl Patience {
     pub fn get() -> Patience {
         static PATIENCE: std::sync::OnceLock<Patience> = std::sync::OnceLock::new();
         *PATIENCE.get_or_init(|| Patience {
-            drain_wait: from_env("SLUICE_POOL_UPDATE_DRAIN_WAIT", DRAIN_WAIT),
-            claim_stale_after: from_env("SLUICE_POOL_UPDATE_CLAIM_STALE_AFTER", CLAIM_STALE_AFTER),
+            drain_wait: from_env(
+                "SLUICE_POOL_UPDATE_DRAIN_WAIT",
+                DRAIN_WAIT,
+                SHORTEST_PATIENCE,
+            ),
+            claim_stale_after: from_env(
+                "SLUICE_POOL_UPDATE_CLAIM_STALE_AFTER",
+                CLAIM_STALE_AFTER,
+                SHORTEST_PATIENCE,
+            ),
         })
-    }
-}
-
-/// A duration from the environment variable `name`, or `default`.
-fn from_env(name: &str, default: Duration) -> Duration {
-    let Ok(text) = std::env::var(name) else {
-        return default;
-    };
-    match humantime::parse_duration(text.trim()) {
-        Ok(value) if value >= SHORTEST_PATIENCE => {
-            tracing::info!(
-                variable = name,
-                ?value,
-                "pool update timing from the environment"
-            );
-            value
-        }
-        Ok(value) => {
-            tracing::warn!(
-                variable = name,
-                ?value,
-                ?default,
-                "shorter than {SHORTEST_PATIENCE:?}; using the default"
-            );
-            default
-        }
-        Err(error) => {
-            tracing::warn!(variable = name, %text, %error, ?default,
-                "not a duration; using the default");
-            default
-        }
     }
 }
 
