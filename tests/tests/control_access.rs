@@ -47,16 +47,14 @@ fn bearer<T>(message: T, token: &str) -> tonic::Request<T> {
 
 /// `sluice_control_rejected_total` of pipeline `test` on the worker's `/metrics`.
 fn rejected(metrics_port: u16) -> Option<f64> {
-    let out = std::process::Command::new("curl")
-        .args(["-s", &format!("http://127.0.0.1:{metrics_port}/metrics")])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
-        l.strip_prefix("sluice_control_rejected_total{pipeline=\"test\"} ")?
-            .trim()
-            .parse()
-            .ok()
-    })
+    sluice_tests::metrics_text(metrics_port)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("sluice_control_rejected_total{pipeline=\"test\"} ")?
+                .trim()
+                .parse()
+                .ok()
+        })
 }
 
 /// Asserts that `call` was refused with `code`, its message containing `says`.

@@ -75,11 +75,7 @@ const ACKED: &str = "sluice_messages_acked_total";
 /// Reads the victim's three counters at once (one request, as `sluice_tests::flow_metric` reads
 /// one); `None` while it does not answer or does not export them yet.
 fn scrape(port: u16) -> Option<Scrape> {
-    let out = std::process::Command::new("curl")
-        .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = sluice_tests::metrics_text(port);
     let value = |name: &str| {
         let series = format!("{name}{{pipeline=\"test\",flow=\"ingest\"}} ");
         text.lines()

@@ -19,11 +19,7 @@ use std::time::Duration;
 
 /// The sum of a metric's series on `/metrics` of `port`.
 fn metric_sum(port: u16, name: &str) -> Option<f64> {
-    let out = std::process::Command::new("curl")
-        .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let text = sluice_tests::metrics_text(port);
     let values: Vec<f64> = text
         .lines()
         .filter(|l| l.starts_with(&format!("{name}{{")))

@@ -183,18 +183,9 @@ async fn diagnose_missing(
     )
 }
 
-/// The worker's `/metrics` text.
-fn metrics_text(port: u16) -> String {
-    let out = Command::new("curl")
-        .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// `sluice_commit_errors_total{kind="unavailable"}` of flow `ingest` (0 when not exported).
 fn unavailable_commit_errors(port: u16) -> f64 {
-    metrics_text(port)
+    sluice_tests::metrics_text(port)
         .lines()
         .filter(|l| l.starts_with("sluice_commit_errors_total{"))
         .filter(|l| l.contains("flow=\"ingest\"") && l.contains("kind=\"unavailable\""))

@@ -1,5 +1,5 @@
-//! A pool of three worker processes on one subscription and one PostgreSQL store: 100 000
-//! distinct events plus 10 000 publisher duplicates, while a random worker is SIGKILLed every
+//! A pool of three worker processes on one subscription and one PostgreSQL store: 60 000
+//! distinct events plus 6 000 publisher duplicates, while a random worker is SIGKILLed every
 //! few seconds and restarted. Redeliveries of a killed worker's messages reach the others, so
 //! only the shared ledger can keep them from landing twice.
 //!
@@ -15,8 +15,8 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn three_workers_killed_at_random_land_every_key_exactly_once() {
-    const DISTINCT: usize = 100_000;
-    const DUPLICATES: usize = 10_000;
+    const DISTINCT: usize = 60_000;
+    const DUPLICATES: usize = 6_000;
     const KILLS: usize = 8;
     let PostgresPipeline {
         database: _database,

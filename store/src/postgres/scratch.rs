@@ -1,5 +1,7 @@
-//! Throwaway databases for tests: each test gets a fresh database on a real server, dropped
-//! (with its connections) when the guard goes.
+//! Throwaway databases: each test, and each `sluice bench --store postgres` run, gets a fresh
+//! database on a real server, dropped (with its connections) when the guard goes. The shipped
+//! binary has it (feature `scratch`) for that benchmark only; the test doubles (`FaultStore`,
+//! `Inspect`, feature `testing`) it does not.
 
 use crate::StoreError;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -156,7 +156,10 @@ impl NextRuns {
                             return Ok(Next::Run(Run::Abandoned(unfinished)));
                         }
                         Due::Next { run, newest_start } => {
-                            self.last_started = self.last_started.or(newest_start);
+                            // The recorded start, when later than this worker's decision
+                            // (recording takes a moment): `min_interval` holds between the
+                            // starts `sluice runs` shows (to within the store's clock skew).
+                            self.last_started = self.last_started.max(newest_start);
                             match run {
                                 NextRun::Now(fire) => break 'fire Some(fire),
                                 NextRun::At(at_ms) => Awaited::Fire(Some(at_ms)),
