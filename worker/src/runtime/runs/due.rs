@@ -44,6 +44,8 @@ pub enum Due {
         run: NextRun,
         /// The newest run's start (store clock), if there is a run.
         newest_start: Option<i64>,
+        /// The start of `me`'s newest run (store clock), if it made one.
+        newest_own_start: Option<i64>,
     },
 }
 
@@ -61,6 +63,10 @@ pub fn due(state: ScheduleState, timetable: &Timetable, me: &str, now_ms: i64) -
     };
     let unfinished = |run: &RunRecord| matches!(run.state, RunState::Running | RunState::Queued);
     let newest_start = runs.first().map(|r| r.started_at_ms);
+    let newest_own_start = runs
+        .iter()
+        .find(|r| r.worker == me)
+        .map(|r| r.started_at_ms);
     let oldest_unfinished = runs
         .into_iter()
         .filter(|run| unfinished(run) && !running_elsewhere(run))
@@ -86,6 +92,7 @@ pub fn due(state: ScheduleState, timetable: &Timetable, me: &str, now_ms: i64) -
             Due::Next {
                 run: timetable.next_run(last_fire, now_ms, up_since),
                 newest_start,
+                newest_own_start,
             }
         }
     }
@@ -182,7 +189,7 @@ mod tests {
         let due = due(state(runs, alive_since), &timetable, "a", now);
         let expected = timetable.next_run(None, now, now - 20);
         assert!(
-            matches!(due, Due::Next { run, newest_start: Some(7_005) } if run == expected),
+            matches!(due, Due::Next { run, newest_start: Some(7_005), .. } if run == expected),
             "{due:?}"
         );
     }

@@ -155,11 +155,20 @@ impl NextRuns {
                             self.last_started = Some(now_ms());
                             return Ok(Next::Run(Run::Abandoned(unfinished)));
                         }
-                        Due::Next { run, newest_start } => {
-                            // The recorded start, when later than this worker's decision
-                            // (recording takes a moment): `min_interval` holds between the
-                            // starts `sluice runs` shows (to within the store's clock skew).
-                            self.last_started = self.last_started.max(newest_start);
+                        Due::Next {
+                            run,
+                            newest_start,
+                            newest_own_start,
+                        } => {
+                            // A restart goes on from the newest run of the pipeline; after
+                            // that, from this worker's own run as recorded when that is later
+                            // than its decision to run it (recording takes a moment), so that
+                            // `min_interval` holds between the starts `sluice runs` shows (to
+                            // within the store's clock skew on PostgreSQL).
+                            self.last_started = match self.last_started {
+                                None => newest_start,
+                                Some(decided) => Some(decided).max(newest_own_start),
+                            };
                             match run {
                                 NextRun::Now(fire) => break 'fire Some(fire),
                                 NextRun::At(at_ms) => Awaited::Fire(Some(at_ms)),
