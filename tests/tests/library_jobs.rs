@@ -48,8 +48,10 @@ async fn the_upsert_example_counts_each_event_once_under_sigkill() {
     let counted = || db.query("SELECT COALESCE(SUM(events), 0) FROM customer_events");
     let args = [subscription.as_str(), database.url()];
 
+    const LIVES: usize = 4;
     let mut kills = Vec::new();
-    for life in 0..4 {
+    let mut last = None;
+    for life in 0..LIVES {
         let job = Worker::example("upsert_postgres", &args, dir.path(), &format!("life{life}"));
         let before = counted();
         // Kill only once this life has committed something, at a random moment after.
@@ -59,15 +61,26 @@ async fn the_upsert_example_counts_each_event_once_under_sigkill() {
             job.logs()
         );
         tokio::time::sleep(Duration::from_millis(rand::random_range(0..1_500))).await;
+        if life == LIVES - 1 {
+            // The job that takes the rest opens its streams before the last kill: the emulator
+            // holds a killed stream's messages back from streams opened after the close (for
+            // minutes at times), not from those already open.
+            last = Some(Worker::example(
+                "upsert_postgres",
+                &args,
+                dir.path(),
+                "last",
+            ));
+        }
         let at = counted();
         job.kill9();
         kills.push((before, at));
     }
     publishing.await.unwrap();
-    let last = Worker::example("upsert_postgres", &args, dir.path(), "last");
+    let last = last.unwrap();
     assert!(
-        // The emulator's poisoned subscription (up to 3 min after the last kill), then the
-        // backlog on a loaded machine.
+        // The killed streams' messages after their ack deadline, then the backlog on a loaded
+        // machine.
         eventually(Duration::from_secs(600), || counted() == EVENTS as i64).await,
         "{} of {EVENTS} counted, {} dead-lettered:\n{}",
         counted(),
@@ -78,7 +91,7 @@ async fn the_upsert_example_counts_each_event_once_under_sigkill() {
     assert!(last.wait(Duration::from_secs(60)).success());
 
     println!("kills (counted when the life started, when it was killed): {kills:?}");
-    assert_eq!(kills.len(), 4);
+    assert_eq!(kills.len(), LIVES);
     assert!(
         kills
             .iter()
