@@ -75,11 +75,24 @@ async fn status_and_drain_through_the_control_api() {
         .await;
     assert!(eventually(Duration::from_secs(120), || db.rows() == 500).await);
 
-    let status = client
+    // Readiness follows the flows' states on a tick (`READINESS_INTERVAL`): rows can land
+    // before the first tick after the flows started.
+    let mut status = client
         .get_status(GetStatusRequest {})
         .await
         .unwrap()
         .into_inner();
+    for _ in 0..100 {
+        if status.ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        status = client
+            .get_status(GetStatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+    }
     assert_eq!(status.pipeline, "test");
     assert!(status.ready && !status.draining);
     assert!(
