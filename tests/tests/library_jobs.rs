@@ -2,8 +2,8 @@
 //! against the real emulator, and a job in this process whose handler fails on one message.
 //!
 //! * `upsert_postgres` on a real PostgreSQL under SIGKILL: 20 000 events of 50 customers plus
-//!   2 000 publisher duplicates (same `event_id`, new message id), the process killed at least
-//!   five times while it commits (each kill after the table grew in that life): every
+//!   2 000 publisher duplicates (same `event_id`, new message id), the process killed five
+//!   times while it commits (each kill after the table grew while that life ran alone): every
 //!   customer's count in the job's own table is exactly its number of distinct events (a
 //!   duplicate applied twice, or an event lost, would show).
 //! * `counter_sqlite` and `forward` (stream-style, settled batches) each take a backlog and
@@ -44,40 +44,69 @@ async fn the_upsert_example_counts_each_event_once_under_sigkill() {
         messages.push(customer_event(rand::random_range(0..EVENTS)));
     }
     messages.shuffle(&mut rand::rng());
-    let publishing = publish_in_chunks(&topic, messages, 200, Duration::from_millis(150)).await;
+    // 110 chunks over about 33 s: the backlog lasts through every life.
+    let publishing = publish_in_chunks(&topic, messages, 200, Duration::from_millis(300)).await;
     let counted = || db.query("SELECT COALESCE(SUM(events), 0) FROM customer_events");
-    let args = [subscription.as_str(), database.url()];
+    // Each life connects as `application_name=lifeN`, so the test sees which process is in a
+    // transaction.
+    let store_of = |name: &str| format!("{}?application_name={name}", database.url());
+    let start = |name: &str| {
+        let store = store_of(name);
+        Worker::example(
+            "upsert_postgres",
+            &[subscription.as_str(), store.as_str()],
+            dir.path(),
+            name,
+        )
+    };
+    let sessions = |name: &str, filter: &str| {
+        db.query(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}' {filter}"
+        ))
+    };
 
-    const LIVES: usize = 4;
+    // Each life's successor opens its streams before the life is killed: the emulator holds a
+    // killed stream's messages back from streams opened after the close (for minutes at
+    // times), not from those already open. A life is killed when PostgreSQL shows it inside a
+    // transaction, after the table grew while it ran alone.
+    const KILLS: usize = 5;
     let mut kills = Vec::new();
-    let mut last = None;
-    for life in 0..LIVES {
-        let job = Worker::example("upsert_postgres", &args, dir.path(), &format!("life{life}"));
-        let before = counted();
-        // Kill only once this life has committed something, at a random moment after.
+    let mut job = start("life0");
+    let mut alone_from = 0;
+    for life in 0..KILLS {
+        let name = format!("life{life}");
         assert!(
-            eventually(Duration::from_secs(120), || counted() > before).await,
-            "life {life} committed nothing:\n{}",
+            eventually(Duration::from_secs(180), || counted() > alone_from).await,
+            "{name} committed nothing on its own:\n{}",
             job.logs()
         );
-        tokio::time::sleep(Duration::from_millis(rand::random_range(0..1_500))).await;
-        if life == LIVES - 1 {
-            // The job that takes the rest opens its streams before the last kill: the emulator
-            // holds a killed stream's messages back from streams opened after the close (for
-            // minutes at times), not from those already open.
-            last = Some(Worker::example(
-                "upsert_postgres",
-                &args,
-                dir.path(),
-                "last",
-            ));
+        let successor = format!("life{}", life + 1);
+        let next = start(&successor);
+        // Connected to the store: its job is built, and its streams open right after.
+        assert!(
+            eventually(Duration::from_secs(60), || sessions(&successor, "") > 0).await,
+            "{successor} never connected:\n{}",
+            next.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(rand::random_range(1_000..2_000))).await;
+        // Aimed: polled back to back (a psql each, a few ms), killed right after a sighting.
+        let aim_until = std::time::Instant::now() + Duration::from_secs(30);
+        while sessions(&name, "AND xact_start IS NOT NULL") == 0 {
+            assert!(
+                std::time::Instant::now() < aim_until,
+                "{name} was never seen in a transaction"
+            );
         }
         let at = counted();
         job.kill9();
-        kills.push((before, at));
+        kills.push((alone_from, at));
+        // A commit the killed process had sent lands first: then only the successor adds.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        alone_from = counted();
+        job = next;
     }
     publishing.await.unwrap();
-    let last = last.unwrap();
+    let last = job;
     assert!(
         // The killed streams' messages after their ack deadline, then the backlog on a loaded
         // machine.
@@ -90,13 +119,13 @@ async fn the_upsert_example_counts_each_event_once_under_sigkill() {
     last.terminate();
     assert!(last.wait(Duration::from_secs(60)).success());
 
-    println!("kills (counted when the life started, when it was killed): {kills:?}");
-    assert_eq!(kills.len(), LIVES);
+    println!("kills (counted when the life ran alone, when it was killed): {kills:?}");
+    assert_eq!(kills.len(), KILLS);
     assert!(
         kills
             .iter()
             .all(|(before, at)| before < at && *at < EVENTS as i64),
-        "every kill landed while the job was committing: {kills:?}"
+        "every kill landed after the life committed on its own, before the end: {kills:?}"
     );
     assert_eq!(db.query("SELECT COUNT(*) FROM customer_events"), 50);
     assert_eq!(

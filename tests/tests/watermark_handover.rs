@@ -125,7 +125,21 @@ async fn a_dead_tracking_reader_leaves_nothing_late() {
         samples.last().map_or(0, |s| s.1)
     );
     assert_ne!(Some(new_reader.clone()), killed, "the lease did not move");
-    assert_eq!(behind, 0, "rows late after the handover: {first_behind:?}");
+    assert_eq!(
+        behind,
+        0,
+        "rows late after the handover: {first_behind:?}; at the kill {at_kill}; the rows \
+         committed longest after their event time (publish, event, committed): {}; survivor \
+         logs:\n{}",
+        db.text(
+            "SELECT string_agg(row, ', ') FROM (SELECT concat_ws(' ',
+                 (extract(epoch FROM publish_time) * 1000)::int8,
+                 (extract(epoch FROM event_time) * 1000)::int8,
+                 (extract(epoch FROM committed_at) * 1000)::int8) AS row
+             FROM test__events ORDER BY committed_at - event_time DESC LIMIT 30) late"
+        ),
+        survivor.logs()
+    );
     assert!(
         survivor
             .logs()
