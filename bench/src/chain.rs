@@ -265,6 +265,7 @@ async fn drain(
         .prepare(&Layout {
             pipeline: "bench".into(),
             tables: vec!["events".into(), "copies".into()],
+            typed: Vec::new(),
             flows: vec!["ingest".into(), "copy".into(), "probe".into()],
         })
         .await

@@ -238,6 +238,7 @@ pub(crate) async fn bench_flow(
         .prepare(&Layout {
             pipeline: "bench".into(),
             tables: vec!["events".into()],
+            typed: Vec::new(),
             flows: vec!["ingest".into()],
         })
         .await

@@ -268,6 +268,7 @@ async fn prepare(
     let layout = Layout {
         pipeline: name.to_owned(),
         tables,
+        typed: Vec::new(),
         flows: vec![name.to_owned()],
     };
     let mut handles = store

@@ -41,6 +41,7 @@ pub use flow::commit_bound::{MAX_COMMIT_MARGIN, commit_bound, commit_margin, pau
 pub use flow::delivery::{AckHandle, Delivery, SourceMessage, SourceProblem};
 pub use flow::event_time::{EventTimeError, parse_event_time};
 pub use flow::foreach::{BatchHandler, ForeachBatchStage, StageRecord, StagedBatch, batch_id};
+pub use flow::json_fields::{JsonFields, UNDECODABLE};
 pub use flow::runner::{DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
 pub use flow::sink::{JsonlSink, SinkCommit};
 pub use flow::stage::{Stage, StageError, TableStage};

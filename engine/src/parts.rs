@@ -87,6 +87,7 @@ impl PubSubFlow {
             stage: TableStage {
                 event_time_attribute: self.event_time_attribute.clone(),
                 bad_timestamp_uses_publish_time: self.bad_timestamp_uses_publish_time,
+                fields: None,
             },
             retry: RetrySettings {
                 max_attempts: self.max_attempts,

@@ -23,11 +23,12 @@ pub const DEAD_LETTER_REASONS: [&str; 8] = [
 
 /// The kinds of failed commit attempts (`sluice_commit_errors_total{kind}`), exported at 0 from
 /// a flow's start.
-pub const COMMIT_ERROR_KINDS: [&str; 9] = [
+pub const COMMIT_ERROR_KINDS: [&str; 10] = [
     "claim_lost",
     "config",
     "gave_up",
     "moved",
+    "record",
     "rejected",
     "stage",
     "stage_unavailable",
@@ -65,6 +66,8 @@ struct Inner {
     commit_seconds: Histogram,
     ack_latency_seconds: Histogram,
     late: Tally,
+    /// Records a typed flow's `where:` left out (`sluice_records_filtered_total`).
+    filtered: Tally,
     /// Set once, for flows with a watermark.
     watermark: OnceLock<FlowWatermark>,
     /// The watermark gauges, made when the flow first has a watermark: until then they are
@@ -127,6 +130,8 @@ pub struct Snapshot {
     pub commit_errors: u64,
     /// Rows committed with an event time below the flow's watermark at their commit.
     pub late: u64,
+    /// Records a typed flow's `where:` left out: acked, no row.
+    pub filtered: u64,
 }
 
 impl Counters {
@@ -162,6 +167,7 @@ impl Counters {
                 commit_seconds: metrics::histogram!("sluice_commit_duration_seconds", &labels),
                 ack_latency_seconds: metrics::histogram!("sluice_ack_latency_seconds", &labels),
                 late: Tally::new(metrics::counter!("sluice_messages_late_total", &labels)),
+                filtered: Tally::new(metrics::counter!("sluice_records_filtered_total", &labels)),
                 watermark: OnceLock::new(),
                 watermark_gauges: OnceLock::new(),
                 feed_watermark: OnceLock::new(),
@@ -343,6 +349,11 @@ impl Counters {
         self.inner.late.add(n);
     }
 
+    /// Records a typed flow's `where:` left out.
+    pub(crate) fn filtered(&self, n: u64) {
+        self.inner.filtered.add(n);
+    }
+
     /// Sets `sluice_dedup_cache_entries` to the `entries` keys the memory tier holds.
     pub(crate) fn publish_cache_entries(&self, entries: u64) {
         self.inner.cache_entries.set(entries as f64);
@@ -374,6 +385,7 @@ impl Counters {
             stale: i.stale.get(),
             commit_errors: i.commit_errors.load(Ordering::Relaxed),
             late: i.late.get(),
+            filtered: i.filtered.get(),
         }
     }
 }
@@ -393,6 +405,11 @@ mod tests {
             StoreError::Stale,
             StoreError::ClaimLost(String::new()),
             StoreError::Moved,
+            StoreError::Record {
+                index: 0,
+                column: String::new(),
+                error: String::new(),
+            },
         ];
         for error in errors {
             assert!(

@@ -103,6 +103,7 @@ async fn setup() -> Setup {
         .prepare(&Layout {
             pipeline: "p".into(),
             tables: vec!["t".into()],
+            typed: Vec::new(),
             flows: vec!["f".into()],
         })
         .await
@@ -405,7 +406,7 @@ async fn a_ledger_duplicate_is_not_remembered_past_the_ledgers_window() {
             attributes_json: "{}".into(),
             data: bytes::Bytes::new(),
         },
-        effect: Effect::Row { event_time_ms: now },
+        effect: Effect::row(now),
     };
     setup
         .store
@@ -422,6 +423,7 @@ async fn a_ledger_duplicate_is_not_remembered_past_the_ledgers_window() {
             position_gate: None,
             work: None,
             publish_dead_letters: false,
+            typed: None,
         })
         .await
         .unwrap();
@@ -516,6 +518,7 @@ async fn bad_timestamps_are_dead_lettered_not_dropped() {
     let stage = Arc::new(TableStage {
         event_time_attribute: Some("ts".into()),
         bad_timestamp_uses_publish_time: false,
+        fields: None,
     });
     let report = run_of(
         &setup,

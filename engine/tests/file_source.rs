@@ -29,6 +29,7 @@ async fn pool() -> Pool {
         .prepare(&Layout {
             pipeline: "p".into(),
             tables: vec!["events".into()],
+            typed: Vec::new(),
             flows: vec!["backfill".into()],
         })
         .await

@@ -337,22 +337,18 @@ fn expected_effect(
         return dead(problem.reason, problem.error.clone());
     }
     if let Some(event_time_ms) = message.event_time_ms {
-        return Effect::Row { event_time_ms };
+        return Effect::row(event_time_ms);
     }
     let Some(name) = &stage.event_time_attribute else {
-        return Effect::Row {
-            event_time_ms: message.publish_time_ms,
-        };
+        return Effect::row(message.publish_time_ms);
     };
     match message
         .attributes
         .get(name)
         .and_then(|v| parse_event_time(v))
     {
-        Some(event_time_ms) => Effect::Row { event_time_ms },
-        None if stage.bad_timestamp_uses_publish_time => Effect::Row {
-            event_time_ms: message.publish_time_ms,
-        },
+        Some(event_time_ms) => Effect::row(event_time_ms),
+        None if stage.bad_timestamp_uses_publish_time => Effect::row(message.publish_time_ms),
         None => dead("bad_timestamp", String::new()),
     }
 }
@@ -912,6 +908,7 @@ fn table_stage() -> impl Strategy<Value = TableStage> {
         .prop_map(|(attribute, publish)| TableStage {
             event_time_attribute: attribute.map(str::to_owned),
             bad_timestamp_uses_publish_time: publish,
+            fields: None,
         })
 }
 
@@ -1050,7 +1047,7 @@ proptest! {
         let file = write_file(content.as_bytes());
         let messages = check_file_at(&file, content.as_bytes())?;
         prop_assert!(messages[0].attributes.len() >= 10_000);
-        let stage = TableStage { event_time_attribute: Some("ts".to_owned()), bad_timestamp_uses_publish_time: false };
+        let stage = TableStage { event_time_attribute: Some("ts".to_owned()), bad_timestamp_uses_publish_time: false, fields: None };
         let staged = block_on(stage_all(Box::new(file_source(&file, DEFAULT_MAX_RECORD_BYTES)), KeySource::MessageId, 1, &stage, None));
         prop_assert_eq!(staged.len(), 1);
         check_effect(&staged[0].2, &expected_effect(&stage, &staged[0].0, None))?;

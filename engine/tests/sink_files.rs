@@ -25,7 +25,7 @@ fn entry(key: &str, effect: Effect) -> Entry {
 }
 
 fn row(key: &str) -> Entry {
-    entry(key, Effect::Row { event_time_ms: 7 })
+    entry(key, Effect::row(7))
 }
 
 fn lines(files: &[std::path::PathBuf]) -> Vec<serde_json::Value> {
@@ -49,6 +49,7 @@ async fn committed_batches_become_files_and_crash_leftovers_are_resolved() {
         .prepare(&Layout {
             pipeline: "p".into(),
             tables: vec!["out".into()],
+            typed: Vec::new(),
             flows: vec!["live".into()],
         })
         .await
@@ -68,6 +69,7 @@ async fn committed_batches_become_files_and_crash_leftovers_are_resolved() {
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        typed: None,
     };
 
     // A normal batch: committed, then published.

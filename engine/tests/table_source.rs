@@ -45,6 +45,7 @@ async fn setup(rule: impl Fn(&CommitBatch) -> CommitFault + Send + Sync + 'stati
         .prepare(&Layout {
             pipeline: "p".into(),
             tables: vec!["events".into(), "copies".into()],
+            typed: Vec::new(),
             flows: vec!["writer".into(), "reader".into()],
         })
         .await
@@ -67,7 +68,7 @@ fn entry(key: String, i: usize) -> Entry {
             attributes_json: "{}".into(),
             data: bytes::Bytes::from(format!("row {i}")),
         },
-        effect: Effect::Row { event_time_ms: 5 },
+        effect: Effect::row(5),
     }
 }
 
@@ -95,6 +96,7 @@ async fn commit(
             position_gate: None,
             work: None,
             publish_dead_letters: false,
+            typed: None,
         })
         .await
         .unwrap();

@@ -25,6 +25,7 @@ async fn prepared(store: &PostgresStore, flow: &str) -> FlowHandle {
         .prepare(&Layout {
             pipeline: "p".into(),
             tables: vec!["events".into()],
+            typed: Vec::new(),
             flows: vec![flow.into()],
         })
         .await

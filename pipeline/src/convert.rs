@@ -56,7 +56,7 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
         topic
     });
     let schedule = raw.schedule.map(|s| schedule(c, s));
-    let targets = raw
+    let targets: Vec<Target> = raw
         .targets
         .unwrap_or_default()
         .into_iter()
@@ -68,7 +68,7 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
         .unwrap_or_default()
         .into_iter()
         .enumerate()
-        .map(|(i, f)| source::flow(c, f, &format!("flows[{i}]")))
+        .map(|(i, f)| source::flow(c, f, &format!("flows[{i}]"), &targets))
         .collect();
     Pipeline {
         name,
@@ -224,6 +224,7 @@ fn target(c: &mut Collector<'_>, raw: RawTarget, path: &str) -> Target {
         return Target {
             name,
             kind: TargetKind::Table,
+            columns: Vec::new(),
         };
     };
     // A sub-section is required with its own kind and refused with any other.
@@ -308,7 +309,23 @@ fn target(c: &mut Collector<'_>, raw: RawTarget, path: &str) -> Target {
             ),
         },
     };
-    Target { name, kind }
+    let columns = match raw.columns {
+        None => Vec::new(),
+        Some(_) if !matches!(kind, TargetKind::Table) => {
+            c.push(
+                ErrorCode::UnknownKey,
+                &format!("{path}.columns"),
+                "`columns` only applies to targets of kind table",
+            );
+            Vec::new()
+        }
+        Some(columns) => crate::query::columns(c, columns, &format!("{path}.columns")),
+    };
+    Target {
+        name,
+        kind,
+        columns,
+    }
 }
 
 /// Whether the file has this exact path (to avoid a second error under a missing section).

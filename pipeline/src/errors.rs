@@ -47,6 +47,9 @@ pub enum ErrorCode {
     SubscriptionShared,
     /// A name that is not `[a-z_][a-z0-9_]*` of at most 48 bytes.
     InvalidIdentifier,
+    /// A `select:`, `where:` or `expect:` expression that does not parse, names an unknown
+    /// column, mixes types, or gives values its column cannot hold.
+    InvalidExpression,
     /// A valid file asks for what this version does not run (`sluice run` only).
     NotBuilt,
     /// The file could not be read.
@@ -75,6 +78,7 @@ impl ErrorCode {
             Self::ForeachBatchPredecessor => "FOREACH_BATCH_PREDECESSOR",
             Self::InvalidSchedule => "INVALID_SCHEDULE",
             Self::SubscriptionShared => "SUBSCRIPTION_SHARED",
+            Self::InvalidExpression => "INVALID_EXPRESSION",
             Self::NotBuilt => "NOT_BUILT",
             Self::InvalidIdentifier => "INVALID_IDENTIFIER",
             Self::Unreadable => "UNREADABLE",

@@ -32,15 +32,18 @@
 //!   `sluice validate` accepts such a file, since it is valid.
 
 mod capabilities;
+mod columns;
 mod convert;
 mod decode;
 pub mod defaults;
 mod errors;
+pub mod expression;
 mod fields;
 pub mod graph;
 mod humane;
 mod locate;
 pub mod model;
+pub mod query;
 mod raw;
 mod source;
 pub mod timetable;

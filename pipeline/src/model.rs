@@ -3,6 +3,8 @@
 //! Everything else in sluice reads a pipeline through these types; none of them can be built
 //! from a file without passing validation (see [`crate::load`]).
 
+pub use crate::columns::{Column, ColumnType, RESERVED_PREFIX};
+pub use crate::expression::Expression;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -94,6 +96,8 @@ pub struct Target {
     pub name: String,
     /// What the target is.
     pub kind: TargetKind,
+    /// A `table` target's typed columns (`columns:`); empty: sluice's envelope table.
+    pub columns: Vec<Column>,
 }
 
 /// The kinds of target of SPEC §4. Only `Table` is written by the ingestion core; the others are
@@ -161,6 +165,88 @@ pub struct Flow {
     pub depends_on: Vec<String>,
     /// Where the flow reads.
     pub source: Source,
+    /// What it does with each record on the way to its target.
+    pub query: FlowQuery,
+}
+
+/// A flow as a query over its source: `decode:`, `select:`, `where:`, `expect:` (compiled; see
+/// `query.rs`). Empty for a flow that lands sluice's envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FlowQuery {
+    /// How the payload is decoded into fields.
+    pub decode: Option<Decode>,
+    /// The decoded fields the expressions read (beside the envelope), in the order a decoder
+    /// gives their values: the decode's `fields:`, or else the target's columns.
+    pub fields: Vec<Column>,
+    /// Every column of the typed target that something fills, with its expression (the
+    /// decoded field of the column's name where `select:` does not name it).
+    pub select: Vec<Selected>,
+    /// `where:`: records for which it is not true are filtered out (counted, acked, no row).
+    pub filter: Option<Expression>,
+    /// `expect:`.
+    pub expectations: Vec<Expectation>,
+}
+
+impl FlowQuery {
+    /// Whether the flow lands typed rows.
+    pub fn is_typed(&self) -> bool {
+        !self.select.is_empty()
+    }
+}
+
+/// `decode:`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decode {
+    /// The payload's format.
+    pub format: DecodeFormat,
+    /// `schema:` (`pubsub` or a schema file), for Avro and Protobuf.
+    pub schema: Option<String>,
+    /// `message:`, a Protobuf message name.
+    pub message: Option<String>,
+    /// JSON's declared fields (`fields:`); empty: the target's columns, read by name.
+    pub fields: Vec<Column>,
+}
+
+/// `decode.format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeFormat {
+    /// A JSON object per payload.
+    Json,
+    /// Avro (not built yet).
+    Avro,
+    /// Protobuf (not built yet).
+    Protobuf,
+}
+
+/// One column's value: `select: { column: expression }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selected {
+    /// The target's column.
+    pub column: String,
+    /// What fills it.
+    pub expression: Expression,
+}
+
+/// One entry of `expect:` (Lakeflow's expectations).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expectation {
+    /// Its name (an identifier), in metrics and dead letters.
+    pub name: String,
+    /// The condition each record should meet.
+    pub check: Expression,
+    /// What a violation does.
+    pub on_violation: OnViolation,
+}
+
+/// `expect[i].on_violation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnViolation {
+    /// Counted; the record lands.
+    Warn,
+    /// Counted; the record is a dead letter (`expectation:NAME`).
+    Drop,
+    /// The flow stops FAILED; its batch is not acked.
+    Fail,
 }
 
 /// A flow's source.

@@ -5,6 +5,7 @@
 //! problems are reported together with their paths, not just the first one serde meets.
 //! Durations and sizes stay text ([`Humane`]) for the same reason.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Deserialize;
@@ -95,6 +96,17 @@ pub(crate) struct RawTarget {
     pub(crate) sink: Option<RawSink>,
     pub(crate) window: Option<RawWindow>,
     pub(crate) foreach_batch: Option<RawForeachBatch>,
+    pub(crate) columns: Option<Vec<RawColumn>>,
+}
+
+/// One entry of `targets[i].columns`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawColumn {
+    pub(crate) name: Option<String>,
+    #[serde(rename = "type")]
+    pub(crate) ty: Option<String>,
+    pub(crate) nullable: Option<bool>,
 }
 
 /// `targets[i].kind`.
@@ -141,6 +153,30 @@ pub(crate) struct RawFlow {
     pub(crate) once: Option<bool>,
     pub(crate) depends_on: Option<OneOrMany>,
     pub(crate) source: Option<RawSource>,
+    pub(crate) decode: Option<RawDecode>,
+    pub(crate) select: Option<BTreeMap<String, String>>,
+    #[serde(rename = "where")]
+    pub(crate) filter: Option<String>,
+    pub(crate) expect: Option<Vec<RawExpectation>>,
+}
+
+/// `flows[i].decode`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDecode {
+    pub(crate) format: Option<String>,
+    pub(crate) schema: Option<String>,
+    pub(crate) message: Option<String>,
+    pub(crate) fields: Option<BTreeMap<String, String>>,
+}
+
+/// One entry of `flows[i].expect`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawExpectation {
+    pub(crate) name: Option<String>,
+    pub(crate) check: Option<String>,
+    pub(crate) on_violation: Option<String>,
 }
 
 /// `flows[i].source`: exactly one of the three keys (checked later).

@@ -10,15 +10,16 @@ use crate::errors::{Collector, ErrorCode};
 use crate::fields::{count, duration, non_empty, positive_duration, required, size};
 use crate::model::{
     BatchSettings, DedupBy, DedupSettings, EventTimeSettings, Flow, FlowControl, OnBadTimestamp,
-    OnMissingKey, Poison, PubSubSource, Source, TrackingSubscription, WatermarkSettings,
+    OnMissingKey, Poison, PubSubSource, Source, Target, TrackingSubscription, WatermarkSettings,
 };
+use crate::query::RawQuery;
 use crate::raw::{
     OneOrMany, RawDedup, RawDedupBy, RawEventTime, RawFlow, RawOnBadTimestamp, RawOnMissing,
     RawPoison, RawPubSub, RawSource, RawWatermark,
 };
 
 /// Converts `flows[i]`; `path` is `flows[i]`.
-pub(crate) fn flow(c: &mut Collector<'_>, raw: RawFlow, path: &str) -> Flow {
+pub(crate) fn flow(c: &mut Collector<'_>, raw: RawFlow, path: &str, targets: &[Target]) -> Flow {
     let name = required(c, raw.name, &format!("{path}.name"));
     let target = required(c, raw.target, &format!("{path}.target"));
     let depends_on = match raw.depends_on {
@@ -40,12 +41,25 @@ pub(crate) fn flow(c: &mut Collector<'_>, raw: RawFlow, path: &str) -> Flow {
             }
         }
     };
+    let query = crate::query::flow_query(
+        c,
+        RawQuery {
+            decode: raw.decode,
+            select: raw.select,
+            filter: raw.filter,
+            expect: raw.expect,
+        },
+        path,
+        &source,
+        targets.iter().find(|t| t.name == target),
+    );
     Flow {
         name,
         target,
         once: raw.once.unwrap_or(false),
         depends_on,
         source,
+        query,
     }
 }
 

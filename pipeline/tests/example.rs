@@ -29,12 +29,14 @@ fn spec_example_loads_into_the_expected_model() {
             Target {
                 name: "events".into(),
                 kind: TargetKind::Table,
+                columns: Vec::new(),
             },
             Target {
                 name: "enrich".into(),
                 kind: TargetKind::ForeachBatch {
                     endpoint: "http://127.0.0.1:7001".into(),
                 },
+                columns: Vec::new(),
             },
             Target {
                 name: "events_export".into(),
@@ -42,6 +44,7 @@ fn spec_example_loads_into_the_expected_model() {
                     format: "jsonl".into(),
                     path: PathBuf::from("out/events.jsonl"),
                 },
+                columns: Vec::new(),
             },
             Target {
                 name: "per_minute".into(),
@@ -50,6 +53,7 @@ fn spec_example_loads_into_the_expected_model() {
                     group_by: "attribute:region".into(),
                     allowed_lateness: Duration::ZERO,
                 },
+                columns: Vec::new(),
             },
         ],
         flows: vec![
@@ -62,6 +66,7 @@ fn spec_example_loads_into_the_expected_model() {
                     path: "data/history/*.jsonl".into(),
                     max_record_bytes: 10_000_000,
                 },
+                query: Default::default(),
             },
             Flow {
                 name: "events_live".into(),
@@ -96,6 +101,7 @@ fn spec_example_loads_into_the_expected_model() {
                     drain_idle: Duration::from_secs(5),
                     streams: 16,
                 }),
+                query: Default::default(),
             },
             Flow {
                 name: "per_minute_counts".into(),
@@ -105,6 +111,7 @@ fn spec_example_loads_into_the_expected_model() {
                 source: Source::Table {
                     target: "events".into(),
                 },
+                query: Default::default(),
             },
         ],
     };

@@ -35,6 +35,19 @@ pub enum StoreError {
     /// moved it, or the flow was reset): nothing was written. The reader reloads its position.
     #[error("the read position moved: another reader or a reset changed it")]
     Moved,
+    /// One record of the batch cannot be written as its typed table's query gives it (a cast
+    /// its value does not fit, a NULL in a column that is not nullable): nothing was written.
+    /// The caller dead-letters that record and commits the rest; retrying it would fail the
+    /// same way.
+    #[error("record {index}: column {column}: {error}")]
+    Record {
+        /// The entry's index in the batch.
+        index: usize,
+        /// The column (or `where`) whose expression failed.
+        column: String,
+        /// The store's message.
+        error: String,
+    },
 }
 
 impl StoreError {
@@ -50,6 +63,7 @@ impl StoreError {
             StoreError::Stale => "stale",
             StoreError::ClaimLost(_) => "claim_lost",
             StoreError::Moved => "moved",
+            StoreError::Record { .. } => "record",
         }
     }
 

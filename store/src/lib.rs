@@ -48,6 +48,7 @@ mod schema;
 mod sqlite;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod typed;
 mod url;
 mod windows;
 mod work;
@@ -84,6 +85,7 @@ pub use schema::{
     RESET_CLEARS, RESET_CLEARS_APART, RESET_KEEPS, is_identifier, table_name, window_table_name,
 };
 pub use sqlite::SqliteStore;
+pub use typed::{ColumnType, Sql, TypedColumn, TypedQuery, TypedTable, TypedValue};
 pub use url::{StoreUrl, open};
 pub use windows::{WindowEmission, WindowRows, WindowsEmitted};
 pub use work::{PostgresWork, SqliteWork, TransactionWork, WorkError};

@@ -10,7 +10,10 @@ pub struct Layout {
     /// Pipeline name (a validated identifier).
     pub pipeline: String,
     /// Names of `table` targets (validated identifiers); each becomes `<pipeline>__<target>`.
+    /// Those also in `typed` are created with their columns, the others as envelope tables.
     pub tables: Vec<String>,
+    /// The typed table targets among `tables`, with their declared columns.
+    pub typed: Vec<crate::TypedTable>,
     /// Names of flows.
     pub flows: Vec<String>,
 }
@@ -46,6 +49,9 @@ pub enum Effect {
     Row {
         /// Event time, milliseconds since the Unix epoch.
         event_time_ms: i64,
+        /// For a typed table, the record's decoded fields, in the order of
+        /// [`crate::TypedQuery::fields`]; empty for an envelope table.
+        values: Vec<crate::TypedValue>,
     },
     /// A row in `<pipeline>__dead_letter`.
     DeadLetter {
@@ -111,6 +117,9 @@ pub struct CommitBatch {
     /// [`crate::TransactionWork`]). With it, the work is the batch's effect: no target rows
     /// are written; dead letters, ledger keys and counters are.
     pub work: Option<crate::TransactionWork>,
+    /// For a typed table target: the flow's query, which writes each new row from its values
+    /// (see `typed.rs`); `None`: an envelope table.
+    pub typed: Option<Arc<crate::TypedQuery>>,
     /// Whether the pipeline publishes its dead letters to a topic (`dead_letter.topic`): then
     /// the same transaction places each new dead letter in the outbox too (see
     /// [`crate::OutboxLetter`]).
@@ -134,8 +143,21 @@ pub trait CommitHook: Send + Sync + std::fmt::Debug {
 /// Result of a committed batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitOutcome {
-    /// Per entry, in order: `true` if its effect was written, `false` if its key was a duplicate.
+    /// Per entry, in order: `true` if its key was new (its effect applied), `false` if it was a
+    /// duplicate.
     pub written: Vec<bool>,
+    /// Of the rows with a new key, how many a typed flow's `where:` left out (no row written).
+    pub filtered: u64,
+}
+
+impl Effect {
+    /// A row of an envelope table.
+    pub fn row(event_time_ms: i64) -> Self {
+        Self::Row {
+            event_time_ms,
+            values: Vec::new(),
+        }
+    }
 }
 
 /// Counters of a flow, as committed.

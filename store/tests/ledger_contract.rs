@@ -98,6 +98,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        typed: None,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };
     let refused = store.commit(late).await;
@@ -110,6 +111,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        typed: None,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };
     let out = store.commit(in_time).await.unwrap();
@@ -233,6 +235,7 @@ async fn bad_identifiers_are_refused(postgres: bool) {
         .prepare(&Layout {
             pipeline: "p".into(),
             tables: vec!["x\"; drop".into()],
+            typed: Vec::new(),
             flows: vec![],
         })
         .await

@@ -31,7 +31,7 @@ fn batch(flow: &FlowHandle, keys: &[&str], window_ms: i64) -> CommitBatch {
                     attributes_json: "{}".into(),
                     data: Bytes::from_static(b"x"),
                 },
-                effect: Effect::Row { event_time_ms: now },
+                effect: Effect::row(now),
             })
             .collect(),
         now_ms: now,
@@ -43,6 +43,7 @@ fn batch(flow: &FlowHandle, keys: &[&str], window_ms: i64) -> CommitBatch {
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        typed: None,
     }
 }
 
@@ -51,6 +52,7 @@ async fn prepared(store: &PostgresStore) -> FlowHandle {
         .prepare(&Layout {
             pipeline: "p".into(),
             tables: vec!["events".into()],
+            typed: Vec::new(),
             flows: vec!["live".into()],
         })
         .await

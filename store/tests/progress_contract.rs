@@ -165,6 +165,7 @@ async fn a_commit_records_its_messages_settled(postgres: bool) {
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        typed: None,
         ..batch(flow, entries)
     };
     let mut late = row("c");
@@ -309,6 +310,7 @@ async fn watermarks_never_move_back(postgres: bool) {
         .prepare(&Layout {
             pipeline: "q".into(),
             tables: vec![],
+            typed: Vec::new(),
             flows: vec!["live".into()],
         })
         .await
@@ -451,12 +453,7 @@ async fn reset_forgets_buckets_and_watermark(postgres: bool) {
 
 /// A row of `key` published at `publish_ms` with event time `event_ms`.
 fn row_at(key: &str, publish_ms: i64, event_ms: i64) -> Entry {
-    let mut entry = entry(
-        key,
-        Effect::Row {
-            event_time_ms: event_ms,
-        },
-    );
+    let mut entry = entry(key, Effect::row(event_ms));
     entry.message.publish_time_ms = publish_ms;
     entry
 }

@@ -12,7 +12,7 @@ const WINDOW_MS: i64 = 10_000;
 
 /// A row with an event time and attributes (a JSON object).
 fn event(key: &str, event_time_ms: i64, attributes_json: &str) -> Entry {
-    let mut entry = entry(key, Effect::Row { event_time_ms });
+    let mut entry = entry(key, Effect::row(event_time_ms));
     entry.message.attributes_json = attributes_json.to_owned();
     entry
 }

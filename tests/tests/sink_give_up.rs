@@ -39,6 +39,7 @@ async fn a_give_up_during_a_slow_commit_still_publishes_the_committed_file() {
         .prepare(&sluice_store::Layout {
             pipeline: "test".into(),
             tables: vec!["export".into()],
+            typed: Vec::new(),
             flows: vec!["live".into()],
         })
         .await

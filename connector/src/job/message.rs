@@ -208,7 +208,7 @@ impl Snapshot {
                 attributes: delivery.message.attributes.clone(),
                 publish_time_ms: delivery.message.publish_time_ms,
                 event_time_ms: match effect {
-                    Effect::Row { event_time_ms } => *event_time_ms,
+                    Effect::Row { event_time_ms, .. } => *event_time_ms,
                     Effect::DeadLetter { .. } => delivery.message.publish_time_ms,
                 },
             })

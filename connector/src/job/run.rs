@@ -38,6 +38,7 @@ impl JobBuilder {
             .prepare(&Layout {
                 pipeline: self.name.clone(),
                 tables: Vec::new(),
+                typed: Vec::new(),
                 flows: vec![self.name.clone()],
             })
             .await?

@@ -63,6 +63,7 @@ async fn outbox_with(names: &[String]) -> (tempfile::TempDir, Arc<dyn Store>) {
         .prepare(&sluice_store::Layout {
             pipeline: "p".into(),
             tables: vec!["events".into()],
+            typed: Vec::new(),
             flows: vec!["live".into()],
         })
         .await
@@ -98,6 +99,7 @@ async fn outbox_with(names: &[String]) -> (tempfile::TempDir, Arc<dyn Store>) {
             position_gate: None,
             work: None,
             publish_dead_letters: true,
+            typed: None,
         })
         .await
         .unwrap();

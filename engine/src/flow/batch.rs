@@ -134,6 +134,14 @@ impl Batch {
         }
     }
 
+    /// The store found that delivery `index`'s typed query fails at `column` (see
+    /// [`Delivery::query_failed`]).
+    pub(crate) fn query_failed(&mut self, index: usize, column: &str, error: &str) {
+        if let Some(delivery) = self.deliveries.get_mut(index) {
+            delivery.query_failed = Some((column.to_owned(), error.to_owned()));
+        }
+    }
+
     /// Records a failed attempt of a single-message batch (batches of several are split
     /// first, so an innocent message is not charged for its neighbour).
     pub(crate) fn count_failed_attempt(&mut self, error: &str) {

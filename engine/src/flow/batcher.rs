@@ -223,6 +223,7 @@ impl BatchSource {
             last_error: None,
             ordering_key: received.ordering_key,
             store_refused: None,
+            query_failed: None,
         };
         self.dedup.admit(delivery)
     }

@@ -64,6 +64,8 @@ pub struct CommitThenAck {
     hand_poison_back: bool,
     /// New dead letters also go to the outbox of the pipeline's dead-letter topic.
     publish_dead_letters: bool,
+    /// A typed table's query, with which the store writes each new row.
+    typed: Option<Arc<sluice_store::TypedQuery>>,
 }
 
 impl CommitThenAck {
@@ -133,7 +135,14 @@ impl CommitThenAck {
             keep_order: false,
             hand_poison_back: false,
             publish_dead_letters: false,
+            typed: None,
         }
+    }
+
+    /// Writes rows into a typed table through `query` (its stage decodes the fields).
+    pub fn with_typed(mut self, query: Arc<sluice_store::TypedQuery>) -> Self {
+        self.typed = Some(query);
+        self
     }
 
     /// Stages, commits and acks one batch (retrying as the module docs say). Returns when every
@@ -246,7 +255,11 @@ impl CommitThenAck {
                     error: single.last_error.clone().unwrap_or_default(),
                     attempts: single.attempts,
                 }]),
-                None => self.stage.stage(batch.deliveries()).await,
+                None => self
+                    .stage
+                    .stage(batch.deliveries())
+                    .await
+                    .map(|effects| with_query_failures(batch.deliveries(), effects)),
             };
             let mut dead: Vec<Option<String>> = Vec::new();
             let mut row_event_times: Vec<Option<i64>> = Vec::new();
@@ -268,7 +281,7 @@ impl CommitThenAck {
                         row_event_times = effects
                             .iter()
                             .map(|e| match e {
-                                Effect::Row { event_time_ms } => Some(*event_time_ms),
+                                Effect::Row { event_time_ms, .. } => Some(*event_time_ms),
                                 Effect::DeadLetter { .. } => None,
                             })
                             .collect();
@@ -300,11 +313,37 @@ impl CommitThenAck {
             };
             let failure = match outcome {
                 Ok(outcome) => {
-                    *report += count_and_settle(batch, &dead, &row_event_times, &outcome.written);
+                    *report += count_and_settle(
+                        batch,
+                        &dead,
+                        &row_event_times,
+                        &outcome.written,
+                        outcome.filtered,
+                    );
                     return None;
                 }
                 Err(failure) => failure,
             };
+            if let Failure::Store(StoreError::Record {
+                index,
+                column,
+                error,
+            }) = &failure
+            {
+                // Deterministic: that record becomes a dead letter and the rest commit now.
+                tracing::warn!(flow = %self.flow.name, batch = batch.id, column = %column,
+                    %error, "a record's typed query failed; dead-lettering it");
+                batch.counters().commit_failed(
+                    StoreError::Record {
+                        index: *index,
+                        column: String::new(),
+                        error: String::new(),
+                    }
+                    .commit_error_kind(),
+                );
+                batch.query_failed(*index, column, error);
+                continue;
+            }
             if matches!(failure, Failure::Store(StoreError::Moved)) {
                 tracing::warn!(flow = %self.flow.name, batch = batch.id,
                     "the table source's position moved (another replica reads it, or a reset); \
@@ -389,6 +428,28 @@ impl CommitThenAck {
             }
         }
     }
+}
+
+/// The reason of the dead letter of a record whose typed query failed: `expression:<column>`.
+pub const EXPRESSION_REASON: &str = "expression";
+
+/// Each delivery whose typed query failed becomes a dead letter naming the column.
+fn with_query_failures(
+    deliveries: &[crate::flow::delivery::Delivery],
+    effects: Vec<Effect>,
+) -> Vec<Effect> {
+    deliveries
+        .iter()
+        .zip(effects)
+        .map(|(delivery, effect)| match &delivery.query_failed {
+            Some((column, error)) => Effect::DeadLetter {
+                reason: format!("{EXPRESSION_REASON}:{column}"),
+                error: format!("column {column}: {error}"),
+                attempts: delivery.attempts + 1,
+            },
+            None => effect,
+        })
+        .collect()
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -76,6 +76,7 @@ impl LedgerStore for FlakyStore {
         written.extend(batch.entries.iter().map(|e| e.key.as_str().to_owned()));
         Ok(CommitOutcome {
             written: vec![true; batch.entries.len()],
+            filtered: 0,
         })
     }
 

@@ -80,6 +80,9 @@ pub struct Delivery {
     /// Why the store refused this message's dead letter as it was (a value it cannot hold):
     /// the dead letter is then kept without the message's data and attributes.
     pub store_refused: Option<String>,
+    /// Why its typed table's query failed on it (the column and the store's message): it is
+    /// then a dead letter (`expression:<column>`), at once, since it would fail again.
+    pub query_failed: Option<(String, String)>,
 }
 
 impl Delivery {

@@ -105,7 +105,7 @@ impl Stage for ForeachBatchStage {
             .iter()
             .zip(&effects)
             .filter_map(|(delivery, effect)| match effect {
-                Effect::Row { event_time_ms } => Some(StageRecord {
+                Effect::Row { event_time_ms, .. } => Some(StageRecord {
                     key: delivery.key.as_str().to_owned(),
                     message_id: delivery.message.message_id.clone(),
                     publish_time_ms: delivery.message.publish_time_ms,

@@ -20,6 +20,7 @@ mod commit_timing;
 pub(crate) mod delivery;
 pub(crate) mod event_time;
 pub(crate) mod foreach;
+pub(crate) mod json_fields;
 pub(crate) mod memory_tier;
 pub(crate) mod runner;
 pub(crate) mod sink;

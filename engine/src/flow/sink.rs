@@ -340,7 +340,7 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 /// A record's line, or `None` for a dead letter. The attributes are already JSON text (the
 /// commit wrote them so): they are spliced in as they are, not parsed again per record.
 fn line(entry: &Entry) -> Option<String> {
-    let Effect::Row { event_time_ms } = entry.effect else {
+    let Effect::Row { event_time_ms, .. } = entry.effect else {
         return None;
     };
     let m = &entry.message;

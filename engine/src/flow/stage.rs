@@ -2,8 +2,10 @@
 
 use crate::flow::delivery::Delivery;
 use crate::flow::event_time::{EventTimeError, parse_event_time};
+use crate::flow::json_fields::{JsonFields, UNDECODABLE};
 use async_trait::async_trait;
 use sluice_store::Effect;
+use std::sync::Arc;
 
 /// A stage failed for a whole batch.
 ///
@@ -50,17 +52,36 @@ pub trait Stage: Send + Sync + 'static {
 }
 
 /// The stage of a `table` target: a row per message, with its event time from an attribute or
-/// the publish time.
+/// the publish time, and for a typed table its payload decoded into the flow's fields (a
+/// payload that does not decode is a dead letter, `undecodable`, naming the field).
 #[derive(Debug, Clone, Default)]
 pub struct TableStage {
     /// `event_time.attribute`; `None`: the publish time.
     pub event_time_attribute: Option<String>,
     /// `on_bad_timestamp: publish_time` — use the publish time instead of dead-lettering.
     pub bad_timestamp_uses_publish_time: bool,
+    /// A typed flow's decoder (`decode: { format: json }`); `None`: envelope rows.
+    pub fields: Option<Arc<JsonFields>>,
 }
 
 impl TableStage {
     fn effect(&self, delivery: &Delivery) -> Effect {
+        let effect = self.envelope_effect(delivery);
+        match (&self.fields, effect) {
+            (Some(fields), Effect::Row { event_time_ms, .. }) => {
+                match fields.decode(&delivery.message.data) {
+                    Ok(values) => Effect::Row {
+                        event_time_ms,
+                        values,
+                    },
+                    Err(why) => dead_letter(UNDECODABLE, why, delivery),
+                }
+            }
+            (_, effect) => effect,
+        }
+    }
+
+    fn envelope_effect(&self, delivery: &Delivery) -> Effect {
         if let Some(reason) = delivery.key_problem {
             return dead_letter(
                 reason,
@@ -72,12 +93,10 @@ impl TableStage {
             return dead_letter(problem.reason, problem.error.clone(), delivery);
         }
         if let Some(event_time_ms) = delivery.message.event_time_ms {
-            return Effect::Row { event_time_ms };
+            return Effect::row(event_time_ms);
         }
         let Some(name) = &self.event_time_attribute else {
-            return Effect::Row {
-                event_time_ms: delivery.message.publish_time_ms,
-            };
+            return Effect::row(delivery.message.publish_time_ms);
         };
         let parsed = match delivery.message.attributes.get(name) {
             None => Err(EventTimeError::Missing(name.clone())),
@@ -87,10 +106,10 @@ impl TableStage {
             }),
         };
         match parsed {
-            Ok(event_time_ms) => Effect::Row { event_time_ms },
-            Err(_) if self.bad_timestamp_uses_publish_time => Effect::Row {
-                event_time_ms: delivery.message.publish_time_ms,
-            },
+            Ok(event_time_ms) => Effect::row(event_time_ms),
+            Err(_) if self.bad_timestamp_uses_publish_time => {
+                Effect::row(delivery.message.publish_time_ms)
+            }
             Err(error) => dead_letter("bad_timestamp", error.to_string(), delivery),
         }
     }

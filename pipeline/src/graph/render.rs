@@ -189,6 +189,7 @@ mod tests {
             once,
             depends_on: depends_on.iter().map(|d| (*d).to_owned()).collect(),
             source,
+            query: Default::default(),
         };
         let file = || Source::File {
             path: "x".into(),
@@ -210,6 +211,7 @@ mod tests {
                 .map(|name| Target {
                     name: name.into(),
                     kind: TargetKind::Table,
+                    columns: Vec::new(),
                 })
                 .collect(),
             flows: vec![

@@ -12,6 +12,7 @@ fn flow(name: &str, target: &str, once: bool, depends_on: &[&str], source: Sourc
         once,
         depends_on: depends_on.iter().map(|d| (*d).to_owned()).collect(),
         source,
+        query: Default::default(),
     }
 }
 
@@ -32,6 +33,7 @@ fn pipeline(mode: Mode, flows: Vec<Flow>) -> Pipeline {
     let target = |name: &str, kind| Target {
         name: name.into(),
         kind,
+        columns: Vec::new(),
     };
     Pipeline {
         name: "p".into(),

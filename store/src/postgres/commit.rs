@@ -25,11 +25,30 @@ use std::collections::HashMap;
 /// Counter shards per flow: replicas committing one flow at once rarely pick the same row.
 pub(crate) const COUNTER_SHARDS: i32 = 64;
 
+/// Where a commit statement writes its rows.
+pub(crate) enum Rows<'a> {
+    /// Nowhere: the caller's own work is the batch's effect.
+    None,
+    /// An envelope table.
+    Envelope(&'a str),
+    /// A typed table, through the flow's query (its decoded fields bound from `$20`).
+    Typed(&'a str, &'a crate::TypedQuery),
+}
+
 /// The statement for one target table, or for none when the caller's own work is the batch's
-/// effect (spliced names are validated identifiers).
-pub(crate) fn statement(table: Option<&str>, dead_letter: &str) -> String {
-    let rows = match table {
-        Some(table) => format!(
+/// effect (spliced names are validated identifiers). It returns each key the ledger let
+/// through, with the number of rows written.
+pub(crate) fn statement(rows: Rows<'_>, dead_letter: &str) -> String {
+    // Rows written: those the `rows` step wrote, or, for the caller's work, every new row.
+    let written = match rows {
+        Rows::None => {
+            "(SELECT count(*) FROM input i JOIN fresh f ON f.key = i.key WHERE i.reason IS NULL)"
+        }
+        Rows::Envelope(_) | Rows::Typed(..) => "(SELECT count(*) FROM rows)",
+    };
+    let rows = match rows {
+        Rows::Typed(table, query) => super::typed::rows_step(table, query),
+        Rows::Envelope(table) => format!(
             "INSERT INTO \"{table}\" (dedup_key, message_id, publish_time, event_time, attributes,
                                     data, flow, committed_at)
             SELECT i.key, i.message_id, to_timestamp(i.publish_ms / 1000.0::float8),
@@ -39,7 +58,7 @@ pub(crate) fn statement(table: Option<&str>, dead_letter: &str) -> String {
             WHERE i.reason IS NULL
             RETURNING 1"
         ),
-        None => "SELECT 1 WHERE false".to_owned(),
+        Rows::None => "SELECT 1 WHERE false".to_owned(),
     };
     format!(
         "WITH clock AS (
@@ -50,11 +69,11 @@ pub(crate) fn statement(table: Option<&str>, dead_letter: &str) -> String {
         ),
         input AS (
             SELECT u.key COLLATE \"C\" AS key, u.message_id, u.publish_ms, u.event_ms,
-                   u.attributes, u.data, u.reason, u.error, u.attempts
+                   u.attributes, u.data, u.reason, u.error, u.attempts, u.n
             FROM unnest($2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[],
-                        $7::bytea[], $8::text[], $9::text[], $10::int4[])
+                        $7::bytea[], $8::text[], $9::text[], $10::int4[]) WITH ORDINALITY
                 AS u(key, message_id, publish_ms, event_ms, attributes, data, reason, error,
-                     attempts)
+                     attempts, n)
             WHERE (SELECT ok FROM in_time)
         ),
         first AS (
@@ -108,8 +127,7 @@ pub(crate) fn statement(table: Option<&str>, dead_letter: &str) -> String {
             INSERT INTO sluice_flow_counters AS c (flow_id, shard, committed, duplicates,
                                                    dead_lettered, batches, last_commit_at)
             SELECT $1, $14,
-                   (SELECT count(*) FROM input i JOIN fresh f ON f.key = i.key
-                    WHERE i.reason IS NULL),
+                   {written},
                    $15 - (SELECT count(*) FROM fresh),
                    (SELECT count(*) FROM dead), 1, now()
             WHERE (SELECT ok FROM in_time)
@@ -129,8 +147,8 @@ pub(crate) fn statement(table: Option<&str>, dead_letter: &str) -> String {
             ORDER BY p.bucket_ms, p.message_id
             ON CONFLICT (flow_id, bucket_ms, message_id) DO UPDATE SET settled = true
         )
-        SELECT key FROM fresh
-        UNION ALL SELECT NULL FROM in_time WHERE NOT ok"
+        SELECT key, {written} FROM fresh
+        UNION ALL SELECT NULL, 0 FROM in_time WHERE NOT ok"
     )
 }
 
@@ -240,7 +258,7 @@ impl<'a> Arguments<'a> {
             args.attributes.push(&entry.message.attributes_json);
             args.data.push(&entry.message.data);
             match &entry.effect {
-                Effect::Row { event_time_ms } => {
+                Effect::Row { event_time_ms, .. } => {
                     args.event_ms.push(Some(*event_time_ms));
                     args.reasons.push(None);
                     args.errors.push(None);

@@ -5,7 +5,7 @@
 //! (`commit_time.rs`), then COMMIT. A page that would wait long for the page before it rolls
 //! back and waits without a connection.
 
-use super::{PostgresStore, commit, error, feed, flows, ledger};
+use super::{PostgresStore, commit, error, feed, flows, ledger, typed};
 use crate::{
     CommitBatch, CommitOutcome, FlowHandle, FlowProgress, LedgerStore, LedgerUpkeep, StoreError,
 };
@@ -104,6 +104,51 @@ impl LedgerStore for PostgresStore {
 /// the page waits without a connection and runs its transaction again.
 const PAGE_WAIT_IN_TRANSACTION: Duration = Duration::from_millis(500);
 
+/// What the commit statement reported.
+struct Fresh {
+    /// The keys the ledger let through.
+    keys: Vec<String>,
+    /// The rows written.
+    rows_written: i64,
+}
+
+impl Fresh {
+    /// The new rows a typed flow's `where:` left out: new row entries less rows written.
+    fn filtered(&self, batch: &CommitBatch, written: &[bool]) -> u64 {
+        if batch.typed.is_none() || batch.work.is_some() {
+            return 0;
+        }
+        let new_rows = batch
+            .entries
+            .iter()
+            .zip(written)
+            .filter(|(e, new)| **new && matches!(e.effect, crate::Effect::Row { .. }))
+            .count() as i64;
+        u64::try_from(new_rows - self.rows_written).unwrap_or(0)
+    }
+}
+
+/// Why the commit statement failed: PostgreSQL's error, or what the store found of it.
+enum CommitError {
+    Postgres(tokio_postgres::Error),
+    Store(StoreError),
+}
+
+impl From<tokio_postgres::Error> for CommitError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        Self::Postgres(error)
+    }
+}
+
+impl From<CommitError> for StoreError {
+    fn from(error: CommitError) -> Self {
+        match error {
+            CommitError::Postgres(error) => error.into(),
+            CommitError::Store(error) => error,
+        }
+    }
+}
+
 /// How one commit attempt ended.
 enum Committed {
     /// Committed.
@@ -144,14 +189,17 @@ impl PostgresStore {
                 .await?;
             }
             let fresh = match self.run_commit(&tx, batch, arguments).await {
-                Err(error) if error::is_missing_generation(&error) && attempts_left > 0 => {
+                Err(CommitError::Postgres(error))
+                    if error::is_missing_generation(&error) && attempts_left > 0 =>
+                {
                     drop(tx);
                     ledger::create_ahead(client, width, self.horizon_ms()).await?;
                     continue;
                 }
                 other => other?.ok_or(StoreError::Stale)?,
             };
-            let mut written = commit::outcome(batch, &arguments.firsts, &fresh);
+            let mut written = commit::outcome(batch, &arguments.firsts, &fresh.keys);
+            let filtered = fresh.filtered(batch, &written);
             // The caller's own writes for the new rows (a library job), in this transaction.
             match &batch.work {
                 None => {}
@@ -210,7 +258,7 @@ impl PostgresStore {
                 Ok(true) => {}
             }
             tx.commit().await?;
-            return Ok(Committed::Done(CommitOutcome { written }));
+            return Ok(Committed::Done(CommitOutcome { written, filtered }));
         }
     }
 
@@ -239,7 +287,7 @@ impl PostgresStore {
                 .await;
         }
         let fresh = match self.run_commit(&client, batch, &arguments).await {
-            Err(error) if error::is_missing_generation(&error) => {
+            Err(CommitError::Postgres(error)) if error::is_missing_generation(&error) => {
                 // The upkeep holder is late (or this is the first commit after a long pause):
                 // create what is missing and try once more.
                 ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
@@ -248,8 +296,10 @@ impl PostgresStore {
             other => other?,
         }
         .ok_or(StoreError::Stale)?;
+        let written = commit::outcome(batch, &arguments.firsts, &fresh.keys);
         Ok(Committed::Done(CommitOutcome {
-            written: commit::outcome(batch, &arguments.firsts, &fresh),
+            filtered: fresh.filtered(batch, &written),
+            written,
         }))
     }
 
@@ -286,31 +336,56 @@ impl PostgresStore {
         row.try_get(0)
     }
 
+    /// Runs the commit statement: the keys the ledger let through and the rows written, or
+    /// `None` when the batch was past its deadline (nothing written). A typed table's record
+    /// that fails its query is found and reported as [`StoreError::Record`].
     async fn run_commit(
         &self,
         client: &impl deadpool_postgres::GenericClient,
         batch: &CommitBatch,
         arguments: &commit::Arguments<'_>,
-    ) -> Result<Option<Vec<String>>, tokio_postgres::Error> {
+    ) -> Result<Option<Fresh>, CommitError> {
         let dead_letter = format!("{}__dead_letter", batch.flow.pipeline);
+        let rows = match (&batch.work, &batch.typed) {
+            (Some(_), _) => commit::Rows::None,
+            (None, Some(query)) => commit::Rows::Typed(&batch.table, query),
+            (None, None) => commit::Rows::Envelope(&batch.table),
+        };
         let statement = client
-            .prepare_cached(&commit::statement(
-                batch.work.is_none().then_some(&*batch.table),
-                &dead_letter,
-            ))
+            .prepare_cached(&commit::statement(rows, &dead_letter))
             .await?;
-        let rows = client
-            .query(
-                &statement,
-                &arguments.params(&batch.flow.id, &&*batch.flow.name),
-            )
-            .await?;
+        let flow: &str = &batch.flow.name;
+        let fields = batch
+            .typed
+            .as_deref()
+            .map(|query| typed::FieldArrays::new(batch, query, &arguments.firsts));
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            arguments.params(&batch.flow.id, &flow).to_vec();
+        if let Some(fields) = &fields {
+            params.extend(fields.params());
+        }
+        let result = client.query(&statement, &params).await;
+        let rows = match (result, &batch.typed) {
+            (Err(error), Some(query)) if typed::is_record_error(&error) => {
+                return Err(match typed::find_record_error(client, batch, query).await {
+                    Ok(Some(record)) => CommitError::Store(record),
+                    Ok(None) => CommitError::Postgres(error),
+                    Err(store) => CommitError::Store(store),
+                });
+            }
+            (result, _) => result?,
+        };
         // Keys won, or one NULL when the batch was past its deadline (nothing written).
-        let keys: Vec<Option<String>> = rows
-            .iter()
-            .map(|row| row.try_get(0))
-            .collect::<Result<_, _>>()?;
-        Ok(keys.into_iter().collect())
+        let mut keys = Vec::with_capacity(rows.len());
+        let mut rows_written = 0;
+        for row in &rows {
+            keys.push(row.try_get::<_, Option<String>>(0)?);
+            rows_written = row.try_get::<_, i64>(1)?;
+        }
+        Ok(keys
+            .into_iter()
+            .collect::<Option<Vec<String>>>()
+            .map(|keys| Fresh { keys, rows_written }))
     }
 
     /// The batch's commit deadline on the server's clock, measuring the clock first if it

@@ -1,7 +1,7 @@
 //! PostgreSQL: a flow's lifecycle beyond commits — forgetting it (`reset FLOW`, `full-refresh`)
 //! and asking which keys it has already written.
 
-use super::{PostgresStore, ledger, ms, schema};
+use super::{PostgresStore, ledger, ms, schema, typed};
 use async_trait::async_trait;
 use std::sync::Arc;
 
@@ -43,16 +43,20 @@ pub(super) async fn reset_flow(
         &[&flow.id],
     )
     .await?;
+    let mut targets = vec![(dead_letter.clone(), crate::typed::PLAIN_ENVELOPE)];
+    if let Some(table) = table {
+        targets.push((table.to_owned(), typed::envelope(&tx, table).await?));
+    }
     let mut states = crate::RESET_CLEARS.to_vec();
     states.push("sluice_flow_counters");
-    match (rows, table) {
+    match (rows, targets.get(1)) {
         (
             ResetRows::PublishedSince {
                 since_ms,
                 hold_watermark: true,
             },
-            Some(table),
-        ) => hold_watermark_for_replay(&tx, flow, table, since_ms).await?,
+            Some((table, envelope)),
+        ) => hold_watermark_for_replay(&tx, flow, table, envelope, since_ms).await?,
         _ => states.push("sluice_watermark_messages"),
     }
     for state in states {
@@ -62,7 +66,6 @@ pub(super) async fn reset_flow(
         )
         .await?;
     }
-    let targets: Vec<&str> = std::iter::once(dead_letter.as_str()).chain(table).collect();
     match rows {
         ResetRows::Keep => {}
         ResetRows::All => {
@@ -78,10 +81,13 @@ pub(super) async fn reset_flow(
             let select = |op: &str| {
                 targets
                     .iter()
-                    .map(|t| {
+                    .map(|(t, e)| {
                         format!(
-                            "SELECT dedup_key FROM \"{t}\"
-                             WHERE flow = $2 AND publish_time {op} to_timestamp($3::int8 / 1000.0)"
+                            "SELECT {key} FROM \"{t}\"
+                             WHERE {flow} = $2 AND {publish} {op} to_timestamp($3::int8 / 1000.0)",
+                            key = e.dedup_key,
+                            flow = e.flow,
+                            publish = e.publish_time
                         )
                     })
                     .collect::<Vec<_>>()
@@ -100,12 +106,12 @@ pub(super) async fn reset_flow(
         }
     }
     // Table names are validated identifiers (checked above); values are bound.
-    for target in targets {
+    for (target, e) in &targets {
         match rows {
             ResetRows::Keep => {}
             ResetRows::All => {
                 tx.execute(
-                    &format!("DELETE FROM \"{target}\" WHERE flow = $1"),
+                    &format!("DELETE FROM \"{target}\" WHERE {} = $1", e.flow),
                     &[&name],
                 )
                 .await?;
@@ -114,7 +120,8 @@ pub(super) async fn reset_flow(
                 tx.execute(
                     &format!(
                         "DELETE FROM \"{target}\"
-                         WHERE flow = $1 AND publish_time >= to_timestamp($2::int8 / 1000.0)"
+                         WHERE {} = $1 AND {} >= to_timestamp($2::int8 / 1000.0)",
+                        e.flow, e.publish_time
                     ),
                     &[&name, &ms],
                 )
@@ -134,6 +141,7 @@ async fn hold_watermark_for_replay(
     tx: &deadpool_postgres::Transaction<'_>,
     flow: &FlowHandle,
     table: &str,
+    e: &crate::typed::Envelope,
     since_ms: i64,
 ) -> Result<(), StoreError> {
     let name: &str = &flow.name;
@@ -151,13 +159,16 @@ async fn hold_watermark_for_replay(
         &format!(
             "INSERT INTO sluice_watermark_messages
                  (flow_id, bucket_ms, message_id, tracked, settled, event_ms)
-             SELECT $1, ({publish} / $4) * $4, message_id, true, false, {event}
+             SELECT $1, ({publish} / $4) * $4, {message_id}, true, false, {event}
              FROM \"{table}\"
-             WHERE flow = $2 AND publish_time >= to_timestamp($3::int8 / 1000.0)
+             WHERE {flow} = $2 AND {publish_time} >= to_timestamp($3::int8 / 1000.0)
              ON CONFLICT (flow_id, bucket_ms, message_id) DO UPDATE SET
                  tracked = true, settled = false, event_ms = excluded.event_ms",
-            publish = ms("publish_time"),
-            event = ms("event_time"),
+            publish = ms(e.publish_time),
+            event = ms(e.event_time),
+            message_id = e.message_id,
+            flow = e.flow,
+            publish_time = e.publish_time,
         ),
         &[&flow.id, &name, &since_ms, &bucket],
     )
@@ -175,10 +186,13 @@ pub(super) async fn keys_present(
     check_table(table)?;
     let dead_letter = table_name(&flow.pipeline, "dead_letter")?;
     let name: &str = &flow.name;
+    let e = typed::envelope(client, table).await?;
     let sql = format!(
-        "SELECT dedup_key FROM \"{table}\" WHERE flow = $1 AND dedup_key = ANY($2)
+        "SELECT {key} FROM \"{table}\" WHERE {flow} = $1 AND {key} = ANY($2)
          UNION
-         SELECT dedup_key FROM \"{dead_letter}\" WHERE flow = $1 AND dedup_key = ANY($2)"
+         SELECT dedup_key FROM \"{dead_letter}\" WHERE flow = $1 AND dedup_key = ANY($2)",
+        key = e.dedup_key,
+        flow = e.flow
     );
     let rows = client.query(&sql, &[&name, &keys]).await?;
     let present = rows
@@ -270,13 +284,40 @@ impl FlowStore for PostgresStore {
                     "a table target may not be named dead_letter".to_owned(),
                 ));
             }
-            ddl.push_str(&schema::target_ddl(&table_name(&layout.pipeline, target)?));
+            let table = table_name(&layout.pipeline, target)?;
+            match layout.typed.iter().find(|t| t.target == *target) {
+                Some(typed) => ddl.push_str(&typed::ddl(&table, &typed.columns)),
+                None => ddl.push_str(&schema::target_ddl(&table)),
+            }
         }
         let tx = client.transaction().await?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&schema::DDL_LOCK])
             .await?;
+        // A table that exists already is checked first: a typed table's changes are refused
+        // before any DDL runs.
+        for typed in &layout.typed {
+            let table = table_name(&layout.pipeline, &typed.target)?;
+            let exists: bool = tx
+                .query_one(
+                    "SELECT to_regclass($1) IS NOT NULL",
+                    &[&format!("\"{table}\"")],
+                )
+                .await?
+                .try_get(0)?;
+            if exists {
+                typed::evolve(&tx, &table, &typed.columns).await?;
+            }
+        }
+        for target in &layout.tables {
+            if !layout.typed.iter().any(|t| t.target == *target) {
+                typed::refuse_if_typed(&tx, &table_name(&layout.pipeline, target)?).await?;
+            }
+        }
         tx.batch_execute(&ddl).await?;
         for target in &layout.tables {
+            if layout.typed.iter().any(|t| t.target == *target) {
+                continue;
+            }
             schema::upgrade_target(&tx, &table_name(&layout.pipeline, target)?).await?;
         }
         let mut handles = Vec::with_capacity(layout.flows.len());

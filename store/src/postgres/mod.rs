@@ -29,6 +29,7 @@ mod runs;
 mod schema;
 #[cfg(feature = "scratch")]
 mod scratch;
+mod typed;
 mod windows;
 
 pub use connect::PostgresOptions;

@@ -82,7 +82,7 @@ pub(crate) fn commit(
         .enumerate()
         .filter(|(i, _)| written[*i] && batch.work.is_none())
         .filter_map(|(i, e)| match e.effect {
-            Effect::Row { event_time_ms } => Some((i, event_time_ms)),
+            Effect::Row { event_time_ms, .. } => Some((i, event_time_ms)),
             Effect::DeadLetter { .. } => None,
         })
         .collect();
@@ -99,7 +99,19 @@ pub(crate) fn commit(
         )?;
         last - count
     };
-    for chunk in new_rows.chunks(ROWS_PER_STATEMENT) {
+    // A typed table's rows go through the flow's query; `where:` may leave some out.
+    let mut filtered = 0u64;
+    if let Some(query) = &batch.typed {
+        let indexes: Vec<usize> = new_rows.iter().map(|(i, _)| *i).collect();
+        let rows = super::typed::insert_rows(&tx, batch, query, &indexes, seq)?;
+        filtered = indexes.len() as u64 - rows;
+    }
+    let envelope_rows = if batch.typed.is_some() {
+        &[][..]
+    } else {
+        &new_rows[..]
+    };
+    for chunk in envelope_rows.chunks(ROWS_PER_STATEMENT) {
         let sql = format!(
             "INSERT INTO \"{}\" (dedup_key, message_id, publish_time, event_time, attributes,
              data, flow, committed_at, seq) VALUES {}",
@@ -205,7 +217,7 @@ pub(crate) fn commit(
          WHERE flow_id = ?5",
     )?
     .execute(params![
-        new - dead,
+        new - dead - filtered as i64,
         duplicates,
         dead,
         batch.now_ms,
@@ -256,7 +268,7 @@ pub(crate) fn commit(
     }
     seal(&tx, batch, &written)?;
     tx.commit()?;
-    Ok(CommitOutcome { written })
+    Ok(CommitOutcome { written, filtered })
 }
 
 /// The batch's deadline checked again as the transaction commits, and the expiry of the keys

@@ -46,7 +46,10 @@ pub(crate) fn reset_flow(
             )));
         }
     }
-    let targets: Vec<&str> = std::iter::once(dead_letter.as_str()).chain(table).collect();
+    let mut targets = vec![(dead_letter.clone(), crate::typed::PLAIN_ENVELOPE)];
+    if let Some(table) = table {
+        targets.push((table.to_owned(), super::typed::envelope(&tx, table)?));
+    }
     match rows {
         ResetRows::Keep => {}
         ResetRows::All => {
@@ -59,9 +62,10 @@ pub(crate) fn reset_flow(
             let select = |op: &str| {
                 targets
                     .iter()
-                    .map(|t| {
+                    .map(|(t, e)| {
                         format!(
-                            "SELECT dedup_key FROM \"{t}\" WHERE flow = ?2 AND publish_time {op} ?3"
+                            "SELECT {} FROM \"{t}\" WHERE {} = ?2 AND {} {op} ?3",
+                            e.dedup_key, e.flow, e.publish_time
                         )
                     })
                     .collect::<Vec<_>>()
@@ -79,14 +83,14 @@ pub(crate) fn reset_flow(
         }
     }
     let mut states = crate::RESET_CLEARS.to_vec();
-    match (rows, table) {
+    match (rows, targets.get(1)) {
         (
             ResetRows::PublishedSince {
                 since_ms,
                 hold_watermark: true,
             },
-            Some(table),
-        ) => hold_watermark_for_replay(&tx, flow, table, since_ms)?,
+            Some((table, envelope)),
+        ) => hold_watermark_for_replay(&tx, flow, table, envelope, since_ms)?,
         _ => states.push("sluice_watermark_messages"),
     }
     for state in states {
@@ -102,18 +106,21 @@ pub(crate) fn reset_flow(
         params![flow.id],
     )?;
     // Table names are validated identifiers (checked above); values are bound.
-    for target in targets {
+    for (target, e) in &targets {
         match rows {
             ResetRows::Keep => {}
             ResetRows::All => {
                 tx.execute(
-                    &format!("DELETE FROM \"{target}\" WHERE flow = ?1"),
+                    &format!("DELETE FROM \"{target}\" WHERE {} = ?1", e.flow),
                     params![&*flow.name],
                 )?;
             }
             ResetRows::PublishedSince { since_ms: ms, .. } => {
                 tx.execute(
-                    &format!("DELETE FROM \"{target}\" WHERE flow = ?1 AND publish_time >= ?2"),
+                    &format!(
+                        "DELETE FROM \"{target}\" WHERE {} = ?1 AND {} >= ?2",
+                        e.flow, e.publish_time
+                    ),
                     params![&*flow.name, ms],
                 )?;
             }
@@ -131,6 +138,7 @@ fn hold_watermark_for_replay(
     tx: &rusqlite::Transaction<'_>,
     flow: &FlowHandle,
     table: &str,
+    e: &crate::typed::Envelope,
     since_ms: i64,
 ) -> Result<(), StoreError> {
     let bucket = crate::PROGRESS_BUCKET_MS;
@@ -145,10 +153,14 @@ fn hold_watermark_for_replay(
         &format!(
             "INSERT INTO sluice_watermark_messages
                  (flow_id, bucket_ms, message_id, tracked, settled, event_ms)
-             SELECT ?1, (publish_time / ?4) * ?4, message_id, 1, 0, event_time
-             FROM \"{table}\" WHERE flow = ?2 AND publish_time >= ?3
+             SELECT ?1, ({publish} / ?4) * ?4, {message_id}, 1, 0, {event}
+             FROM \"{table}\" WHERE {flow} = ?2 AND {publish} >= ?3
              ON CONFLICT (flow_id, bucket_ms, message_id) DO UPDATE SET
-                 tracked = 1, settled = 0, event_ms = excluded.event_ms"
+                 tracked = 1, settled = 0, event_ms = excluded.event_ms",
+            publish = e.publish_time,
+            message_id = e.message_id,
+            event = e.event_time,
+            flow = e.flow
         ),
         params![flow.id, &*flow.name, since_ms, bucket],
     )?;
@@ -165,11 +177,17 @@ pub(crate) fn keys_present(
     check_table(table)?;
     let dead_letter = table_name(&flow.pipeline, "dead_letter")?;
     let mut present = std::collections::HashSet::new();
+    let sources = [
+        (table, super::typed::envelope(conn, table)?),
+        (dead_letter.as_str(), crate::typed::PLAIN_ENVELOPE),
+    ];
     for chunk in keys.chunks(PRESENCE_CHUNK) {
         let marks = vec!["?"; chunk.len()].join(", ");
-        for source in [table, dead_letter.as_str()] {
+        for (source, e) in &sources {
             let sql = format!(
-                "SELECT DISTINCT dedup_key FROM \"{source}\" WHERE flow = ? AND dedup_key IN ({marks})"
+                "SELECT DISTINCT {key} FROM \"{source}\" WHERE {flow} = ? AND {key} IN ({marks})",
+                key = e.dedup_key,
+                flow = e.flow
             );
             let mut statement = conn.prepare_cached(&sql)?;
             let values = std::iter::once(&*flow.name).chain(chunk.iter().map(String::as_str));

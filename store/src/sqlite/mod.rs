@@ -4,6 +4,7 @@
 //! Several processes may share one database file (WAL mode, `BEGIN IMMEDIATE`, a busy timeout):
 //! the ledger's primary key still decides duplicates across them.
 
+mod casts;
 mod commit;
 mod error;
 mod feed;
@@ -15,6 +16,7 @@ mod pool_updates;
 mod progress;
 mod runs;
 mod schema;
+mod typed;
 mod windows;
 
 #[cfg(feature = "testing")]
@@ -64,6 +66,7 @@ impl SqliteStore {
         }
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
+        casts::register(&conn)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // FULL: the WAL is synced at every commit, so a batch whose messages were acked survives
         // an operating-system crash too, not only a process crash. One fsync per batch.

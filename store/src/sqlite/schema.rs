@@ -294,6 +294,13 @@ pub(super) fn prepare(
             ));
         }
         let table = table_name(&layout.pipeline, target)?;
+        if let Some(typed) = layout.typed.iter().find(|t| t.target == *target) {
+            // An existing table is checked before any DDL: a refusal changes nothing.
+            super::typed::evolve(&tx, &table, &typed.columns)?;
+            tx.execute_batch(&super::typed::ddl(&table, &typed.columns))?;
+            continue;
+        }
+        super::typed::refuse_if_typed(&tx, &table)?;
         tx.execute_batch(&target_ddl(&table))?;
         upgrade_target(&tx, &table)?;
         tx.execute_batch(&target_indexes(&table))?;

@@ -30,7 +30,7 @@ pub fn entry(key: &str, effect: Effect) -> Entry {
 }
 
 pub fn row(key: &str) -> Entry {
-    entry(key, Effect::Row { event_time_ms: 5 })
+    entry(key, Effect::row(5))
 }
 
 pub fn dead(key: &str) -> Entry {
@@ -67,6 +67,7 @@ pub fn batch_with_window(flow: &FlowHandle, entries: Vec<Entry>, window_ms: i64)
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        typed: None,
     }
 }
 
@@ -78,6 +79,7 @@ pub fn layout(flows: &[&str]) -> Layout {
     Layout {
         pipeline: "p".into(),
         tables: vec!["events".into()],
+        typed: Vec::new(),
         flows: flows.iter().map(|f| f.to_string()).collect(),
     }
 }

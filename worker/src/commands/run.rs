@@ -104,6 +104,12 @@ fn print_outcome(outcome: &FlowOutcome) {
         c.acked,
         c.nacked
     );
+    if c.filtered > 0 {
+        println!(
+            "  {}: {} records filtered out by `where` (acked, no row)",
+            outcome.name, c.filtered
+        );
+    }
     if outcome.skipped > 0 {
         println!(
             "  {}: {} records skipped, committed before",

@@ -85,8 +85,14 @@ pub(super) fn count_and_settle(
     dead: &[Option<String>],
     row_event_times: &[Option<i64>],
     written: &[bool],
+    filtered: u64,
 ) -> CommitReport {
     let (rows, dead_letters, duplicates) = count_written(dead, written);
+    // Rows a typed flow's `where:` left out: new keys, acked, no row.
+    let rows = rows.saturating_sub(filtered);
+    if filtered > 0 {
+        batch.counters().filtered(filtered);
+    }
     batch.counters().committed(rows, duplicates);
     // Late: below the watermark as it is once the commit has landed.
     let late_rows = batch.watermark_ms().map_or(0, |watermark| {

@@ -243,7 +243,7 @@ pub fn build(
         table: table.clone(),
     };
     let counters = Counters::new(&pipeline.name, &flow.name);
-    let plan = match &flow.source {
+    let mut plan = match &flow.source {
         Source::PubSub(settings) => {
             let mut plan = pubsub_plan(pipeline, flow, settings, scope.acks.as_ref())?;
             if let Some(kept) = scope.kept.as_ref().and_then(|k| k.get(&flow.name)) {
@@ -291,6 +291,10 @@ pub fn build(
         }
     };
     let window = plan.dedup.window;
+    let typed = super::typed::typed_flow(pipeline, flow);
+    if let Some((fields, _)) = &typed {
+        plan.stage.fields = Some(fields.clone());
+    }
     let target = pipeline.targets.iter().find(|t| t.name == flow.target);
     let stage: Arc<dyn Stage> = match target.map(|t| &t.kind) {
         Some(TargetKind::ForeachBatch { endpoint }) => {
@@ -317,6 +321,9 @@ pub fn build(
     );
     if let Some(sink) = &sink {
         committer = committer.with_sink(sink.clone());
+    }
+    if let Some((_, query)) = typed {
+        committer = committer.with_typed(query);
     }
     if pipeline.dead_letter_topic.is_some() {
         committer = committer.publish_dead_letters();

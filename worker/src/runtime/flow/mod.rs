@@ -16,5 +16,6 @@ mod side_tasks;
 pub(crate) mod sinks;
 mod stage_client;
 pub(super) mod tracking_subscriptions;
+pub(crate) mod typed;
 pub(super) mod watermarks;
 mod windows;

@@ -39,6 +39,7 @@ pub fn layout(pipeline: &Pipeline) -> sluice_store::Layout {
     sluice_store::Layout {
         pipeline: pipeline.name.clone(),
         tables: table_targets(pipeline),
+        typed: crate::runtime::flow::typed::typed_tables(pipeline),
         flows: pipeline.flows.iter().map(|f| f.name.clone()).collect(),
     }
 }

@@ -1,0 +1,85 @@
+//! A pipeline's typed tables and typed flows as the store and the engine take them: each
+//! target's declared columns ([`typed_tables`]), and a flow's decoder and query
+//! ([`typed_flow`]), from the validated file (`sluice_pipeline::query` compiled them).
+
+use sluice_engine::JsonFields;
+use sluice_pipeline::{Column, ColumnType, Flow, Pipeline, TargetKind};
+use sluice_store::{Sql, TypedColumn, TypedQuery, TypedTable};
+use std::sync::Arc;
+
+fn column_type(ty: ColumnType) -> sluice_store::ColumnType {
+    use sluice_store::ColumnType as S;
+    match ty {
+        ColumnType::Text => S::Text,
+        ColumnType::Integer => S::Integer,
+        ColumnType::Double => S::Double,
+        ColumnType::Numeric => S::Numeric,
+        ColumnType::Boolean => S::Boolean,
+        ColumnType::Timestamp => S::Timestamp,
+        ColumnType::Date => S::Date,
+        ColumnType::Json => S::Json,
+        ColumnType::Bytes => S::Bytes,
+    }
+}
+
+fn column(column: &Column) -> TypedColumn {
+    TypedColumn {
+        name: column.name.clone(),
+        ty: column_type(column.ty),
+        nullable: column.nullable,
+    }
+}
+
+/// The pipeline's table targets with `columns:`.
+pub fn typed_tables(pipeline: &Pipeline) -> Vec<TypedTable> {
+    pipeline
+        .targets
+        .iter()
+        .filter(|t| matches!(t.kind, TargetKind::Table) && !t.columns.is_empty())
+        .map(|t| TypedTable {
+            target: t.name.clone(),
+            columns: t.columns.iter().map(column).collect(),
+        })
+        .collect()
+}
+
+/// A typed flow's decoder and query; `None` for a flow that lands envelope rows.
+pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Option<(Arc<JsonFields>, Arc<TypedQuery>)> {
+    if !flow.query.is_typed() {
+        return None;
+    }
+    let target = pipeline.targets.iter().find(|t| t.name == flow.target)?;
+    let fields: Vec<(String, sluice_store::ColumnType)> = flow
+        .query
+        .fields
+        .iter()
+        .map(|f| (f.name.clone(), column_type(f.ty)))
+        .collect();
+    let select = flow
+        .query
+        .select
+        .iter()
+        .filter_map(|selected| {
+            let declared = target.columns.iter().find(|c| c.name == selected.column)?;
+            Some((
+                column(declared),
+                Sql {
+                    postgres: selected.expression.postgres.clone(),
+                    sqlite: selected.expression.sqlite.clone(),
+                },
+            ))
+        })
+        .collect();
+    let filter = flow.query.filter.as_ref().map(|e| Sql {
+        postgres: e.postgres.clone(),
+        sqlite: e.sqlite.clone(),
+    });
+    Some((
+        Arc::new(JsonFields::new(fields.clone())),
+        Arc::new(TypedQuery {
+            fields,
+            select,
+            filter,
+        }),
+    ))
+}
