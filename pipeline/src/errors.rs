@@ -241,6 +241,11 @@ impl<'a> Collector<'a> {
         self.errors.len()
     }
 
+    /// Whether an error was recorded at `prefix` or under it.
+    pub(crate) fn any_under(&self, prefix: &str) -> bool {
+        self.errors.iter().any(|e| e.path.starts_with(prefix))
+    }
+
     /// The locator of the file being checked.
     pub(crate) fn locator(&self) -> &Locator {
         self.locator

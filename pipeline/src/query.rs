@@ -124,7 +124,8 @@ pub(crate) fn flow_query(
         .map(|d| decode(c, d, &format!("{path}.decode"), source));
     let asks =
         decode.is_some() || raw.select.is_some() || raw.filter.is_some() || raw.expect.is_some();
-    let Some(target) = target else {
+    // Nothing is compiled against an unknown target, or fields in error (no second error).
+    let Some(target) = target.filter(|_| !c.any_under(&format!("{path}.decode"))) else {
         return FlowQuery {
             decode,
             ..FlowQuery::default()

@@ -51,7 +51,12 @@ pub(crate) fn flow(c: &mut Collector<'_>, raw: RawFlow, path: &str, targets: &[T
         },
         path,
         &source,
-        targets.iter().find(|t| t.name == target),
+        // A target whose columns are in error is not compiled against (no second error).
+        targets
+            .iter()
+            .position(|t| t.name == target)
+            .filter(|i| !c.any_under(&format!("targets[{i}].columns")))
+            .map(|i| &targets[i]),
     );
     Flow {
         name,

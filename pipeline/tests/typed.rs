@@ -1,0 +1,207 @@
+//! Typed tables in the pipeline file: `columns:`, `decode:`, `select:`, `where:`, `expect:`.
+//! A valid typed pipeline compiles its expressions for both stores; each key's bad forms are
+//! refused with their code, path and line; what `run` cannot do yet is `NOT_BUILT`.
+
+use std::path::Path;
+
+use sluice_pipeline::{ColumnType, ConfigError, ErrorCode, parse, parse_for_run};
+
+/// A valid typed pipeline; tests replace one of its lines. Line numbers are fixed:
+const TYPED: &str = "\
+pipeline: shop
+targets:
+  - name: orders
+    kind: table
+    columns:
+      - { name: order_id, type: text, nullable: false }
+      - { name: amount, type: numeric }
+      - { name: cents, type: integer }
+      - { name: region, type: text }
+      - { name: ts, type: timestamp }
+flows:
+  - name: live
+    target: orders
+    source: { pubsub: { subscription: orders-sub } }
+    decode: { format: json }
+    select:
+      cents: \"CAST(amount * 100 AS integer)\"
+      region: \"upper(region)\"
+    where: \"amount > 0\"
+";
+
+fn edit(line: usize, with: &str) -> String {
+    TYPED
+        .lines()
+        .enumerate()
+        .map(|(i, l)| if i + 1 == line { with } else { l })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+/// Exactly one error, with this code, path and line; its message.
+fn one(text: &str, code: ErrorCode, path: &str, line: usize) -> String {
+    let errs: Vec<ConfigError> = match parse(text, Path::new("p.yaml")) {
+        Ok(p) => panic!("expected errors, got {p:?}"),
+        Err(e) => e.0,
+    };
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    let e = errs.into_iter().next().expect("one error");
+    assert_eq!(
+        (e.code, e.path.as_str(), e.line),
+        (code, path, Some(line)),
+        "{e}"
+    );
+    e.message
+}
+
+#[test]
+fn a_typed_flow_compiles_for_both_stores() {
+    let p = parse(TYPED, Path::new("p.yaml")).expect("valid");
+    assert_eq!(p.targets[0].columns.len(), 5);
+    assert_eq!(p.targets[0].columns[1].ty, ColumnType::Numeric);
+    assert!(!p.targets[0].columns[0].nullable);
+    let q = &p.flows[0].query;
+    assert!(q.is_typed());
+    // Every column: the two selected, the other three from the fields of their names.
+    let filled: Vec<&str> = q.select.iter().map(|s| s.column.as_str()).collect();
+    assert_eq!(filled, ["order_id", "amount", "cents", "region", "ts"]);
+    let cents = &q.select[2].expression;
+    assert_eq!(cents.postgres, "CAST((\"amount\" * 100) AS BIGINT)");
+    assert_eq!(cents.sqlite, "sluice_cast_integer((\"amount\" * 100))");
+    assert_eq!(q.filter.as_ref().map(|f| f.postgres.as_str()), Some("(\"amount\" > 0)"));
+    parse_for_run(TYPED, Path::new("p.yaml")).expect("runs");
+}
+
+#[test]
+fn bad_columns_are_refused_where_they_are() {
+    one(
+        &edit(7, "      - { name: amount, type: money }"),
+        ErrorCode::InvalidValue,
+        "targets[0].columns[1].type",
+        7,
+    );
+    one(
+        &edit(7, "      - { name: _sluice_flow, type: text }"),
+        ErrorCode::InvalidIdentifier,
+        "targets[0].columns[1].name",
+        7,
+    );
+    one(
+        &edit(7, "      - { name: order_id, type: text }"),
+        ErrorCode::DuplicateName,
+        "targets[0].columns[1].name",
+        7,
+    );
+    one(
+        &edit(7, "      - { name: amount, type: numeric, unique: true }"),
+        ErrorCode::UnknownKey,
+        "targets[0].columns[1].unique",
+        7,
+    );
+}
+
+#[test]
+fn bad_expressions_are_refused_with_their_line() {
+    let why = one(
+        &edit(17, "      cents: \"CAST(amountt * 100 AS integer)\""),
+        ErrorCode::InvalidExpression,
+        "flows[0].select.cents",
+        17,
+    );
+    assert!(why.contains("unknown column `amountt`"), "{why}");
+    let why = one(
+        &edit(18, "      region: \"region > 3\""),
+        ErrorCode::InvalidExpression,
+        "flows[0].select.region",
+        18,
+    );
+    assert!(why.contains("do not mix"), "{why}");
+    let why = one(
+        &edit(17, "      cents: \"amount * 100\""),
+        ErrorCode::InvalidExpression,
+        "flows[0].select.cents",
+        17,
+    );
+    assert!(why.contains("CAST it"), "{why}");
+    let why = one(
+        &edit(19, "    where: \"amount\""),
+        ErrorCode::InvalidExpression,
+        "flows[0].where",
+        19,
+    );
+    assert!(why.contains("condition"), "{why}");
+    one(
+        &edit(19, "    where: \"now() > ts\""),
+        ErrorCode::InvalidExpression,
+        "flows[0].where",
+        19,
+    );
+    let why = one(
+        &edit(18, "      colour: \"upper(region)\""),
+        ErrorCode::InvalidValue,
+        "flows[0].select.colour",
+        18,
+    );
+    assert!(why.contains("not a column of `orders`"), "{why}");
+}
+
+#[test]
+fn decode_needs_a_typed_table_and_a_known_format() {
+    one(
+        &edit(15, "    decode: { format: xml }"),
+        ErrorCode::InvalidValue,
+        "flows[0].decode.format",
+        15,
+    );
+    one(
+        &edit(15, "    decode: { format: json, schema: pubsub }"),
+        ErrorCode::UnknownKey,
+        "flows[0].decode.schema",
+        15,
+    );
+    one(
+        &edit(15, "    decode: { format: json, fields: { amount: money } }"),
+        ErrorCode::InvalidValue,
+        "flows[0].decode.fields.amount",
+        15,
+    );
+    // A typed table's flow decodes.
+    let text = TYPED.replace("    decode: { format: json }\n", "");
+    let errs = parse(&text, Path::new("p.yaml")).expect_err("needs decode").0;
+    assert!(errs.iter().any(|e| e.code == ErrorCode::MissingField
+        && e.path == "flows[0].decode"), "{errs:#?}");
+    // Columns belong to tables; select to typed tables.
+    let untyped = TYPED.replace(
+        "    columns:\n      - { name: order_id, type: text, nullable: false }\n      - { name: amount, type: numeric }\n      - { name: cents, type: integer }\n      - { name: region, type: text }\n      - { name: ts, type: timestamp }\n",
+        "",
+    );
+    let errs = parse(&untyped, Path::new("p.yaml")).expect_err("untyped").0;
+    for key in ["decode", "select", "where"] {
+        assert!(
+            errs.iter()
+                .any(|e| e.code == ErrorCode::InvalidValue && e.path == format!("flows[0].{key}")),
+            "{key}: {errs:#?}"
+        );
+    }
+}
+
+#[test]
+fn what_is_not_built_is_refused_by_run_only() {
+    for (line, with, path) in [
+        (15, "    decode: { format: avro, schema: pubsub }", "flows[0].decode.format"),
+        (
+            19,
+            "    expect: [{ name: positive, check: \"amount > 0\", on_violation: drop }]",
+            "flows[0].expect",
+        ),
+    ] {
+        let text = edit(line, with);
+        parse(&text, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{with}: {e:?}"));
+        let errs = parse_for_run(&text, Path::new("p.yaml")).expect_err(with).0;
+        assert!(
+            errs.iter().any(|e| e.code == ErrorCode::NotBuilt && e.path == path),
+            "{with}: {errs:#?}"
+        );
+    }
+}
