@@ -1,0 +1,244 @@
+//! Typed tables end to end: JSON orders from the real emulator decoded into columns, a
+//! `select:` computed and a `where:` applied by the store in the commit's transaction.
+//!
+//! * On SQLite (triggered, drains until idle): publisher duplicates land once; a payload whose
+//!   amount is not a number is a dead letter `undecodable` naming `$.amount`; a record whose
+//!   `CAST(qty AS integer)` fails is a dead letter `expression:qty`; a zero amount is filtered
+//!   (counted in the run's summary, no row, acked); every typed value is exact.
+//! * On PostgreSQL, two workers, one SIGKILLed right after PostgreSQL shows it inside a
+//!   transaction: the same outcome, each order once.
+//!
+//! Real: the emulator, `sluice` processes, a SQLite file, PostgreSQL on 127.0.0.1:5432.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use bytes::Bytes;
+use google_cloud_pubsub::model::Message;
+use sluice_tests::{Db, PgDb, PubSub, Workdir, Worker, emulator, eventually, publish_in_chunks};
+use std::time::Duration;
+
+/// Orders `o0..o{n}`: amount `i.25` (0 for every 20th: filtered), `qty` `"x"` for every
+/// 100th from 1 (its cast fails), region `r{i % 5}`.
+fn order(i: usize) -> Message {
+    let amount = if i % 20 == 0 {
+        "0".to_owned()
+    } else {
+        format!("{i}.25")
+    };
+    let qty = if i % 100 == 1 {
+        "x".to_owned()
+    } else {
+        (i % 7).to_string()
+    };
+    payload(
+        &format!("o{i}"),
+        &format!(
+            r#"{{"order_id":"o{i}","amount":{amount},"qty":"{qty}","region":"r{}","ts":"2026-12-04T10:{:02}:00Z"}}"#,
+            i % 5,
+            i % 60
+        ),
+    )
+}
+
+fn payload(order_id: &str, json: &str) -> Message {
+    Message::new()
+        .set_data(Bytes::from(json.to_owned()))
+        .set_attributes([("order_id", order_id.to_owned())])
+}
+
+/// `n` orders, `dups` publisher duplicates of them, and `corrupt` orders whose amount is text.
+fn messages(n: usize, dups: usize, corrupt: usize) -> Vec<Message> {
+    let mut all: Vec<Message> = (0..n).map(order).collect();
+    all.extend((0..dups).map(|d| order(d * 7 % n)));
+    all.extend((0..corrupt).map(|k| {
+        payload(
+            &format!("c{k}"),
+            &format!(r#"{{"order_id":"c{k}","amount":"abc","qty":"1"}}"#),
+        )
+    }));
+    all
+}
+
+/// What the orders that land hold: count and the sum of their cents.
+fn expected(n: usize) -> (i64, i64) {
+    let landed: Vec<usize> = (0..n).filter(|i| i % 20 != 0 && i % 100 != 1).collect();
+    let cents = landed.iter().map(|i| *i as i64 * 100 + 25).sum();
+    (landed.len() as i64, cents)
+}
+
+fn pipeline(store: &str, mode: &str, subscription: &str) -> String {
+    format!(
+        "pipeline: shop
+mode: {mode}
+store: \"{store}\"
+pubsub: {{ project: {project}, endpoint: \"{endpoint}\" }}
+targets:
+  - name: orders
+    kind: table
+    columns:
+      - {{ name: order_id, type: text, nullable: false }}
+      - {{ name: amount, type: numeric }}
+      - {{ name: cents, type: integer }}
+      - {{ name: qty, type: integer }}
+      - {{ name: region, type: text }}
+      - {{ name: ts, type: timestamp }}
+flows:
+  - name: orders
+    target: orders
+    source:
+      pubsub:
+        subscription: {subscription}
+        dedup: {{ by: attribute, attribute: order_id }}
+        drain_idle: 5s
+    decode:
+      format: json
+      fields: {{ order_id: text, amount: numeric, qty: text, region: text, ts: timestamp }}
+    select:
+      cents: \"CAST(amount * 100 AS integer)\"
+      qty: \"CAST(qty AS integer)\"
+      region: \"upper(region)\"
+    where: \"amount > 0\"
+",
+        project = sluice_tests::PROJECT,
+        endpoint = emulator().endpoint(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typed_orders_land_exactly_once_on_sqlite() {
+    const ORDERS: usize = 2_000;
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("typed", 1).await;
+    pubsub.publish(&topic, messages(ORDERS, 200, 50)).await;
+    let dir = Workdir::new();
+    let db_path = dir.db("shop");
+    let store = format!("sqlite://{}", db_path.display());
+    let file = dir.path().join("p.yaml");
+    std::fs::write(&file, pipeline(&store, "triggered", &subs[0])).unwrap();
+    let worker = Worker::start(&file, "typed");
+    let out = worker.stdout.clone();
+    assert!(
+        worker.wait(Duration::from_secs(180)).success(),
+        "{}",
+        std::fs::read_to_string(&out).unwrap()
+    );
+    let db = Db(db_path);
+    let (rows, cents) = expected(ORDERS);
+    assert_eq!(db.query("SELECT COUNT(*) FROM shop__orders"), rows);
+    assert_eq!(
+        db.query("SELECT COUNT(DISTINCT _sluice_dedup_key) FROM shop__orders"),
+        rows
+    );
+    assert_eq!(db.query("SELECT SUM(cents) FROM shop__orders"), cents);
+    // Typed values, exact: o7 is 7.25, qty 0, region R2, ts 10:07.
+    assert_eq!(
+        db.query(
+            "SELECT COUNT(*) FROM shop__orders WHERE order_id = 'o7' AND amount = 7.25
+             AND cents = 725 AND qty = 0 AND region = 'R2' AND ts = '2026-12-04T10:07:00.000Z'"
+        ),
+        1
+    );
+    assert_eq!(
+        db.query(
+            "SELECT COUNT(*) FROM shop__dead_letter WHERE reason = 'undecodable'
+             AND error LIKE '$.amount: %'"
+        ),
+        50
+    );
+    assert_eq!(
+        db.query(
+            "SELECT COUNT(*) FROM shop__dead_letter WHERE reason = 'expression:qty'
+             AND error LIKE 'column qty: %'"
+        ),
+        (ORDERS / 100) as i64
+    );
+    assert_eq!(db.query("SELECT COUNT(*) FROM shop__dead_letter"), 50 + 20);
+    let summary = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        summary.contains(&format!(
+            "{} records filtered out by `where`",
+            ORDERS / 20
+        )),
+        "{summary}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
+    const ORDERS: usize = 6_000;
+    let database = sluice_store::ScratchDatabase::create().await.unwrap();
+    let db = PgDb(database.url().to_owned());
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("typedpg", 1).await;
+    let dir = Workdir::new();
+    // Each worker connects under its own name, so the test sees which one is in a transaction.
+    let start = |name: &str| {
+        let file = dir.path().join(format!("{name}.yaml"));
+        let store = format!("{}?application_name={name}", database.url());
+        std::fs::write(&file, pipeline(&store, "continuous", &subs[0])).unwrap();
+        Worker::start(&file, name)
+    };
+    // Both workers' streams are open before the kill: the emulator holds a killed stream's
+    // messages back from streams opened after the close.
+    let victim = start("victim");
+    let survivor = start("survivor");
+    let publishing =
+        publish_in_chunks(&topic, messages(ORDERS, 600, 100), 200, Duration::from_millis(100))
+            .await;
+    let rows = || db.query("SELECT COUNT(*) FROM shop__orders");
+    assert!(
+        eventually(Duration::from_secs(120), || rows() > 500).await,
+        "nothing landed:\n{}",
+        victim.logs()
+    );
+    // Aimed: killed right after PostgreSQL shows the victim inside a transaction.
+    let in_transaction = || {
+        db.query(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE application_name = 'victim' AND xact_start IS NOT NULL",
+        )
+    };
+    let aim_until = std::time::Instant::now() + Duration::from_secs(60);
+    while in_transaction() == 0 {
+        assert!(
+            std::time::Instant::now() < aim_until,
+            "the victim was never seen in a transaction"
+        );
+    }
+    let at_kill = rows();
+    victim.kill9();
+    publishing.await.unwrap();
+    let (expected_rows, cents) = expected(ORDERS);
+    let dead = || db.query("SELECT COUNT(*) FROM shop__dead_letter");
+    assert!(
+        eventually(Duration::from_secs(420), || rows() == expected_rows
+            && dead() == 100 + (ORDERS / 100) as i64)
+        .await,
+        "rows {} of {expected_rows}, dead letters {}; survivor:\n{}",
+        rows(),
+        dead(),
+        survivor.logs()
+    );
+    println!("killed at {at_kill} rows of {expected_rows}");
+    assert!(at_kill < expected_rows, "the kill landed after the end");
+    assert_eq!(
+        db.query("SELECT COUNT(DISTINCT _sluice_dedup_key) FROM shop__orders"),
+        expected_rows
+    );
+    assert_eq!(db.query("SELECT SUM(cents)::int8 FROM shop__orders"), cents);
+    assert_eq!(
+        db.query(
+            "SELECT COUNT(*) FROM shop__orders WHERE order_id = 'o7' AND amount = 7.25
+             AND cents = 725 AND qty = 0 AND region = 'R2'
+             AND ts = '2026-12-04T10:07:00Z'::timestamptz"
+        ),
+        1
+    );
+    assert_eq!(
+        db.query("SELECT COUNT(*) FROM shop__dead_letter WHERE reason = 'undecodable'"),
+        100
+    );
+    assert_eq!(
+        db.query("SELECT COUNT(*) FROM shop__dead_letter WHERE reason = 'expression:qty'"),
+        (ORDERS / 100) as i64
+    );
+}
