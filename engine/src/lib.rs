@@ -40,6 +40,7 @@ pub use flow::commit::{BatchWork, CommitReport, CommitThenAck, RetrySettings};
 pub use flow::commit_bound::{MAX_COMMIT_MARGIN, commit_bound, commit_margin, pause_threshold};
 pub use flow::delivery::{AckHandle, Delivery, SourceMessage, SourceProblem};
 pub use flow::event_time::{EventTimeError, parse_event_time};
+pub use flow::expectations::{EXPECTATION_REASON, Expectation, Expectations, OnViolation};
 pub use flow::foreach::{BatchHandler, ForeachBatchStage, StageRecord, StagedBatch, batch_id};
 pub use flow::json_fields::{JsonFields, UNDECODABLE};
 pub use flow::runner::{DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};

@@ -174,8 +174,8 @@ fn window_over_table(p: &Pipeline, c: &mut Collector<'_>, i: usize, flow: &Flow,
     }
 }
 
-/// What typed tables do not do yet: Avro and Protobuf decoding, expectations, and a typed table
-/// read by another flow (a table source over typed rows, a window over them).
+/// What typed tables do not do yet: Avro and Protobuf decoding, and a typed table read by
+/// another flow (a table source over typed rows, a window over them).
 fn typed_tables(p: &Pipeline, c: &mut Collector<'_>) {
     for (i, flow) in p.flows.iter().enumerate() {
         if let Some(decode) = &flow.query.decode
@@ -186,13 +186,6 @@ fn typed_tables(p: &Pipeline, c: &mut Collector<'_>) {
                 &format!("flows[{i}].decode.format"),
                 "only `format: json` decodes in this version (Avro and Protobuf, and Pub/Sub's \
                  schemas, are the next step)",
-            );
-        }
-        if !flow.query.expectations.is_empty() {
-            c.push(
-                ErrorCode::NotBuilt,
-                &format!("flows[{i}].expect"),
-                "expectations do not run in this version",
             );
         }
         let reads_typed = match &flow.source {

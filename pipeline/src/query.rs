@@ -275,13 +275,21 @@ pub(crate) fn flow_query(
         }
         Some(e)
     });
-    let expectations = raw
-        .expect
-        .unwrap_or_default()
-        .into_iter()
-        .enumerate()
-        .filter_map(|(i, e)| expectation(c, e, &format!("{path}.expect[{i}]"), &compile))
-        .collect();
+    let mut expectations: Vec<Expectation> = Vec::new();
+    for (i, raw) in raw.expect.unwrap_or_default().into_iter().enumerate() {
+        let at = format!("{path}.expect[{i}]");
+        let Some(e) = expectation(c, raw, &at, &compile) else {
+            continue;
+        };
+        if expectations.iter().any(|other| other.name == e.name) {
+            c.push(
+                ErrorCode::DuplicateName,
+                &format!("{at}.name"),
+                format!("expectation `{}` is listed twice", e.name),
+            );
+        }
+        expectations.push(e);
+    }
     FlowQuery {
         decode,
         fields: decoded,

@@ -69,7 +69,10 @@ fn a_typed_flow_compiles_for_both_stores() {
     let cents = &q.select[2].expression;
     assert_eq!(cents.postgres, "CAST((\"amount\" * 100) AS BIGINT)");
     assert_eq!(cents.sqlite, "sluice_cast_integer((\"amount\" * 100))");
-    assert_eq!(q.filter.as_ref().map(|f| f.postgres.as_str()), Some("(\"amount\" > 0)"));
+    assert_eq!(
+        q.filter.as_ref().map(|f| f.postgres.as_str()),
+        Some("(\"amount\" > 0)")
+    );
     parse_for_run(TYPED, Path::new("p.yaml")).expect("runs");
 }
 
@@ -161,16 +164,24 @@ fn decode_needs_a_typed_table_and_a_known_format() {
         15,
     );
     one(
-        &edit(15, "    decode: { format: json, fields: { amount: money } }"),
+        &edit(
+            15,
+            "    decode: { format: json, fields: { amount: money } }",
+        ),
         ErrorCode::InvalidValue,
         "flows[0].decode.fields.amount",
         15,
     );
     // A typed table's flow decodes.
     let text = TYPED.replace("    decode: { format: json }\n", "");
-    let errs = parse(&text, Path::new("p.yaml")).expect_err("needs decode").0;
-    assert!(errs.iter().any(|e| e.code == ErrorCode::MissingField
-        && e.path == "flows[0].decode"), "{errs:#?}");
+    let errs = parse(&text, Path::new("p.yaml"))
+        .expect_err("needs decode")
+        .0;
+    assert!(
+        errs.iter()
+            .any(|e| e.code == ErrorCode::MissingField && e.path == "flows[0].decode"),
+        "{errs:#?}"
+    );
     // Columns belong to tables; select to typed tables.
     let untyped = TYPED.replace(
         "    columns:\n      - { name: order_id, type: text, nullable: false }\n      - { name: amount, type: numeric }\n      - { name: cents, type: integer }\n      - { name: region, type: text }\n      - { name: ts, type: timestamp }\n",
@@ -188,20 +199,49 @@ fn decode_needs_a_typed_table_and_a_known_format() {
 
 #[test]
 fn what_is_not_built_is_refused_by_run_only() {
-    for (line, with, path) in [
-        (15, "    decode: { format: avro, schema: pubsub }", "flows[0].decode.format"),
-        (
+    let text = edit(15, "    decode: { format: avro, schema: pubsub }");
+    parse(&text, Path::new("p.yaml")).expect("valid");
+    let errs = parse_for_run(&text, Path::new("p.yaml"))
+        .expect_err("not built")
+        .0;
+    assert!(
+        errs.iter()
+            .any(|e| e.code == ErrorCode::NotBuilt && e.path == "flows[0].decode.format"),
+        "{errs:#?}"
+    );
+}
+
+#[test]
+fn expectations_are_checked_like_expressions() {
+    let with = |expect: &str| {
+        edit(
             19,
-            "    expect: [{ name: positive, check: \"amount > 0\", on_violation: drop }]",
-            "flows[0].expect",
-        ),
-    ] {
-        let text = edit(line, with);
-        parse(&text, Path::new("p.yaml")).unwrap_or_else(|e| panic!("{with}: {e:?}"));
-        let errs = parse_for_run(&text, Path::new("p.yaml")).expect_err(with).0;
-        assert!(
-            errs.iter().any(|e| e.code == ErrorCode::NotBuilt && e.path == path),
-            "{with}: {errs:#?}"
-        );
-    }
+            &format!("    where: \"amount > 0\"\n    expect: [{expect}]"),
+        )
+    };
+    let p = parse_for_run(
+        &with("{ name: positive, check: \"amount > 0\", on_violation: drop }"),
+        Path::new("p.yaml"),
+    )
+    .expect("runs");
+    assert_eq!(p.flows[0].query.expectations[0].name, "positive");
+    let why = one(
+        &with("{ name: positive, check: \"amount\", on_violation: drop }"),
+        ErrorCode::InvalidExpression,
+        "flows[0].expect[0].check",
+        20,
+    );
+    assert!(why.contains("condition"), "{why}");
+    one(
+        &with("{ name: positive, check: \"amount > 0\", on_violation: explode }"),
+        ErrorCode::InvalidValue,
+        "flows[0].expect[0].on_violation",
+        20,
+    );
+    one(
+        &with("{ name: Positive, check: \"amount > 0\" }"),
+        ErrorCode::InvalidIdentifier,
+        "flows[0].expect[0].name",
+        20,
+    );
 }

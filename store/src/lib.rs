@@ -85,7 +85,9 @@ pub use schema::{
     RESET_CLEARS, RESET_CLEARS_APART, RESET_KEEPS, is_identifier, table_name, window_table_name,
 };
 pub use sqlite::SqliteStore;
-pub use typed::{ColumnType, Sql, TypedColumn, TypedQuery, TypedTable, TypedValue};
+pub use typed::{
+    ColumnType, Sql, TypedColumn, TypedQuery, TypedTable, TypedValue, expectation_column,
+};
 pub use url::{StoreUrl, open};
 pub use windows::{WindowEmission, WindowRows, WindowsEmitted};
 pub use work::{PostgresWork, SqliteWork, TransactionWork, WorkError};

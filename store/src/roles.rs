@@ -21,6 +21,22 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// and in order, whether its effect was written (`true`) or it was a duplicate (`false`).
     async fn commit(&self, batch: CommitBatch) -> Result<CommitOutcome, StoreError>;
 
+    /// For a typed batch, per entry and per expectation of its query (in order), whether the
+    /// entry's row violates it: its check is false (NULL passes, as in a SQL `CHECK`). Reads
+    /// only, outside any commit. An entry that is not a row, or that the query's `where:`
+    /// leaves out, gets no verdict (an empty list): it is no output row. A check that
+    /// fails on a record is that record's [`StoreError::Record`], its column
+    /// [`crate::expectation_column`]. A store that cannot evaluate expectations refuses a
+    /// batch that has some.
+    async fn violations(&self, batch: &CommitBatch) -> Result<Vec<Vec<bool>>, StoreError> {
+        match &batch.typed {
+            Some(query) if !query.expectations.is_empty() => Err(StoreError::Config(
+                "this store does not evaluate expectations".to_owned(),
+            )),
+            _ => Ok(vec![Vec::new(); batch.entries.len()]),
+        }
+    }
+
     /// How many commits of one flow this store takes at once to advantage: SQLite has one
     /// writer (1); a server store overlaps round trips and fsyncs (several).
     fn commit_concurrency(&self) -> usize {

@@ -94,6 +94,10 @@ impl<S: Store + Inspect> LedgerStore for FaultStore<S> {
         self.inner.commit_recorded(flow, commit_id).await
     }
 
+    async fn violations(&self, batch: &CommitBatch) -> Result<Vec<Vec<bool>>, StoreError> {
+        self.inner.violations(batch).await
+    }
+
     async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError> {
         self.inner.flow_progress(flow).await
     }

@@ -81,6 +81,14 @@ pub struct TypedQuery {
     pub select: Vec<(TypedColumn, Sql)>,
     /// `where:`.
     pub filter: Option<Sql>,
+    /// `expect:`: each expectation's name and check, evaluated before the commit
+    /// ([`crate::LedgerStore::violations`]).
+    pub expectations: Vec<(String, Sql)>,
+}
+
+/// The column a failing expectation check is reported under ([`crate::StoreError::Record`]).
+pub fn expectation_column(name: &str) -> String {
+    format!("expect:{name}")
 }
 
 /// One decoded value.

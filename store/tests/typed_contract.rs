@@ -69,7 +69,37 @@ fn query(select: &[(&str, &str)], filter: Option<&str>) -> TypedQuery {
             })
             .collect(),
         filter: filter.map(sql),
+        expectations: Vec::new(),
     }
+}
+
+/// `query` with expectations (name, check).
+fn expecting(mut q: TypedQuery, checks: &[(&str, &str)]) -> TypedQuery {
+    use sluice_pipeline::ColumnType as P;
+    let mut visible: Vec<(String, P)> = [
+        ("order_id", P::Text),
+        ("amount", P::Numeric),
+        ("region", P::Text),
+        ("ts", P::Timestamp),
+    ]
+    .iter()
+    .map(|(n, t)| (n.to_string(), *t))
+    .collect();
+    visible.extend(sluice_pipeline::query::envelope_fields());
+    q.expectations = checks
+        .iter()
+        .map(|(name, text)| {
+            let e = sluice_pipeline::expression::compile(text, &visible).unwrap();
+            (
+                name.to_string(),
+                Sql {
+                    postgres: e.postgres,
+                    sqlite: e.sqlite,
+                },
+            )
+        })
+        .collect();
+    q
 }
 
 fn order(key: &str, amount: &str, region: &str) -> Entry {
@@ -269,7 +299,67 @@ async fn a_reset_clears_typed_rows(postgres: bool) {
     assert_eq!(again.written, vec![true]);
 }
 
+/// Each row's expectations, evaluated without writing: false is a violation, NULL is not; a
+/// dead letter violates nothing; a check that fails on a record names it.
+async fn expectations_are_evaluated_per_record(postgres: bool) {
+    let (place, store, flow) = typed_open(postgres).await;
+    let q = expecting(
+        query(&[("order_id", "order_id")], None),
+        &[
+            ("positive", "amount > 0"),
+            ("known", "region IN ('eu', 'us')"),
+            ("nullable", "NULLIF(region, 'eu') = 'us'"),
+        ],
+    );
+    let entries = vec![
+        order("a", "1", "eu"),
+        order("b", "0", "mars"),
+        dead("c"),
+        order("d", "2", "us"),
+    ];
+    let violations = store
+        .violations(&typed_batch(&flow, entries, &q))
+        .await
+        .unwrap();
+    assert_eq!(
+        violations,
+        vec![
+            vec![false, false, false],
+            vec![true, true, true],
+            vec![],
+            vec![false, false, false],
+        ]
+    );
+    assert!(rows(&place).await.is_empty(), "nothing written");
+    // A record `where:` leaves out is no output row: no verdict.
+    let q = expecting(
+        query(&[("order_id", "order_id")], Some("amount > 0")),
+        &[("known", "region IN ('eu', 'us')")],
+    );
+    let entries = vec![order("a", "1", "mars"), order("b", "0", "mars")];
+    let violations = store
+        .violations(&typed_batch(&flow, entries, &q))
+        .await
+        .unwrap();
+    assert_eq!(violations, vec![vec![true], vec![]]);
+    let q = expecting(
+        query(&[("order_id", "order_id")], None),
+        &[
+            ("fine", "amount > 0"),
+            ("cast", "CAST(region AS integer) > 0"),
+        ],
+    );
+    let entries = vec![order("a", "1", "12"), order("b", "1", "twelve")];
+    match store.violations(&typed_batch(&flow, entries, &q)).await {
+        Err(StoreError::Record { index, column, .. }) => {
+            assert_eq!((index, column.as_str()), (1, "expect:cast"));
+        }
+        other => panic!("expected a record error, got {other:?}"),
+    }
+}
+
 on_both_backends!(
+    expectations_are_evaluated_per_record,
     typed_rows_land_through_the_query,
     a_failing_record_is_named_and_nothing_is_written,
     declared_columns_grow_and_changes_are_refused,

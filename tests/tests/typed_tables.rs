@@ -19,7 +19,7 @@ use std::time::Duration;
 /// Orders `o0..o{n}`: amount `i.25` (0 for every 20th: filtered), `qty` `"x"` for every
 /// 100th from 1 (its cast fails), region `r{i % 5}`.
 fn order(i: usize) -> Message {
-    let amount = if i % 20 == 0 {
+    let amount = if i.is_multiple_of(20) {
         "0".to_owned()
     } else {
         format!("{i}.25")
@@ -88,7 +88,7 @@ flows:
       pubsub:
         subscription: {subscription}
         dedup: {{ by: attribute, attribute: order_id }}
-        drain_idle: 5s
+        drain_idle: 15s
     decode:
       format: json
       fields: {{ order_id: text, amount: numeric, qty: text, region: text, ts: timestamp }}
@@ -154,10 +154,7 @@ async fn typed_orders_land_exactly_once_on_sqlite() {
     assert_eq!(db.query("SELECT COUNT(*) FROM shop__dead_letter"), 50 + 20);
     let summary = std::fs::read_to_string(&out).unwrap();
     assert!(
-        summary.contains(&format!(
-            "{} records filtered out by `where`",
-            ORDERS / 20
-        )),
+        summary.contains(&format!("{} records filtered out by `where`", ORDERS / 20)),
         "{summary}"
     );
 }
@@ -181,9 +178,13 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
     // messages back from streams opened after the close.
     let victim = start("victim");
     let survivor = start("survivor");
-    let publishing =
-        publish_in_chunks(&topic, messages(ORDERS, 600, 100), 200, Duration::from_millis(100))
-            .await;
+    let publishing = publish_in_chunks(
+        &topic,
+        messages(ORDERS, 600, 100),
+        200,
+        Duration::from_millis(100),
+    )
+    .await;
     let rows = || db.query("SELECT COUNT(*) FROM shop__orders");
     assert!(
         eventually(Duration::from_secs(120), || rows() > 500).await,
@@ -241,4 +242,189 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
         db.query("SELECT COUNT(*) FROM shop__dead_letter WHERE reason = 'expression:qty'"),
         (ORDERS / 100) as i64
     );
+}
+
+/// Orders for the expectations: amount `i`, region `mars` for every 20th from 3 (5 %).
+fn checked_order(i: usize) -> Message {
+    let region = if i % 20 == 3 { "mars" } else { "earth" };
+    payload(
+        &format!("o{i}"),
+        &format!(r#"{{"order_id":"o{i}","amount":{i},"region":"{region}"}}"#),
+    )
+}
+
+fn checked_pipeline(
+    store: &str,
+    mode: &str,
+    subscription: &str,
+    expect: &str,
+    metrics: &str,
+) -> String {
+    format!(
+        "pipeline: shop
+mode: {mode}
+store: \"{store}\"
+pubsub: {{ project: {project}, endpoint: \"{endpoint}\" }}
+{metrics}targets:
+  - name: orders
+    kind: table
+    columns:
+      - {{ name: order_id, type: text, nullable: false }}
+      - {{ name: amount, type: integer }}
+      - {{ name: region, type: text }}
+flows:
+  - name: orders
+    target: orders
+    source:
+      pubsub:
+        subscription: {subscription}
+        dedup: {{ by: attribute, attribute: order_id }}
+        drain_idle: 15s
+    decode: {{ format: json }}
+    expect:
+{expect}",
+        project = sluice_tests::PROJECT,
+        endpoint = emulator().endpoint(),
+    )
+}
+
+/// `warn` and `drop` on 5 % of the records each: warned records land, dropped ones are dead
+/// letters `expectation:NAME`; `sluice_expectation_records_total` counts each record once,
+/// passed or violated, per expectation.
+#[tokio::test(flavor = "multi_thread")]
+async fn expectations_warn_and_drop_count_each_record_once() {
+    const ORDERS: usize = 2_000;
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("expect", 1).await;
+    let mut messages: Vec<Message> = (0..ORDERS).map(checked_order).collect();
+    messages.extend((0..100).map(|d| checked_order(d * 13 % ORDERS)));
+    pubsub.publish(&topic, messages).await;
+    let dir = Workdir::new();
+    let db_path = dir.db("shop");
+    let port = sluice_bench::free_port().unwrap();
+    let file = dir.path().join("p.yaml");
+    std::fs::write(
+        &file,
+        checked_pipeline(
+            &format!("sqlite://{}", db_path.display()),
+            "continuous",
+            &subs[0],
+            "      - { name: small, check: \"amount < 1900\", on_violation: warn }
+      - { name: known_region, check: \"region <> 'mars'\", on_violation: drop }
+",
+            &format!("metrics: {{ listen: \"127.0.0.1:{port}\" }}\n"),
+        ),
+    )
+    .unwrap();
+    let worker = Worker::start(&file, "expect");
+    let db = Db(db_path);
+    let landed = || {
+        db.query("SELECT COUNT(*) FROM shop__orders")
+            + db.query("SELECT COUNT(*) FROM shop__dead_letter")
+    };
+    assert!(
+        eventually(Duration::from_secs(120), || landed() == ORDERS as i64).await,
+        "{} of {ORDERS}:\n{}",
+        landed(),
+        worker.logs()
+    );
+    assert_eq!(db.query("SELECT COUNT(*) FROM shop__orders"), 1_900);
+    assert_eq!(
+        db.query("SELECT COUNT(*) FROM shop__orders WHERE amount >= 1900"),
+        95,
+        "warned records land"
+    );
+    assert_eq!(
+        db.query(
+            "SELECT COUNT(*) FROM shop__dead_letter WHERE reason = 'expectation:known_region'"
+        ),
+        100
+    );
+    let count = |expectation: &str, outcome: &str| {
+        sluice_tests::labelled_metric(
+            port,
+            "sluice_expectation_records_total",
+            &format!("expectation=\"{expectation}\",outcome=\"{outcome}\""),
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || count("small", "violated")
+            == Some(100.0))
+        .await,
+        "{}",
+        sluice_tests::metrics_text(port)
+    );
+    assert_eq!(count("small", "passed"), Some(1_900.0));
+    assert_eq!(count("known_region", "violated"), Some(100.0));
+    assert_eq!(count("known_region", "passed"), Some(1_900.0));
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(60)).success());
+}
+
+/// `fail`: the triggered run exits non-zero naming the expectation and the record, and
+/// nothing is acked: every message comes back, the failing one among them, to a plain client
+/// whose stream opened after the worker had received them all and before it gave them back
+/// (batches wait 3 s to form, which leaves the client that time; the emulator hands a closed
+/// stream's messages only to streams already open).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_expectation_stops_the_flow_and_acks_nothing() {
+    const ORDERS: usize = 400;
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("expectfail", 1).await;
+    let dir = Workdir::new();
+    let db_path = dir.db("shop");
+    let file = dir.path().join("p.yaml");
+    let yaml = checked_pipeline(
+        &format!("sqlite://{}", db_path.display()),
+        "triggered",
+        &subs[0],
+        "      - { name: known_region, check: \"region <> 'mars'\", on_violation: fail }
+",
+        "",
+    )
+    .replace(
+        "        drain_idle: 15s\n",
+        "        drain_idle: 15s\n        batch: { max_messages: 1000, max_delay: 3s }\n",
+    );
+    std::fs::write(&file, yaml).unwrap();
+    let worker = Worker::start(&file, "fail");
+    assert!(
+        eventually(Duration::from_secs(60), || worker
+            .logs()
+            .contains("flow started"))
+        .await,
+        "{}",
+        worker.logs()
+    );
+    let ids = pubsub
+        .publish(&topic, (0..ORDERS).map(checked_order).collect())
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let plain = pubsub.plain_receiver(&subs[0], ORDERS, Duration::from_secs(90));
+    let (out, err) = (worker.stdout.clone(), worker.stderr.clone());
+    let status = worker.wait(Duration::from_secs(120));
+    let summary = std::fs::read_to_string(&out).unwrap();
+    let logs = std::fs::read_to_string(&err).unwrap();
+    assert!(!status.success(), "{summary}\n{logs}");
+    assert!(
+        summary.contains("FAILED (expectation known_region failed on message")
+            && summary.contains(&format!("received {ORDERS}, rows 0"))
+            && summary.contains("acked 0"),
+        "{summary}"
+    );
+    assert!(logs.contains("not retried"), "{logs}");
+    let failing = summary
+        .split("failed on message ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap()
+        .to_owned();
+    let back = plain.await.unwrap();
+    assert!(
+        back.contains(&failing),
+        "the failing message {failing} was acked"
+    );
+    let missing: Vec<&String> = ids.iter().filter(|id| !back.contains(*id)).collect();
+    assert!(missing.is_empty(), "not given back: {missing:?}");
+    assert_eq!(Db(db_path).query("SELECT COUNT(*) FROM shop__orders"), 0);
 }

@@ -37,6 +37,7 @@ pub use report::{BatchWork, CommitReport, RetrySettings};
 
 use crate::backoff::Backoff;
 use crate::flow::batch::Batch;
+use crate::flow::expectations::Expectations;
 use crate::flow::sink::{JsonlSink, SinkCommit};
 use crate::flow::stage::Stage;
 use crate::flow::storable::UNSTORABLE;
@@ -44,7 +45,7 @@ use report::count_and_settle;
 use sluice_store::LedgerStore;
 use sluice_store::{Effect, FlowHandle, StoreError};
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -66,6 +67,12 @@ pub struct CommitThenAck {
     publish_dead_letters: bool,
     /// A typed table's query, with which the store writes each new row.
     typed: Option<Arc<sluice_store::TypedQuery>>,
+    /// The typed query's expectations (in the order of its checks).
+    expectations: Option<Arc<Expectations>>,
+    /// Why the flow failed an expectation (`fail`): set once, then nothing more commits.
+    failure: Arc<OnceLock<String>>,
+    /// Stops the flow's source when it fails.
+    stop_flow: Option<CancellationToken>,
 }
 
 impl CommitThenAck {
@@ -136,7 +143,53 @@ impl CommitThenAck {
             hand_poison_back: false,
             publish_dead_letters: false,
             typed: None,
+            expectations: None,
+            failure: Arc::new(OnceLock::new()),
+            stop_flow: None,
         }
+    }
+
+    /// Checks each batch against `expectations` (the typed query's, in its order) before its
+    /// commit.
+    pub fn with_expectations(mut self, expectations: Expectations) -> Self {
+        self.expectations = Some(Arc::new(expectations));
+        self
+    }
+
+    /// Why the flow failed an expectation, once it did.
+    pub(crate) fn failure(&self) -> Arc<OnceLock<String>> {
+        self.failure.clone()
+    }
+
+    /// Cancels `stop` (the flow's source) when the flow fails an expectation.
+    pub(crate) fn stop_flow_with(&mut self, stop: CancellationToken) {
+        self.stop_flow = Some(stop);
+    }
+
+    /// The store's verdict on `effects` under `expectations`: drops applied to `effects`, the
+    /// violations returned (per entry, per expectation) for counting once committed.
+    async fn expect(
+        &self,
+        batch: &Batch,
+        effects: &mut [Effect],
+        expectations: &Expectations,
+    ) -> Result<Vec<Vec<bool>>, Expected> {
+        let (probe, _) = self.commit_batch(batch, effects.to_vec(), None);
+        let violations = self
+            .store
+            .violations(&probe)
+            .await
+            .map_err(Expected::Store)?;
+        let ids: Vec<&str> = batch
+            .deliveries()
+            .iter()
+            .map(|d| d.message.message_id.as_str())
+            .collect();
+        let attempts: Vec<u32> = batch.deliveries().iter().map(|d| d.attempts).collect();
+        expectations
+            .apply(&violations, effects, &ids, &attempts)
+            .map_err(Expected::Failed)?;
+        Ok(violations)
     }
 
     /// Writes rows into a typed table through `query` (its stage decodes the fields).
@@ -209,6 +262,12 @@ impl CommitThenAck {
         work: Option<&Arc<dyn BatchWork>>,
     ) -> Option<Vec<Batch>> {
         loop {
+            if self.failure.get().is_some() {
+                // The flow failed an expectation: nothing more is committed or acked.
+                report.abandoned += batch.len() as u64;
+                batch.abandon();
+                return None;
+            }
             if let Some(bound) = self.retry.commit_bound {
                 let stale = batch.nack_older_than(bound, self.keep_order);
                 if stale > 0 {
@@ -263,13 +322,35 @@ impl CommitThenAck {
             };
             let mut dead: Vec<Option<String>> = Vec::new();
             let mut row_event_times: Vec<Option<i64>> = Vec::new();
+            let mut violations: Vec<Vec<bool>> = Vec::new();
             let outcome = match effects {
                 Ok(effects) if effects.len() != batch.len() => Err(Failure::Stage(format!(
                     "stage returned {} effects for {} messages",
                     effects.len(),
                     batch.len()
                 ))),
-                Ok(effects) => {
+                Ok(mut effects) => 'commit: {
+                    // Expectations first: the store evaluates them over this batch's rows.
+                    if let Some(expectations) = &self.expectations {
+                        match self.expect(&batch, &mut effects, expectations).await {
+                            Ok(found) => violations = found,
+                            Err(Expected::Store(error)) => {
+                                break 'commit Err(Failure::Store(error));
+                            }
+                            Err(Expected::Failed(why)) => {
+                                tracing::error!(flow = %self.flow.name, batch = batch.id,
+                                    %why, "an expectation with on_violation: fail was violated; \
+                                    the flow stops and the batch is not acked");
+                                let _ = self.failure.set(why);
+                                if let Some(stop) = &self.stop_flow {
+                                    stop.cancel();
+                                }
+                                report.abandoned += batch.len() as u64;
+                                batch.abandon();
+                                return None;
+                            }
+                        }
+                    }
                     dead = effects
                         .iter()
                         .map(|e| match e {
@@ -313,6 +394,9 @@ impl CommitThenAck {
             };
             let failure = match outcome {
                 Ok(outcome) => {
+                    if let Some(expectations) = &self.expectations {
+                        expectations.count(&violations, &outcome.written);
+                    }
                     *report += count_and_settle(
                         batch,
                         &dead,
@@ -450,6 +534,14 @@ fn with_query_failures(
             None => effect,
         })
         .collect()
+}
+
+/// Why a batch's expectations stopped its commit.
+enum Expected {
+    /// The store could not evaluate them (or a check failed on a record).
+    Store(StoreError),
+    /// A `fail` expectation was violated.
+    Failed(String),
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -19,6 +19,7 @@ pub(crate) mod commit_lanes;
 mod commit_timing;
 pub(crate) mod delivery;
 pub(crate) mod event_time;
+pub(crate) mod expectations;
 pub(crate) mod foreach;
 pub(crate) mod json_fields;
 pub(crate) mod memory_tier;

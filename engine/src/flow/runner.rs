@@ -122,6 +122,10 @@ pub enum FlowError {
     /// The committer task panicked; its batches were nacked when they were dropped.
     #[error("the committer of the flow panicked: {0}")]
     Committer(String),
+    /// A record violated an expectation with `on_violation: fail`; its batch, and every batch
+    /// after it, was given back unacked.
+    #[error("{0}")]
+    Expectation(String),
 }
 
 impl FlowRun {
@@ -168,6 +172,9 @@ impl FlowRun {
         if ordered {
             committer.keep_order();
         }
+        // A failed expectation stops the source; the flow then ends FAILED.
+        committer.stop_flow_with(stop_source.clone());
+        let failure = committer.failure();
         let count = committer.concurrency();
         let (dispatch, mut commit_tasks) =
             crate::flow::commit_lanes::start(Arc::new(committer), count, ordered, COMMIT_QUEUE);
@@ -231,6 +238,9 @@ impl FlowRun {
         stop_source.cancel();
         handle.close().await;
         let report = committed.map_err(|e| FlowError::Committer(e.to_string()))?;
+        if let Some(why) = failure.get() {
+            return Err(FlowError::Expectation(why.clone()));
+        }
         let ended = if drained && !drain.is_cancelled() {
             Ended::Drained
         } else {

@@ -32,6 +32,11 @@ impl LedgerStore for PostgresStore {
         }
     }
 
+    async fn violations(&self, batch: &CommitBatch) -> Result<Vec<Vec<bool>>, StoreError> {
+        let (client, _) = self.ready().await?;
+        typed::violations(&client, batch).await
+    }
+
     /// Half the pool: commits overlap their round trips and the server's fsyncs, and the
     /// other half of the pool stays free for the other flows and for coordination.
     fn commit_concurrency(&self) -> usize {

@@ -26,6 +26,19 @@ impl LedgerStore for SqliteStore {
             .await
     }
 
+    async fn violations(&self, batch: &CommitBatch) -> Result<Vec<Vec<bool>>, StoreError> {
+        if batch
+            .typed
+            .as_ref()
+            .is_none_or(|q| q.expectations.is_empty())
+        {
+            return Ok(vec![Vec::new(); batch.entries.len()]);
+        }
+        let batch = batch.clone();
+        self.call(move |conn| super::typed::violations(conn, &batch))
+            .await
+    }
+
     async fn keys_present(
         &self,
         flow: &FlowHandle,

@@ -338,3 +338,95 @@ fn find_record_error(
     }
     Ok(None)
 }
+
+/// See [`crate::LedgerStore::violations`].
+pub(super) fn violations(
+    conn: &Connection,
+    batch: &CommitBatch,
+) -> Result<Vec<Vec<bool>>, StoreError> {
+    let mut out = vec![Vec::new(); batch.entries.len()];
+    let Some(query) = batch.typed.as_deref() else {
+        return Ok(out);
+    };
+    let rows: Vec<usize> = batch
+        .entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(e.effect, Effect::Row { .. }))
+        .map(|(i, _)| i)
+        .collect();
+    let per_row = src_columns(query).len();
+    let rows_per_statement = (30_000 / per_row).clamp(1, 128);
+    let checks: Vec<&str> = query
+        .expectations
+        .iter()
+        .map(|(_, sql)| sql.sqlite.as_str())
+        .collect();
+    let filter = query.filter.as_ref().map(|f| f.sqlite.as_str());
+    for chunk in rows.chunks(rows_per_statement) {
+        match evaluate(conn, batch, query, chunk, filter, &checks) {
+            Ok(found) => {
+                for (index, violated) in found {
+                    out[index] = violated;
+                }
+            }
+            Err(error) => {
+                for &index in chunk {
+                    for (name, sql) in &query.expectations {
+                        if let Err(why) =
+                            evaluate(conn, batch, query, &[index], filter, &[sql.sqlite.as_str()])
+                        {
+                            return Err(StoreError::Record {
+                                index,
+                                column: crate::typed::expectation_column(name),
+                                error: why.to_string(),
+                            });
+                        }
+                    }
+                }
+                return Err(error.into());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether each of `checks` is false, for the rows at `indexes` (by entry index) that
+/// `filter` keeps (the others: no verdict, an empty list).
+fn evaluate(
+    conn: &Connection,
+    batch: &CommitBatch,
+    query: &TypedQuery,
+    indexes: &[usize],
+    filter: Option<&str>,
+    checks: &[&str],
+) -> rusqlite::Result<Vec<(usize, Vec<bool>)>> {
+    let tests: String = checks
+        .iter()
+        .map(|check| format!(", ({check}) IS FALSE"))
+        .collect();
+    let kept = filter.map_or_else(|| "TRUE".to_owned(), |f| format!("({f}) IS TRUE"));
+    let sql = format!(
+        "{} SELECT _sluice_seq, {kept}{tests} FROM src",
+        with_src(query, indexes.len())
+    );
+    let mut bound: Vec<Value> = Vec::new();
+    for &index in indexes {
+        // The entry's index rides in `_sluice_seq`, which nothing else reads here.
+        bound.extend(src_values(batch, index, index as i64, query.fields.len()));
+    }
+    let params: Vec<&dyn ToSql> = bound.iter().map(|v| v as &dyn ToSql).collect();
+    let mut statement = conn.prepare(&sql)?;
+    let found = statement.query_map(params.as_slice(), |row| {
+        let index: i64 = row.get(0)?;
+        let violated = if row.get::<_, bool>(1)? {
+            (2..2 + checks.len())
+                .map(|k| row.get::<_, bool>(k))
+                .collect::<rusqlite::Result<Vec<bool>>>()?
+        } else {
+            Vec::new()
+        };
+        Ok((usize::try_from(index).unwrap_or(0), violated))
+    })?;
+    found.collect()
+}

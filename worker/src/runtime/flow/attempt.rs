@@ -25,17 +25,18 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// One attempt at running `flow` of `ctx`'s update, writing to its `sink` target's files
-/// when it has one.
+/// when it has one; with whether a failure is worth another attempt.
 pub async fn run(
     ctx: &RunContext,
     flow: &Flow,
     handle: FlowHandle,
     sink: Option<&Path>,
-) -> FlowOutcome {
+) -> (FlowOutcome, bool) {
     let Ran {
         state,
         counters,
         skipped,
+        retry,
     } = if let Some(plan) = windows::table_plan(&ctx.pipeline, flow) {
         let counters = Counters::new(&ctx.pipeline.name, &flow.name);
         ctx.board
@@ -65,6 +66,7 @@ pub async fn run(
             state,
             counters: Some(counters),
             skipped: 0,
+            retry: true,
         }
     } else {
         let sink = sink.map(|path| Arc::new(JsonlSink::new(path, &flow.name)));
@@ -74,6 +76,7 @@ pub async fn run(
                 state: FlowState::Failed(error),
                 counters: None,
                 skipped: 0,
+                retry: true,
             },
         }
     };
@@ -90,7 +93,7 @@ pub async fn run(
                 "the flow's completion is not recorded (stopped first); it runs again next time");
         }
     }
-    FlowOutcome {
+    let outcome = FlowOutcome {
         name: flow.name.clone(),
         state,
         counters: counters
@@ -98,5 +101,6 @@ pub async fn run(
             .map(Counters::snapshot)
             .unwrap_or_default(),
         skipped,
-    }
+    };
+    (outcome, retry)
 }

@@ -7,9 +7,9 @@ use sluice_engine::defaults;
 use sluice_engine::pubsub::FlowIntent;
 use sluice_engine::{
     AckFence, BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, DedupSettings,
-    FileSource, FileTurn, FlowRun, FlowWatermark, JsonlSink, KeySource, MessageSource,
-    PubSubConfig, PubSubFlow, ReaderTurn, RetrySettings, RunUntil, SkipCommitted, SourceProgress,
-    Stage, TableSource, TableStage, TableWatermark,
+    Expectations, FileSource, FileTurn, FlowRun, FlowWatermark, JsonlSink, KeySource,
+    MessageSource, PubSubConfig, PubSubFlow, ReaderTurn, RetrySettings, RunUntil, SkipCommitted,
+    SourceProgress, Stage, TableSource, TableStage, TableWatermark,
 };
 use sluice_pipeline::{
     DedupBy, Flow, Mode, OnBadTimestamp, OnMissingKey, Pipeline, Poison, Source, TargetKind,
@@ -292,8 +292,8 @@ pub fn build(
     };
     let window = plan.dedup.window;
     let typed = super::typed::typed_flow(pipeline, flow);
-    if let Some((fields, _)) = &typed {
-        plan.stage.fields = Some(fields.clone());
+    if let Some(typed) = &typed {
+        plan.stage.fields = Some(typed.fields.clone());
     }
     let target = pipeline.targets.iter().find(|t| t.name == flow.target);
     let stage: Arc<dyn Stage> = match target.map(|t| &t.kind) {
@@ -322,8 +322,15 @@ pub fn build(
     if let Some(sink) = &sink {
         committer = committer.with_sink(sink.clone());
     }
-    if let Some((_, query)) = typed {
-        committer = committer.with_typed(query);
+    if let Some(typed) = typed {
+        committer = committer.with_typed(typed.query);
+        if !typed.expectations.is_empty() {
+            committer = committer.with_expectations(Expectations::new(
+                &pipeline.name,
+                &flow.name,
+                typed.expectations,
+            ));
+        }
     }
     if pipeline.dead_letter_topic.is_some() {
         committer = committer.publish_dead_letters();

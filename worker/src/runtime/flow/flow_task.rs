@@ -89,10 +89,15 @@ pub async fn run(
             return outcome(FlowState::Skipped("stopped before start".into()));
         }
         ctx.board.set(&flow.name, FlowPhase::Starting, None);
-        let attempt = attempt::run(ctx, flow, handle.clone(), sink).await;
+        let (attempt, retry) = attempt::run(ctx, flow, handle.clone(), sink).await;
         let FlowState::Failed(why) = &attempt.state else {
             return attempt;
         };
+        if !retry {
+            tracing::error!(flow = %flow.name, error = %why,
+                "flow failed; not retried (the same records would fail the same way)");
+            return attempt;
+        }
         let Some(delay) = retries.next() else {
             tracing::error!(flow = %flow.name, error = %why, "flow failed; retries spent");
             return attempt;

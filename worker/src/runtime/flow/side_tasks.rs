@@ -18,7 +18,7 @@ use crate::runtime::flow::outcome::FlowState;
 use crate::runtime::flow::run_context::RunContext;
 use crate::runtime::flow::{progress, watermarks, windows};
 use crate::runtime::pool::drain_quorum::StoreDrainQuorum;
-use sluice_engine::{Counters, Ended, FlowEnd};
+use sluice_engine::{Counters, Ended, FlowEnd, FlowError};
 use sluice_pipeline::{Flow, Source};
 use sluice_store::FlowHandle;
 use std::sync::Arc;
@@ -31,6 +31,9 @@ pub struct Ran {
     pub counters: Option<Counters>,
     /// Records of a bounded source not delivered because the flow had committed them before.
     pub skipped: u64,
+    /// Whether a failure is worth another attempt: not a failed expectation, which the same
+    /// records would fail again.
+    pub retry: bool,
 }
 
 /// Runs `built` (the run of `flow` of `ctx`'s update, stored under `handle`) with its side
@@ -40,6 +43,7 @@ pub async fn run(ctx: &RunContext, flow: &Flow, handle: &FlowHandle, built: Buil
         state: FlowState::Failed(why),
         counters: None,
         skipped: 0,
+        retry: true,
     };
     let counters = built.counters;
     if let Some(sink) = &built.sink
@@ -133,6 +137,7 @@ pub async fn run(ctx: &RunContext, flow: &Flow, handle: &FlowHandle, built: Buil
         .progress
         .as_ref()
         .map_or(0, |p| p.skipped.load(std::sync::atomic::Ordering::Relaxed));
+    let retry = !matches!(end, Err(FlowError::Expectation(_)));
     let state = match (end, failure) {
         (Err(error), _) => FlowState::Failed(error.to_string()),
         (Ok(_), Some(failure)) => FlowState::Failed(failure),
@@ -149,5 +154,6 @@ pub async fn run(ctx: &RunContext, flow: &Flow, handle: &FlowHandle, built: Buil
         state,
         counters: Some(counters),
         skipped,
+        retry,
     }
 }

@@ -2,7 +2,7 @@
 //! target's declared columns ([`typed_tables`]), and a flow's decoder and query
 //! ([`typed_flow`]), from the validated file (`sluice_pipeline::query` compiled them).
 
-use sluice_engine::JsonFields;
+use sluice_engine::{Expectation, JsonFields, OnViolation};
 use sluice_pipeline::{Column, ColumnType, Flow, Pipeline, TargetKind};
 use sluice_store::{Sql, TypedColumn, TypedQuery, TypedTable};
 use std::sync::Arc;
@@ -43,8 +43,18 @@ pub fn typed_tables(pipeline: &Pipeline) -> Vec<TypedTable> {
         .collect()
 }
 
-/// A typed flow's decoder and query; `None` for a flow that lands envelope rows.
-pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Option<(Arc<JsonFields>, Arc<TypedQuery>)> {
+/// What a typed flow runs with.
+pub struct TypedFlow {
+    /// Its payload decoder.
+    pub fields: Arc<JsonFields>,
+    /// The query the store writes rows with.
+    pub query: Arc<TypedQuery>,
+    /// Its expectations, in the order of the query's checks.
+    pub expectations: Vec<Expectation>,
+}
+
+/// A typed flow's decoder, query and expectations; `None` for a flow that lands envelope rows.
+pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Option<TypedFlow> {
     if !flow.query.is_typed() {
         return None;
     }
@@ -74,12 +84,36 @@ pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Option<(Arc<JsonFields>, 
         postgres: e.postgres.clone(),
         sqlite: e.sqlite.clone(),
     });
-    Some((
-        Arc::new(JsonFields::new(fields.clone())),
-        Arc::new(TypedQuery {
+    let sql = |e: &sluice_pipeline::Expression| Sql {
+        postgres: e.postgres.clone(),
+        sqlite: e.sqlite.clone(),
+    };
+    let expectations = flow
+        .query
+        .expectations
+        .iter()
+        .map(|e| Expectation {
+            name: e.name.clone(),
+            on_violation: match e.on_violation {
+                sluice_pipeline::OnViolation::Warn => OnViolation::Warn,
+                sluice_pipeline::OnViolation::Drop => OnViolation::Drop,
+                sluice_pipeline::OnViolation::Fail => OnViolation::Fail,
+            },
+        })
+        .collect();
+    Some(TypedFlow {
+        fields: Arc::new(JsonFields::new(fields.clone())),
+        query: Arc::new(TypedQuery {
             fields,
             select,
             filter,
+            expectations: flow
+                .query
+                .expectations
+                .iter()
+                .map(|e| (e.name.clone(), sql(&e.check)))
+                .collect(),
         }),
-    ))
+        expectations,
+    })
 }
