@@ -1,9 +1,10 @@
-//! A flow as a query over its source (SPEC §4, "Typed tables"): `decode:`, `select:`,
+//! A flow as a query over its source (SPEC §5, "Typed tables"): `decode:`, `select:`,
 //! `where:` and `expect:` → [`FlowQuery`], and a table target's `columns:` → [`Column`]s.
 //!
-//! The expressions are compiled here against what the flow reads: the decoded fields (a JSON
-//! decode's `fields:`, or else the target's columns, read by name from the payload) and the
-//! envelope ([`envelope_fields`]). Each column of the target takes its `select:` expression,
+//! The expressions are compiled here against what they read: `select:` and `where:` the decoded
+//! fields (a JSON decode's `fields:`, or else the target's columns, read by name from the
+//! payload) and the envelope ([`envelope_fields`]); `expect:` the flow's output, the target's
+//! columns as `select:` fills them, and the envelope. Each column of the target takes its `select:` expression,
 //! or else the decoded field of its name; a column nothing fills must be nullable.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -275,10 +276,28 @@ pub(crate) fn flow_query(
         }
         Some(e)
     });
+    // Expectations check the flow's output: the target's columns (as `select:` fills them)
+    // and the envelope.
+    let mut columns: Vec<(String, ColumnType)> = target
+        .columns
+        .iter()
+        .map(|c| (c.name.clone(), c.ty))
+        .collect();
+    columns.extend(envelope_fields());
+    let compile_over_columns =
+        |c: &mut Collector<'_>, text: &str, at: &str| -> Option<Expression> {
+            match expression::compile(text, &columns) {
+                Ok(e) => Some(e),
+                Err(why) => {
+                    c.push(ErrorCode::InvalidExpression, at, why);
+                    None
+                }
+            }
+        };
     let mut expectations: Vec<Expectation> = Vec::new();
     for (i, raw) in raw.expect.unwrap_or_default().into_iter().enumerate() {
         let at = format!("{path}.expect[{i}]");
-        let Some(e) = expectation(c, raw, &at, &compile) else {
+        let Some(e) = expectation(c, raw, &at, &compile_over_columns) else {
             continue;
         };
         if expectations.iter().any(|other| other.name == e.name) {

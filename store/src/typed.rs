@@ -81,9 +81,29 @@ pub struct TypedQuery {
     pub select: Vec<(TypedColumn, Sql)>,
     /// `where:`.
     pub filter: Option<Sql>,
-    /// `expect:`: each expectation's name and check, evaluated before the commit
+    /// `expect:`: each expectation's name and check over the output (the target's columns as
+    /// `select` fills them, and the envelope), evaluated before the commit
     /// ([`crate::LedgerStore::violations`]).
     pub expectations: Vec<(String, Sql)>,
+}
+
+/// The flow's output over a relation `s` that has the envelope, the decoded fields and a row
+/// number (`row`): the row number, whether `where` keeps the row (`_sluice_kept`), the
+/// envelope, and each filled column under its name. `sql` picks a store's text of an
+/// expression. The relation expectations are checked on.
+pub(crate) fn output_columns(query: &TypedQuery, row: &str, sql: impl Fn(&Sql) -> &str) -> String {
+    let kept = query
+        .filter
+        .as_ref()
+        .map_or_else(|| "TRUE".to_owned(), |f| format!("({}) IS TRUE", sql(f)));
+    let mut out = format!(
+        "{row} AS _sluice_row, {kept} AS _sluice_kept, _sluice_message_id, _sluice_publish_time,
+         _sluice_event_time, _sluice_attributes, _sluice_data"
+    );
+    for (column, expression) in &query.select {
+        out.push_str(&format!(", {} AS \"{}\"", sql(expression), column.name));
+    }
+    out
 }
 
 /// The column a failing expectation check is reported under ([`crate::StoreError::Record`]).

@@ -73,12 +73,13 @@ fn query(select: &[(&str, &str)], filter: Option<&str>) -> TypedQuery {
     }
 }
 
-/// `query` with expectations (name, check).
+/// `query` with expectations (name, check), compiled over its output: the table's columns
+/// and the envelope.
 fn expecting(mut q: TypedQuery, checks: &[(&str, &str)]) -> TypedQuery {
     use sluice_pipeline::ColumnType as P;
     let mut visible: Vec<(String, P)> = [
         ("order_id", P::Text),
-        ("amount", P::Numeric),
+        ("cents", P::Integer),
         ("region", P::Text),
         ("ts", P::Timestamp),
     ]
@@ -303,12 +304,18 @@ async fn a_reset_clears_typed_rows(postgres: bool) {
 /// dead letter violates nothing; a check that fails on a record names it.
 async fn expectations_are_evaluated_per_record(postgres: bool) {
     let (place, store, flow) = typed_open(postgres).await;
+    let output = [
+        ("order_id", "order_id"),
+        ("cents", "CAST(amount * 100 AS integer)"),
+        ("region", "upper(region)"),
+    ];
+    // Checks read the output: `region` as `select` fills it (upper case).
     let q = expecting(
-        query(&[("order_id", "order_id")], None),
+        query(&output, None),
         &[
-            ("positive", "amount > 0"),
-            ("known", "region IN ('eu', 'us')"),
-            ("nullable", "NULLIF(region, 'eu') = 'us'"),
+            ("positive", "cents > 0"),
+            ("known", "region IN ('EU', 'US')"),
+            ("nullable", "NULLIF(region, 'EU') = 'US'"),
         ],
     );
     let entries = vec![
@@ -333,8 +340,8 @@ async fn expectations_are_evaluated_per_record(postgres: bool) {
     assert!(rows(&place).await.is_empty(), "nothing written");
     // A record `where:` leaves out is no output row: no verdict.
     let q = expecting(
-        query(&[("order_id", "order_id")], Some("amount > 0")),
-        &[("known", "region IN ('eu', 'us')")],
+        query(&output, Some("amount > 0")),
+        &[("known", "region IN ('EU', 'US')")],
     );
     let entries = vec![order("a", "1", "mars"), order("b", "0", "mars")];
     let violations = store
@@ -343,9 +350,9 @@ async fn expectations_are_evaluated_per_record(postgres: bool) {
         .unwrap();
     assert_eq!(violations, vec![vec![true], vec![]]);
     let q = expecting(
-        query(&[("order_id", "order_id")], None),
+        query(&output, None),
         &[
-            ("fine", "amount > 0"),
+            ("fine", "cents > 0"),
             ("cast", "CAST(region AS integer) > 0"),
         ],
     );

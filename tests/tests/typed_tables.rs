@@ -361,11 +361,17 @@ async fn expectations_warn_and_drop_count_each_record_once() {
     assert!(worker.wait(Duration::from_secs(60)).success());
 }
 
-/// `fail`: the triggered run exits non-zero naming the expectation and the record, and
-/// nothing is acked: every message comes back, the failing one among them, to a plain client
-/// whose stream opened after the worker had received them all and before it gave them back
-/// (batches wait 3 s to form, which leaves the client that time; the emulator hands a closed
-/// stream's messages only to streams already open).
+/// `fail`: the triggered run exits non-zero naming the expectation and the record, without a
+/// retry; nothing is committed and nothing acked (the run's counts: received 400, acked 0),
+/// and the failing message comes back to a plain client. The client's stream opened after the
+/// worker had received them all and before the worker gave them back (batches wait 3 s to
+/// form, which leaves the client that time; the emulator hands a closed stream's messages only
+/// to streams already open); once the worker has exited, a seek back to before the publish
+/// makes what the subscription still holds deliverable (it keeps no acked messages, so an
+/// acked one would not come back). The failing batch is given back only once the source's
+/// streams have closed, so it comes back at once; not every message is asserted back: what the
+/// source held outside that batch goes back as its streams close, and the emulator holds such
+/// messages for minutes (ARCHITECTURE.md, "Pub/Sub client facts").
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_expectation_stops_the_flow_and_acks_nothing() {
     const ORDERS: usize = 400;
@@ -396,6 +402,7 @@ async fn a_failed_expectation_stops_the_flow_and_acks_nothing() {
         "{}",
         worker.logs()
     );
+    let before = sluice_tests::now_ms() - 1_000;
     let ids = pubsub
         .publish(&topic, (0..ORDERS).map(checked_order).collect())
         .await;
@@ -409,10 +416,11 @@ async fn a_failed_expectation_stops_the_flow_and_acks_nothing() {
     assert!(
         summary.contains("FAILED (expectation known_region failed on message")
             && summary.contains(&format!("received {ORDERS}, rows 0"))
-            && summary.contains("acked 0"),
+            && summary.contains(&format!("acked 0, nacked {ORDERS}")),
         "{summary}"
     );
     assert!(logs.contains("not retried"), "{logs}");
+    pubsub.admin.seek_to_time(&subs[0], before).await.unwrap();
     let failing = summary
         .split("failed on message ")
         .nth(1)
@@ -424,7 +432,7 @@ async fn a_failed_expectation_stops_the_flow_and_acks_nothing() {
         back.contains(&failing),
         "the failing message {failing} was acked"
     );
-    let missing: Vec<&String> = ids.iter().filter(|id| !back.contains(*id)).collect();
-    assert!(missing.is_empty(), "not given back: {missing:?}");
+    assert!(back.iter().all(|id| ids.contains(id)));
+    println!("{} of {ORDERS} came back within 90 s", back.len());
     assert_eq!(Db(db_path).query("SELECT COUNT(*) FROM shop__orders"), 0);
 }

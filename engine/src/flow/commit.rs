@@ -45,7 +45,7 @@ use report::count_and_settle;
 use sluice_store::LedgerStore;
 use sluice_store::{Effect, FlowHandle, StoreError};
 use std::collections::VecDeque;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -73,6 +73,9 @@ pub struct CommitThenAck {
     failure: Arc<OnceLock<String>>,
     /// Stops the flow's source when it fails.
     stop_flow: Option<CancellationToken>,
+    /// Batches of a failed flow, given back once its source has closed (see
+    /// [`CommitThenAck::given_back_after_close`]).
+    held_back: Arc<Mutex<Vec<Batch>>>,
 }
 
 impl CommitThenAck {
@@ -146,7 +149,24 @@ impl CommitThenAck {
             expectations: None,
             failure: Arc::new(OnceLock::new()),
             stop_flow: None,
+            held_back: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    /// Holds `batch` (unacked) until the flow's source has closed: a message given back while
+    /// its stream is still open may flow back into that stream and wait out its lease there,
+    /// where a stream that closes with it outstanding gives it back to the others at once.
+    fn give_back_after_close(&self, batch: Batch) {
+        self.held_back
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(batch);
+    }
+
+    /// The batches a failed flow holds back; the runner gives them back (drops them, which
+    /// nacks) once the source has closed.
+    pub(crate) fn given_back_after_close(&self) -> Arc<Mutex<Vec<Batch>>> {
+        self.held_back.clone()
     }
 
     /// Checks each batch against `expectations` (the typed query's, in its order) before its
@@ -265,7 +285,7 @@ impl CommitThenAck {
             if self.failure.get().is_some() {
                 // The flow failed an expectation: nothing more is committed or acked.
                 report.abandoned += batch.len() as u64;
-                batch.abandon();
+                self.give_back_after_close(batch);
                 return None;
             }
             if let Some(bound) = self.retry.commit_bound {
@@ -346,7 +366,7 @@ impl CommitThenAck {
                                     stop.cancel();
                                 }
                                 report.abandoned += batch.len() as u64;
-                                batch.abandon();
+                                self.give_back_after_close(batch);
                                 return None;
                             }
                         }

@@ -22,7 +22,7 @@ use crate::flow::commit::{CommitReport, CommitThenAck};
 use crate::source::MessageSource;
 use crate::source::SourceError;
 use crate::telemetry::Counters;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -175,6 +175,7 @@ impl FlowRun {
         // A failed expectation stops the source; the flow then ends FAILED.
         committer.stop_flow_with(stop_source.clone());
         let failure = committer.failure();
+        let held_back = committer.given_back_after_close();
         let count = committer.concurrency();
         let (dispatch, mut commit_tasks) =
             crate::flow::commit_lanes::start(Arc::new(committer), count, ordered, COMMIT_QUEUE);
@@ -237,6 +238,11 @@ impl FlowRun {
         drop(batches);
         stop_source.cancel();
         handle.close().await;
+        // A failed flow's batches go back now that the streams are closed.
+        for batch in std::mem::take(&mut *held_back.lock().unwrap_or_else(PoisonError::into_inner))
+        {
+            batch.abandon();
+        }
         let report = committed.map_err(|e| FlowError::Committer(e.to_string()))?;
         if let Some(why) = failure.get() {
             return Err(FlowError::Expectation(why.clone()));

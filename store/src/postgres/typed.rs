@@ -537,12 +537,10 @@ async fn evaluate(
         .iter()
         .map(|check| format!(", ({check}) IS FALSE"))
         .collect();
-    let kept = query.filter.as_ref().map_or_else(
-        || "TRUE".to_owned(),
-        |f| format!("({}) IS TRUE", f.postgres),
-    );
+    let output = crate::typed::output_columns(query, "s._sluice_row", |e| &e.postgres);
     let text = rewrite_unused(&format!(
-        "{ROWS_AS_INPUT} SELECT s._sluice_row, {kept}{tests} FROM ({}) s",
+        "{ROWS_AS_INPUT} SELECT o._sluice_row, o._sluice_kept{tests}
+         FROM (SELECT {output} FROM ({}) s) o",
         source_relation(query)
     ));
     let statement = client

@@ -362,9 +362,8 @@ pub(super) fn violations(
         .iter()
         .map(|(_, sql)| sql.sqlite.as_str())
         .collect();
-    let filter = query.filter.as_ref().map(|f| f.sqlite.as_str());
     for chunk in rows.chunks(rows_per_statement) {
-        match evaluate(conn, batch, query, chunk, filter, &checks) {
+        match evaluate(conn, batch, query, chunk, &checks) {
             Ok(found) => {
                 for (index, violated) in found {
                     out[index] = violated;
@@ -374,7 +373,7 @@ pub(super) fn violations(
                 for &index in chunk {
                     for (name, sql) in &query.expectations {
                         if let Err(why) =
-                            evaluate(conn, batch, query, &[index], filter, &[sql.sqlite.as_str()])
+                            evaluate(conn, batch, query, &[index], &[sql.sqlite.as_str()])
                         {
                             return Err(StoreError::Record {
                                 index,
@@ -391,23 +390,22 @@ pub(super) fn violations(
     Ok(out)
 }
 
-/// Whether each of `checks` is false, for the rows at `indexes` (by entry index) that
-/// `filter` keeps (the others: no verdict, an empty list).
+/// Whether each of `checks` is false on the output of the rows at `indexes` (by entry index)
+/// that `where` keeps (the others: no verdict, an empty list).
 fn evaluate(
     conn: &Connection,
     batch: &CommitBatch,
     query: &TypedQuery,
     indexes: &[usize],
-    filter: Option<&str>,
     checks: &[&str],
 ) -> rusqlite::Result<Vec<(usize, Vec<bool>)>> {
     let tests: String = checks
         .iter()
         .map(|check| format!(", ({check}) IS FALSE"))
         .collect();
-    let kept = filter.map_or_else(|| "TRUE".to_owned(), |f| format!("({f}) IS TRUE"));
+    let output = crate::typed::output_columns(query, "_sluice_seq", |e| &e.sqlite);
     let sql = format!(
-        "{} SELECT _sluice_seq, {kept}{tests} FROM src",
+        "{} SELECT o._sluice_row, o._sluice_kept{tests} FROM (SELECT {output} FROM src) o",
         with_src(query, indexes.len())
     );
     let mut bound: Vec<Value> = Vec::new();

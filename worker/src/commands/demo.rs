@@ -24,6 +24,9 @@ const EVENT_TIME_JITTER_MS: i64 = 8_000;
 const DRAIN_IDLE: &str = "3s";
 /// Messages published with an unparseable timestamp, to show dead letters.
 const BAD_TIMESTAMPS: usize = 5;
+/// Live orders with a negative amount: the `positive_amount` expectation drops them.
+const BAD_AMOUNTS: usize = 5;
+const REGIONS: [&str; 3] = ["eu", "us", "apac"];
 /// Lines of the history file that are not records (dead letters of the backfill).
 const BAD_LINES: usize = 1;
 
@@ -64,26 +67,35 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
     let duplicates = events / 10;
     let mut rng = rand::rng();
     let now = now_ms();
-    let mut messages = Vec::with_capacity(events + duplicates + BAD_TIMESTAMPS);
+    let mut messages = Vec::with_capacity(events + duplicates + BAD_TIMESTAMPS + BAD_AMOUNTS);
     for i in 0..events {
         let ts = now - rng.random_range(0..EVENT_TIME_JITTER_MS);
-        messages.push(event(&format!("order-{i}"), &ts.to_string()));
+        messages.push(event(i, &format!("order-{i}"), &amount(i), &ts.to_string()));
     }
     for _ in 0..duplicates {
         // A publisher retry: same order id, new Pub/Sub message id.
         let i = rng.random_range(0..events.max(1));
-        messages.push(event(&format!("order-{i}"), &now.to_string()));
+        messages.push(event(
+            i,
+            &format!("order-{i}"),
+            &amount(i),
+            &now.to_string(),
+        ));
     }
     for i in 0..BAD_TIMESTAMPS {
-        messages.push(event(&format!("broken-{i}"), "not-a-timestamp"));
+        messages.push(event(i, &format!("broken-{i}"), "1", "not-a-timestamp"));
+    }
+    for i in 0..BAD_AMOUNTS {
+        messages.push(event(i, &format!("refund-{i}"), "-1.50", &now.to_string()));
     }
     let publisher = admin.publisher(&topic).await?;
     let published = Instant::now();
     publish_all(&publisher, messages).await?;
     println!(
         "published {} messages to {topic}: {events} orders, {duplicates} publisher duplicates \
-         (same order_id, new message id), {BAD_TIMESTAMPS} with a bad timestamp ({:.1}s)",
-        events + duplicates + BAD_TIMESTAMPS,
+         (same order_id, new message id), {BAD_TIMESTAMPS} with a bad timestamp, {BAD_AMOUNTS} \
+         with a negative amount ({:.1}s)",
+        events + duplicates + BAD_TIMESTAMPS + BAD_AMOUNTS,
         published.elapsed().as_secs_f64()
     );
 
@@ -122,7 +134,11 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
         let (rows, dead, what) = if outcome.name == "orders_backfill" {
             (history, BAD_LINES, "reason undecodable")
         } else {
-            (events, BAD_TIMESTAMPS, "reason bad_timestamp")
+            (
+                events,
+                BAD_TIMESTAMPS + BAD_AMOUNTS,
+                "reasons bad_timestamp, expectation:positive_amount",
+            )
         };
         println!("flow {}: {}", outcome.name, outcome.state.name());
         println!("  received      {:>7}  (redeliveries included)", c.received);
@@ -159,7 +175,7 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
          drained; orders_live started only when orders_backfill had completed"
     );
     println!(
-        "\nlook inside: sqlite3 {} 'SELECT COUNT(*), COUNT(DISTINCT dedup_key) FROM demo__orders'",
+        "\nlook inside: sqlite3 -header {} \\\n  'SELECT region, COUNT(*) AS orders, ROUND(SUM(amount), 2) AS amount FROM demo__orders GROUP BY region'",
         db.display()
     );
     println!(
@@ -177,8 +193,15 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
     Ok(ok)
 }
 
-fn event(order_id: &str, ts: &str) -> Message {
-    let body = format!("{{\"order_id\":\"{order_id}\",\"amount\":42}}");
+/// Order `i`'s amount: 5.00 to 99.99.
+fn amount(i: usize) -> String {
+    format!("{}.{:02}", 5 + i % 95, i % 100)
+}
+
+fn event(i: usize, order_id: &str, amount: &str, ts: &str) -> Message {
+    let region = REGIONS[i % REGIONS.len()];
+    let body =
+        format!("{{\"order_id\":\"{order_id}\",\"amount\":{amount},\"region\":\"{region}\"}}");
     Message::new()
         .set_data(Bytes::from(body))
         .set_attributes([("order_id", order_id.to_owned()), ("ts", ts.to_owned())])
@@ -189,7 +212,7 @@ fn event(order_id: &str, ts: &str) -> Message {
 fn history_file(n: usize, now: i64) -> String {
     let line = |i: usize| {
         format!(
-            "{{\"id\":\"past-{i}\",\"data\":{{\"order_id\":\"past-{i}\",\"amount\":7}},\"event_time\":{}}}\n",
+            "{{\"id\":\"past-{i}\",\"data\":{{\"order_id\":\"past-{i}\",\"amount\":7,\"region\":\"history\"}},\"event_time\":{}}}\n",
             now - 86_400_000 + i as i64
         )
     };
@@ -211,11 +234,16 @@ pubsub:
 targets:
   - name: orders
     kind: table
+    columns:
+      - {{ name: order_id, type: text, nullable: false }}
+      - {{ name: amount, type: numeric }}
+      - {{ name: region, type: text }}
 flows:
   - name: orders_backfill
     target: orders
     once: true
     source: {{ file: {{ path: \"{history}/*.jsonl\" }} }}
+    decode: {{ format: json }}
   - name: orders_live
     target: orders
     depends_on: orders_backfill
@@ -226,6 +254,9 @@ flows:
         event_time: {{ attribute: ts }}
         batch: {{ max_messages: 1000, max_delay: 50ms }}
         drain_idle: {DRAIN_IDLE}
+    decode: {{ format: json }}
+    expect:
+      - {{ name: positive_amount, check: \"amount > 0\", on_violation: drop }}
 ",
         db = db.display(),
         history = history.display()
