@@ -17,6 +17,7 @@
 use crate::cpu::process_cpu_time;
 use crate::error::BenchError;
 use crate::stores::{Backend, FreshStore};
+use crate::typed::TypedShape;
 use sluice_engine::{
     BatchSettings, Budget, CommitThenAck, Counters, DedupSettings, FlowRun, FlowWatermark,
     KeySource, MessageSource, RetrySettings, RunUntil, Snapshot, TRACKER_TICK, TableStage,
@@ -70,6 +71,7 @@ pub(crate) async fn sluice_drain(
     backend: Backend,
     postgres_server: &str,
     progress: Progress,
+    typed: Option<&TypedShape>,
 ) -> Result<Measured, BenchError> {
     let fresh = FreshStore::open(backend, postgres_server).await?;
     let (store, postgres) = (fresh.store.clone(), fresh.postgres.clone());
@@ -82,7 +84,8 @@ pub(crate) async fn sluice_drain(
         name: "key".into(),
         dead_letter_if_missing: false,
     };
-    let (run, flow) = bench_flow(&store, store.clone(), source, key, counters.clone()).await?;
+    let (run, flow) =
+        bench_flow(&store, store.clone(), source, key, counters.clone(), typed).await?;
     let wal_before = match &postgres {
         Some(store) => Some(store.footprint().await.map_err(store_error)?.wal_position),
         None => None,
@@ -233,18 +236,38 @@ pub(crate) async fn bench_flow(
     source: Box<dyn MessageSource>,
     key: KeySource,
     counters: Counters,
+    typed: Option<&TypedShape>,
 ) -> Result<(FlowRun, FlowHandle), BenchError> {
     let flow = store
         .prepare(&Layout {
             pipeline: "bench".into(),
             tables: vec!["events".into()],
-            typed: Vec::new(),
+            typed: typed.iter().map(|t| t.table.clone()).collect(),
             flows: vec!["ingest".into()],
         })
         .await
         .map_err(store_error)?
         .remove(0);
     let window = Duration::from_secs(600);
+    let mut committer = CommitThenAck::new(
+        ledger,
+        flow.clone(),
+        Arc::from(table_name("bench", "events").map_err(store_error)?),
+        Arc::new(TableStage {
+            fields: typed.map(|t| t.fields.clone()),
+            ..TableStage::default()
+        }),
+        RetrySettings {
+            max_attempts: 5,
+            dedup_window: window,
+            // As the worker's Pub/Sub flows: the deadline travels with every commit.
+            commit_bound: Some(sluice_engine::commit_bound(window)),
+        },
+        CancellationToken::new(),
+    );
+    if let Some(typed) = typed {
+        committer = committer.with_typed(typed.query.clone());
+    }
     let run = FlowRun {
         source,
         budget: Budget::new(10_000, 100 << 20),
@@ -253,19 +276,7 @@ pub(crate) async fn bench_flow(
             max_messages: 1_000,
             max_delay: Duration::from_millis(50),
         },
-        committer: CommitThenAck::new(
-            ledger,
-            flow.clone(),
-            Arc::from(table_name("bench", "events").map_err(store_error)?),
-            Arc::new(TableStage::default()),
-            RetrySettings {
-                max_attempts: 5,
-                dedup_window: window,
-                // As the worker's Pub/Sub flows: the deadline travels with every commit.
-                commit_bound: Some(sluice_engine::commit_bound(window)),
-            },
-            CancellationToken::new(),
-        ),
+        committer,
         counters,
         until: RunUntil::Drained,
         drain_agreement: None,

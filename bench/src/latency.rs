@@ -184,6 +184,7 @@ async fn ordering_cost(
                         Backend::Sqlite,
                         "",
                         Progress::None,
+                        None,
                     )
                     .await?
                     .wall
@@ -368,6 +369,14 @@ async fn sluice_flow(
         samples,
     });
     let counters = Counters::new("bench", "ingest");
-    let (run, _) = bench_flow(&fresh.store, timed, source, KeySource::MessageId, counters).await?;
+    let (run, _) = bench_flow(
+        &fresh.store,
+        timed,
+        source,
+        KeySource::MessageId,
+        counters,
+        None,
+    )
+    .await?;
     Ok(run)
 }

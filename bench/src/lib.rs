@@ -16,6 +16,7 @@ mod latency_points;
 mod latency_samples;
 mod stores;
 mod throughput;
+mod typed;
 mod watermark;
 
 pub use chain::{ChainArgs, chain};
@@ -25,4 +26,5 @@ pub use job::{JobArgs, job};
 pub use latency::{LatencyArgs, latency};
 pub use stores::StoreChoice;
 pub use throughput::{ThroughputArgs, throughput};
+pub use typed::{TypedArgs, typed};
 pub use watermark::{WatermarkArgs, watermark};

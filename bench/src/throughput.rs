@@ -168,6 +168,7 @@ async fn emulator_rounds(args: &ThroughputArgs) -> Result<(), BenchError> {
                         backend,
                         &args.postgres,
                         Progress::None,
+                        None,
                     )
                     .await?
                     .wall
@@ -206,7 +207,7 @@ async fn capacity(args: &ThroughputArgs) -> Result<(), BenchError> {
                     backend.name(),
                     progress.label()
                 ),
-                sluice_drain(source, n, backend, &args.postgres, progress).await?,
+                sluice_drain(source, n, backend, &args.postgres, progress, None).await?,
             ));
         }
     }
@@ -460,6 +461,7 @@ mod tests {
                             backend,
                             sluice_store::DEFAULT_SCRATCH_SERVER,
                             progress,
+                            None,
                         ),
                     )
                     .await;

@@ -3,7 +3,8 @@
 //! Inputs: arbitrary strings, arbitrary bytes made into lossy UTF-8, soups of YAML tokens and
 //! pipeline keys, and mutations of a valid file (lines deleted, duplicated, replaced or
 //! re-indented; random keys inserted; random values for known keys; tabs, NUL, CR, BOM),
-//! plus deep nesting, very long strings and YAML anchors/aliases (alias bombs included).
+//! plus deep nesting, very long strings and YAML anchors/aliases (alias bombs included); the
+//! same mutations of a typed file, and soups of SQL tokens as its expressions.
 //!
 //! Properties: `parse` never panics, is deterministic, and every error it returns has a
 //! non-empty code, a one-line message, prints as one line, and is located (when it has a line)
@@ -80,7 +81,20 @@ const KEYS: &[&str] = &[
     "max_attempts",
     "drain_idle",
     "streams",
+    "columns",
+    "type",
+    "nullable",
+    "decode",
+    "fields",
+    "select",
+    "where",
+    "expect",
+    "check",
+    "on_violation",
 ];
+
+/// A valid typed file (`columns:`, `decode:`, `select:`, `where:`, `expect:`).
+const TYPED: &str = include_str!("data/typed.yaml");
 
 fn config(cases: u32) -> Config {
     Config {
@@ -382,13 +396,17 @@ fn apply(lines: &mut Vec<String>, m: &Mutation) {
 }
 
 fn mutated_base() -> impl Strategy<Value = String> {
+    mutated(BASE)
+}
+
+fn mutated(base: &'static str) -> impl Strategy<Value = String> {
     (
         prop::collection::vec(mutation(), 1..6),
         any::<bool>(),
         any::<bool>(),
     )
         .prop_map(|(mutations, crlf, trailing_newline)| {
-            let mut lines: Vec<String> = BASE.lines().map(str::to_owned).collect();
+            let mut lines: Vec<String> = base.lines().map(str::to_owned).collect();
             for m in &mutations {
                 apply(&mut lines, m);
             }
@@ -583,6 +601,93 @@ proptest! {
     fn anchors_and_aliases(text in aliases()) {
         check(&text)?;
     }
+
+    #[test]
+    fn mutations_of_a_valid_typed_file(text in mutated(TYPED)) {
+        check(&text)?;
+    }
+
+    #[test]
+    fn arbitrary_expressions(expression in sql_soup(), slot in 0..3usize) {
+        // Into `where:`, a `select:` value or an expectation's check, quoted as YAML.
+        let quoted = format!("{expression:?}");
+        let text = match slot {
+            0 => TYPED.replace("\"amount > 0 AND ts >= '2026-01-01'\"", &quoted),
+            1 => TYPED.replace("\"CAST(amount * 100 AS integer)\"", &quoted),
+            _ => TYPED.replace("\"cents < 100000\"", &quoted),
+        };
+        check(&text)?;
+    }
+}
+
+/// Soups of SQL tokens, names of the file's columns and fields, and stray characters.
+fn sql_soup() -> impl Strategy<Value = String> {
+    let token = prop_oneof![
+        select(vec![
+            "amount",
+            "cents",
+            "region",
+            "ts",
+            "order_id",
+            "_sluice_attributes",
+            "_sluice_data",
+            "CAST",
+            "AS",
+            "integer",
+            "numeric",
+            "text",
+            "(",
+            ")",
+            ",",
+            "+",
+            "-",
+            "*",
+            "/",
+            "%",
+            "||",
+            "->>",
+            "->",
+            "::",
+            "=",
+            "<>",
+            "<",
+            ">=",
+            "AND",
+            "OR",
+            "NOT",
+            "IS",
+            "NULL",
+            "IN",
+            "BETWEEN",
+            "LIKE",
+            "CASE",
+            "WHEN",
+            "THEN",
+            "ELSE",
+            "END",
+            "coalesce",
+            "upper",
+            "round",
+            "'eu'",
+            "'",
+            "\"",
+            "1",
+            "2.5",
+            "1e9",
+            "TRUE",
+            "SELECT",
+            "FROM",
+            ";",
+            "--",
+            "/*",
+            "$1",
+            "?",
+            "now()",
+        ])
+        .prop_map(str::to_owned),
+        "[ -~]{0,4}",
+    ];
+    prop::collection::vec(token, 0..24).prop_map(|tokens| tokens.join(" "))
 }
 
 proptest! {
@@ -610,6 +715,7 @@ proptest! {
 #[test]
 fn the_base_file_is_valid() {
     parse(BASE, Path::new("p.yaml")).unwrap();
+    parse(TYPED, Path::new("p.yaml")).unwrap();
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! `sluice bench throughput|watermark|chain|job|latency`: the benchmarks of BENCHMARKS.md, run from the worker
+//! `sluice bench throughput|watermark|chain|job|latency|typed`: the benchmarks of BENCHMARKS.md, run from the worker
 //! binary (the harness is the `sluice-bench` crate).
 
 use clap::Subcommand;
@@ -18,6 +18,9 @@ pub enum BenchCommand {
     /// Publish-to-commit latency at steady rates, unordered and ordered, against the raw
     /// client's publish-to-receive latency; draws a plot.
     Latency(sluice_bench::LatencyArgs),
+    /// What decoding into typed columns and a query cost: a typed JSON flow against the same
+    /// messages landed as bytes.
+    Typed(sluice_bench::TypedArgs),
 }
 
 /// Runs one benchmark; exit 1 when it could not run.
@@ -42,6 +45,13 @@ pub async fn bench(which: BenchCommand) -> ExitCode {
             }
         },
         BenchCommand::Latency(args) => match sluice_bench::latency(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("sluice bench: {error}");
+                ExitCode::from(1)
+            }
+        },
+        BenchCommand::Typed(args) => match sluice_bench::typed(args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("sluice bench: {error}");
