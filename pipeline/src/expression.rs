@@ -60,8 +60,8 @@ pub fn compile(text: &str, fields: Fields<'_>) -> Result<Expression, String> {
     let ty = checker.ty(&expr)?;
     Ok(Expression {
         text: text.to_owned(),
-        postgres: render(&expr, Store::Postgres)?,
-        sqlite: render(&expr, Store::Sqlite)?,
+        postgres: render(&expr, Store::Postgres, &checker)?,
+        sqlite: render(&expr, Store::Sqlite, &checker)?,
         ty: ty.known(),
     })
 }
@@ -130,6 +130,12 @@ impl Checker<'_> {
             }
             Expr::Value(value) => match &value.value {
                 Value::Number(text, _) => {
+                    if !is_plain_number(text) {
+                        return Err(format!(
+                            "the number `{text}`: write numbers in decimal (`1000`, `2.5`, \
+                             `1e3`), as both stores read them"
+                        ));
+                    }
                     if text.contains(['.', 'e', 'E']) {
                         Ty::Known(C::Numeric)
                     } else {
@@ -204,6 +210,7 @@ impl Checker<'_> {
             } => {
                 let operand = operand.as_deref().map(|o| self.ty(o)).transpose()?;
                 let mut result = Ty::Null;
+                let mut branches = Vec::new();
                 for when in conditions {
                     match operand {
                         Some(operand) => {
@@ -211,11 +218,16 @@ impl Checker<'_> {
                         }
                         None => self.boolean(&when.condition, "CASE WHEN")?,
                     }
-                    result = self.unify(result, self.ty(&when.result)?, "CASE")?;
+                    let branch = self.ty(&when.result)?;
+                    result = self.unify(result, branch, "CASE")?;
+                    branches.push(branch);
                 }
                 if let Some(other) = else_result {
-                    result = self.unify(result, self.ty(other)?, "CASE")?;
+                    let branch = self.ty(other)?;
+                    result = self.unify(result, branch, "CASE")?;
+                    branches.push(branch);
                 }
+                literal_beside_time(result, branches.into_iter(), "CASE")?;
                 result
             }
             Expr::Cast {
@@ -224,10 +236,37 @@ impl Checker<'_> {
                 data_type,
                 format: None,
             } => {
-                self.ty(expr)?;
-                Ty::Known(cast_type(&data_type.to_string())?)
+                let to = cast_type(&data_type.to_string())?;
+                let from = self.ty(expr)?;
+                if !castable(from, to) {
+                    return Err(format!(
+                        "CAST from {} to {}: not the same on both stores (cast from text, \
+                         between numbers, to text from numbers, dates, times and json, or \
+                         between dates and timestamps)",
+                        describe(from),
+                        to.keyword()
+                    ));
+                }
+                Ty::Known(to)
             }
             Expr::Function(function) => self.function(function)?,
+            Expr::Substring {
+                expr,
+                substring_from,
+                substring_for,
+                ..
+            } => {
+                self.text(expr, "substr")?;
+                for count in [substring_from, substring_for].into_iter().flatten() {
+                    if !matches!(self.ty(count)?, Ty::Known(C::Integer) | Ty::Null) {
+                        return Err("`substr` counts in integers".to_owned());
+                    }
+                }
+                if substring_from.is_none() {
+                    return Err("`substr` needs where to start".to_owned());
+                }
+                Ty::Known(C::Text)
+            }
             other => {
                 return Err(format!(
                     "`{other}` is not supported: sluice's expressions are the part of SQL that \
@@ -254,7 +293,18 @@ impl Checker<'_> {
                 self.comparable(l, r, &op.to_string())?;
                 Ty::Known(C::Boolean)
             }
-            B::Plus | B::Minus | B::Multiply | B::Divide | B::Modulo => {
+            B::Modulo => {
+                for side in [l, r] {
+                    if !matches!(side, Ty::Known(C::Integer) | Ty::Null) {
+                        return Err(format!(
+                            "`%` takes integers (found {}); PostgreSQL has no `%` on doubles",
+                            describe(side)
+                        ));
+                    }
+                }
+                Ty::Known(C::Integer)
+            }
+            B::Plus | B::Minus | B::Multiply | B::Divide => {
                 self.number(l, &op.to_string())?;
                 self.number(r, &op.to_string())?;
                 self.unify(l, r, &op.to_string())?
@@ -274,10 +324,11 @@ impl Checker<'_> {
                 if l != Ty::Known(C::Json) {
                     return Err(format!("`{op}` reads a json value (found {})", describe(l)));
                 }
-                if !matches!(r, Ty::StringLiteral | Ty::Known(C::Integer)) {
+                if !matches!(right, Expr::Value(_))
+                    || !matches!(r, Ty::StringLiteral | Ty::Known(C::Integer))
+                {
                     return Err(format!(
-                        "`{op}` takes a key ('name') or an index (found {})",
-                        describe(r)
+                        "`{op}` takes a key ('name') or an index (1), written as a literal"
                     ));
                 }
                 if *op == B::LongArrow {
@@ -335,11 +386,12 @@ impl Checker<'_> {
         };
         Ok(match name.as_str() {
             "coalesce" => {
-                arity(1..=64)?;
+                arity(2..=64)?;
                 let mut ty = Ty::Null;
                 for (_, arg) in &args {
                     ty = self.unify(ty, *arg, "coalesce")?;
                 }
+                literal_beside_time(ty, args.iter().map(|(_, t)| *t), "coalesce")?;
                 ty
             }
             "nullif" => {
@@ -470,6 +522,57 @@ impl Checker<'_> {
     }
 }
 
+/// A value that is a timestamp or a date in one branch and a string literal in another would
+/// be stored as that text on SQLite: the literal must be cast.
+fn literal_beside_time(
+    result: Ty,
+    branches: impl Iterator<Item = Ty>,
+    at: &str,
+) -> Result<(), String> {
+    let time = matches!(result, Ty::Known(ColumnType::Timestamp | ColumnType::Date));
+    let mut branches = branches;
+    if time && branches.any(|b| b == Ty::StringLiteral) {
+        return Err(format!(
+            "{at}: a string literal beside a {}: CAST it AS {}",
+            describe(result),
+            describe(result)
+        ));
+    }
+    Ok(())
+}
+
+/// Whether both stores cast `from` to `to` alike.
+fn castable(from: Ty, to: ColumnType) -> bool {
+    use ColumnType as C;
+    match from {
+        Ty::Null | Ty::StringLiteral => true,
+        Ty::Known(from) if from == to => true,
+        Ty::Known(C::Text) => true,
+        Ty::Known(from) if from.is_number() => to.is_number() || to == C::Text,
+        Ty::Known(C::Timestamp) => matches!(to, C::Date | C::Text),
+        Ty::Known(C::Date) => matches!(to, C::Timestamp | C::Text),
+        Ty::Known(C::Json) => to == C::Text,
+        Ty::Known(_) => false,
+    }
+}
+
+/// `digits[.digits][e[+-]digits]` (or `.digits`): a number both stores read alike.
+fn is_plain_number(text: &str) -> bool {
+    let (mantissa, exponent) = match text.find(['e', 'E']) {
+        Some(at) => (&text[..at], Some(&text[at + 1..])),
+        None => (text, None),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    !(whole.is_empty() && fraction.is_empty())
+        && digits(whole)
+        && digits(fraction)
+        && exponent.is_none_or(|e| {
+            let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+            !e.is_empty() && digits(e)
+        })
+}
+
 fn unreachable_function(name: &str) -> Result<Ty, String> {
     Err(format!("the function `{name}` is not supported"))
 }
@@ -535,9 +638,21 @@ pub fn postgres_type(ty: ColumnType) -> &'static str {
     }
 }
 
-/// Writes a checked expression out for one store.
-fn render(expr: &Expr, store: Store) -> Result<String, String> {
-    let r = |e: &Expr| render(e, store);
+/// Writes a checked expression out for one store; `checker` gives the types that decide how
+/// (a string literal read as a time, a division, a JSON text).
+fn render(expr: &Expr, store: Store, checker: &Checker<'_>) -> Result<String, String> {
+    let r = |e: &Expr| render(e, store, checker);
+    let ty = |e: &Expr| checker.ty(e);
+    // `e` as compared with a value of type `other`: a string literal beside a time is written as
+    // that time.
+    let beside = |e: &Expr, other: Ty| -> Result<String, String> {
+        match (literal_text(e), other.known()) {
+            (Some(text), Some(time @ (ColumnType::Timestamp | ColumnType::Date))) => {
+                time_literal(text, time, store)
+            }
+            _ => r(e),
+        }
+    };
     Ok(match expr {
         Expr::Identifier(ident) => format!("\"{}\"", ident.value),
         Expr::Value(value) => match &value.value {
@@ -556,43 +671,89 @@ fn render(expr: &Expr, store: Store) -> Result<String, String> {
         Expr::IsNotTrue(inner) => format!("({} IS NOT TRUE)", r(inner)?),
         Expr::IsNotFalse(inner) => format!("({} IS NOT FALSE)", r(inner)?),
         Expr::UnaryOp { op, expr } => format!("({op} {})", r(expr)?),
-        Expr::BinaryOp { left, op, right } => format!("({} {op} {})", r(left)?, r(right)?),
+        Expr::BinaryOp { left, op, right } => {
+            use BinaryOperator as B;
+            let (lt, rt) = (ty(left)?, ty(right)?);
+            match (op, store) {
+                (B::Eq | B::NotEq | B::Lt | B::LtEq | B::Gt | B::GtEq, _) => {
+                    format!("({} {op} {})", beside(left, rt)?, beside(right, lt)?)
+                }
+                // SQLite divides integers when both values are stored as integers, which an
+                // integral numeric is: a numeric or double division is done in floats, and a
+                // zero divisor fails the record as on PostgreSQL.
+                (B::Divide, Store::Sqlite) => {
+                    let real = [lt, rt]
+                        .iter()
+                        .any(|t| matches!(t, Ty::Known(ColumnType::Numeric | ColumnType::Double)));
+                    if real {
+                        format!(
+                            "(CAST({} AS REAL) / sluice_nonzero({}))",
+                            r(left)?,
+                            r(right)?
+                        )
+                    } else {
+                        format!("({} / sluice_nonzero({}))", r(left)?, r(right)?)
+                    }
+                }
+                (B::Modulo, Store::Sqlite) => {
+                    format!("({} % sluice_nonzero({}))", r(left)?, r(right)?)
+                }
+                // SQLite's `->>` gives a JSON number as a number; PostgreSQL's gives text.
+                (B::LongArrow, Store::Sqlite) => {
+                    format!("CAST(({} ->> {}) AS TEXT)", r(left)?, r(right)?)
+                }
+                _ => format!("({} {op} {})", r(left)?, r(right)?),
+            }
+        }
         Expr::Between {
             expr,
             negated,
             low,
             high,
-        } => format!(
-            "({} {}BETWEEN {} AND {})",
-            r(expr)?,
-            if *negated { "NOT " } else { "" },
-            r(low)?,
-            r(high)?
-        ),
+        } => {
+            let t = ty(expr)?;
+            format!(
+                "({} {}BETWEEN {} AND {})",
+                beside(expr, ty(low)?)?,
+                if *negated { "NOT " } else { "" },
+                beside(low, t)?,
+                beside(high, t)?
+            )
+        }
         Expr::In {
             expr,
             target: InTarget::List(list),
             negated,
             ..
-        } => format!(
-            "({} {}IN ({}))",
-            r(expr)?,
-            if *negated { "NOT " } else { "" },
-            list.iter()
-                .map(r)
-                .collect::<Result<Vec<_>, _>>()?
-                .join(", ")
-        ),
+        } => {
+            let t = ty(expr)?;
+            let items = list
+                .iter()
+                .map(|item| beside(item, t))
+                .collect::<Result<Vec<_>, _>>()?;
+            format!(
+                "({} {}IN ({}))",
+                r(expr)?,
+                if *negated { "NOT " } else { "" },
+                items.join(", ")
+            )
+        }
         Expr::Like {
             negated,
             expr,
             pattern,
             ..
         } => format!(
-            "({} {}LIKE {})",
+            "({} {}LIKE {}{})",
             r(expr)?,
             if *negated { "NOT " } else { "" },
-            r(pattern)?
+            r(pattern)?,
+            // PostgreSQL's default escape character; SQLite has none unless told.
+            if store == Store::Sqlite {
+                " ESCAPE '\\'"
+            } else {
+                ""
+            }
         ),
         Expr::Case {
             operand,
@@ -601,16 +762,17 @@ fn render(expr: &Expr, store: Store) -> Result<String, String> {
             ..
         } => {
             let mut out = "(CASE".to_owned();
+            let operand_ty = operand.as_deref().map(ty).transpose()?;
             if let Some(operand) = operand {
                 out.push(' ');
                 out.push_str(&r(operand)?);
             }
             for when in conditions {
-                out.push_str(&format!(
-                    " WHEN {} THEN {}",
-                    r(&when.condition)?,
-                    r(&when.result)?
-                ));
+                let condition = match operand_ty {
+                    Some(t) => beside(&when.condition, t)?,
+                    None => r(&when.condition)?,
+                };
+                out.push_str(&format!(" WHEN {condition} THEN {}", r(&when.result)?));
             }
             if let Some(other) = else_result {
                 out.push_str(&format!(" ELSE {}", r(other)?));
@@ -627,22 +789,107 @@ fn render(expr: &Expr, store: Store) -> Result<String, String> {
                 Store::Sqlite => format!("sluice_cast_{}({})", ty.keyword(), r(expr)?),
             }
         }
+        Expr::Substring {
+            expr,
+            substring_from,
+            substring_for,
+            ..
+        } => {
+            let count = |e: &Expr| -> Result<String, String> {
+                Ok(match store {
+                    // PostgreSQL's `substr` counts in `integer`, not `bigint`.
+                    Store::Postgres => format!("CAST({} AS INTEGER)", r(e)?),
+                    Store::Sqlite => r(e)?,
+                })
+            };
+            let mut args = vec![r(expr)?];
+            for e in [substring_from, substring_for].into_iter().flatten() {
+                args.push(count(e)?);
+            }
+            format!("substr({})", args.join(", "))
+        }
         Expr::Function(function) => {
             let name = function.name.to_string().to_lowercase();
             let FunctionArguments::List(list) = &function.args else {
                 return Err(format!("`{name}` needs its arguments in parentheses"));
             };
-            let mut args = Vec::new();
+            let mut exprs = Vec::new();
             for arg in &list.args {
                 let FunctionArg::Unnamed(FunctionArgExpr::Expr(expr)) = arg else {
                     return Err(format!("`{name}`: only plain arguments are supported"));
                 };
-                args.push(r(expr)?);
+                exprs.push(expr);
+            }
+            let mut args = Vec::new();
+            for (i, expr) in exprs.iter().enumerate() {
+                let text = match (name.as_str(), i) {
+                    ("nullif", 1) => beside(expr, ty(exprs[0])?)?,
+                    ("nullif", 0) => beside(expr, ty(exprs[1])?)?,
+                    // PostgreSQL's `substr` and `round` count in `integer`, not `bigint`.
+                    ("substr", 1 | 2) | ("round", 1) if store == Store::Postgres => {
+                        format!("CAST({} AS INTEGER)", r(expr)?)
+                    }
+                    _ => r(expr)?,
+                };
+                args.push(text);
             }
             format!("{name}({})", args.join(", "))
         }
         other => return Err(format!("`{other}` is not supported")),
     })
+}
+
+fn literal_text(expr: &Expr) -> Option<&str> {
+    match expr {
+        Expr::Value(value) => match &value.value {
+            Value::SingleQuotedString(text) => Some(text),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A string literal read as a timestamp (ISO 8601; without an offset, UTC) or a date, written
+/// in each store's form of that type, so that both compare times, not text.
+fn time_literal(text: &str, ty: ColumnType, store: Store) -> Result<String, String> {
+    let instant = parse_time(text).ok_or_else(|| {
+        format!(
+            "'{text}' is not a {} (ISO 8601: 2026-12-04, 2026-12-04T10:00:00Z)",
+            ty.keyword()
+        )
+    })?;
+    let (canonical, sql_type) = match ty {
+        ColumnType::Date => (
+            instant.to_zoned(jiff::tz::TimeZone::UTC).date().to_string(),
+            "DATE",
+        ),
+        _ => (
+            instant.strftime("%Y-%m-%dT%H:%M:%S.%3fZ").to_string(),
+            "TIMESTAMPTZ",
+        ),
+    };
+    Ok(match store {
+        Store::Postgres => format!("CAST('{canonical}' AS {sql_type})"),
+        Store::Sqlite => format!("'{canonical}'"),
+    })
+}
+
+/// ISO 8601: with an offset, or without one read as UTC, or a date (midnight UTC).
+fn parse_time(text: &str) -> Option<jiff::Timestamp> {
+    let text = text.trim();
+    if let Ok(instant) = text.parse::<jiff::Timestamp>() {
+        return Some(instant);
+    }
+    if let Ok(civil) = text.parse::<jiff::civil::DateTime>() {
+        return civil
+            .to_zoned(jiff::tz::TimeZone::UTC)
+            .ok()
+            .map(|z| z.timestamp());
+    }
+    text.parse::<jiff::civil::Date>()
+        .ok()
+        .and_then(|d| d.to_zoned(jiff::tz::TimeZone::UTC).ok())
+        .map(|z| z.timestamp())
 }
 
 #[cfg(test)]
@@ -705,6 +952,44 @@ mod tests {
         assert!(err("round(CAST(qty AS double), 2)").contains("numeric"));
         assert!(err("t.qty").contains("by itself"));
         assert!(err("").contains("not an SQL expression"));
+    }
+
+    #[test]
+    fn both_stores_compute_alike() {
+        let e = ok("ts >= '2026-01-01'");
+        assert_eq!(
+            e.postgres,
+            "(\"ts\" >= CAST('2026-01-01T00:00:00.000Z' AS TIMESTAMPTZ))"
+        );
+        assert_eq!(e.sqlite, "(\"ts\" >= '2026-01-01T00:00:00.000Z')");
+        assert!(
+            ok("ts IN ('2026-01-01T10:00:00+01:00')")
+                .sqlite
+                .contains("'2026-01-01T09:00:00.000Z'")
+        );
+        assert!(err("ts > 'yesterday'").contains("not a timestamp"));
+        assert!(err("coalesce(ts, '1970-01-01')").contains("CAST it"));
+        let e = ok("amount / 2");
+        assert_eq!(e.sqlite, "(CAST(\"amount\" AS REAL) / sluice_nonzero(2))");
+        assert_eq!(e.postgres, "(\"amount\" / 2)");
+        assert_eq!(ok("qty / 2").sqlite, "(\"qty\" / sluice_nonzero(2))");
+        assert!(ok("qty % 2").sqlite.contains("sluice_nonzero"));
+        assert!(err("amount % 2").contains("integers"));
+        assert!(err("coalesce(qty)").contains("2 to 64"));
+        assert!(err("1_000 + qty").contains("decimal"));
+        assert!(err("0x1F + qty").contains("decimal"));
+        assert!(err("CAST(vip AS text)").contains("CAST from boolean"));
+        assert_eq!(ok("CAST(ts AS date)").ty, Some(C::Date));
+        assert_eq!(
+            ok("substr(order_id, qty)").postgres,
+            "substr(\"order_id\", CAST(\"qty\" AS INTEGER))"
+        );
+        assert!(err("_sluice_attributes ->> order_id").contains("literal"));
+        assert_eq!(
+            ok("_sluice_attributes ->> 'region'").sqlite,
+            "CAST((\"_sluice_attributes\" ->> 'region') AS TEXT)"
+        );
+        assert!(ok("order_id LIKE 'o%'").sqlite.ends_with("ESCAPE '\\')"));
     }
 
     #[test]

@@ -178,8 +178,8 @@ pub struct FlowQuery {
     /// The decoded fields the expressions read (beside the envelope), in the order a decoder
     /// gives their values: the decode's `fields:`, or else the target's columns.
     pub fields: Vec<Column>,
-    /// Every column of the typed target that something fills, with its expression (the
-    /// decoded field of the column's name where `select:` does not name it).
+    /// Every column of the typed target, with its expression: `select:`'s, or the decoded field
+    /// of the column's name, or NULL.
     pub select: Vec<Selected>,
     /// `where:`: records for which it is not true are filtered out (counted, acked, no row).
     pub filter: Option<Expression>,

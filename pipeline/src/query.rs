@@ -4,8 +4,9 @@
 //! The expressions are compiled here against what they read: `select:` and `where:` the decoded
 //! fields (a JSON decode's `fields:`, or else the target's columns, read by name from the
 //! payload) and the envelope ([`envelope_fields`]); `expect:` the flow's output, the target's
-//! columns as `select:` fills them, and the envelope. Each column of the target takes its `select:` expression,
-//! or else the decoded field of its name; a column nothing fills must be nullable.
+//! columns as `select:` fills them, and the envelope. Each column of the target takes its
+//! `select:` expression, or else the decoded field of its name, or else NULL (which the column
+//! must then allow).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -209,18 +210,18 @@ pub(crate) fn flow_query(
             Some(text) => compile(c, text, &at),
             None => match fields.iter().find(|(name, _)| *name == column.name) {
                 Some(_) => compile(c, &format!("\"{}\"", column.name), &at),
+                // Nothing fills it: NULL (every column is in the output expectations read).
+                None if column.nullable => compile(c, "NULL", &at),
                 None => {
-                    if !column.nullable {
-                        c.push(
-                            ErrorCode::MissingField,
-                            &format!("{path}.select"),
-                            format!(
-                                "column `{}` of `{}` is not nullable and neither `select:` \
-                                 nor a decoded field of that name fills it",
-                                column.name, target.name
-                            ),
-                        );
-                    }
+                    c.push(
+                        ErrorCode::MissingField,
+                        &format!("{path}.select"),
+                        format!(
+                            "column `{}` of `{}` is not nullable and neither `select:` nor a \
+                             decoded field of that name fills it",
+                            column.name, target.name
+                        ),
+                    );
                     None
                 }
             },

@@ -371,6 +371,12 @@ impl CommitThenAck {
                             }
                         }
                     }
+                    if self.failure.get().is_some() {
+                        // Another lane's batch failed an expectation meanwhile.
+                        report.abandoned += batch.len() as u64;
+                        self.give_back_after_close(batch);
+                        return None;
+                    }
                     dead = effects
                         .iter()
                         .map(|e| match e {

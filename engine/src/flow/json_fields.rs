@@ -13,6 +13,10 @@ use serde_json::value::RawValue;
 use sluice_store::{ColumnType, TypedValue};
 use std::collections::HashMap;
 
+/// 0000-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z, ms since the epoch.
+const MIN_TIMESTAMP_MS: i64 = -62_167_219_200_000;
+const MAX_TIMESTAMP_MS: i64 = 253_402_300_799_999;
+
 /// The dead-letter reason of a payload that does not decode.
 pub const UNDECODABLE: &str = "undecodable";
 
@@ -86,9 +90,12 @@ fn convert(raw: &str, ty: ColumnType) -> Result<TypedValue, String> {
             if text.trim().parse::<i64>().is_ok() {
                 return Err(expected("an ISO 8601 time"));
             }
-            TypedValue::Timestamp(
-                parse_event_time(&text).ok_or_else(|| expected("an ISO 8601 time"))?,
-            )
+            let ms = parse_event_time(&text).ok_or_else(|| expected("an ISO 8601 time"))?;
+            // Both stores hold years 0000 to 9999 alike (SQLite as fixed-width text).
+            if !(MIN_TIMESTAMP_MS..=MAX_TIMESTAMP_MS).contains(&ms) {
+                return Err(expected("a time in the years 0000 to 9999"));
+            }
+            TypedValue::Timestamp(ms)
         }
         ColumnType::Date => {
             let text = string().ok_or_else(|| expected("a date YYYY-MM-DD (a string)"))?;
@@ -166,6 +173,7 @@ mod tests {
         assert!(bad(r#"{"qty":2.5}"#).starts_with("$.qty: expected an integer"));
         assert!(bad(r#"{"ts":"yesterday"}"#).starts_with("$.ts: expected an ISO 8601 time"));
         assert!(bad(r#"{"vip":"yes"}"#).starts_with("$.vip: expected a boolean"));
+        assert!(bad(r#"{"ts":"12026-01-01T00:00:00Z"}"#).starts_with("$.ts: expected"));
         assert!(bad("[1,2]").starts_with("the payload is not a JSON object"));
         assert!(bad("not json").starts_with("the payload is not a JSON object"));
     }

@@ -69,11 +69,11 @@ pub(crate) fn statement(rows: Rows<'_>, dead_letter: &str) -> String {
         ),
         input AS (
             SELECT u.key COLLATE \"C\" AS key, u.message_id, u.publish_ms, u.event_ms,
-                   u.attributes, u.data, u.reason, u.error, u.attempts, u.n
+                   u.attributes, u.data, u.reason, u.error, u.attempts, u._sluice_n
             FROM unnest($2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[],
                         $7::bytea[], $8::text[], $9::text[], $10::int4[]) WITH ORDINALITY
                 AS u(key, message_id, publish_ms, event_ms, attributes, data, reason, error,
-                     attempts, n)
+                     attempts, _sluice_n)
             WHERE (SELECT ok FROM in_time)
         ),
         first AS (

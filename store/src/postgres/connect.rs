@@ -147,14 +147,18 @@ fn redact_password_parameters(text: &str) -> String {
 
 /// Every sluice session commits synchronously: a commit that returned (and whose messages are
 /// then acked) is on the server's disk, even where the database or server default is `off`.
-const DURABILITY_OPTION: &str = "-c synchronous_commit=on";
+/// And it reads times in UTC and string literals as the SQL standard does, whatever the
+/// server's defaults: a typed flow's expressions compute as on SQLite.
+const DURABILITY_OPTION: &str = "-c synchronous_commit=on -c TimeZone=UTC \
+     -c standard_conforming_strings=on";
 
 /// Session settings when the URL gives no `options` of its own: the durability setting, plus
 /// quiet notices (upkeep's `DROP TABLE IF EXISTS`), custom plans (the commit statement takes its
 /// batch as arrays: a generic plan would guess ten rows per array and may join a thousand-row
 /// batch in nested loops) and no JIT (the statement's estimated cost crosses `jit_above_cost`,
 /// and compiling it took 60 of a commit's 90 ms under auto_explain).
-const SESSION_OPTIONS: &str = "-c synchronous_commit=on -c client_min_messages=warning \
+const SESSION_OPTIONS: &str = "-c synchronous_commit=on -c TimeZone=UTC \
+     -c standard_conforming_strings=on -c client_min_messages=warning \
      -c plan_cache_mode=force_custom_plan -c jit=off";
 
 /// Builds the pool; no connection is opened until first use.

@@ -100,6 +100,14 @@ pub(crate) async fn evolve(
                     column.ty_keyword()
                 )));
             }
+            Some((_, _, nullable)) if *nullable != column.nullable => {
+                return Err(refuse(format!(
+                    "column `{}` is {} in the table and declared {}",
+                    column.name,
+                    nullability(*nullable),
+                    nullability(column.nullable)
+                )));
+            }
             Some(_) => {}
             None => added.push(column),
         }
@@ -174,6 +182,11 @@ pub(crate) async fn refuse_if_typed(
         )));
     }
     Ok(())
+}
+
+/// How a column's nullability reads in a refusal.
+pub(crate) fn nullability(nullable: bool) -> &'static str {
+    if nullable { "nullable" } else { "not nullable" }
 }
 
 /// The decoded fields of a batch, one array per field over the statement's input rows (a NULL
@@ -269,7 +282,7 @@ fn source_relation(query: &TypedQuery) -> String {
         String::new()
     } else {
         format!(
-            "JOIN unnest({}) WITH ORDINALITY AS v({}, n) ON v.n = i.n",
+            "JOIN unnest({}) WITH ORDINALITY AS v({}, _sluice_n) ON v._sluice_n = i._sluice_n",
             arrays.join(", "),
             names.join(", ")
         )
@@ -280,7 +293,7 @@ fn source_relation(query: &TypedQuery) -> String {
         format!(", {}", reads.join(", "))
     };
     format!(
-        "SELECT i.n AS _sluice_row, i.key AS _sluice_dedup_key, i.message_id AS _sluice_message_id,
+        "SELECT i._sluice_n AS _sluice_row, i.key AS _sluice_dedup_key, i.message_id AS _sluice_message_id,
                 to_timestamp(i.publish_ms / 1000.0::float8) AS _sluice_publish_time,
                 to_timestamp(i.event_ms / 1000.0::float8) AS _sluice_event_time,
                 i.attributes::jsonb AS _sluice_attributes, i.data AS _sluice_data{fields}
@@ -347,7 +360,7 @@ pub(crate) async fn find_record_error(
         let prefix = "WITH input AS (
                 SELECT $2::text AS key, $3::text AS message_id, $4::int8 AS publish_ms,
                        $5::int8 AS event_ms, $6::text AS attributes, $7::bytea AS data,
-                       NULL::text AS reason, 1::int8 AS n),
+                       NULL::text AS reason, 1::int8 AS _sluice_n),
              fresh AS (SELECT key FROM input)";
         let key = entry.key.as_str();
         let message = &entry.message;
@@ -432,9 +445,9 @@ impl TypedColumn {
 /// reads outside the commit: keys, ids, times, attributes and data bound as `$2..$7`.
 const ROWS_AS_INPUT: &str = "WITH input AS (
         SELECT u.key, u.message_id, u.publish_ms, u.event_ms, u.attributes, u.data,
-               NULL::text AS reason, u.n
+               NULL::text AS reason, u._sluice_n
         FROM unnest($2::text[], $3::text[], $4::int8[], $5::int8[], $6::text[], $7::bytea[])
-            WITH ORDINALITY AS u(key, message_id, publish_ms, event_ms, attributes, data, n)),
+            WITH ORDINALITY AS u(key, message_id, publish_ms, event_ms, attributes, data, _sluice_n)),
      fresh AS (SELECT DISTINCT key FROM input)";
 
 /// See [`crate::LedgerStore::violations`].

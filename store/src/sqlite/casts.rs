@@ -1,7 +1,9 @@
 //! Sluice's strict casts on SQLite: `sluice_cast_<type>(x)` for the nine column types, which a
 //! flow's `CAST(x AS type)` becomes on SQLite (`pipeline/src/expression.rs`).
 //!
-//! SQLite's own `CAST('abc' AS INTEGER)` is 0; PostgreSQL's is an error. These functions fail
+//! SQLite's own `CAST('abc' AS INTEGER)` is 0; PostgreSQL's is an error. And
+//! `sluice_nonzero(x)`, a divisor that fails at 0 as PostgreSQL's division does (SQLite's
+//! gives NULL). These functions fail
 //! where PostgreSQL's cast fails for the forms people write (numbers as text, `true`/`false`,
 //! ISO 8601 times and dates, JSON text, `\x` hex bytes), and give what PostgreSQL gives
 //! otherwise, as SQLite stores that type (`crate::typed`): a failing record is then a dead
@@ -29,6 +31,19 @@ pub(super) fn register(conn: &Connection) -> rusqlite::Result<()> {
         ("json", to_json),
         ("bytes", to_bytes),
     ];
+    conn.create_scalar_function("sluice_nonzero", 1, flags, |ctx: &Context<'_>| {
+        match ctx.get_raw(0) {
+            value @ (ValueRef::Integer(_) | ValueRef::Real(_))
+                if matches!(value, ValueRef::Integer(0))
+                    || matches!(value, ValueRef::Real(x) if x.abs() == 0.0) =>
+            {
+                Err(rusqlite::Error::UserFunctionError(
+                    "division by zero".into(),
+                ))
+            }
+            value => Ok(Value::from(value)),
+        }
+    })?;
     for (name, cast) in casts {
         conn.create_scalar_function(
             format!("sluice_cast_{name}").as_str(),
@@ -78,9 +93,10 @@ fn to_text(value: ValueRef<'_>) -> Result<Value, String> {
 fn to_integer(value: ValueRef<'_>) -> Result<Value, String> {
     match value {
         ValueRef::Integer(n) => Ok(Value::Integer(n)),
-        // PostgreSQL rounds half to even.
+        // As PostgreSQL casts a numeric (SQLite's numeric values are stored as floats): half
+        // away from zero.
         ValueRef::Real(x) => {
-            let rounded = x.round_ties_even();
+            let rounded = x.round();
             if rounded.is_finite() && rounded.abs() < 9.2e18 {
                 Ok(Value::Integer(rounded as i64))
             } else {
@@ -253,8 +269,15 @@ mod tests {
         );
         assert_eq!(
             cast(&conn, "sluice_cast_integer(2.5)"),
-            Ok(Value::Integer(2))
+            Ok(Value::Integer(3))
         );
+        assert!(
+            cast(&conn, "7 / sluice_nonzero(0)")
+                .unwrap_err()
+                .contains("division by zero")
+        );
+        assert!(cast(&conn, "7 / sluice_nonzero(0.0)").is_err());
+        assert_eq!(cast(&conn, "7 / sluice_nonzero(2)"), Ok(Value::Integer(3)));
         assert!(
             cast(&conn, "sluice_cast_integer('abc')")
                 .unwrap_err()

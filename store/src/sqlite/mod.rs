@@ -67,6 +67,8 @@ impl SqliteStore {
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         casts::register(&conn)?;
+        // `LIKE` as PostgreSQL's: case-sensitive (a typed flow's expressions).
+        conn.pragma_update(None, "case_sensitive_like", true)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // FULL: the WAL is synced at every commit, so a batch whose messages were acked survives
         // an operating-system crash too, not only a process crash. One fsync per batch.

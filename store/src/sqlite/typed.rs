@@ -106,6 +106,15 @@ pub(super) fn evolve(
                     crate::typed::keyword(column.ty)
                 )));
             }
+            Some((_, _, nullable)) if *nullable != column.nullable => {
+                let says = |n: bool| if n { "nullable" } else { "not nullable" };
+                return Err(refuse(format!(
+                    "column `{}` is {} in the table and declared {}",
+                    column.name,
+                    says(*nullable),
+                    says(column.nullable)
+                )));
+            }
             Some(_) => {}
             None => added.push(column),
         }
