@@ -15,6 +15,7 @@
 //!   type differs from the declaration, or a new column that is not nullable on a table that
 //!   has rows, is refused ([`crate::StoreError::Config`]) and nothing is changed.
 
+use crate::StoreError;
 use bytes::Bytes;
 
 /// A column's type (the pipeline file's nine words).
@@ -180,6 +181,84 @@ pub(crate) fn keyword(ty: ColumnType) -> &'static str {
         ColumnType::Json => "json",
         ColumnType::Bytes => "bytes",
     }
+}
+
+/// A column of an existing table, as its catalog reports it.
+pub(crate) struct ExistingColumn {
+    /// Its name.
+    pub(crate) name: String,
+    /// Its type as the catalog spells it.
+    pub(crate) ty: String,
+    /// Whether it may be NULL.
+    pub(crate) nullable: bool,
+}
+
+/// Refusing a change to an existing typed table, saying nothing was changed.
+pub(crate) fn refuse_evolution(table: &str, why: &str) -> StoreError {
+    StoreError::Config(format!(
+        "typed table {table}: {why}; nothing was changed (drop or rename the table, or declare \
+         the column as it is)"
+    ))
+}
+
+/// What bringing an existing typed table to `columns` asks, the same on both stores: the
+/// declared columns it lacks, or a refusal (an envelope table of that name, a column whose type
+/// — as `catalog_type` spells a declared one — or nullability differs, an undeclared column that
+/// is not nullable). Whether a missing column may be added is each store's to say.
+pub(crate) fn columns_to_add<'a>(
+    table: &str,
+    columns: &'a [TypedColumn],
+    existing: &[ExistingColumn],
+    catalog_type: impl Fn(ColumnType) -> &'static str,
+) -> Result<Vec<&'a TypedColumn>, StoreError> {
+    if !existing.iter().any(|c| c.name == TYPED_MARK) {
+        return Err(refuse_evolution(
+            table,
+            "it exists as sluice's envelope table (no `columns:`)",
+        ));
+    }
+    let says = |nullable: bool| if nullable { "nullable" } else { "not nullable" };
+    let mut added = Vec::new();
+    for column in columns {
+        match existing.iter().find(|c| c.name == column.name) {
+            Some(found) if !found.ty.eq_ignore_ascii_case(catalog_type(column.ty)) => {
+                return Err(refuse_evolution(
+                    table,
+                    &format!(
+                        "column `{}` is {} in the table and declared {}",
+                        column.name,
+                        found.ty,
+                        keyword(column.ty)
+                    ),
+                ));
+            }
+            Some(found) if found.nullable != column.nullable => {
+                return Err(refuse_evolution(
+                    table,
+                    &format!(
+                        "column `{}` is {} in the table and declared {}",
+                        column.name,
+                        says(found.nullable),
+                        says(column.nullable)
+                    ),
+                ));
+            }
+            Some(_) => {}
+            None => added.push(column),
+        }
+    }
+    if let Some(undeclared) = existing.iter().find(|c| {
+        !c.nullable && !c.name.starts_with(RESERVED) && !columns.iter().any(|d| d.name == c.name)
+    }) {
+        return Err(refuse_evolution(
+            table,
+            &format!(
+                "column `{}` is in the table, not nullable, and no longer declared",
+                undeclared.name
+            ),
+        ));
+    }
+    Ok(added)
 }
 
 /// The column that tells a typed table from an envelope table.

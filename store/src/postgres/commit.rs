@@ -47,7 +47,7 @@ pub(crate) fn statement(rows: Rows<'_>, dead_letter: &str) -> String {
         Rows::Envelope(_) | Rows::Typed(..) => "(SELECT count(*) FROM rows)",
     };
     let rows = match rows {
-        Rows::Typed(table, query) => super::typed::rows_step(table, query),
+        Rows::Typed(table, query) => super::typed_rows::rows_step(table, query),
         Rows::Envelope(table) => format!(
             "INSERT INTO \"{table}\" (dedup_key, message_id, publish_time, event_time, attributes,
                                     data, flow, committed_at)

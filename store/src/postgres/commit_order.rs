@@ -5,7 +5,7 @@
 //! (`commit_time.rs`), then COMMIT. A page that would wait long for the page before it rolls
 //! back and waits without a connection.
 
-use super::{PostgresStore, commit, error, feed, flows, ledger, typed};
+use super::{PostgresStore, commit, error, feed, flows, ledger, typed_checks, typed_rows};
 use crate::{
     CommitBatch, CommitOutcome, FlowHandle, FlowProgress, LedgerStore, LedgerUpkeep, StoreError,
 };
@@ -34,7 +34,7 @@ impl LedgerStore for PostgresStore {
 
     async fn violations(&self, batch: &CommitBatch) -> Result<Vec<Vec<bool>>, StoreError> {
         let (client, _) = self.ready().await?;
-        typed::violations(&client, batch).await
+        typed_checks::violations(&client, batch).await
     }
 
     /// Half the pool: commits overlap their round trips and the server's fsyncs, and the
@@ -363,7 +363,7 @@ impl PostgresStore {
         let fields = batch
             .typed
             .as_deref()
-            .map(|query| typed::FieldArrays::new(batch, query, &arguments.firsts));
+            .map(|query| typed_rows::FieldArrays::new(batch, query, &arguments.firsts));
         let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
             arguments.params(&batch.flow.id, &flow).to_vec();
         if let Some(fields) = &fields {
@@ -371,12 +371,14 @@ impl PostgresStore {
         }
         let result = client.query(&statement, &params).await;
         let rows = match (result, &batch.typed) {
-            (Err(error), Some(query)) if typed::is_record_error(&error) => {
-                return Err(match typed::find_record_error(client, batch, query).await {
-                    Ok(Some(record)) => CommitError::Store(record),
-                    Ok(None) => CommitError::Postgres(error),
-                    Err(store) => CommitError::Store(store),
-                });
+            (Err(error), Some(query)) if typed_rows::is_record_error(&error) => {
+                return Err(
+                    match typed_rows::find_record_error(client, batch, query).await {
+                        Ok(Some(record)) => CommitError::Store(record),
+                        Ok(None) => CommitError::Postgres(error),
+                        Err(store) => CommitError::Store(store),
+                    },
+                );
             }
             (result, _) => result?,
         };

@@ -30,6 +30,8 @@ mod schema;
 #[cfg(feature = "scratch")]
 mod scratch;
 mod typed;
+mod typed_checks;
+mod typed_rows;
 mod windows;
 
 pub use connect::PostgresOptions;

@@ -1,5 +1,5 @@
 //! Sluice's strict casts on SQLite: `sluice_cast_<type>(x)` for the nine column types, which a
-//! flow's `CAST(x AS type)` becomes on SQLite (`pipeline/src/expression.rs`).
+//! flow's `CAST(x AS type)` becomes on SQLite (`pipeline/src/expression/render.rs`).
 //!
 //! SQLite's own `CAST('abc' AS INTEGER)` is 0; PostgreSQL's is an error. And
 //! `sluice_nonzero(x)`, a divisor that fails at 0 as PostgreSQL's division does (SQLite's

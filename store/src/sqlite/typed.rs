@@ -8,8 +8,8 @@
 //! sluice's strict functions (`casts.rs`).
 
 use crate::typed::{
-    ColumnType, Envelope, PLAIN_ENVELOPE, RESERVED, TYPED_ENVELOPE, TYPED_MARK, TypedColumn,
-    TypedQuery, TypedValue, iso_millis,
+    ColumnType, Envelope, ExistingColumn, PLAIN_ENVELOPE, TYPED_ENVELOPE, TYPED_MARK, TypedColumn,
+    TypedQuery, TypedValue, columns_to_add, iso_millis, refuse_evolution,
 };
 use crate::{CommitBatch, Effect, StoreError};
 use rusqlite::Connection;
@@ -62,14 +62,15 @@ pub(super) fn ddl(table: &str, columns: &[TypedColumn]) -> String {
 }
 
 /// The table's columns: name, declared type, nullable.
-fn existing_columns(
-    conn: &Connection,
-    table: &str,
-) -> Result<Vec<(String, String, bool)>, StoreError> {
+fn existing_columns(conn: &Connection, table: &str) -> Result<Vec<ExistingColumn>, StoreError> {
     let mut statement =
         conn.prepare("SELECT name, type, \"notnull\" = 0 FROM pragma_table_info(?1)")?;
     let rows = statement.query_map([table], |row| {
-        Ok((row.get(0)?, row.get(1)?, row.get::<_, bool>(2)?))
+        Ok(ExistingColumn {
+            name: row.get(0)?,
+            ty: row.get(1)?,
+            nullable: row.get(2)?,
+        })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
@@ -85,53 +86,16 @@ pub(super) fn evolve(
     if existing.is_empty() {
         return Ok(());
     }
-    let refuse = |why: String| {
-        StoreError::Config(format!(
-            "typed table {table}: {why}; nothing was changed (drop or rename the table, or \
-             declare the column as it is)"
-        ))
-    };
-    if !existing.iter().any(|(name, ..)| name == TYPED_MARK) {
-        return Err(refuse(
-            "it exists as sluice's envelope table (no `columns:`)".to_owned(),
-        ));
-    }
-    let mut added = Vec::new();
-    for column in columns {
-        match existing.iter().find(|(name, ..)| *name == column.name) {
-            Some((_, found, _)) if !found.eq_ignore_ascii_case(declared(column.ty)) => {
-                return Err(refuse(format!(
-                    "column `{}` is {found} in the table and declared {}",
-                    column.name,
-                    crate::typed::keyword(column.ty)
-                )));
-            }
-            Some((_, _, nullable)) if *nullable != column.nullable => {
-                let says = |n: bool| if n { "nullable" } else { "not nullable" };
-                return Err(refuse(format!(
-                    "column `{}` is {} in the table and declared {}",
-                    column.name,
-                    says(*nullable),
-                    says(column.nullable)
-                )));
-            }
-            Some(_) => {}
-            None => added.push(column),
-        }
-    }
-    for (name, _, nullable) in &existing {
-        if !nullable && !name.starts_with(RESERVED) && !columns.iter().any(|c| c.name == *name) {
-            return Err(refuse(format!(
-                "column `{name}` is in the table, not nullable, and no longer declared"
-            )));
-        }
-    }
+    let added = columns_to_add(table, columns, &existing, declared)?;
     if let Some(column) = added.iter().find(|c| !c.nullable) {
         // SQLite cannot add a NOT NULL column without a default to any table.
-        return Err(refuse(format!(
-            "new column `{}` is not nullable; a column added to an existing table must be",
-            column.name
-        )));
+        return Err(refuse_evolution(
+            table,
+            &format!(
+                "new column `{}` is not nullable; a column added to an existing table must be",
+                column.name
+            ),
+        ));
     }
     for column in added {
         conn.execute_batch(&format!(
