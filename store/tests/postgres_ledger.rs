@@ -146,6 +146,33 @@ async fn a_commit_recreates_missing_generations() {
     assert!(!store.ledger_generations().await.unwrap().is_empty());
 }
 
+/// The upkeep lease moves to a replica that has committed nothing yet (all messages went to
+/// the one that died): it still creates generations as far ahead as the largest window any
+/// replica commits with, not only its own margin (CI of stop 36: the newest generation stood
+/// still after a takeover).
+#[tokio::test]
+async fn an_upkeep_holder_that_committed_nothing_keeps_the_pools_lead() {
+    let db = ScratchDatabase::create().await.unwrap();
+    let url = format!("{}?ledger_generation=1s", db.url());
+    let committer = PostgresStore::open(&url).unwrap();
+    let flow = prepared(&committer).await;
+    committer
+        .commit(batch(&flow, &["a"], 600_000))
+        .await
+        .unwrap();
+    let newest = |generations: Vec<i64>| *generations.last().unwrap();
+    let lead = newest(committer.ledger_generations().await.unwrap());
+    let holder = PostgresStore::open(&url).unwrap();
+    prepared(&holder).await;
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let upkeep = holder.ledger_upkeep().await.unwrap();
+    let later = newest(holder.ledger_generations().await.unwrap());
+    assert!(
+        later > lead && upkeep.generations_created >= 2,
+        "newest generation {lead} then {later} after the holder's upkeep ({upkeep:?})"
+    );
+}
+
 /// Upkeep run by several replicas at once (a lease overlap) neither fails nor loses keys.
 #[tokio::test]
 async fn concurrent_upkeep_is_safe() {

@@ -86,7 +86,7 @@ impl LedgerStore for PostgresStore {
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
         let (mut client, width) = self.ready().await?;
         let generations_created =
-            ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+            ledger::create_ahead(&mut client, width, self.largest_window_ms()).await?;
         let generations_dropped = ledger::drop_expired(&mut client, width).await?;
         // Workers that stopped beating a day ago are history.
         client
@@ -198,7 +198,7 @@ impl PostgresStore {
                     if error::is_missing_generation(&error) && attempts_left > 0 =>
                 {
                     drop(tx);
-                    ledger::create_ahead(client, width, self.horizon_ms()).await?;
+                    ledger::create_ahead(client, width, self.largest_window_ms()).await?;
                     continue;
                 }
                 other => other?.ok_or(StoreError::Stale)?,
@@ -255,7 +255,7 @@ impl PostgresStore {
             match self.seal(&tx, width, batch, arguments, &written).await {
                 Err(error) if error::is_missing_generation(&error) && attempts_left > 0 => {
                     drop(tx);
-                    ledger::create_ahead(client, width, self.horizon_ms()).await?;
+                    ledger::create_ahead(client, width, self.largest_window_ms()).await?;
                     continue;
                 }
                 Err(error) => return Err(error.into()),
@@ -284,8 +284,11 @@ impl PostgresStore {
         };
         let deadline = self.server_deadline(&client, batch).await?;
         let arguments = commit::Arguments::new(batch, width, shard, deadline);
-        self.largest_window_ms
-            .fetch_max(arguments.window_ms(), Ordering::Relaxed);
+        if arguments.window_ms() > self.largest_window_ms() {
+            ledger::record_window(&client, arguments.window_ms()).await?;
+            self.largest_window_ms
+                .fetch_max(arguments.window_ms(), Ordering::Relaxed);
+        }
         if batch.hook.is_some() || batch.position.is_some() || batch.work.is_some() {
             return self
                 .commit_in_transaction(&mut client, width, batch, &arguments)
@@ -295,7 +298,7 @@ impl PostgresStore {
             Err(CommitError::Postgres(error)) if error::is_missing_generation(&error) => {
                 // The upkeep holder is late (or this is the first commit after a long pause):
                 // create what is missing and try once more.
-                ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+                ledger::create_ahead(&mut client, width, self.largest_window_ms()).await?;
                 self.run_commit(&client, batch, &arguments).await?
             }
             other => other?,

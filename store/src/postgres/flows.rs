@@ -344,7 +344,7 @@ impl FlowStore for PostgresStore {
             });
         }
         tx.commit().await?;
-        ledger::create_ahead(&mut client, width, self.horizon_ms()).await?;
+        ledger::create_ahead(&mut client, width, self.largest_window_ms()).await?;
         self.server_clock.measure(&client).await?;
         Ok(handles)
     }

@@ -28,7 +28,8 @@
 //! statements still using it) and dropped once it ended [`DROP_GRACE_MS`] ago (a generation's
 //! width if that is shorter).
 //! Generations are created ahead of need (the current one up to the one holding now + the
-//! largest window seen + [`AHEAD`]) by `CREATE TABLE` then `ATTACH PARTITION` (again without a
+//! largest window any replica has committed with, recorded in `sluice_settings`, +
+//! [`AHEAD_MS`]) by `CREATE TABLE` then `ATTACH PARTITION` (again without a
 //! lock that blocks inserts). One replica does this under the `ledger_upkeep` lease; a commit
 //! that still finds its generation missing creates it and retries.
 
@@ -46,7 +47,7 @@ const DROP_LOCK: i64 = 0x736c_7569_6365_0003;
 /// How far beyond the largest window generations are created ahead of need, in ms (at least
 /// two generations): well beyond a lease takeover, so a dead upkeep holder never leaves
 /// commits without a partition.
-pub(crate) const AHEAD_MS: i64 = 60 * 1000;
+const AHEAD_MS: i64 = 60 * 1000;
 
 /// Name of generation `g`'s partition (an integer, so safe to splice).
 fn partition(generation: i64) -> String {
@@ -103,17 +104,53 @@ pub(crate) async fn server_now_ms(client: &Client) -> Result<i64, StoreError> {
         .try_get(0)?)
 }
 
-/// Creates the generations from the current one to the one holding
-/// `now + horizon_ms`; returns how many it created.
+/// The `sluice_settings` row holding the largest dedup window any replica has committed with.
+const LARGEST_WINDOW_SETTING: &str = "ledger_largest_window_ms";
+
+/// Records that a commit used a window of `window_ms`, unless a larger one is recorded: the
+/// upkeep holder creates generations ahead for the largest window any replica uses, not only
+/// for the windows its own commits used (a holder that took the lease before committing
+/// anything would otherwise create only [`AHEAD_MS`] ahead).
+pub(crate) async fn record_window(client: &Client, window_ms: i64) -> Result<(), StoreError> {
+    client
+        .execute(
+            "INSERT INTO sluice_settings AS s (name, value) VALUES ($1, $2)
+             ON CONFLICT (name) DO UPDATE
+                 SET value = GREATEST(s.value::int8, excluded.value::int8)::text",
+            &[&LARGEST_WINDOW_SETTING, &window_ms.to_string()],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The largest window recorded by [`record_window`], ms (0: none yet).
+async fn recorded_window(client: &Client) -> Result<i64, StoreError> {
+    let row = client
+        .query_opt(
+            "SELECT value::int8 FROM sluice_settings WHERE name = $1",
+            &[&LARGEST_WINDOW_SETTING],
+        )
+        .await?;
+    Ok(match row {
+        Some(row) => row.try_get(0)?,
+        None => 0,
+    })
+}
+
+/// Creates the generations from the current one to the one holding now + the largest window
+/// (this replica's `local_window_ms` or the largest any replica recorded) + [`AHEAD_MS`];
+/// returns how many it created.
 pub(crate) async fn create_ahead(
     client: &mut Client,
     width_ms: i64,
-    horizon_ms: i64,
+    local_window_ms: i64,
 ) -> Result<u64, StoreError> {
     let now = server_now_ms(client).await?;
+    let window = local_window_ms.max(recorded_window(client).await?);
+    let horizon = window.saturating_add(AHEAD_MS).max(2 * width_ms);
     let present = tables(client).await?;
     let first = now / width_ms;
-    let last = (now + horizon_ms.max(2 * width_ms)) / width_ms;
+    let last = now.saturating_add(horizon) / width_ms;
     let mut created = 0;
     for generation in first..=last {
         if present.get(&generation) == Some(&Table::Attached) {

@@ -64,8 +64,9 @@ pub struct PostgresStore {
     options: PostgresOptions,
     /// Ledger generation width, ms, as recorded in the database (known after migrations).
     generation_ms: OnceCell<i64>,
-    /// The largest dedup window seen in a commit, ms: generations are created that far ahead
-    /// (plus a margin). Zero until the first commit, which creates what its window needs.
+    /// The largest dedup window seen in a commit, ms, also recorded in the database for the
+    /// upkeep holder: generations are created that far ahead (plus a margin). Zero until the
+    /// first commit, which creates what its window needs.
     largest_window_ms: AtomicI64,
     /// `url` without its password, for messages.
     display: String,
@@ -152,10 +153,9 @@ impl PostgresStore {
         Ok((client, width))
     }
 
-    fn horizon_ms(&self) -> i64 {
-        self.largest_window_ms
-            .load(Ordering::Relaxed)
-            .saturating_add(ledger::AHEAD_MS)
+    /// The largest dedup window this replica has committed with, ms.
+    fn largest_window_ms(&self) -> i64 {
+        self.largest_window_ms.load(Ordering::Relaxed)
     }
 }
 
