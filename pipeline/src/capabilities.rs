@@ -174,9 +174,15 @@ fn window_over_table(p: &Pipeline, c: &mut Collector<'_>, i: usize, flow: &Flow,
     }
 }
 
-/// What typed tables do not do yet: Avro and Protobuf decoding, and a typed table read by
-/// another flow (a table source over typed rows, a window over them).
+/// What typed tables do not do yet: Avro and Protobuf decoding, typed rows from an envelope
+/// table or another pipeline's table, and a window over a typed table (windows count by
+/// attribute; typed rows have none).
 fn typed_tables(p: &Pipeline, c: &mut Collector<'_>) {
+    let typed = |name: &str| {
+        p.targets
+            .iter()
+            .any(|t| t.name == name && !t.columns.is_empty())
+    };
     for (i, flow) in p.flows.iter().enumerate() {
         if let Some(decode) = &flow.query.decode
             && decode.format != DecodeFormat::Json
@@ -188,42 +194,39 @@ fn typed_tables(p: &Pipeline, c: &mut Collector<'_>) {
                  schemas, are the next step)",
             );
         }
-        let reads_typed = match &flow.source {
-            Source::Table { target } => p
-                .targets
-                .iter()
-                .any(|t| t.name == *target && !t.columns.is_empty()),
-            _ => false,
-        };
-        let table_source = matches!(
-            flow.source,
-            Source::Table { .. } | Source::PipelineTable { .. }
-        );
-        let writes_typed = p
+        let writes_window = p
             .targets
             .iter()
-            .any(|t| t.name == flow.target && !t.columns.is_empty());
-        if table_source && writes_typed {
-            c.push(
-                ErrorCode::NotBuilt,
-                &format!("flows[{i}].source"),
-                format!(
-                    "flow {:?} fills typed columns from a table; in this version typed rows come \
-                     from decoded Pub/Sub and file payloads",
-                    flow.name
-                ),
-            );
-        }
-        if reads_typed {
-            c.push(
+            .any(|t| t.name == flow.target && matches!(t.kind, TargetKind::Window { .. }));
+        match &flow.source {
+            Source::Table { target } if typed(target) && writes_window => c.push(
                 ErrorCode::NotBuilt,
                 &format!("flows[{i}].source.table"),
                 format!(
-                    "flow {:?} reads a table with typed columns; a typed table as a source is \
-                     not built in this version",
+                    "window flow {:?} reads table {target:?}, which has typed columns; windows \
+                     count by attribute, and windows over columns are not built in this version",
                     flow.name
                 ),
-            );
+            ),
+            Source::Table { target } if typed(&flow.target) && !typed(target) => c.push(
+                ErrorCode::NotBuilt,
+                &format!("flows[{i}].source"),
+                format!(
+                    "flow {:?} fills typed columns from table {target:?}, which has none; in \
+                     this version typed rows come from decoded payloads and typed tables",
+                    flow.name
+                ),
+            ),
+            Source::PipelineTable { .. } if typed(&flow.target) => c.push(
+                ErrorCode::NotBuilt,
+                &format!("flows[{i}].source"),
+                format!(
+                    "flow {:?} fills typed columns from another pipeline's table; in this \
+                     version a typed flow reads a typed table of its own pipeline",
+                    flow.name
+                ),
+            ),
+            _ => {}
         }
     }
 }

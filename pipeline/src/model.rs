@@ -176,7 +176,8 @@ pub struct FlowQuery {
     /// How the payload is decoded into fields.
     pub decode: Option<Decode>,
     /// The decoded fields the expressions read (beside the envelope), in the order a decoder
-    /// gives their values: the decode's `fields:`, or else the target's columns.
+    /// gives their values: the decode's `fields:`, a typed table source's columns, or else the
+    /// target's columns.
     pub fields: Vec<Column>,
     /// Every column of the typed target, with its expression: `select:`'s, or the decoded field
     /// of the column's name, or NULL.

@@ -112,13 +112,15 @@ pub(crate) struct RawQuery {
     pub(crate) expect: Option<Vec<RawExpectation>>,
 }
 
-/// Converts and compiles `flows[i]`'s query; `path` is `flows[i]`, `target` the flow's target
-/// when it is declared (otherwise nothing is compiled: the unknown target is reported).
+/// Converts and compiles `flows[i]`'s query; `path` is `flows[i]`, `upstream` the table a
+/// `table` source reads (when declared), `target` the flow's target when it is declared
+/// (otherwise nothing is compiled: the unknown target is reported).
 pub(crate) fn flow_query(
     c: &mut Collector<'_>,
     raw: RawQuery,
     path: &str,
     source: &Source,
+    upstream: Option<&Target>,
     target: Option<&Target>,
 ) -> FlowQuery {
     let decode = raw
@@ -134,11 +136,17 @@ pub(crate) fn flow_query(
         };
     };
     let typed = !target.columns.is_empty();
-    if typed && matches!(source, Source::Table { .. } | Source::PipelineTable { .. }) {
-        // What a table source's expressions read is the next step (`capabilities.rs`).
+    let table_source = matches!(source, Source::Table { .. } | Source::PipelineTable { .. });
+    // A typed table read by a `table` source: its columns are the fields.
+    let upstream_columns = upstream
+        .filter(|u| !u.columns.is_empty())
+        .map(|u| &u.columns);
+    if typed && table_source && upstream_columns.is_none() {
+        // Typed rows from an envelope table or another pipeline's table are not built
+        // (`capabilities.rs`).
         return FlowQuery::default();
     }
-    if typed && decode.is_none() {
+    if typed && decode.is_none() && !table_source {
         c.push(
             ErrorCode::MissingField,
             &format!("{path}.decode"),
@@ -176,10 +184,14 @@ pub(crate) fn flow_query(
             ..FlowQuery::default()
         };
     }
-    let decoded: Vec<Column> = match &decode {
-        Some(Decode {
-            fields: declared, ..
-        }) if !declared.is_empty() => declared.clone(),
+    let decoded: Vec<Column> = match (&decode, upstream_columns) {
+        (
+            Some(Decode {
+                fields: declared, ..
+            }),
+            _,
+        ) if !declared.is_empty() => declared.clone(),
+        (_, Some(columns)) => columns.clone(),
         _ => target
             .columns
             .iter()

@@ -41,6 +41,11 @@ pub(crate) fn flow(c: &mut Collector<'_>, raw: RawFlow, path: &str, targets: &[T
             }
         }
     };
+    // A table source's expressions read the upstream table's columns.
+    let upstream = match &source {
+        Source::Table { target } => targets.iter().find(|t| t.name == *target),
+        _ => None,
+    };
     let query = crate::query::flow_query(
         c,
         RawQuery {
@@ -51,6 +56,7 @@ pub(crate) fn flow(c: &mut Collector<'_>, raw: RawFlow, path: &str, targets: &[T
         },
         path,
         &source,
+        upstream,
         // A target whose columns are in error is not compiled against (no second error).
         targets
             .iter()

@@ -245,3 +245,62 @@ fn expectations_are_checked_like_expressions() {
         20,
     );
 }
+
+/// `TYPED` with a silver table filled from `orders` by a `table` source (its expressions read
+/// the upstream's columns), then `extra` appended (more targets or flows).
+fn chained(silver_flow: &str, extra: &str) -> String {
+    let targets_end = TYPED.find("flows:").expect("flows");
+    format!(
+        "{}  - name: silver\n    kind: table\n    columns:\n      \
+         - {{ name: order_id, type: text, nullable: false }}\n      \
+         - {{ name: cents, type: integer }}\n{extra}{}{silver_flow}",
+        &TYPED[..targets_end],
+        &TYPED[targets_end..]
+    )
+}
+
+#[test]
+fn a_typed_table_source_reads_the_upstream_columns() {
+    let text = chained(
+        "  - name: clean\n    target: silver\n    source: { table: orders }\n    \
+         select: { cents: \"CAST(amount * 100 AS integer)\" }\n    where: \"region = 'EU'\"\n",
+        "",
+    );
+    let p = parse_for_run(&text, Path::new("p.yaml")).expect("runs");
+    let clean = &p.flows[1];
+    let fields: Vec<&str> = clean.query.fields.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(fields, ["order_id", "amount", "cents", "region", "ts"]);
+    assert!(clean.query.is_typed() && clean.query.filter.is_some());
+    // A column the upstream lacks is unknown to its expressions.
+    let text = chained(
+        "  - name: clean\n    target: silver\n    source: { table: orders }\n    \
+         where: \"colour = 'red'\"\n",
+        "",
+    );
+    let errs = parse(&text, Path::new("p.yaml"))
+        .expect_err("unknown column")
+        .0;
+    assert!(
+        errs.iter()
+            .any(|e| e.code == ErrorCode::InvalidExpression && e.path == "flows[1].where"),
+        "{errs:#?}"
+    );
+}
+
+#[test]
+fn typed_rows_from_an_envelope_table_or_a_window_over_typed_rows_are_not_built() {
+    let envelope = "  - name: raw\n    kind: table\n";
+    let text = chained(
+        "  - name: clean\n    target: silver\n    source: { table: raw }\n",
+        envelope,
+    );
+    parse(&text, Path::new("p.yaml")).expect("valid");
+    let errs = parse_for_run(&text, Path::new("p.yaml"))
+        .expect_err("not built")
+        .0;
+    assert!(
+        errs.iter()
+            .any(|e| e.code == ErrorCode::NotBuilt && e.path == "flows[1].source"),
+        "{errs:#?}"
+    );
+}

@@ -365,10 +365,125 @@ async fn expectations_are_evaluated_per_record(postgres: bool) {
     }
 }
 
+/// A typed table read as a feed: every row once, in commit order, its declared columns as
+/// one JSON object in `data` whose values read back as the stored ones (times and dates in
+/// ISO 8601, numbers as numbers, bytes in base64, json nested), its envelope under the usual
+/// names, no attributes.
+async fn a_typed_table_reads_as_a_feed_of_json_objects(postgres: bool) {
+    use sluice_pipeline::ColumnType as P;
+    use sluice_store::ReadPosition;
+    let every: [(&str, ColumnType, P); 9] = [
+        ("t", ColumnType::Text, P::Text),
+        ("i", ColumnType::Integer, P::Integer),
+        ("d", ColumnType::Double, P::Double),
+        ("n", ColumnType::Numeric, P::Numeric),
+        ("b", ColumnType::Boolean, P::Boolean),
+        ("ts", ColumnType::Timestamp, P::Timestamp),
+        ("day", ColumnType::Date, P::Date),
+        ("j", ColumnType::Json, P::Json),
+        ("raw", ColumnType::Bytes, P::Bytes),
+    ];
+    let place = Place::new(postgres).await;
+    let store = place.open();
+    let table_columns: Vec<TypedColumn> =
+        every.iter().map(|(n, t, _)| column(n, *t, true)).collect();
+    let mut layout = typed_layout(table_columns.clone());
+    layout.flows.push("reader".into());
+    let mut flows = store.prepare(&layout).await.unwrap();
+    let (flow, reader) = (flows.remove(0), flows.remove(0));
+    let visible: Vec<(String, P)> = every.iter().map(|(n, _, p)| (n.to_string(), *p)).collect();
+    let q = TypedQuery {
+        fields: every.iter().map(|(n, t, _)| (n.to_string(), *t)).collect(),
+        select: table_columns
+            .iter()
+            .map(|c| {
+                let e = sluice_pipeline::expression::compile(&format!("\"{}\"", c.name), &visible)
+                    .unwrap();
+                (
+                    c.clone(),
+                    Sql {
+                        postgres: e.postgres,
+                        sqlite: e.sqlite,
+                    },
+                )
+            })
+            .collect(),
+        filter: None,
+        expectations: Vec::new(),
+    };
+    let full = vec![
+        TypedValue::Text("it's \"quoted\"".into()),
+        TypedValue::Integer(-42),
+        TypedValue::Double(0.1 + 0.2),
+        TypedValue::Numeric("12.5".into()),
+        TypedValue::Boolean(true),
+        TypedValue::Timestamp(1_796_378_400_123),
+        TypedValue::Date("2026-12-04".into()),
+        TypedValue::Json(r#"{"a":[1,"x"]}"#.into()),
+        TypedValue::Bytes(bytes::Bytes::from_static(b"\x00\xffbytes")),
+    ];
+    let empty = vec![TypedValue::Null; 9];
+    let entries = [("a", full), ("b", empty)]
+        .into_iter()
+        .map(|(key, values)| {
+            entry(
+                key,
+                Effect::Row {
+                    event_time_ms: 7_000,
+                    values,
+                },
+            )
+        })
+        .collect();
+    store.commit(typed_batch(&flow, entries, &q)).await.unwrap();
+    let table = table_name("p", "orders").unwrap();
+    let at = store
+        .plan_range(&reader, &table, &ReadPosition::default())
+        .await
+        .unwrap();
+    let rows = store.read_range(&table, &at, 10).await.unwrap();
+    let lag = store
+        .feed_lag(&table, &ReadPosition::default())
+        .await
+        .unwrap();
+    assert_eq!(lag.rows_behind, 2);
+    assert_eq!(rows.len(), 2);
+    let first = &rows[0].row;
+    assert_eq!(
+        (
+            first.flow.as_str(),
+            first.dedup_key.as_str(),
+            first.message_id.as_str()
+        ),
+        ("load", "a", "m-a")
+    );
+    assert_eq!((first.publish_time_ms, first.event_time_ms), (1_000, 7_000));
+    assert_eq!(first.attributes_json, "{}");
+    let object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&first.data).unwrap();
+    let ts: jiff::Timestamp = object["ts"].as_str().unwrap().parse().unwrap();
+    assert_eq!(ts.as_millisecond(), 1_796_378_400_123);
+    assert_eq!(object["t"], "it's \"quoted\"");
+    assert_eq!(object["i"], -42);
+    assert_eq!(object["d"].as_f64(), Some(0.1 + 0.2));
+    assert_eq!(object["n"].as_f64(), Some(12.5));
+    assert_eq!(object["b"], true);
+    assert_eq!(object["day"], "2026-12-04");
+    assert_eq!(object["j"], serde_json::json!({"a": [1, "x"]}));
+    assert_eq!(object["raw"], "AP9ieXRlcw==");
+    let second: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&rows[1].row.data).unwrap();
+    assert!(
+        second.values().all(serde_json::Value::is_null),
+        "{second:?}"
+    );
+}
+
 on_both_backends!(
     expectations_are_evaluated_per_record,
     typed_rows_land_through_the_query,
     a_failing_record_is_named_and_nothing_is_written,
     declared_columns_grow_and_changes_are_refused,
     a_reset_clears_typed_rows,
+    a_typed_table_reads_as_a_feed_of_json_objects,
 );

@@ -1,5 +1,7 @@
 //! Typed tables end to end: JSON orders from the real emulator decoded into columns, a
-//! `select:` computed and a `where:` applied by the store in the commit's transaction.
+//! `select:` computed and a `where:` applied by the store in the commit's transaction; a
+//! silver table filled from the typed orders by a `table` source with its own `select:` and
+//! `where:` over the orders' columns, holding exactly that function of the orders.
 //!
 //! * On SQLite (triggered, drains until idle): publisher duplicates land once; a payload whose
 //!   amount is not a number is a dead letter `undecodable` naming `$.amount`; a record whose
@@ -65,6 +67,25 @@ fn expected(n: usize) -> (i64, i64) {
     (landed.len() as i64, cents)
 }
 
+/// Silver is exactly f(orders): one row per order outside region R0, with its values.
+fn silver_is_f_of_orders(count: impl Fn(&str) -> i64) {
+    let expected = count("SELECT COUNT(*) FROM shop__orders WHERE region <> 'R0'");
+    assert!(expected > 0);
+    assert_eq!(count("SELECT COUNT(*) FROM shop__silver"), expected);
+    assert_eq!(
+        count("SELECT COUNT(DISTINCT order_id) FROM shop__silver"),
+        expected
+    );
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM shop__silver s JOIN shop__orders o ON o.order_id = s.order_id
+             WHERE o.region <> 'R0' AND s.doubled = o.cents * 2 AND s.ts = o.ts
+               AND s.big = (o.qty >= 3)"
+        ),
+        expected
+    );
+}
+
 fn pipeline(store: &str, mode: &str, subscription: &str) -> String {
     format!(
         "pipeline: shop
@@ -81,7 +102,21 @@ targets:
       - {{ name: qty, type: integer }}
       - {{ name: region, type: text }}
       - {{ name: ts, type: timestamp }}
+  - name: silver
+    kind: table
+    columns:
+      - {{ name: order_id, type: text, nullable: false }}
+      - {{ name: doubled, type: integer }}
+      - {{ name: big, type: boolean }}
+      - {{ name: ts, type: timestamp }}
 flows:
+  - name: clean
+    target: silver
+    source: {{ table: orders }}
+    select:
+      doubled: \"cents * 2\"
+      big: \"qty >= 3\"
+    where: \"region <> 'R0'\"
   - name: orders
     target: orders
     source:
@@ -152,6 +187,7 @@ async fn typed_orders_land_exactly_once_on_sqlite() {
         (ORDERS / 100) as i64
     );
     assert_eq!(db.query("SELECT COUNT(*) FROM shop__dead_letter"), 50 + 20);
+    silver_is_f_of_orders(|sql| db.query(sql));
     let summary = std::fs::read_to_string(&out).unwrap();
     assert!(
         summary.contains(&format!("{} records filtered out by `where`", ORDERS / 20)),
@@ -210,9 +246,14 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
     publishing.await.unwrap();
     let (expected_rows, cents) = expected(ORDERS);
     let dead = || db.query("SELECT COUNT(*) FROM shop__dead_letter");
+    let silver = || {
+        db.query("SELECT COUNT(*) FROM shop__silver")
+            == db.query("SELECT COUNT(*) FROM shop__orders WHERE region <> 'R0'")
+    };
     assert!(
         eventually(Duration::from_secs(420), || rows() == expected_rows
-            && dead() == 100 + (ORDERS / 100) as i64)
+            && dead() == 100 + (ORDERS / 100) as i64
+            && silver())
         .await,
         "rows {} of {expected_rows}, dead letters {}; survivor:\n{}",
         rows(),
@@ -242,6 +283,7 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
         db.query("SELECT COUNT(*) FROM shop__dead_letter WHERE reason = 'expression:qty'"),
         (ORDERS / 100) as i64
     );
+    silver_is_f_of_orders(|sql| db.query(sql));
 }
 
 /// Orders for the expectations: amount `i`, region `mars` for every 20th from 3 (5 %).

@@ -110,12 +110,13 @@ pub(super) async fn read_range(
     if at.range_to.is_empty() {
         return Ok(Vec::new());
     }
+    let relation = super::typed_feed::relation(client, table).await?;
     let sql = format!(
         "SELECT writer_xid::text, seq, flow, dedup_key, message_id,
                 (extract(epoch FROM publish_time) * 1000)::int8,
                 (extract(epoch FROM event_time) * 1000)::int8,
                 attributes::text, data, (extract(epoch FROM committed_at) * 1000)::int8
-         FROM \"{table}\"
+         FROM {relation}
          WHERE {}
          ORDER BY writer_xid, seq LIMIT $5",
         unread_in_range(at)
@@ -154,10 +155,11 @@ pub(super) async fn feed_lag(
     at: &ReadPosition,
 ) -> Result<FeedLag, StoreError> {
     check_table(table)?;
+    let relation = super::typed_feed::relation(client, table).await?;
     let counted = "SELECT count(*), (extract(epoch FROM min(committed_at)) * 1000)::int8";
     let row = if at.range_to.is_empty() {
         client
-            .query_one(&format!("{counted} FROM \"{table}\""), &[])
+            .query_one(&format!("{counted} FROM {relation}"), &[])
             .await?
     } else {
         // In the range after the cursor, or not in the range's end yet.
@@ -171,7 +173,7 @@ pub(super) async fn feed_lag(
         client
             .query_one(
                 &format!(
-                    "{counted} FROM \"{table}\" WHERE {after_start}
+                    "{counted} FROM {relation} WHERE {after_start}
                      AND (NOT pg_visible_in_snapshot(writer_xid, $2::text::pg_snapshot)
                           OR writer_xid >= pg_snapshot_xmax($2::text::pg_snapshot)
                           OR (writer_xid, seq) > ($3::text::xid8, $4::int8))"

@@ -31,6 +31,7 @@ mod schema;
 mod scratch;
 mod typed;
 mod typed_checks;
+mod typed_feed;
 mod typed_rows;
 mod windows;
 

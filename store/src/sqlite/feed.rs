@@ -98,10 +98,11 @@ pub(crate) fn read_range(
     limit: usize,
 ) -> Result<Vec<FeedRow>, StoreError> {
     check_table(table)?;
+    let relation = super::typed_feed::relation(conn, table)?;
     let sql = format!(
         "SELECT flow, dedup_key, message_id, publish_time, event_time, attributes, data, seq,
                 committed_at
-         FROM \"{table}\" WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3"
+         FROM {relation} WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3"
     );
     let mut statement = conn.prepare_cached(&sql)?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -132,8 +133,9 @@ pub(crate) fn feed_lag(
     at: &ReadPosition,
 ) -> Result<FeedLag, StoreError> {
     check_table(table)?;
+    let relation = super::typed_feed::relation(conn, table)?;
     let (rows, oldest): (i64, Option<i64>) = conn.query_row(
-        &format!("SELECT COUNT(*), MIN(committed_at) FROM \"{table}\" WHERE seq > ?1"),
+        &format!("SELECT COUNT(*), MIN(committed_at) FROM {relation} WHERE seq > ?1"),
         params![unread_after(at)?],
         |row| Ok((row.get(0)?, row.get(1)?)),
     )?;

@@ -17,6 +17,7 @@ mod progress;
 mod runs;
 mod schema;
 mod typed;
+mod typed_feed;
 mod windows;
 
 #[cfg(feature = "testing")]
@@ -67,6 +68,7 @@ impl SqliteStore {
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         casts::register(&conn)?;
+        typed_feed::register(&conn)?;
         // `LIKE` as PostgreSQL's: case-sensitive (a typed flow's expressions).
         conn.pragma_update(None, "case_sensitive_like", true)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
