@@ -49,13 +49,15 @@ pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
                         ),
                     );
                 }
-                if TargetKind::group_attribute(group_by).is_none() {
+                if TargetKind::group_attribute(group_by).is_none()
+                    && TargetKind::group_column(group_by).is_none()
+                {
                     c.push(
                         ErrorCode::NotBuilt,
                         &target_path,
                         format!(
-                            "window target {:?} groups by {group_by:?}; only `attribute:NAME` \
-                             exists",
+                            "window target {:?} groups by {group_by:?}; `attribute:NAME` and \
+                             (over a typed table) `column:NAME` exist",
                             flow.target
                         ),
                     );
@@ -175,8 +177,7 @@ fn window_over_table(p: &Pipeline, c: &mut Collector<'_>, i: usize, flow: &Flow,
 }
 
 /// What typed tables do not do yet: Avro and Protobuf decoding, typed rows from an envelope
-/// table or another pipeline's table, and a window over a typed table (windows count by
-/// attribute; typed rows have none).
+/// table or another pipeline's table.
 fn typed_tables(p: &Pipeline, c: &mut Collector<'_>) {
     let typed = |name: &str| {
         p.targets
@@ -194,20 +195,7 @@ fn typed_tables(p: &Pipeline, c: &mut Collector<'_>) {
                  schemas, are the next step)",
             );
         }
-        let writes_window = p
-            .targets
-            .iter()
-            .any(|t| t.name == flow.target && matches!(t.kind, TargetKind::Window { .. }));
         match &flow.source {
-            Source::Table { target } if typed(target) && writes_window => c.push(
-                ErrorCode::NotBuilt,
-                &format!("flows[{i}].source.table"),
-                format!(
-                    "window flow {:?} reads table {target:?}, which has typed columns; windows \
-                     count by attribute, and windows over columns are not built in this version",
-                    flow.name
-                ),
-            ),
             Source::Table { target } if typed(&flow.target) && !typed(target) => c.push(
                 ErrorCode::NotBuilt,
                 &format!("flows[{i}].source"),

@@ -299,6 +299,11 @@ fn target(c: &mut Collector<'_>, raw: RawTarget, path: &str) -> Target {
                     &format!("{path}.window.allowed_lateness"),
                     Duration::ZERO,
                 ),
+                aggregates: crate::aggregates::aggregates(
+                    c,
+                    window.aggregates,
+                    &format!("{path}.window.aggregates"),
+                ),
             }
         }
         RawKind::ForeachBatch => TargetKind::ForeachBatch {

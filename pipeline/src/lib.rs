@@ -31,6 +31,7 @@
 //!   the checks of what this version runs (`NOT_BUILT`, located like every other error);
 //!   `sluice validate` accepts such a file, since it is valid.
 
+pub mod aggregates;
 mod capabilities;
 mod columns;
 mod convert;

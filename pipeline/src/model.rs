@@ -123,6 +123,9 @@ pub enum TargetKind {
         group_by: String,
         /// Default zero.
         allowed_lateness: Duration,
+        /// `aggregates:`, columns of the counts table beside `count` (windows over a typed
+        /// table).
+        aggregates: Vec<Aggregate>,
     },
     /// Each micro-batch goes to a Stage service.
     ForeachBatch {
@@ -141,6 +144,14 @@ impl TargetKind {
             Self::Window { .. } => "window",
             Self::ForeachBatch { .. } => "foreach_batch",
         }
+    }
+
+    /// The column a window's `group_by` names (`column:NAME`), if it is of that form.
+    pub fn group_column(group_by: &str) -> Option<&str> {
+        group_by
+            .strip_prefix("column:")
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
     }
 
     /// The attribute a window's `group_by` names (`attribute:NAME`), if it is of that form.
@@ -444,4 +455,43 @@ pub enum ScheduleSemantics {
     Trigger,
     /// Each run gets `[previous fire, this fire)`.
     DataInterval,
+}
+
+/// One of a window's aggregates: `name: "function(column)"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Aggregate {
+    /// The counts table's column it fills.
+    pub name: String,
+    /// What it computes.
+    pub function: AggregateFunction,
+    /// The column it reads; `None`: `count(*)`.
+    pub column: Option<String>,
+}
+
+/// An aggregate's function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggregateFunction {
+    /// `count`: rows (`*`) or non-NULL values.
+    Count,
+    /// `sum`.
+    Sum,
+    /// `min`.
+    Min,
+    /// `max`.
+    Max,
+    /// `avg`.
+    Avg,
+}
+
+impl AggregateFunction {
+    /// The word of the file.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Self::Count => "count",
+            Self::Sum => "sum",
+            Self::Min => "min",
+            Self::Max => "max",
+            Self::Avg => "avg",
+        }
+    }
 }

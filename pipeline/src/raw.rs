@@ -135,6 +135,7 @@ pub(crate) struct RawWindow {
     pub(crate) size: Option<Humane>,
     pub(crate) group_by: Option<String>,
     pub(crate) allowed_lateness: Option<Humane>,
+    pub(crate) aggregates: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// `targets[i].foreach_batch`.

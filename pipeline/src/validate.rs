@@ -128,6 +128,7 @@ pub(crate) fn validate(p: &Pipeline, c: &mut Collector<'_>) {
     }
 
     shared_subscriptions(p, c);
+    crate::aggregates::check_windows(p, c);
     flow_graph(p, c, &flows);
 }
 

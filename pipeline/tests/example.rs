@@ -52,6 +52,7 @@ fn spec_example_loads_into_the_expected_model() {
                     size: Duration::from_secs(60),
                     group_by: "attribute:region".into(),
                     allowed_lateness: Duration::ZERO,
+                    aggregates: Vec::new(),
                 },
                 columns: Vec::new(),
             },

@@ -304,3 +304,73 @@ fn typed_rows_from_an_envelope_table_or_a_window_over_typed_rows_are_not_built()
         "{errs:#?}"
     );
 }
+
+/// `TYPED` with a window `gold` over the typed `orders` (group `group_by`, aggregates
+/// `aggregates`, a YAML map), and the Pub/Sub flow given a watermark so that `run` can close it.
+fn windowed(group_by: &str, aggregates: &str) -> String {
+    let targets_end = TYPED.find("flows:").expect("flows");
+    format!(
+        "{}  - name: gold\n    kind: window\n    window: {{ size: 1m, group_by: \"{group_by}\", \
+         aggregates: {aggregates} }}\n{}  - name: totals\n    target: gold\n    \
+         source: {{ table: orders }}\n",
+        &TYPED[..targets_end],
+        &TYPED[targets_end..].replace(
+            "{ pubsub: { subscription: orders-sub } }",
+            "{ pubsub: { subscription: orders-sub, watermark: { tracking_subscription: auto } } }"
+        )
+    )
+}
+
+#[test]
+fn a_window_over_a_typed_table_groups_by_a_column_and_aggregates_columns() {
+    let text = windowed(
+        "column:region",
+        "{ total: \"sum(cents)\", biggest: \"max(amount)\", orders: \"count(*)\" }",
+    );
+    let p = parse_for_run(&text, Path::new("p.yaml")).expect("runs");
+    let sluice_pipeline::TargetKind::Window { aggregates, .. } = &p.targets[1].kind else {
+        panic!("a window");
+    };
+    assert_eq!(aggregates.len(), 3);
+    let refused = |group_by: &str, aggregates: &str, code: ErrorCode, path: &str| {
+        let errs = parse(&windowed(group_by, aggregates), Path::new("p.yaml"))
+            .expect_err("refused")
+            .0;
+        assert!(
+            errs.iter()
+                .any(|e| e.code == code && e.path == path && e.line.is_some()),
+            "{group_by} {aggregates}: {errs:#?}"
+        );
+    };
+    // Typed rows have no attributes; a column must be the table's; sums take numbers.
+    refused(
+        "attribute:region",
+        "{}",
+        ErrorCode::InvalidValue,
+        "targets[1].window.group_by",
+    );
+    refused(
+        "column:colour",
+        "{}",
+        ErrorCode::InvalidValue,
+        "targets[1].window.group_by",
+    );
+    refused(
+        "column:region",
+        "{ total: \"sum(region)\" }",
+        ErrorCode::InvalidExpression,
+        "targets[1].window.aggregates.total",
+    );
+    refused(
+        "column:region",
+        "{ total: \"sum(cents) + 1\" }",
+        ErrorCode::InvalidExpression,
+        "targets[1].window.aggregates.total",
+    );
+    refused(
+        "column:region",
+        "{ count: \"count(*)\" }",
+        ErrorCode::InvalidValue,
+        "targets[1].window.aggregates.count",
+    );
+}

@@ -89,5 +89,7 @@ pub use typed::{
     ColumnType, Sql, TypedColumn, TypedQuery, TypedTable, TypedValue, expectation_column,
 };
 pub use url::{StoreUrl, open};
-pub use windows::{WindowEmission, WindowRows, WindowsEmitted};
+pub use windows::{
+    WindowAggregate, WindowEmission, WindowFunction, WindowGroup, WindowRows, WindowsEmitted,
+};
 pub use work::{PostgresWork, SqliteWork, TransactionWork, WorkError};

@@ -44,13 +44,99 @@ pub struct WindowEmission {
     pub windows_table: String,
     /// Window size, ms (positive).
     pub size_ms: i64,
-    /// The attribute whose value is the group (a row without it counts under `""`).
-    pub group_attribute: String,
+    /// What a row's group is.
+    pub group: WindowGroup,
+    /// Columns of the counts table computed beside `count` (a window over a typed table).
+    pub aggregates: Vec<WindowAggregate>,
     /// Windows ending at or before this (event time, ms since epoch) are emitted.
     pub before_ms: i64,
     /// Whose rows are counted: only the emitting flow's (a window target's own base table),
     /// or every flow's (a window over a `table` source, whose base table is that table).
     pub rows: WindowRows,
+}
+
+/// What a row's group is, as text (a row without it is in the group `""`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WindowGroup {
+    /// The value of this attribute (an envelope table's rows).
+    Attribute(String),
+    /// The value of this column (a typed table's rows), cast to text.
+    Column(String),
+}
+
+/// One aggregate of a window over a typed table: a column of the counts table, computed per
+/// window and group from a column of the rows (or from the rows: `count(*)`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowAggregate {
+    /// The counts table's column (a validated identifier).
+    pub name: String,
+    /// What it computes.
+    pub function: WindowFunction,
+    /// The column of the rows it reads (a validated identifier); `None`: every row.
+    pub column: Option<String>,
+    /// The type of its result, which its column has.
+    pub ty: crate::ColumnType,
+}
+
+/// An aggregate's function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowFunction {
+    /// Rows, or non-NULL values.
+    Count,
+    /// Sum.
+    Sum,
+    /// Least value.
+    Min,
+    /// Greatest value.
+    Max,
+    /// Mean.
+    Avg,
+}
+
+impl WindowAggregate {
+    /// Its SQL over the emission's inner relation, where its column is `_sluice_a<i>`.
+    pub(crate) fn sql(&self, i: usize) -> String {
+        let input = match &self.column {
+            Some(_) => format!("_sluice_a{i}"),
+            None => "*".to_owned(),
+        };
+        let function = match self.function {
+            WindowFunction::Count => "count",
+            WindowFunction::Sum => "sum",
+            WindowFunction::Min => "min",
+            WindowFunction::Max => "max",
+            WindowFunction::Avg => "avg",
+        };
+        format!("{function}({input})")
+    }
+}
+
+/// The inner relation's columns an emission's aggregates read: `, "col" AS _sluice_a<i>`.
+pub(crate) fn aggregate_inputs(aggregates: &[WindowAggregate]) -> String {
+    aggregates
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| {
+            a.column
+                .as_ref()
+                .map(|c| format!(", \"{c}\" AS _sluice_a{i}"))
+        })
+        .collect()
+}
+
+/// The counts table's aggregate columns as an insert names them and as the select computes
+/// them: `(", \"total\"", ", sum(_sluice_a0)")`.
+pub(crate) fn aggregate_outputs(aggregates: &[WindowAggregate]) -> (String, String) {
+    let names = aggregates
+        .iter()
+        .map(|a| format!(", \"{}\"", a.name))
+        .collect();
+    let values = aggregates
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!(", {}", a.sql(i)))
+        .collect();
+    (names, values)
 }
 
 /// Whose rows of the base table a window counts.
@@ -95,6 +181,21 @@ pub(crate) enum Plan {
 pub(crate) fn check_emission(emission: &WindowEmission) -> Result<(), StoreError> {
     check_table(&emission.base_table)?;
     check_table(&emission.windows_table)?;
+    let names = emission
+        .aggregates
+        .iter()
+        .flat_map(|a| std::iter::once(&a.name).chain(a.column.as_ref()))
+        .chain(match &emission.group {
+            WindowGroup::Column(column) => Some(column),
+            WindowGroup::Attribute(_) => None,
+        });
+    for name in names {
+        if !crate::schema::is_identifier(name) {
+            return Err(StoreError::Config(format!(
+                "window column {name:?} is not an identifier"
+            )));
+        }
+    }
     if emission.size_ms <= 0 {
         return Err(StoreError::Config(format!(
             "window size {} ms is not positive",
@@ -169,7 +270,8 @@ pub(crate) mod tests {
             base_table: "p__w".into(),
             windows_table: "p__w__windows".into(),
             size_ms,
-            group_attribute: "g".into(),
+            group: WindowGroup::Attribute("g".into()),
+            aggregates: Vec::new(),
             before_ms,
             rows: WindowRows::OfTheFlow,
         }

@@ -479,6 +479,132 @@ async fn a_typed_table_reads_as_a_feed_of_json_objects(postgres: bool) {
     );
 }
 
+/// A window over a typed table groups by a column and aggregates columns: per window and
+/// group, `count`, `sum`, `min`, `max` and `avg` of the rows' values, in columns of the counts
+/// table added by the first emission that needs them; a NULL group value is the group `""`.
+async fn a_window_over_a_typed_table_aggregates_its_columns(postgres: bool) {
+    use sluice_store::{WindowAggregate, WindowEmission, WindowFunction, WindowGroup, WindowRows};
+    let (place, store, flow) = typed_open(postgres).await;
+    let q = query(
+        &[
+            ("order_id", "order_id"),
+            ("cents", "CAST(amount * 100 AS integer)"),
+            ("region", "region"),
+        ],
+        None,
+    );
+    let at = |key: &str, amount: &str, region: &str, event_time_ms: i64| {
+        let mut entry = order(key, amount, region);
+        if let Effect::Row {
+            event_time_ms: t, ..
+        } = &mut entry.effect
+        {
+            *t = event_time_ms;
+        }
+        entry
+    };
+    let mut nameless = order("e", "4", "");
+    if let Effect::Row {
+        values,
+        event_time_ms,
+    } = &mut nameless.effect
+    {
+        values[2] = TypedValue::Null;
+        *event_time_ms = 3_000;
+    }
+    store
+        .commit(typed_batch(
+            &flow,
+            vec![
+                at("a", "1", "eu", 1_000),
+                at("b", "2.5", "eu", 2_000),
+                at("c", "10", "us", 9_000),
+                at("d", "7", "eu", 12_000),
+                nameless,
+            ],
+            &q,
+        ))
+        .await
+        .unwrap();
+    let windows = sluice_store::window_table_name("p", "gold").unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    let aggregate = |name: &str, function, column: Option<&str>, ty| WindowAggregate {
+        name: name.into(),
+        function,
+        column: column.map(str::to_owned),
+        ty,
+    };
+    let emission = WindowEmission {
+        base_table: table_name("p", "orders").unwrap(),
+        windows_table: windows.clone(),
+        size_ms: 10_000,
+        group: WindowGroup::Column("region".into()),
+        aggregates: vec![
+            aggregate(
+                "total",
+                WindowFunction::Sum,
+                Some("cents"),
+                ColumnType::Numeric,
+            ),
+            aggregate(
+                "least",
+                WindowFunction::Min,
+                Some("cents"),
+                ColumnType::Integer,
+            ),
+            aggregate(
+                "most",
+                WindowFunction::Max,
+                Some("cents"),
+                ColumnType::Integer,
+            ),
+            aggregate(
+                "mean",
+                WindowFunction::Avg,
+                Some("cents"),
+                ColumnType::Double,
+            ),
+            aggregate(
+                "ids",
+                WindowFunction::Count,
+                Some("order_id"),
+                ColumnType::Integer,
+            ),
+        ],
+        before_ms: i64::MAX,
+        rows: WindowRows::All,
+    };
+    let emitted = store.emit_windows(&flow, &emission).await.unwrap();
+    assert_eq!(emitted.rows, 4);
+    let counts = place
+        .texts(
+            "SELECT window_start || '|' || group_key || '|' || count || '|' || total || '|'
+                 || least || '|' || most || '|' || mean || '|' || ids
+             FROM p__gold__windows ORDER BY window_start, group_key",
+            "SELECT window_start || '|' || group_key || '|' || count || '|' || total || '|'
+                 || least || '|' || most || '|' || mean || '|' || ids
+             FROM p__gold__windows ORDER BY window_start, group_key",
+            &[],
+        )
+        .await;
+    assert_eq!(
+        counts,
+        vec![
+            "0||1|400|400|400|400.0|1",
+            "0|eu|2|350|100|250|175.0|2",
+            "0|us|1|1000|1000|1000|1000.0|1",
+            "10000|eu|1|700|700|700|700.0|1",
+        ]
+        .into_iter()
+        .map(|row| if postgres {
+            row.replace(".0|", "|")
+        } else {
+            row.to_owned()
+        })
+        .collect::<Vec<_>>()
+    );
+}
+
 on_both_backends!(
     expectations_are_evaluated_per_record,
     typed_rows_land_through_the_query,
@@ -486,4 +612,5 @@ on_both_backends!(
     declared_columns_grow_and_changes_are_refused,
     a_reset_clears_typed_rows,
     a_typed_table_reads_as_a_feed_of_json_objects,
+    a_window_over_a_typed_table_aggregates_its_columns,
 );

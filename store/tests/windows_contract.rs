@@ -23,7 +23,8 @@ fn emission(windows: &str, group_attribute: &str, before_ms: i64) -> WindowEmiss
         base_table: "p__events".into(),
         windows_table: windows.into(),
         size_ms: WINDOW_MS,
-        group_attribute: group_attribute.into(),
+        group: sluice_store::WindowGroup::Attribute(group_attribute.into()),
+        aggregates: Vec::new(),
         before_ms,
         rows: WindowRows::OfTheFlow,
     }

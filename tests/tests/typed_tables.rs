@@ -80,7 +80,7 @@ fn silver_is_f_of_orders(count: impl Fn(&str) -> i64) {
         count(
             "SELECT COUNT(*) FROM shop__silver s JOIN shop__orders o ON o.order_id = s.order_id
              WHERE o.region <> 'R0' AND s.doubled = o.cents * 2 AND s.ts = o.ts
-               AND s.big = (o.qty >= 3)"
+               AND s.big = (o.qty >= 3) AND s.region = o.region"
         ),
         expected
     );
@@ -108,6 +108,7 @@ targets:
       - {{ name: order_id, type: text, nullable: false }}
       - {{ name: doubled, type: integer }}
       - {{ name: big, type: boolean }}
+      - {{ name: region, type: text }}
       - {{ name: ts, type: timestamp }}
 flows:
   - name: clean
@@ -242,6 +243,7 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
         );
     }
     let at_kill = rows();
+    let silver_at_kill = db.query("SELECT COUNT(*) FROM shop__silver");
     victim.kill9();
     publishing.await.unwrap();
     let (expected_rows, cents) = expected(ORDERS);
@@ -260,8 +262,15 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
         dead(),
         survivor.logs()
     );
-    println!("killed at {at_kill} rows of {expected_rows}");
-    assert!(at_kill < expected_rows, "the kill landed after the end");
+    let silver_rows = db.query("SELECT COUNT(*) FROM shop__silver");
+    println!(
+        "killed at {at_kill} orders of {expected_rows}, {silver_at_kill} silver rows of \
+         {silver_rows}"
+    );
+    assert!(
+        at_kill < expected_rows || silver_at_kill < silver_rows,
+        "the kill landed after the end"
+    );
     assert_eq!(
         db.query("SELECT COUNT(DISTINCT _sluice_dedup_key) FROM shop__orders"),
         expected_rows
@@ -477,4 +486,157 @@ async fn a_failed_expectation_stops_the_flow_and_acks_nothing() {
         }
     );
     assert_eq!(Db(db_path).query("SELECT COUNT(*) FROM shop__orders"), 0);
+}
+
+/// `pipeline` in a pool: the orders flow with a watermark (from a tracking subscription), and
+/// `gold`, a 5 s window over `silver` per region with the sum of `doubled`.
+fn pooled_pipeline(store: &str, subscription: &str) -> String {
+    pipeline(store, "continuous", subscription)
+        .replace(
+            "        drain_idle: 15s\n",
+            "        watermark: { tracking_subscription: auto, band: 10s }\n",
+        )
+        .replace(
+            "flows:\n",
+            "  - name: gold
+    kind: window
+    window:
+      size: 5s
+      group_by: \"column:region\"
+      aggregates: { total: \"sum(doubled)\", biggest: \"max(doubled)\" }
+flows:
+  - name: totals
+    target: gold
+    source: { table: silver }
+",
+        )
+}
+
+/// bronze -> silver -> gold on a pool of three workers under SIGKILL: typed orders decoded
+/// from Pub/Sub (bronze), a `table` flow with `select:` and `where:` (silver), a window over
+/// silver grouped by a column with a sum (gold). Silver must hold exactly f(bronze), and gold
+/// exactly the aggregate of silver per window and region (a silver row committed after its
+/// window was emitted would break it). Kills 2 and 3 are aimed at the holder of silver's feed
+/// lease, and the test shows the feed changed hands.
+///
+/// Real: the emulator (with a tracking subscription), three `sluice` processes, PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bronze_silver_gold_on_a_pool_under_sigkill() {
+    const ORDERS: usize = 6_000;
+    const KILLS: usize = 3;
+    let database = sluice_store::ScratchDatabase::create().await.unwrap();
+    let db = PgDb(database.url().to_owned());
+    let pubsub = PubSub::connect().await;
+    let (topic, subs) = pubsub.topic_with("typedgold", 1).await;
+    let dir = Workdir::new();
+    let file = dir.path().join("p.yaml");
+    let store = format!("{}?pool_size=4", database.url());
+    std::fs::write(&file, pooled_pipeline(&store, &subs[0])).unwrap();
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|i| Worker::start(&file, &format!("g{i}-0")))
+        .collect();
+    let publishing = publish_in_chunks(
+        &topic,
+        messages(ORDERS, 600, 100),
+        100,
+        Duration::from_millis(200),
+    )
+    .await;
+    let feed_holder = || {
+        db.text(
+            "SELECT holder FROM sluice_leases WHERE pipeline = 'shop' AND role = 'feed/clean'
+               AND expires_at > now()",
+        )
+    };
+    let mut readers = std::collections::HashSet::new();
+    let mut silver_at_kills = Vec::new();
+    for kill in 1..=KILLS {
+        tokio::time::sleep(Duration::from_millis(rand::random_range(3_000..5_000))).await;
+        let holder = feed_holder();
+        if !holder.is_empty() {
+            readers.insert(holder.clone());
+        }
+        // A worker's id is `<host>-<pid>-<random>`.
+        let aimed = (kill > 1)
+            .then(|| holder.rsplit('-').nth(1)?.parse::<u32>().ok())
+            .flatten()
+            .and_then(|pid| workers.iter().position(|w| w.pid() == pid));
+        let victim = aimed.unwrap_or_else(|| rand::random_range(0..workers.len()));
+        // The successor's streams are open before the kill (the emulator holds a killed
+        // stream's messages back from streams opened after the close).
+        let successor = Worker::start(&file, &format!("g{victim}-{kill}"));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        silver_at_kills.push(db.query("SELECT COUNT(*) FROM shop__silver"));
+        std::mem::replace(&mut workers[victim], successor).kill9();
+    }
+    publishing.await.unwrap();
+    let (expected_rows, cents) = expected(ORDERS);
+    let count = |sql: &str| db.query(sql);
+    let mut done = || {
+        let holder = feed_holder();
+        if !holder.is_empty() {
+            readers.insert(holder);
+        }
+        count("SELECT COUNT(*) FROM shop__orders") == expected_rows
+            && count("SELECT COUNT(*) FROM shop__silver")
+                == count("SELECT COUNT(*) FROM shop__orders WHERE region <> 'R0'")
+            && count("SELECT COALESCE(SUM(count), 0)::int8 FROM shop__gold__windows")
+                == count("SELECT COUNT(*) FROM shop__silver")
+    };
+    let mut landed = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(480);
+    while std::time::Instant::now() < deadline {
+        if done() {
+            landed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        landed,
+        "orders {}, silver {}, gold counts {}; logs:\n{}",
+        count("SELECT COUNT(*) FROM shop__orders"),
+        count("SELECT COUNT(*) FROM shop__silver"),
+        count("SELECT COALESCE(SUM(count), 0)::int8 FROM shop__gold__windows"),
+        workers
+            .iter()
+            .map(|w| w.logs())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    );
+    sluice_tests::stop_all(workers);
+    assert_eq!(
+        count("SELECT COUNT(DISTINCT _sluice_dedup_key) FROM shop__orders"),
+        expected_rows
+    );
+    assert_eq!(count("SELECT SUM(cents)::int8 FROM shop__orders"), cents);
+    silver_is_f_of_orders(count);
+    // Gold is exactly the aggregate of silver, window by window and region by region, with
+    // the window start computed as the emission computes it.
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM (
+                 SELECT ms - ms % 5000 AS window_start, COALESCE(region, '') AS g,
+                        SUM(doubled) AS total, MAX(doubled) AS biggest, COUNT(*) AS n
+                 FROM (SELECT (extract(epoch FROM _sluice_event_time) * 1000)::int8 AS ms,
+                              region, doubled FROM shop__silver) AS s
+                 GROUP BY 1, 2) AS x
+             FULL JOIN shop__gold__windows w
+                 ON w.window_start = x.window_start AND w.group_key = x.g
+             WHERE w.count IS DISTINCT FROM x.n OR w.total IS DISTINCT FROM x.total
+                OR w.biggest IS DISTINCT FROM x.biggest"
+        ),
+        0,
+        "gold differs from the aggregate of silver"
+    );
+    assert!(count("SELECT COUNT(*) FROM shop__gold__windows") > 5);
+    // The kills landed while silver was being filled.
+    let silver = count("SELECT COUNT(*) FROM shop__silver");
+    println!("silver held {silver_at_kills:?} rows of {silver} at the kills");
+    assert!(silver_at_kills.iter().any(|&at| at > 0 && at < silver));
+    println!("silver's feed was read by {readers:?}");
+    assert!(
+        readers.len() >= 2,
+        "silver's feed never changed hands, so no kill hit its reader: {readers:?}"
+    );
 }

@@ -9,7 +9,7 @@ use crate::typed::{
 };
 
 /// The column type as PostgreSQL spells it in DDL, and as `information_schema` reports it.
-fn sql_type(ty: ColumnType) -> (&'static str, &'static str) {
+pub(crate) fn sql_type(ty: ColumnType) -> (&'static str, &'static str) {
     match ty {
         ColumnType::Text => ("TEXT", "text"),
         ColumnType::Integer => ("BIGINT", "bigint"),

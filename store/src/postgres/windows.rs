@@ -13,8 +13,13 @@ use super::PostgresStore;
 use async_trait::async_trait;
 
 use crate::schema::check_table;
-use crate::windows::{COUNTS_KEY, Plan, check_emission, mark_of_size, plan};
-use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowStore, WindowsEmitted};
+use crate::windows::{
+    COUNTS_KEY, Plan, aggregate_inputs, aggregate_outputs, check_emission, mark_of_size, plan,
+};
+use crate::{
+    FlowHandle, StoreError, WindowAggregate, WindowEmission, WindowGroup, WindowRows, WindowStore,
+    WindowsEmitted,
+};
 use deadpool_postgres::Client;
 
 /// Near the latest instant PostgreSQL's `timestamptz` holds (294276-12-31 23:59:59 UTC), ms:
@@ -100,7 +105,11 @@ async fn create_index_if_table(
 
 /// Gives a table that windows count whole (`WindowRows::All`) its `(event_time)` index, once:
 /// checked without a lock, created under the DDL lock in a transaction of its own.
-async fn ensure_event_time_index(client: &mut Client, base: &str) -> Result<(), StoreError> {
+async fn ensure_event_time_index(
+    client: &mut Client,
+    base: &str,
+    event_time: &str,
+) -> Result<(), StoreError> {
     let index = format!("{base}__by_event_time_only");
     let present: bool = client
         .query_one("SELECT to_regclass(quote_ident($1)) IS NOT NULL", &[&index])
@@ -115,7 +124,7 @@ async fn ensure_event_time_index(client: &mut Client, base: &str) -> Result<(), 
         &[&super::schema::DDL_LOCK],
     )
     .await?;
-    create_index_if_table(&tx, base, "by_event_time_only", "event_time").await?;
+    create_index_if_table(&tx, base, "by_event_time_only", event_time).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -129,8 +138,10 @@ pub(super) async fn emit_windows(
     check_emission(emission)?;
     let (base, windows) = (&emission.base_table, &emission.windows_table);
     let name: &str = &flow.name;
+    // A typed table's own columns have their `_sluice_` names.
+    let e = super::typed::envelope(&*client, base).await?;
     if emission.rows == WindowRows::All {
-        ensure_event_time_index(client, base).await?;
+        ensure_event_time_index(client, base, e.event_time).await?;
     }
     let tx = client.transaction().await?;
     let flow_row = tx
@@ -192,8 +203,10 @@ pub(super) async fn emit_windows(
         None => tx
             .query_one(
                 &format!(
-                    "SELECT (extract(epoch FROM min(event_time)) * 1000)::int8
-                     FROM \"{base}\" WHERE $1::text IS NULL OR flow = $1"
+                    "SELECT (extract(epoch FROM min({event_time})) * 1000)::int8
+                     FROM \"{base}\" WHERE $1::text IS NULL OR {flow} = $1",
+                    event_time = e.event_time,
+                    flow = e.flow
                 ),
                 &[&of_flow],
             )
@@ -215,28 +228,41 @@ pub(super) async fn emit_windows(
     // commits write it (`to_timestamp(ms / 1000.0)`), so the index serves it. No row of these
     // windows is in the table (the mark, or the deletion above, says so): a plain insert, which
     // fails loudly rather than drop a count.
+    ensure_aggregate_columns(&tx, windows, &emission.aggregates).await?;
+    // `$3` is the attribute of the group, or the group of a row whose column is NULL (`''`).
+    let (group, group_parameter) = match &emission.group {
+        WindowGroup::Attribute(name) => ("COALESCE(attributes ->> $3::text, '')".to_owned(), name),
+        WindowGroup::Column(column) => (
+            format!("COALESCE(CAST(\"{column}\" AS text), $3::text)"),
+            &String::new(),
+        ),
+    };
+    let inputs = aggregate_inputs(&emission.aggregates);
+    let (names, values) = aggregate_outputs(&emission.aggregates);
     let rows = tx
         .execute(
             &format!(
-                "INSERT INTO \"{windows}\" (window_start, window_end, group_key, count, emitted_at)
+                "INSERT INTO \"{windows}\" (window_start, window_end, group_key, count, emitted_at{names})
                  SELECT e.window_start, e.window_start + $2, e.group_key, count(*),
-                        (extract(epoch FROM now()) * 1000)::int8
+                        (extract(epoch FROM now()) * 1000)::int8{values}
                  FROM (SELECT t.ms - t.ms % $2 - CASE WHEN t.ms % $2 < 0 THEN $2 ELSE 0 END
                                   AS window_start,
-                              t.group_key
-                       FROM (SELECT (extract(epoch FROM event_time) * 1000)::int8 AS ms,
-                                    COALESCE(attributes ->> $3::text, '') AS group_key
+                              t.*
+                       FROM (SELECT (extract(epoch FROM {event_time}) * 1000)::int8 AS ms,
+                                    {group} AS group_key{inputs}
                              FROM \"{base}\"
-                             WHERE ($1::text IS NULL OR flow = $1)
-                               AND event_time >= to_timestamp($4::int8 / 1000.0::float8)
-                               AND event_time < to_timestamp($5::int8 / 1000.0::float8)) AS t
+                             WHERE ($1::text IS NULL OR {flow} = $1)
+                               AND {event_time} >= to_timestamp($4::int8 / 1000.0::float8)
+                               AND {event_time} < to_timestamp($5::int8 / 1000.0::float8)) AS t
                        WHERE t.ms >= $4 AND t.ms < $5) AS e
-                 GROUP BY e.window_start, e.group_key"
+                 GROUP BY e.window_start, e.group_key",
+                event_time = e.event_time,
+                flow = e.flow,
             ),
             &[
                 &of_flow,
                 &emission.size_ms,
-                &emission.group_attribute,
+                group_parameter,
                 &start,
                 // No row lies past the latest time `timestamptz` holds (such an event time is
                 // refused at commit), and `to_timestamp` refuses a bound beyond it: "every
@@ -258,6 +284,37 @@ pub(super) async fn emit_windows(
         rows,
         emitted_before_ms: end,
     })
+}
+
+/// Adds the aggregate columns the counts table lacks (its emissions are serialized by the
+/// flow's row lock, which the caller holds).
+async fn ensure_aggregate_columns(
+    tx: &deadpool_postgres::Transaction<'_>,
+    windows: &str,
+    aggregates: &[WindowAggregate],
+) -> Result<(), StoreError> {
+    if aggregates.is_empty() {
+        return Ok(());
+    }
+    let present: Vec<String> = tx
+        .query(
+            "SELECT column_name::text FROM information_schema.columns
+             WHERE table_schema = current_schema() AND table_name = $1",
+            &[&windows],
+        )
+        .await?
+        .iter()
+        .map(|row| row.try_get(0))
+        .collect::<Result<_, _>>()?;
+    for aggregate in aggregates.iter().filter(|a| !present.contains(&a.name)) {
+        tx.batch_execute(&format!(
+            "ALTER TABLE \"{windows}\" ADD COLUMN IF NOT EXISTS \"{}\" {}",
+            aggregate.name,
+            super::typed::sql_type(aggregate.ty).0
+        ))
+        .await?;
+    }
+    Ok(())
 }
 
 #[async_trait]

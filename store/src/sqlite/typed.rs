@@ -17,7 +17,7 @@ use rusqlite::types::{ToSql, Value};
 
 /// The declared type of a column: its affinity as SQLite derives it from the name, and a
 /// name that tells the nine types apart when the table is read back.
-fn declared(ty: ColumnType) -> &'static str {
+pub(super) fn declared(ty: ColumnType) -> &'static str {
     match ty {
         ColumnType::Text => "TEXT",
         ColumnType::Integer => "INTEGER",

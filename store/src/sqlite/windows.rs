@@ -11,8 +11,13 @@
 
 use super::{SqliteStore, now_ms};
 use crate::schema::check_table;
-use crate::windows::{COUNTS_KEY, Plan, check_emission, mark_of_size, plan};
-use crate::{FlowHandle, StoreError, WindowEmission, WindowRows, WindowStore, WindowsEmitted};
+use crate::windows::{
+    COUNTS_KEY, Plan, aggregate_inputs, aggregate_outputs, check_emission, mark_of_size, plan,
+};
+use crate::{
+    FlowHandle, StoreError, WindowAggregate, WindowEmission, WindowGroup, WindowRows, WindowStore,
+    WindowsEmitted,
+};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
@@ -109,6 +114,9 @@ pub(crate) fn emit_windows(
     check_emission(emission)?;
     let (base, windows) = (&emission.base_table, &emission.windows_table);
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // A typed table's own columns have their `_sluice_` names.
+    let e = super::typed::envelope(&tx, base)?;
+    let (event_time, flow_column) = (e.event_time, e.flow);
     let stored: Option<(i64, Option<i64>)> = tx
         .query_row(
             "SELECT emitted_before, size_ms FROM sluice_window_marks WHERE flow_id = ?1",
@@ -143,18 +151,18 @@ pub(crate) fn emit_windows(
     // target's table reads it by event time alone, so it gets an index of its own (created
     // once, inside this writer's transaction).
     let (flow_filter, of_flow) = match emission.rows {
-        WindowRows::OfTheFlow => ("flow = ?1", Some(&*flow.name)),
+        WindowRows::OfTheFlow => (format!("{flow_column} = ?1"), Some(&*flow.name)),
         WindowRows::All => {
             tx.execute_batch(&format!(
-                "CREATE INDEX IF NOT EXISTS \"{base}__by_event_time_only\" ON \"{base}\" (event_time);"
+                "CREATE INDEX IF NOT EXISTS \"{base}__by_event_time_only\" ON \"{base}\" ({event_time});"
             ))?;
-            ("?1 IS NULL", None)
+            ("?1 IS NULL".to_owned(), None)
         }
     };
     let oldest: Option<i64> = match mark {
         Some(_) => None,
         None => tx.query_row(
-            &format!("SELECT MIN(event_time) FROM \"{base}\" WHERE {flow_filter}"),
+            &format!("SELECT MIN({event_time}) FROM \"{base}\" WHERE {flow_filter}"),
             params![of_flow],
             |row| row.get(0),
         )?,
@@ -175,22 +183,34 @@ pub(crate) fn emit_windows(
     // could not be named by one. It is cast to text as PostgreSQL's `->>` gives it (a JSON
     // number 1 is "1"). No row of these windows is in the table (the mark, or the deletion
     // above, says so): a plain insert, which fails loudly rather than drop a count.
+    ensure_aggregate_columns(&tx, windows, &emission.aggregates)?;
+    // `?3` is the attribute of the group, or the group of a row whose column is NULL (`''`).
+    let (group, group_parameter) = match &emission.group {
+        WindowGroup::Attribute(name) => (
+            "CAST(COALESCE((SELECT a.value FROM json_each(attributes) AS a WHERE a.key = ?3), '')
+                  AS TEXT)"
+                .to_owned(),
+            name.as_str(),
+        ),
+        WindowGroup::Column(column) => (format!("COALESCE(CAST(\"{column}\" AS TEXT), ?3)"), ""),
+    };
+    let inputs = aggregate_inputs(&emission.aggregates);
+    let (names, values) = aggregate_outputs(&emission.aggregates);
     let rows = tx.execute(
         &format!(
-            "INSERT INTO \"{windows}\" (window_start, window_end, group_key, count, emitted_at)
-             SELECT window_start, window_start + ?2, group_key, COUNT(*), ?6
-             FROM (SELECT event_time - event_time % ?2
-                              - CASE WHEN event_time % ?2 < 0 THEN ?2 ELSE 0 END AS window_start,
-                          CAST(COALESCE((SELECT a.value FROM json_each(attributes) AS a
-                                         WHERE a.key = ?3), '') AS TEXT) AS group_key
+            "INSERT INTO \"{windows}\" (window_start, window_end, group_key, count, emitted_at{names})
+             SELECT window_start, window_start + ?2, group_key, COUNT(*), ?6{values}
+             FROM (SELECT {event_time} - {event_time} % ?2
+                              - CASE WHEN {event_time} % ?2 < 0 THEN ?2 ELSE 0 END AS window_start,
+                          {group} AS group_key{inputs}
                    FROM \"{base}\"
-                   WHERE {flow_filter} AND event_time >= ?4 AND event_time < ?5)
+                   WHERE {flow_filter} AND {event_time} >= ?4 AND {event_time} < ?5)
              GROUP BY window_start, group_key"
         ),
         params![
             of_flow,
             emission.size_ms,
-            emission.group_attribute,
+            group_parameter,
             start,
             end,
             now_ms,
@@ -208,6 +228,30 @@ pub(crate) fn emit_windows(
         rows: u64::try_from(rows).unwrap_or(u64::MAX),
         emitted_before_ms: end,
     })
+}
+
+/// Adds the aggregate columns the counts table lacks (inside the emission's write
+/// transaction).
+fn ensure_aggregate_columns(
+    tx: &Transaction<'_>,
+    windows: &str,
+    aggregates: &[WindowAggregate],
+) -> Result<(), StoreError> {
+    for aggregate in aggregates {
+        let present: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2)",
+            [windows, aggregate.name.as_str()],
+            |row| row.get(0),
+        )?;
+        if !present {
+            tx.execute_batch(&format!(
+                "ALTER TABLE \"{windows}\" ADD COLUMN \"{}\" {}",
+                aggregate.name,
+                super::typed::declared(aggregate.ty)
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -297,7 +341,7 @@ mod tests {
             conn.execute("DELETE FROM sluice_window_marks", [])
                 .expect("cleared");
             let mut by = emission(10_000, 60_000);
-            by.group_attribute = name.to_owned();
+            by.group = WindowGroup::Attribute(name.to_owned());
             emit_windows(&mut conn, &flow, &by, 0).expect("an emission");
             let mut statement = conn
                 .prepare("SELECT window_start, group_key FROM p__w__windows ORDER BY 1")

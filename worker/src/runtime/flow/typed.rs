@@ -7,7 +7,8 @@ use sluice_pipeline::{Column, ColumnType, Flow, Pipeline, TargetKind};
 use sluice_store::{Sql, TypedColumn, TypedQuery, TypedTable};
 use std::sync::Arc;
 
-fn column_type(ty: ColumnType) -> sluice_store::ColumnType {
+/// A column type as the store names it.
+pub fn column_type(ty: ColumnType) -> sluice_store::ColumnType {
     use sluice_store::ColumnType as S;
     match ty {
         ColumnType::Text => S::Text,

@@ -27,9 +27,11 @@
 //! and the window's count stays as emitted.
 
 use sluice_engine::{Backoff, Counters, FlowWatermark};
-use sluice_pipeline::{Flow, Mode, Pipeline, Source, TargetKind};
+use sluice_pipeline::aggregates::result_type;
+use sluice_pipeline::{AggregateFunction, Column, Flow, Mode, Pipeline, Source, TargetKind};
 use sluice_store::{
-    FlowHandle, Store, WatermarkRecord, WindowEmission, WindowRows, table_name, window_table_name,
+    FlowHandle, Store, WatermarkRecord, WindowAggregate, WindowEmission, WindowFunction,
+    WindowGroup, WindowRows, table_name, window_table_name,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,38 +53,72 @@ struct WindowPlan {
 /// The plan of `flow`'s windows, if its target is a `window` (whose checks `sluice_pipeline::load_for_run`
 /// made).
 fn plan(pipeline: &Pipeline, flow: &Flow, watermark: &FlowWatermark) -> Option<WindowPlan> {
-    let (size_ms, group, lateness_ms) = window_of(pipeline, flow)?;
+    let window = window_of(pipeline, flow, None)?;
     Some(WindowPlan {
         emission: WindowEmission {
             base_table: table_name(&pipeline.name, &flow.target).ok()?,
             windows_table: window_table_name(&pipeline.name, &flow.target).ok()?,
-            size_ms,
-            group_attribute: group.to_owned(),
+            size_ms: window.size_ms,
+            group: window.group,
+            aggregates: window.aggregates,
             before_ms: i64::MIN,
             rows: WindowRows::OfTheFlow,
         },
-        lateness_ms,
+        lateness_ms: window.lateness_ms,
         watermark: watermark.clone(),
     })
 }
 
-/// The window target `flow` writes: size, group attribute and lateness, in ms.
-fn window_of<'a>(pipeline: &'a Pipeline, flow: &Flow) -> Option<(i64, &'a str, i64)> {
+/// A window target as the store emits it.
+struct Window {
+    size_ms: i64,
+    group: WindowGroup,
+    aggregates: Vec<WindowAggregate>,
+    lateness_ms: i64,
+}
+
+/// The window target `flow` writes; `read`, the typed columns of the table it reads, if any
+/// (its aggregates' result types come from them).
+fn window_of(pipeline: &Pipeline, flow: &Flow, read: Option<&[Column]>) -> Option<Window> {
     let target = pipeline.targets.iter().find(|t| t.name == flow.target)?;
     let TargetKind::Window {
         size,
         group_by,
         allowed_lateness,
+        aggregates,
     } = &target.kind
     else {
         return None;
     };
     let millis = |d: &Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-    Some((
-        millis(size).max(1),
-        TargetKind::group_attribute(group_by)?,
-        millis(allowed_lateness),
-    ))
+    let group = match TargetKind::group_column(group_by) {
+        Some(column) => WindowGroup::Column(column.to_owned()),
+        None => WindowGroup::Attribute(TargetKind::group_attribute(group_by)?.to_owned()),
+    };
+    let aggregates = aggregates
+        .iter()
+        .map(|a| {
+            let ty = result_type(a, read.unwrap_or_default()).ok()?;
+            Some(WindowAggregate {
+                name: a.name.clone(),
+                function: match a.function {
+                    AggregateFunction::Count => WindowFunction::Count,
+                    AggregateFunction::Sum => WindowFunction::Sum,
+                    AggregateFunction::Min => WindowFunction::Min,
+                    AggregateFunction::Max => WindowFunction::Max,
+                    AggregateFunction::Avg => WindowFunction::Avg,
+                },
+                column: a.column.clone(),
+                ty: super::typed::column_type(ty),
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Window {
+        size_ms: millis(size).max(1),
+        group,
+        aggregates,
+        lateness_ms: millis(allowed_lateness),
+    })
 }
 
 /// A window over a `table` source: what the flow counts, and whose watermarks close it.
@@ -103,7 +139,12 @@ pub fn table_plan(pipeline: &Pipeline, flow: &Flow) -> Option<TableWindowPlan> {
     let Source::Table { target: read } = &flow.source else {
         return None;
     };
-    let (size_ms, group, lateness_ms) = window_of(pipeline, flow)?;
+    let columns = pipeline
+        .targets
+        .iter()
+        .find(|t| t.name == *read)
+        .map(|t| t.columns.as_slice());
+    let window = window_of(pipeline, flow, columns)?;
     let live_writers: Vec<String> = pipeline
         .live_writers(read)
         .into_iter()
@@ -113,12 +154,13 @@ pub fn table_plan(pipeline: &Pipeline, flow: &Flow) -> Option<TableWindowPlan> {
         emission: WindowEmission {
             base_table: table_name(&pipeline.name, read).ok()?,
             windows_table: window_table_name(&pipeline.name, &flow.target).ok()?,
-            size_ms,
-            group_attribute: group.to_owned(),
+            size_ms: window.size_ms,
+            group: window.group,
+            aggregates: window.aggregates,
             before_ms: i64::MIN,
             rows: WindowRows::All,
         },
-        lateness_ms,
+        lateness_ms: window.lateness_ms,
         follow: pipeline.mode == Mode::Continuous && !live_writers.is_empty(),
         live_writers,
     })
@@ -390,7 +432,7 @@ mod tests {
     }
 
     #[test]
-    fn groups_by_an_attribute_only() {
+    fn groups_by_an_attribute_or_a_column() {
         assert_eq!(
             TargetKind::group_attribute("attribute:region"),
             Some("region")
@@ -401,5 +443,7 @@ mod tests {
         );
         assert_eq!(TargetKind::group_attribute("attribute:"), None);
         assert_eq!(TargetKind::group_attribute("region"), None);
+        assert_eq!(TargetKind::group_column("column: region"), Some("region"));
+        assert_eq!(TargetKind::group_column("region"), None);
     }
 }
