@@ -173,9 +173,25 @@ pub(crate) fn check_windows(p: &Pipeline, c: &mut Collector<'_>) {
         });
         match read.filter(|t| !t.columns.is_empty()) {
             Some(typed) => {
-                match TargetKind::group_column(group_by) {
-                    Some(column) if typed.columns.iter().any(|c| c.name == column) => {}
-                    Some(column) => c.push(
+                let grouped = TargetKind::group_column(group_by)
+                    .map(|name| (name, typed.columns.iter().find(|c| c.name == name)));
+                match grouped {
+                    // The group key is text, which both stores write alike for these types.
+                    Some((_, Some(column)))
+                        if matches!(
+                            column.ty,
+                            ColumnType::Text | ColumnType::Integer | ColumnType::Date
+                        ) => {}
+                    Some((name, Some(column))) => c.push(
+                        ErrorCode::InvalidValue,
+                        &format!("{at}.group_by"),
+                        format!(
+                            "column `{name}` is {}; a window groups by a text, integer or date \
+                             column",
+                            column.ty.keyword()
+                        ),
+                    ),
+                    Some((column, None)) => c.push(
                         ErrorCode::InvalidValue,
                         &format!("{at}.group_by"),
                         format!("`{column}` is not a column of `{}`", typed.name),

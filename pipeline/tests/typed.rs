@@ -356,6 +356,12 @@ fn a_window_over_a_typed_table_groups_by_a_column_and_aggregates_columns() {
         "targets[1].window.group_by",
     );
     refused(
+        "column:ts",
+        "{}",
+        ErrorCode::InvalidValue,
+        "targets[1].window.group_by",
+    );
+    refused(
         "column:region",
         "{ total: \"sum(region)\" }",
         ErrorCode::InvalidExpression,
