@@ -15,6 +15,7 @@
 
 use crate::BenchError;
 use crate::stores::{Backend, FreshStore, StoreChoice};
+use crate::typed::TypedShape;
 use sluice_engine::pubsub::Admin;
 use sluice_engine::{
     BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, DedupSettings, FlowRun,
@@ -60,6 +61,11 @@ pub struct ChainArgs {
     /// in-process source (which measures the stores at saturation).
     #[arg(long)]
     pub emulator: bool,
+    /// Typed tables: the ingest decodes JSON orders into 5 columns (`sluice bench typed`'s
+    /// shape) and the follower is a typed flow over them (a `select:` and a `where:`) into a
+    /// typed table of 3 columns.
+    #[arg(long)]
+    pub typed: bool,
 }
 
 /// Where the rate measurement's messages come from.
@@ -94,8 +100,10 @@ impl Feed {
         name: &str,
         n: usize,
         size: usize,
+        typed: bool,
     ) -> Result<(Box<dyn MessageSource>, u64), BenchError> {
         match self {
+            Feed::InProcess if typed => Ok((Box::new(crate::typed::orders(n)), distinct(n))),
             Feed::InProcess => Ok((
                 Box::new(InProcessSource::generated(n, size, key_of)),
                 distinct(n),
@@ -106,10 +114,21 @@ impl Feed {
                 run_id,
                 ..
             } => {
-                let subscription =
-                    crate::throughput::backlog(admin, &format!("{name}-{run_id}"), n, size).await?;
+                let name = format!("{name}-{run_id}");
+                let subscription = if typed {
+                    crate::throughput::backlog_of(admin, &name, n, |i| {
+                        let (key, json) = crate::typed::order_json(i);
+                        google_cloud_pubsub::model::Message::new()
+                            .set_data(bytes::Bytes::from(json))
+                            .set_attributes([("key", key)])
+                    })
+                    .await?
+                } else {
+                    crate::throughput::backlog(admin, &name, n, size).await?
+                };
+                let wanted = if typed { distinct(n) } else { n as u64 };
                 let source = PubSubSource::new(config.clone(), &subscription, STREAMS)?;
-                Ok((Box::new(source), n as u64))
+                Ok((Box::new(source), wanted))
             }
         }
     }
@@ -167,8 +186,17 @@ fn distinct(n: usize) -> u64 {
 pub async fn chain(args: ChainArgs) -> Result<(), BenchError> {
     println!("# sluice bench chain");
     println!(
-        "messages {} x {} B (10 % duplicate keys), rounds {}, lag at {:.0} msg/s for {} s",
-        args.messages, args.size, args.rounds, args.lag_rate, args.lag_seconds
+        "messages {} x {} B (10 % duplicate keys), rounds {}, lag at {:.0} msg/s for {} s{}",
+        args.messages,
+        args.size,
+        args.rounds,
+        args.lag_rate,
+        args.lag_seconds,
+        if args.typed {
+            "; typed: JSON orders into 5 columns, then a select + where into 3"
+        } else {
+            ""
+        }
     );
     let feed = Feed::open(&args).await?;
     for backend in args.store.backends() {
@@ -189,14 +217,19 @@ pub async fn chain(args: ChainArgs) -> Result<(), BenchError> {
                     backend.name().to_lowercase(),
                     if chain { "chain" } else { "ingest" }
                 );
-                let (source, wanted) = feed.source(&name, args.messages, args.size).await?;
+                let (source, wanted) = feed
+                    .source(&name, args.messages, args.size, args.typed)
+                    .await?;
                 let took = drain(
                     backend,
                     &args.postgres,
                     source,
                     args.messages,
                     wanted,
-                    chain,
+                    Shape {
+                        chain,
+                        typed: args.typed,
+                    },
                 )
                 .await?;
                 if chain {
@@ -221,9 +254,16 @@ pub async fn chain(args: ChainArgs) -> Result<(), BenchError> {
             backend.name()
         );
         let n = (args.lag_rate * args.lag_seconds as f64) as usize;
-        let source =
-            Box::new(InProcessSource::generated(n, args.size, key_of).with_rate(args.lag_rate));
-        let measured = drain(backend, &args.postgres, source, n, distinct(n), true).await?;
+        let source: Box<dyn MessageSource> = if args.typed {
+            Box::new(crate::typed::orders(n).with_rate(args.lag_rate))
+        } else {
+            Box::new(InProcessSource::generated(n, args.size, key_of).with_rate(args.lag_rate))
+        };
+        let shape = Shape {
+            chain: true,
+            typed: args.typed,
+        };
+        let measured = drain(backend, &args.postgres, source, n, distinct(n), shape).await?;
         let mut lags = measured.lags_ms;
         lags.sort_unstable();
         let at = |q: f64| lags.get(((lags.len() as f64 - 1.0) * q) as usize).copied();
@@ -247,25 +287,45 @@ struct Drained {
     lags_ms: Vec<i64>,
 }
 
+/// What a drain runs: the ingest alone or the chain; envelope or typed tables.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    chain: bool,
+    typed: bool,
+}
+
 /// Drains `source` (`n` messages, `wanted` distinct keys) into a fresh store: the ingest flow
-/// alone, or with a flow following its table (`chain`); ends when the last message is acked,
-/// or for a chain when the last record is in the last table.
+/// alone, or with a flow following its table (`shape.chain`); ends when the last message is
+/// acked, or for a chain when the last record is in the last table.
 async fn drain(
     backend: Backend,
     postgres_server: &str,
     source: Box<dyn MessageSource>,
     n: usize,
     wanted: u64,
-    chain: bool,
+    shape: Shape,
 ) -> Result<Drained, BenchError> {
+    let chain = shape.chain;
     let store_error = |e: sluice_store::StoreError| BenchError::Store(e.to_string());
     let fresh = FreshStore::open(backend, postgres_server).await?;
     let store = fresh.store.clone();
+    let (events_shape, copies_shape) = if shape.typed {
+        (
+            Some(crate::typed::orders_shape()),
+            Some(crate::typed::silver_shape()),
+        )
+    } else {
+        (None, None)
+    };
     let flows = store
         .prepare(&Layout {
             pipeline: "bench".into(),
             tables: vec!["events".into(), "copies".into()],
-            typed: Vec::new(),
+            typed: events_shape
+                .iter()
+                .chain(&copies_shape)
+                .map(|t| t.table.clone())
+                .collect(),
             flows: vec!["ingest".into(), "copy".into(), "probe".into()],
         })
         .await
@@ -287,6 +347,7 @@ async fn drain(
             &flows[0],
             &events,
             ingest_counters.clone(),
+            events_shape.as_ref(),
         )
         .run(stop.clone()),
     )];
@@ -301,6 +362,7 @@ async fn drain(
                 &flows[1],
                 &copies,
                 copy_counters.clone(),
+                copies_shape.as_ref(),
             )
             .run(stop.clone()),
         ));
@@ -339,7 +401,7 @@ async fn drain(
 
 /// A flow's run as the worker builds one for a table target (batches of 1 000 or 50 ms), keyed
 /// as given: the ingest by its `key` attribute, the copy by message id (`<flow>/<key>`), as
-/// the worker keys a flow reading a table.
+/// the worker keys a flow reading a table; a typed flow with its decoder and query.
 fn flow_run(
     source: Box<dyn MessageSource>,
     key: KeySource,
@@ -347,7 +409,26 @@ fn flow_run(
     flow: &FlowHandle,
     table: &str,
     counters: Counters,
+    typed: Option<&TypedShape>,
 ) -> FlowRun {
+    let mut committer = CommitThenAck::new(
+        store.clone(),
+        flow.clone(),
+        Arc::from(table),
+        Arc::new(TableStage {
+            fields: typed.map(|t| t.fields.clone()),
+            ..TableStage::default()
+        }),
+        RetrySettings {
+            max_attempts: 5,
+            dedup_window: Duration::from_secs(600),
+            commit_bound: None,
+        },
+        CancellationToken::new(),
+    );
+    if let Some(typed) = typed {
+        committer = committer.with_typed(typed.query.clone());
+    }
     FlowRun {
         source,
         budget: Budget::new(10_000, 100 << 20),
@@ -359,18 +440,7 @@ fn flow_run(
             max_messages: 1_000,
             max_delay: Duration::from_millis(50),
         },
-        committer: CommitThenAck::new(
-            store.clone(),
-            flow.clone(),
-            Arc::from(table),
-            Arc::new(TableStage::default()),
-            RetrySettings {
-                max_attempts: 5,
-                dedup_window: Duration::from_secs(600),
-                commit_bound: None,
-            },
-            CancellationToken::new(),
-        ),
+        committer,
         counters,
         until: RunUntil::Drained,
         drain_agreement: None,

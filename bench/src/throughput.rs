@@ -270,20 +270,31 @@ pub(crate) async fn backlog_with(
     size: usize,
     attributes: impl Fn(usize) -> Vec<(&'static str, String)>,
 ) -> Result<String, BenchError> {
+    let payload = Bytes::from(vec![b'x'; size]);
+    backlog_of(admin, name, n, |i| {
+        Message::new()
+            .set_data(payload.clone())
+            .set_attributes(attributes(i))
+    })
+    .await
+}
+
+/// A topic `name` with a subscription holding `n` messages, message `i` being `message(i)`.
+pub(crate) async fn backlog_of(
+    admin: &Admin,
+    name: &str,
+    n: usize,
+    message: impl Fn(usize) -> Message,
+) -> Result<String, BenchError> {
     admin.create_topic(name).await?;
     let subscription = admin
         .create_subscription(&format!("{name}-sub"), name, 60)
         .await?;
     let publisher = admin.publisher(name).await?;
-    let payload = Bytes::from(vec![b'x'; size]);
     let mut published = 0;
     while published < n {
         let chunk = (n - published).min(PUBLISH_CHUNK);
-        let messages = (published..published + chunk).map(|i| {
-            Message::new()
-                .set_data(payload.clone())
-                .set_attributes(attributes(i))
-        });
+        let messages = (published..published + chunk).map(&message);
         publish_all(&publisher, messages).await?;
         published += chunk;
     }

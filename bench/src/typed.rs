@@ -101,26 +101,32 @@ pub(crate) fn orders_shape() -> TypedShape {
     }
 }
 
-/// `n` JSON orders, keyed `o{i}` (10 % of them a publisher's repeat of an earlier order).
-fn orders(n: usize) -> InProcessSource {
+/// Order `i`'s key (10 % of the orders a publisher's repeat of an earlier one) and its JSON.
+pub(crate) fn order_json(i: usize) -> (String, String) {
+    let order = if i % 10 == 9 { i / 10 } else { i };
+    let payload = format!(
+        r#"{{"order_id":"o{order}","amount":{}.{:02},"qty":{},"region":"r{}","ts":"2026-12-04T10:{:02}:{:02}Z"}}"#,
+        1 + order % 500,
+        order % 100,
+        order % 7,
+        order % 5,
+        order % 60,
+        order % 60
+    );
+    (format!("o{order}"), payload)
+}
+
+/// `n` JSON orders ([`order_json`]), the key in the attribute `key`.
+pub(crate) fn orders(n: usize) -> InProcessSource {
     let now = sluice_engine::now_ms();
     InProcessSource::new(
         (0..n)
             .map(|i| {
-                let order = if i % 10 == 9 { i / 10 } else { i };
-                let payload = format!(
-                    r#"{{"order_id":"o{order}","amount":{}.{:02},"qty":{},"region":"r{}","ts":"2026-12-04T10:{:02}:{:02}Z"}}"#,
-                    1 + order % 500,
-                    order % 100,
-                    order % 7,
-                    order % 5,
-                    order % 60,
-                    order % 60
-                );
+                let (key, payload) = order_json(i);
                 SourceMessage {
                     message_id: format!("m{i}"),
                     publish_time_ms: now,
-                    attributes: BTreeMap::from([("key".to_owned(), format!("o{order}"))]),
+                    attributes: BTreeMap::from([("key".to_owned(), key)]),
                     data: Bytes::from(payload),
                     event_time_ms: None,
                     problem: None,
@@ -128,6 +134,40 @@ fn orders(n: usize) -> InProcessSource {
             })
             .collect(),
     )
+}
+
+/// A silver table `copies(order_id text, doubled integer, region text)` filled from the typed
+/// `events` of [`orders_shape`] by a `table` flow: `doubled` is `cents * 2`, `where qty >= 0`
+/// (every row passes). Its fields are `events`' columns, read from the feed's JSON objects.
+pub(crate) fn silver_shape() -> TypedShape {
+    let events = orders_shape().table.columns;
+    let fields: Vec<(String, ColumnType)> = events.iter().map(|c| (c.name.clone(), c.ty)).collect();
+    let columns = vec![
+        column("order_id", ColumnType::Text),
+        column("doubled", ColumnType::Integer),
+        column("region", ColumnType::Text),
+    ];
+    let same = |both: &str| Sql {
+        postgres: both.to_owned(),
+        sqlite: both.to_owned(),
+    };
+    TypedShape {
+        table: TypedTable {
+            target: "copies".to_owned(),
+            columns: columns.clone(),
+        },
+        fields: Arc::new(JsonFields::new(fields.clone())),
+        query: Arc::new(TypedQuery {
+            fields,
+            select: vec![
+                (columns[0].clone(), same("\"order_id\"")),
+                (columns[1].clone(), same("(\"cents\" * 2)")),
+                (columns[2].clone(), same("\"region\"")),
+            ],
+            filter: Some(same("(\"qty\" >= 0)")),
+            expectations: Vec::new(),
+        }),
+    }
 }
 
 fn median(mut rates: Vec<f64>) -> f64 {
