@@ -82,6 +82,7 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
         schedule,
         targets,
         flows,
+        views: Vec::new(),
     }
 }
 
@@ -316,11 +317,11 @@ fn target(c: &mut Collector<'_>, raw: RawTarget, path: &str) -> Target {
     };
     let columns = match raw.columns {
         None => Vec::new(),
-        Some(_) if !matches!(kind, TargetKind::Table) => {
+        Some(_) if !matches!(kind, TargetKind::Table | TargetKind::View) => {
             c.push(
                 ErrorCode::UnknownKey,
                 &format!("{path}.columns"),
-                "`columns` only applies to targets of kind table",
+                "`columns` only applies to targets of kind table and view",
             );
             Vec::new()
         }

@@ -49,6 +49,7 @@ mod raw;
 mod source;
 pub mod timetable;
 mod validate;
+mod views;
 
 use std::path::Path;
 
@@ -110,11 +111,18 @@ fn parse_with(text: &str, file: &Path, for_run: bool) -> Result<Pipeline, Config
     let locator = locate::Locator::new(text);
     let raw = decode::decode(text, file, &locator)?;
     let mut collector = errors::Collector::new(file, &locator);
-    let pipeline = convert::convert(raw, &mut collector);
+    let mut pipeline = convert::convert(raw, &mut collector);
     validate::validate(&pipeline, &mut collector);
-    // What cannot run is asked only of a valid file: its checks read a consistent model.
+    // Views are built from a valid model, and what cannot run is asked only of a valid file:
+    // their checks read a consistent model.
+    if collector.len() == 0 {
+        views::define(&mut pipeline, &mut collector);
+    }
     if for_run && collector.len() == 0 {
         capabilities::check(&pipeline, &mut collector);
+        // A flow writing a view defines it and does not run.
+        let views: Vec<String> = pipeline.views.iter().map(|v| v.name.clone()).collect();
+        pipeline.flows.retain(|f| !views.contains(&f.target));
     }
     collector.finish(pipeline)
 }

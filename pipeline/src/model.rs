@@ -34,8 +34,11 @@ pub struct Pipeline {
     pub schedule: Option<Schedule>,
     /// `targets:` in file order.
     pub targets: Vec<Target>,
-    /// `flows:` in file order.
+    /// `flows:` in file order. (A run's pipeline, [`crate::load_for_run`], holds no flow
+    /// writing a `view`: those define [`Pipeline::views`].)
     pub flows: Vec<Flow>,
+    /// The `view` targets, each defined by the flow that writes it (`crate::views`).
+    pub views: Vec<View>,
 }
 
 impl Pipeline {
@@ -494,4 +497,19 @@ impl AggregateFunction {
             Self::Avg => "avg",
         }
     }
+}
+
+/// A `view` target: a named query over one typed table, not stored. The store holds it as a
+/// view for people to query; a flow reading it reads the table, the view's query applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    /// The target's name.
+    pub name: String,
+    /// The typed table it reads (a target of this pipeline).
+    pub table: String,
+    /// Its columns, each with the expression over the table that computes it (cast to the
+    /// column's type where the expression's differs).
+    pub select: Vec<Selected>,
+    /// Its condition: rows for which it is not true are not in the view.
+    pub filter: Option<Expression>,
 }

@@ -115,6 +115,7 @@ fn spec_example_loads_into_the_expected_model() {
                 query: Default::default(),
             },
         ],
+        views: Vec::new(),
     };
     assert_eq!(pipeline, expected);
 }

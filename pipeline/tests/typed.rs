@@ -380,3 +380,95 @@ fn a_window_over_a_typed_table_groups_by_a_column_and_aggregates_columns() {
         "targets[1].window.aggregates.count",
     );
 }
+
+/// `TYPED` with a view `big` over `orders` (its query: `view_flow`'s keys) and a silver table
+/// reading it.
+fn with_view(view_flow: &str) -> String {
+    let targets_end = TYPED.find("flows:").expect("flows");
+    format!(
+        "{}  - name: big\n    kind: view\n    columns:\n      \
+         - {{ name: order_id, type: text }}\n      - {{ name: euros, type: numeric }}\n  \
+         - name: silver\n    kind: table\n    columns:\n      \
+         - {{ name: order_id, type: text }}\n      - {{ name: cents, type: integer }}\n{}  \
+         - name: big_orders\n    target: big\n{view_flow}  - name: from_view\n    \
+         target: silver\n    source: {{ table: big }}\n    \
+         select: {{ cents: \"CAST(euros * 100 AS integer)\" }}\n    where: \"order_id <> 'x'\"\n",
+        &TYPED[..targets_end],
+        &TYPED[targets_end..]
+    )
+}
+
+#[test]
+fn a_view_is_a_query_its_readers_apply_to_its_table() {
+    let text = with_view(
+        "    source: { table: orders }\n    select: { euros: \"amount\" }\n    \
+         where: \"amount > 10\"\n",
+    );
+    let p = parse_for_run(&text, Path::new("p.yaml")).expect("runs");
+    assert_eq!(p.views.len(), 1);
+    assert_eq!(
+        (p.views[0].name.as_str(), p.views[0].table.as_str()),
+        ("big", "orders")
+    );
+    // The view's flow does not run; its reader reads `orders`, the view's query applied.
+    let names: Vec<&str> = p.flows.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["live", "from_view"]);
+    let reader = &p.flows[1];
+    assert_eq!(
+        reader.source,
+        sluice_pipeline::Source::Table {
+            target: "orders".into()
+        }
+    );
+    let cents = &reader
+        .query
+        .select
+        .iter()
+        .find(|s| s.column == "cents")
+        .expect("cents");
+    assert!(
+        cents.expression.postgres.contains("\"amount\""),
+        "{cents:?}"
+    );
+    let filter = reader.query.filter.as_ref().expect("a filter");
+    assert!(
+        filter.postgres.contains("\"amount\" > 10") && filter.postgres.contains("<> 'x'"),
+        "{filter:?}"
+    );
+    let fields: Vec<&str> = reader
+        .query
+        .fields
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(fields, ["order_id", "amount", "cents", "region", "ts"]);
+}
+
+#[test]
+fn a_view_reads_one_typed_table_and_lands_nothing() {
+    let refused = |view_flow: &str, code: ErrorCode, path: &str| {
+        let errs = parse(&with_view(view_flow), Path::new("p.yaml"))
+            .expect_err("refused")
+            .0;
+        assert!(
+            errs.iter()
+                .any(|e| e.code == code && e.path == path && e.line.is_some()),
+            "{view_flow}: {errs:#?}"
+        );
+    };
+    refused(
+        "    source: { pubsub: { subscription: other } }\n    decode: { format: json }\n",
+        ErrorCode::InvalidValue,
+        "flows[1].source",
+    );
+    refused(
+        "    source: { table: orders }\n    expect:\n      - { name: e, check: \"euros > 0\" }\n",
+        ErrorCode::InvalidValue,
+        "flows[1].expect",
+    );
+    refused(
+        "    source: { table: orders }\n    select: { order_id: \"_sluice_attributes ->> 'k'\" }\n",
+        ErrorCode::InvalidExpression,
+        "flows[1].select.order_id",
+    );
+}

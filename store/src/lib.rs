@@ -50,6 +50,7 @@ mod sqlite;
 pub mod testing;
 mod typed;
 mod url;
+mod views;
 mod windows;
 mod work;
 
@@ -89,6 +90,7 @@ pub use typed::{
     ColumnType, Sql, TypedColumn, TypedQuery, TypedTable, TypedValue, expectation_column,
 };
 pub use url::{StoreUrl, open};
+pub use views::TypedView;
 pub use windows::{
     WindowAggregate, WindowEmission, WindowFunction, WindowGroup, WindowRows, WindowsEmitted,
 };

@@ -103,6 +103,18 @@ pub trait FlowStore: Send + Sync + 'static {
         claim: Option<&ClearClaim>,
     ) -> Result<(), StoreError>;
 
+    /// Creates `views` (each dropped first if it exists), in one transaction. A store that has
+    /// no views refuses any.
+    async fn create_views(&self, views: &[crate::TypedView]) -> Result<(), StoreError> {
+        match views.first() {
+            None => Ok(()),
+            Some(view) => Err(StoreError::Config(format!(
+                "this store cannot create view {}",
+                view.name
+            ))),
+        }
+    }
+
     /// Up to `limit` rows of `table` (a full target table name) after `after`, in the order
     /// `(flow, dedup_key, message_id)`: a `table` source pages through a target with it. Rows
     /// committed meanwhile appear if they sort after the cursor.

@@ -131,6 +131,10 @@ impl<S: Store + Inspect> FlowStore for FaultStore<S> {
         self.inner.reset_flow(flow, table, rows, claim).await
     }
 
+    async fn create_views(&self, views: &[crate::TypedView]) -> Result<(), StoreError> {
+        self.inner.create_views(views).await
+    }
+
     async fn read_rows(
         &self,
         table: &str,

@@ -67,6 +67,23 @@ fn expected(n: usize) -> (i64, i64) {
     (landed.len() as i64, cents)
 }
 
+/// The view `big` holds the orders of 100 or more, and `big_copy`, filled by a flow reading
+/// the view, exactly its rows (with a tag computed from the view's column).
+fn the_view_and_its_reader_agree(count: impl Fn(&str) -> i64) {
+    let big = count("SELECT COUNT(*) FROM shop__orders WHERE amount >= 100");
+    assert!(big > 0);
+    assert_eq!(count("SELECT COUNT(*) FROM shop__big"), big);
+    assert_eq!(count("SELECT COUNT(*) FROM shop__big_copy"), big);
+    assert_eq!(
+        count(
+            "SELECT COUNT(*) FROM shop__big_copy c JOIN shop__big v ON v.order_id = c.order_id
+             WHERE c.euros = v.euros
+               AND c.tag = CASE WHEN v.euros >= 1000 THEN 'large' ELSE 'medium' END"
+        ),
+        big
+    );
+}
+
 /// Silver is exactly f(orders): one row per order outside region R0, with its values.
 fn silver_is_f_of_orders(count: impl Fn(&str) -> i64) {
     let expected = count("SELECT COUNT(*) FROM shop__orders WHERE region <> 'R0'");
@@ -110,7 +127,27 @@ targets:
       - {{ name: big, type: boolean }}
       - {{ name: region, type: text }}
       - {{ name: ts, type: timestamp }}
+  - name: big
+    kind: view
+    columns:
+      - {{ name: order_id, type: text }}
+      - {{ name: euros, type: numeric }}
+  - name: big_copy
+    kind: table
+    columns:
+      - {{ name: order_id, type: text }}
+      - {{ name: euros, type: numeric }}
+      - {{ name: tag, type: text }}
 flows:
+  - name: big_orders
+    target: big
+    source: {{ table: orders }}
+    select: {{ euros: \"amount\" }}
+    where: \"amount >= 100\"
+  - name: from_view
+    target: big_copy
+    source: {{ table: big }}
+    select: {{ tag: \"CASE WHEN euros >= 1000 THEN 'large' ELSE 'medium' END\" }}
   - name: clean
     target: silver
     source: {{ table: orders }}
@@ -189,6 +226,7 @@ async fn typed_orders_land_exactly_once_on_sqlite() {
     );
     assert_eq!(db.query("SELECT COUNT(*) FROM shop__dead_letter"), 50 + 20);
     silver_is_f_of_orders(|sql| db.query(sql));
+    the_view_and_its_reader_agree(|sql| db.query(sql));
     let summary = std::fs::read_to_string(&out).unwrap();
     assert!(
         summary.contains(&format!("{} records filtered out by `where`", ORDERS / 20)),
@@ -251,6 +289,8 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
     let silver = || {
         db.query("SELECT COUNT(*) FROM shop__silver")
             == db.query("SELECT COUNT(*) FROM shop__orders WHERE region <> 'R0'")
+            && db.query("SELECT COUNT(*) FROM shop__big_copy")
+                == db.query("SELECT COUNT(*) FROM shop__orders WHERE amount >= 100")
     };
     assert!(
         eventually(Duration::from_secs(420), || rows() == expected_rows
@@ -293,6 +333,7 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
         (ORDERS / 100) as i64
     );
     silver_is_f_of_orders(|sql| db.query(sql));
+    the_view_and_its_reader_agree(|sql| db.query(sql));
 }
 
 /// Orders for the expectations: amount `i`, region `mars` for every 20th from 3 (5 %).
@@ -514,7 +555,8 @@ flows:
 
 /// bronze -> silver -> gold on a pool of three workers under SIGKILL: typed orders decoded
 /// from Pub/Sub (bronze), a `table` flow with `select:` and `where:` (silver), a window over
-/// silver grouped by a column with a sum (gold). Silver must hold exactly f(bronze), and gold
+/// silver grouped by a column with a sum (gold); beside them a view over bronze and a table
+/// filled by a flow reading the view. Silver must hold exactly f(bronze), and gold
 /// exactly the aggregate of silver per window and region (a silver row committed after its
 /// window was emitted would break it). Kills 2 and 3 are aimed at the holder of silver's feed
 /// lease, and the test shows the feed changed hands.
@@ -582,6 +624,8 @@ async fn bronze_silver_gold_on_a_pool_under_sigkill() {
                 == count("SELECT COUNT(*) FROM shop__orders WHERE region <> 'R0'")
             && count("SELECT COALESCE(SUM(count), 0)::int8 FROM shop__gold__windows")
                 == count("SELECT COUNT(*) FROM shop__silver")
+            && count("SELECT COUNT(*) FROM shop__big_copy")
+                == count("SELECT COUNT(*) FROM shop__orders WHERE amount >= 100")
     };
     let mut landed = false;
     let deadline = std::time::Instant::now() + Duration::from_secs(480);
@@ -611,6 +655,7 @@ async fn bronze_silver_gold_on_a_pool_under_sigkill() {
     );
     assert_eq!(count("SELECT SUM(cents)::int8 FROM shop__orders"), cents);
     silver_is_f_of_orders(count);
+    the_view_and_its_reader_agree(count);
     // Gold is exactly the aggregate of silver, window by window and region by region, with
     // the window start computed as the emission computes it.
     assert_eq!(

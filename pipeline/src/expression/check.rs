@@ -35,6 +35,8 @@ impl Ty {
 
 pub(super) struct Checker<'a> {
     pub(super) fields: Fields<'a>,
+    /// Columns written out as other expressions (a view's columns as the view computes them).
+    pub(super) substitutes: Option<&'a super::Substitutes>,
 }
 
 impl Checker<'_> {

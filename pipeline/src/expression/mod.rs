@@ -42,8 +42,22 @@ pub struct Expression {
 /// What an expression may read: each field's name and type.
 pub type Fields<'a> = &'a [(String, ColumnType)];
 
+/// Columns an expression reads that are written out as other expressions: a view's columns,
+/// by name, as the view computes them from its table (for each store).
+pub type Substitutes = std::collections::HashMap<String, Expression>;
+
 /// Parses and checks `text` over `fields`.
 pub fn compile(text: &str, fields: Fields<'_>) -> Result<Expression, String> {
+    compile_substituted(text, fields, None)
+}
+
+/// As [`compile`], each field named in `substitutes` written out as its expression there (in
+/// parentheses), so that the result reads what those expressions read.
+pub fn compile_substituted(
+    text: &str,
+    fields: Fields<'_>,
+    substitutes: Option<&Substitutes>,
+) -> Result<Expression, String> {
     let dialect = PostgreSqlDialect {};
     let mut parser = Parser::new(&dialect)
         .try_with_sql(text)
@@ -58,7 +72,10 @@ pub fn compile(text: &str, fields: Fields<'_>) -> Result<Expression, String> {
             rest.token
         ));
     }
-    let checker = Checker { fields };
+    let checker = Checker {
+        fields,
+        substitutes,
+    };
     let ty = checker.ty(&expr)?;
     Ok(Expression {
         text: text.to_owned(),

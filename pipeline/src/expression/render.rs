@@ -24,7 +24,19 @@ pub(super) fn render(expr: &Expr, store: Store, checker: &Checker<'_>) -> Result
         }
     };
     Ok(match expr {
-        Expr::Identifier(ident) => format!("\"{}\"", ident.value),
+        Expr::Identifier(ident) => match checker
+            .substitutes
+            .and_then(|s| s.get(ident.value.as_str()))
+        {
+            Some(substitute) => format!(
+                "({})",
+                match store {
+                    Store::Postgres => &substitute.postgres,
+                    Store::Sqlite => &substitute.sqlite,
+                }
+            ),
+            None => format!("\"{}\"", ident.value),
+        },
         Expr::Value(value) => match &value.value {
             Value::Number(text, _) => text.clone(),
             Value::SingleQuotedString(text) => format!("'{}'", text.replace('\'', "''")),

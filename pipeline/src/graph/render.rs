@@ -219,6 +219,7 @@ mod tests {
                 flow("b", "u", false, &["a"], table()),
                 flow("a", "t", true, &[], file()),
             ],
+            views: Vec::new(),
         })
     }
 

@@ -51,6 +51,7 @@ fn pipeline(mode: Mode, flows: Vec<Flow>) -> Pipeline {
             target("v", TargetKind::View),
         ],
         flows,
+        views: Vec::new(),
     }
 }
 

@@ -349,6 +349,22 @@ impl FlowStore for PostgresStore {
         Ok(handles)
     }
 
+    async fn create_views(&self, views: &[crate::TypedView]) -> Result<(), StoreError> {
+        if views.is_empty() {
+            return Ok(());
+        }
+        let (mut client, _) = self.ready().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&schema::DDL_LOCK])
+            .await?;
+        for view in views {
+            tx.batch_execute(&crate::views::ddl(view, crate::views::Dialect::Postgres)?)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
         let (client, _) = self.ready().await?;
         client

@@ -349,6 +349,22 @@ impl FlowStore for SqliteStore {
         self.ask(|reply| Command::Prepare(layout, reply)).await
     }
 
+    async fn create_views(&self, views: &[crate::TypedView]) -> Result<(), StoreError> {
+        if views.is_empty() {
+            return Ok(());
+        }
+        let views = views.to_vec();
+        self.call(move |conn| {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            for view in &views {
+                tx.execute_batch(&crate::views::ddl(view, crate::views::Dialect::Sqlite)?)?;
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn record_completion(&self, flow: &FlowHandle) -> Result<(), StoreError> {
         let id = flow.id;
         self.call(move |conn| self::record_completion(conn, id, now_ms()))

@@ -4,7 +4,7 @@
 
 use sluice_engine::{Expectation, JsonFields, OnViolation};
 use sluice_pipeline::{Column, ColumnType, Flow, Pipeline, TargetKind};
-use sluice_store::{Sql, TypedColumn, TypedQuery, TypedTable};
+use sluice_store::{Sql, TypedColumn, TypedQuery, TypedTable, TypedView, table_name};
 use std::sync::Arc;
 
 /// A column type as the store names it.
@@ -44,6 +44,39 @@ pub fn typed_tables(pipeline: &Pipeline) -> Vec<TypedTable> {
         .collect()
 }
 
+/// The pipeline's views as the store creates them.
+pub fn typed_views(pipeline: &Pipeline) -> Result<Vec<TypedView>, sluice_store::StoreError> {
+    let mut views = Vec::new();
+    for view in &pipeline.views {
+        let Some(target) = pipeline.targets.iter().find(|t| t.name == view.name) else {
+            continue;
+        };
+        let columns = view
+            .select
+            .iter()
+            .filter_map(|selected| {
+                let declared = target.columns.iter().find(|c| c.name == selected.column)?;
+                Some((column(declared), sql(&selected.expression)))
+            })
+            .collect();
+        views.push(TypedView {
+            name: table_name(&pipeline.name, &view.name)?,
+            table: table_name(&pipeline.name, &view.table)?,
+            columns,
+            filter: view.filter.as_ref().map(sql),
+        });
+    }
+    Ok(views)
+}
+
+/// An expression as the store takes it.
+fn sql(e: &sluice_pipeline::Expression) -> Sql {
+    Sql {
+        postgres: e.postgres.clone(),
+        sqlite: e.sqlite.clone(),
+    }
+}
+
 /// What a typed flow runs with.
 pub struct TypedFlow {
     /// Its payload decoder.
@@ -72,23 +105,10 @@ pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Option<TypedFlow> {
         .iter()
         .filter_map(|selected| {
             let declared = target.columns.iter().find(|c| c.name == selected.column)?;
-            Some((
-                column(declared),
-                Sql {
-                    postgres: selected.expression.postgres.clone(),
-                    sqlite: selected.expression.sqlite.clone(),
-                },
-            ))
+            Some((column(declared), sql(&selected.expression)))
         })
         .collect();
-    let filter = flow.query.filter.as_ref().map(|e| Sql {
-        postgres: e.postgres.clone(),
-        sqlite: e.sqlite.clone(),
-    });
-    let sql = |e: &sluice_pipeline::Expression| Sql {
-        postgres: e.postgres.clone(),
-        sqlite: e.sqlite.clone(),
-    };
+    let filter = flow.query.filter.as_ref().map(sql);
     let expectations = flow
         .query
         .expectations

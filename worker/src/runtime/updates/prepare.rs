@@ -26,6 +26,9 @@ pub async fn open(pipeline: &Pipeline) -> Result<Opened, StoreError> {
     let layout = layout(pipeline);
     let store = sluice_store::open(&pipeline.store)?;
     let (handles, completed) = read_flows(&*store, &layout).await?;
+    store
+        .create_views(&crate::runtime::flow::typed::typed_views(pipeline)?)
+        .await?;
     Ok(Opened {
         store,
         layout,
