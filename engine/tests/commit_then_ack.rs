@@ -423,6 +423,7 @@ async fn a_ledger_duplicate_is_not_remembered_past_the_ledgers_window() {
             position_gate: None,
             work: None,
             publish_dead_letters: false,
+            verdicts: Vec::new(),
             typed: None,
         })
         .await

@@ -69,6 +69,7 @@ async fn committed_batches_become_files_and_crash_leftovers_are_resolved() {
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        verdicts: Vec::new(),
         typed: None,
     };
 

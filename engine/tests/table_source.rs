@@ -96,6 +96,7 @@ async fn commit(
             position_gate: None,
             work: None,
             publish_dead_letters: false,
+            verdicts: Vec::new(),
             typed: None,
         })
         .await

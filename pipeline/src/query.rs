@@ -104,6 +104,9 @@ fn column_type(c: &mut Collector<'_>, ty: Option<String>, path: &str) -> ColumnT
     }
 }
 
+/// Most expectations a flow may list.
+const MOST_EXPECTATIONS: usize = 63;
+
 /// The query parts of `flows[i]`, as the file wrote them.
 pub(crate) struct RawQuery {
     pub(crate) decode: Option<RawDecode>,
@@ -318,6 +321,14 @@ pub(crate) fn flow_query(
                 ErrorCode::DuplicateName,
                 &format!("{at}.name"),
                 format!("expectation `{}` is listed twice", e.name),
+            );
+        }
+        if i == MOST_EXPECTATIONS {
+            // The store counts a record's verdicts as one bit each of a 64-bit integer.
+            c.push(
+                ErrorCode::InvalidValue,
+                &at,
+                format!("a flow has at most {MOST_EXPECTATIONS} expectations"),
             );
         }
         expectations.push(e);

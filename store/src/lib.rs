@@ -73,7 +73,8 @@ pub use pool_updates::{ClearClaim, PoolUpdate, PoolUpdateState};
 pub use postgres::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 pub use postgres::{Footprint, PostgresOptions, PostgresStore};
 pub use progress::{
-    BucketCounts, BucketMessage, MessageReport, PROGRESS_BUCKET_MS, WatermarkRecord,
+    BucketCounts, BucketMessage, ExpectationCount, MessageReport, PROGRESS_BUCKET_MS,
+    WatermarkRecord,
 };
 #[cfg(feature = "testing")]
 pub use roles::Inspect;

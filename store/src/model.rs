@@ -124,6 +124,12 @@ pub struct CommitBatch {
     /// the same transaction places each new dead letter in the outbox too (see
     /// [`crate::OutboxLetter`]).
     pub publish_dead_letters: bool,
+    /// Per entry, which of `typed`'s expectations it violated (in their order), as decided
+    /// before the commit; the same transaction counts each entry whose key is new, per
+    /// expectation, passed or violated ([`crate::LedgerStore::expectation_counts`]). An entry
+    /// with no verdict (an empty list: a dead letter, a record `where:` left out) is not
+    /// counted; an empty `verdicts`: nothing is.
+    pub verdicts: Vec<Vec<bool>>,
 }
 
 /// Work done inside a commit's transaction, after the ledger has said which entries are new

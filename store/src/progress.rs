@@ -71,3 +71,14 @@ pub struct WatermarkRecord {
     /// When it was last advanced, ms since epoch (the writer's clock).
     pub updated_at_ms: i64,
 }
+
+/// One expectation of a typed flow: its records, counted once each when committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpectationCount {
+    /// The expectation's name.
+    pub expectation: String,
+    /// Records that met it.
+    pub passed: u64,
+    /// Records that violated it.
+    pub violated: u64,
+}

@@ -61,6 +61,15 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// Committed, duplicate and dead-lettered counts of a flow.
     async fn flow_progress(&self, flow: &FlowHandle) -> Result<FlowProgress, StoreError>;
 
+    /// The expectation counts of a typed flow (see [`CommitBatch::verdicts`]), by name; empty
+    /// for a flow with none or a store that keeps none.
+    async fn expectation_counts(
+        &self,
+        _flow: &FlowHandle,
+    ) -> Result<Vec<crate::ExpectationCount>, StoreError> {
+        Ok(Vec::new())
+    }
+
     /// Keeps the dedup ledger small: SQLite deletes one chunk of expired keys (its writer also
     /// purges by itself between commits); PostgreSQL creates the next ledger generations ahead of time and
     /// drops whole generations no window can still need. Safe to call from several replicas at

@@ -48,8 +48,9 @@ pub(crate) fn check_table(table: &str) -> Result<(), StoreError> {
 /// its counters ([`RESET_CLEARS_APART`]), and keeps the flow's identity ([`RESET_KEEPS`]).
 /// `store/tests/flows_contract.rs` checks the three lists against each backend's schema: a new
 /// table with a `flow_id` must be put in one of them.
-pub const RESET_CLEARS: [&str; 6] = [
+pub const RESET_CLEARS: [&str; 7] = [
     "sluice_completions",
+    "sluice_expectation_counts",
     "sluice_drains",
     "sluice_commit_marks",
     "sluice_watermarks",

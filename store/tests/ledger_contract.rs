@@ -98,6 +98,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        verdicts: Vec::new(),
         typed: None,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };
@@ -111,6 +112,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        verdicts: Vec::new(),
         typed: None,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };

@@ -43,6 +43,7 @@ fn batch(flow: &FlowHandle, keys: &[&str], window_ms: i64) -> CommitBatch {
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        verdicts: Vec::new(),
         typed: None,
     }
 }

@@ -165,6 +165,7 @@ async fn a_commit_records_its_messages_settled(postgres: bool) {
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        verdicts: Vec::new(),
         typed: None,
         ..batch(flow, entries)
     };

@@ -365,6 +365,54 @@ async fn expectations_are_evaluated_per_record(postgres: bool) {
     }
 }
 
+/// The verdicts a batch carries are counted in its commit's transaction, per expectation, for
+/// the entries whose key is new: a duplicate, or the same batch committed again, adds nothing;
+/// an entry without a verdict (a dead letter) is not counted.
+async fn expectation_counts_are_kept_with_the_commit(postgres: bool) {
+    let (_place, store, flow) = typed_open(postgres).await;
+    let q = expecting(
+        query(
+            &[
+                ("order_id", "order_id"),
+                ("cents", "CAST(amount * 100 AS integer)"),
+            ],
+            None,
+        ),
+        &[("positive", "cents > 0"), ("small", "cents < 500")],
+    );
+    let entries = vec![
+        order("a", "1", "eu"),
+        order("b", "0", "eu"),
+        dead("c"),
+        order("d", "9", "eu"),
+        order("a", "1", "eu"),
+    ];
+    let mut batch = typed_batch(&flow, entries, &q);
+    batch.verdicts = vec![
+        vec![false, false],
+        vec![true, false],
+        vec![],
+        vec![false, true],
+        vec![false, false],
+    ];
+    store.commit(batch.clone()).await.unwrap();
+    let counts = |c: Vec<sluice_store::ExpectationCount>| -> Vec<(String, u64, u64)> {
+        c.into_iter()
+            .map(|c| (c.expectation, c.passed, c.violated))
+            .collect()
+    };
+    let expected = vec![("positive".to_owned(), 2, 1), ("small".to_owned(), 2, 1)];
+    assert_eq!(
+        counts(store.expectation_counts(&flow).await.unwrap()),
+        expected
+    );
+    store.commit(batch).await.unwrap();
+    assert_eq!(
+        counts(store.expectation_counts(&flow).await.unwrap()),
+        expected
+    );
+}
+
 /// A typed table read as a feed: every row once, in commit order, its declared columns as
 /// one JSON object in `data` whose values read back as the stored ones (times and dates in
 /// ISO 8601, numbers as numbers, bytes in base64, json nested), its envelope under the usual
@@ -613,4 +661,5 @@ on_both_backends!(
     a_reset_clears_typed_rows,
     a_typed_table_reads_as_a_feed_of_json_objects,
     a_window_over_a_typed_table_aggregates_its_columns,
+    expectation_counts_are_kept_with_the_commit,
 );

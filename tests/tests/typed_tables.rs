@@ -382,7 +382,7 @@ flows:
 
 /// `warn` and `drop` on 5 % of the records each: warned records land, dropped ones are dead
 /// letters `expectation:NAME`; `sluice_expectation_records_total` counts each record once,
-/// passed or violated, per expectation.
+/// passed or violated, per expectation, and so does the store (`sluice status`).
 #[tokio::test(flavor = "multi_thread")]
 async fn expectations_warn_and_drop_count_each_record_once() {
     const ORDERS: usize = 2_000;
@@ -451,6 +451,28 @@ async fn expectations_warn_and_drop_count_each_record_once() {
     assert_eq!(count("known_region", "passed"), Some(1_900.0));
     worker.terminate();
     assert!(worker.wait(Duration::from_secs(60)).success());
+    // The store kept the same counts, in the commits' transactions: `sluice status` shows them.
+    let out = sluice_tests::sluice_command(
+        &["status", "-c", file.to_str().unwrap(), "--format", "json"],
+        None,
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let kept = |name: &str| {
+        json["expectations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["expectation"] == name)
+            .map(|e| {
+                (
+                    e["passed"].as_u64().unwrap(),
+                    e["violated"].as_u64().unwrap(),
+                )
+            })
+    };
+    assert_eq!(kept("small"), Some((1_900, 100)), "{json}");
+    assert_eq!(kept("known_region"), Some((1_900, 100)), "{json}");
 }
 
 /// `fail`: the triggered run exits non-zero naming the expectation and the record, without a

@@ -99,6 +99,7 @@ async fn outbox_with(names: &[String]) -> (tempfile::TempDir, Arc<dyn Store>) {
             position_gate: None,
             work: None,
             publish_dead_letters: true,
+            verdicts: Vec::new(),
             typed: None,
         })
         .await

@@ -332,7 +332,9 @@ impl CommitThenAck {
                     }
                     let started = Instant::now();
                     let work = work.map(|w| w.work(&batch, &effects));
-                    let (commit_batch, sink_commit) = self.commit_batch(&batch, effects, work);
+                    let (mut commit_batch, sink_commit) = self.commit_batch(&batch, effects, work);
+                    // Counted by the store in the same transaction, for the new keys.
+                    commit_batch.verdicts = violations.clone();
                     let commit = self.store.commit(commit_batch);
                     let result = tokio::select! {
                         result = commit => result.map_err(Failure::Store),

@@ -25,6 +25,10 @@ use std::collections::HashMap;
 /// Counter shards per flow: replicas committing one flow at once rarely pick the same row.
 pub(crate) const COUNTER_SHARDS: i32 = 64;
 
+/// The number of the first parameter after `$1..$19`: a typed table's field arrays, then its
+/// expectations' verdicts.
+pub(crate) const FIRST_FIELD: usize = 20;
+
 /// Where a commit statement writes its rows.
 pub(crate) enum Rows<'a> {
     /// Nowhere: the caller's own work is the batch's effect.
@@ -46,6 +50,15 @@ pub(crate) fn statement(rows: Rows<'_>, dead_letter: &str) -> String {
         }
         Rows::Envelope(_) | Rows::Typed(..) => "(SELECT count(*) FROM rows)",
     };
+    // A typed flow's expectations: their verdicts bound after the field arrays.
+    let verdicts = match rows {
+        Rows::Typed(_, query) => {
+            super::expectation_counts::step(query, FIRST_FIELD + query.fields.len())
+                .map(|step| format!("verdicts AS (\n            {step}\n        ),"))
+        }
+        Rows::None | Rows::Envelope(_) => None,
+    }
+    .unwrap_or_default();
     let rows = match rows {
         Rows::Typed(table, query) => super::typed_rows::rows_step(table, query),
         Rows::Envelope(table) => format!(
@@ -104,6 +117,7 @@ pub(crate) fn statement(rows: Rows<'_>, dead_letter: &str) -> String {
         rows AS (
             {rows}
         ),
+        {verdicts}
         dead AS (
             INSERT INTO \"{dead_letter}\" (flow, dedup_key, message_id, publish_time, attributes,
                                           data, reason, error, attempts, committed_at)

@@ -5,7 +5,9 @@
 //! (`commit_time.rs`), then COMMIT. A page that would wait long for the page before it rolls
 //! back and waits without a connection.
 
-use super::{PostgresStore, commit, error, feed, flows, ledger, typed_checks, typed_rows};
+use super::{
+    PostgresStore, commit, error, expectation_counts, feed, flows, ledger, typed_checks, typed_rows,
+};
 use crate::{
     CommitBatch, CommitOutcome, FlowHandle, FlowProgress, LedgerStore, LedgerUpkeep, StoreError,
 };
@@ -81,6 +83,14 @@ impl LedgerStore for PostgresStore {
             dead_lettered: get(2)?,
             batches: get(3)?,
         })
+    }
+
+    async fn expectation_counts(
+        &self,
+        flow: &FlowHandle,
+    ) -> Result<Vec<crate::ExpectationCount>, StoreError> {
+        let (client, _) = self.ready().await?;
+        expectation_counts::read(&client, flow.id).await
     }
 
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
@@ -367,10 +377,18 @@ impl PostgresStore {
             .typed
             .as_deref()
             .map(|query| typed_rows::FieldArrays::new(batch, query, &arguments.firsts));
+        let verdicts = batch
+            .typed
+            .as_deref()
+            .filter(|query| !query.expectations.is_empty())
+            .map(|query| expectation_counts::Verdicts::new(batch, query, &arguments.firsts));
         let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
             arguments.params(&batch.flow.id, &flow).to_vec();
         if let Some(fields) = &fields {
             params.extend(fields.params());
+        }
+        if let Some(verdicts) = &verdicts {
+            params.extend(verdicts.params());
         }
         let result = client.query(&statement, &params).await;
         let rows = match (result, &batch.typed) {

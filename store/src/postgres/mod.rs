@@ -18,6 +18,7 @@ mod commit;
 mod commit_order;
 mod connect;
 mod error;
+mod expectation_counts;
 mod feed;
 mod flows;
 mod ledger;

@@ -270,6 +270,21 @@ CREATE INDEX sluice_dead_letter_outbox_owed ON sluice_dead_letter_outbox (pipeli
     WHERE refused IS NULL AND published_at IS NULL;
 ",
     ),
+    (
+        14,
+        "
+-- A typed flow's expectations: records counted passed or violated, per expectation, in the
+-- commit's transaction; sharded like the flow's counters.
+CREATE TABLE IF NOT EXISTS sluice_expectation_counts (
+    flow_id     BIGINT NOT NULL,
+    expectation TEXT NOT NULL,
+    shard       INTEGER NOT NULL,
+    passed      BIGINT NOT NULL,
+    violated    BIGINT NOT NULL,
+    PRIMARY KEY (flow_id, expectation, shard)
+);
+",
+    ),
 ];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms

@@ -34,9 +34,7 @@ pub(crate) async fn violations(
         .filter(|(_, e)| matches!(e.effect, Effect::Row { .. }))
         .map(|(i, _)| i)
         .collect();
-    for &i in &rows {
-        out[i] = vec![false; query.expectations.len()];
-    }
+    // A row `where:` leaves out is not in the output: it gets no verdict (as on SQLite).
     let checks: Vec<&str> = query
         .expectations
         .iter()

@@ -91,7 +91,7 @@ pub(super) fn source_relation(query: &TypedQuery) -> String {
     let mut reads = Vec::new();
     for (i, (name, ty)) in query.fields.iter().enumerate() {
         let (array_type, read) = bound(*ty, &format!("v.\"{name}\""));
-        arrays.push(format!("${}::{array_type}", 20 + i));
+        arrays.push(format!("${}::{array_type}", super::commit::FIRST_FIELD + i));
         names.push(format!("\"{name}\""));
         reads.push(format!("{read} AS \"{name}\""));
     }

@@ -154,6 +154,9 @@ pub(crate) fn commit(
         tx.prepare_cached(&sql)?.execute(values.as_slice())?;
     }
 
+    // Expectations' verdicts of the new keys.
+    super::expectation_counts::add(&tx, batch, &written)?;
+
     // 3. Dead letters of the new keys (rare: one statement each).
     let mut dead = 0i64;
     for (entry, _) in entries.iter().zip(&written).filter(|(_, new)| **new) {

@@ -65,6 +65,15 @@ impl LedgerStore for SqliteStore {
         self.ask(|reply| Command::FlowProgress(id, reply)).await
     }
 
+    async fn expectation_counts(
+        &self,
+        flow: &FlowHandle,
+    ) -> Result<Vec<crate::ExpectationCount>, StoreError> {
+        let id = flow.id;
+        self.call(move |conn| super::expectation_counts::read(conn, id))
+            .await
+    }
+
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
         // One chunk per call: the writer purges by itself between commits, so a large backlog
         // is never removed in one go that would hold the writer.

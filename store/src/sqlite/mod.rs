@@ -7,6 +7,7 @@
 mod casts;
 mod commit;
 mod error;
+mod expectation_counts;
 mod feed;
 mod flows;
 mod ledger;

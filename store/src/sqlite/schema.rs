@@ -32,6 +32,13 @@ CREATE TABLE IF NOT EXISTS sluice_commit_marks (
     committed_at INTEGER NOT NULL,
     PRIMARY KEY (flow_id, commit_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sluice_expectation_counts (
+    flow_id     INTEGER NOT NULL,
+    expectation TEXT NOT NULL,
+    passed      INTEGER NOT NULL,
+    violated    INTEGER NOT NULL,
+    PRIMARY KEY (flow_id, expectation)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sluice_completions (
     flow_id      INTEGER PRIMARY KEY,
     completed_at INTEGER NOT NULL

@@ -67,6 +67,7 @@ pub fn batch_with_window(flow: &FlowHandle, entries: Vec<Entry>, window_ms: i64)
         position_gate: None,
         work: None,
         publish_dead_letters: false,
+        verdicts: Vec::new(),
         typed: None,
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod expectations;
 pub mod graph;
 pub mod refresh;
 pub mod run;

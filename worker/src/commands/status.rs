@@ -6,7 +6,8 @@
 //! lag, watermark age, when each flow's run started). A triggered pipeline's last and next run
 //! follow, from the store, and so do the dead letters waiting for `dead_letter.topic` and a
 //! pool update in progress (what it asks, who asked,
-//! which replicas have stopped their flows for it and which are still running).
+//! which replicas have stopped their flows for it and which are still running), and each
+//! expectation's passed and violated records.
 
 use super::text::{rfc3339, table};
 use crate::runtime::flow::build;
@@ -77,6 +78,15 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
             eprintln!("sluice status: runs: {error}");
             return ExitCode::from(1);
         }
+    }
+    match super::expectations::summary(&pipeline).await {
+        Ok(Some((text, json))) => {
+            report.text.push('\n');
+            report.text.push_str(&text);
+            report.json["expectations"] = json;
+        }
+        Ok(None) => {}
+        Err(error) => eprintln!("sluice status: cannot read the expectation counts: {error}"),
     }
     match pool_update_summary(&pipeline).await {
         Ok(Some((text, json))) => {

@@ -54,6 +54,7 @@ impl CommitThenAck {
             position_gate: batch.position_gate(),
             work,
             publish_dead_letters: self.publish_dead_letters,
+            verdicts: Vec::new(),
             typed: self.typed.clone(),
         };
         (commit, sink_commit)
