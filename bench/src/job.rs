@@ -59,7 +59,7 @@ pub async fn job(args: JobArgs) -> Result<(), BenchError> {
         "messages {} x {} B, {CUSTOMERS} customers, rounds {}",
         args.messages, args.size, args.rounds
     );
-    let (admin, config, _emulator) = crate::chain::emulator_feed(args.size).await?;
+    let (admin, config, _emulator) = crate::emulator_feed::emulator_feed(args.size).await?;
     println!("\n| store | round | plain table msg/s | upsert job msg/s | ratio |");
     println!("|---|---|---|---|---|");
     for backend in args.store.backends() {

@@ -8,6 +8,7 @@ mod chain;
 mod cpu;
 mod drain;
 pub mod emulator;
+mod emulator_feed;
 mod error;
 mod job;
 mod latency;

@@ -3,9 +3,10 @@
 //! with `sqlparser` and checked against the typed table the window reads; the store computes
 //! them per window and group, in the emission's transaction, into columns of the counts table.
 
+use crate::aggregate::{Aggregate, AggregateFunction};
 use crate::columns::ColumnType;
 use crate::errors::{Collector, ErrorCode};
-use crate::model::{Aggregate, AggregateFunction, Column, Pipeline, Source, TargetKind};
+use crate::model::{Column, Pipeline, Source, TargetKind};
 use crate::validate::is_identifier;
 use sqlparser::ast::{Expr, FunctionArg, FunctionArgExpr, FunctionArguments};
 use sqlparser::dialect::PostgreSqlDialect;

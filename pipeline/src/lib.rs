@@ -31,6 +31,7 @@
 //!   the checks of what this version runs (`NOT_BUILT`, located like every other error);
 //!   `sluice validate` accepts such a file, since it is valid.
 
+mod aggregate;
 pub mod aggregates;
 mod capabilities;
 mod columns;
@@ -53,6 +54,7 @@ mod views;
 
 use std::path::Path;
 
+pub use aggregate::{Aggregate, AggregateFunction};
 pub use errors::{ConfigError, ConfigErrors, ErrorCode};
 pub use model::*;
 pub use validate::{MAX_IDENTIFIER_LEN, is_identifier};

@@ -3,6 +3,7 @@
 //! Everything else in sluice reads a pipeline through these types; none of them can be built
 //! from a file without passing validation (see [`crate::load`]).
 
+use crate::aggregate::Aggregate;
 pub use crate::columns::{Column, ColumnType, RESERVED_PREFIX};
 pub use crate::expression::Expression;
 use std::path::PathBuf;
@@ -458,45 +459,6 @@ pub enum ScheduleSemantics {
     Trigger,
     /// Each run gets `[previous fire, this fire)`.
     DataInterval,
-}
-
-/// One of a window's aggregates: `name: "function(column)"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Aggregate {
-    /// The counts table's column it fills.
-    pub name: String,
-    /// What it computes.
-    pub function: AggregateFunction,
-    /// The column it reads; `None`: `count(*)`.
-    pub column: Option<String>,
-}
-
-/// An aggregate's function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AggregateFunction {
-    /// `count`: rows (`*`) or non-NULL values.
-    Count,
-    /// `sum`.
-    Sum,
-    /// `min`.
-    Min,
-    /// `max`.
-    Max,
-    /// `avg`.
-    Avg,
-}
-
-impl AggregateFunction {
-    /// The word of the file.
-    pub fn keyword(self) -> &'static str {
-        match self {
-            Self::Count => "count",
-            Self::Sum => "sum",
-            Self::Min => "min",
-            Self::Max => "max",
-            Self::Avg => "avg",
-        }
-    }
 }
 
 /// A `view` target: a named query over one typed table, not stored. The store holds it as a
