@@ -122,9 +122,9 @@ fn parse_with(text: &str, file: &Path, for_run: bool) -> Result<Pipeline, Config
     }
     if for_run && collector.len() == 0 {
         capabilities::check(&pipeline, &mut collector);
-        // A flow writing a view defines it and does not run.
-        let views: Vec<String> = pipeline.views.iter().map(|v| v.name.clone()).collect();
-        pipeline.flows.retain(|f| !views.contains(&f.target));
     }
+    // A flow writing a view defines it and does not run: no command sees it as a flow.
+    let views: Vec<String> = pipeline.views.iter().map(|v| v.name.clone()).collect();
+    pipeline.flows.retain(|f| !views.contains(&f.target));
     collector.finish(pipeline)
 }

@@ -35,8 +35,8 @@ pub struct Pipeline {
     pub schedule: Option<Schedule>,
     /// `targets:` in file order.
     pub targets: Vec<Target>,
-    /// `flows:` in file order. (A run's pipeline, [`crate::load_for_run`], holds no flow
-    /// writing a `view`: those define [`Pipeline::views`].)
+    /// `flows:` in file order, but for the flows writing a `view`: those define
+    /// [`Pipeline::views`] and do not run.
     pub flows: Vec<Flow>,
     /// The `view` targets, each defined by the flow that writes it (`crate::views`).
     pub views: Vec<View>,

@@ -30,7 +30,7 @@ pub(crate) enum Dialect {
 
 /// The statements that (re)create `view`: dropped if it exists (a view's columns may change
 /// from one version of the file to the next), then created with its columns and the table's
-/// own `_sluice_` columns.
+/// own `_sluice_` columns. The caller has checked that the name is not a table's.
 pub(crate) fn ddl(view: &TypedView, dialect: Dialect) -> Result<String, StoreError> {
     check_table(&view.name)?;
     check_table(&view.table)?;
@@ -52,14 +52,33 @@ pub(crate) fn ddl(view: &TypedView, dialect: Dialect) -> Result<String, StoreErr
         .filter
         .as_ref()
         .map_or_else(String::new, |f| format!(" WHERE ({}) IS TRUE", pick(f)));
+    // The feed's order columns too, so another pipeline can read the view as a table.
+    let order = match dialect {
+        Dialect::Postgres => "_sluice_writer_xid, _sluice_seq",
+        Dialect::Sqlite => "_sluice_seq",
+    };
     Ok(format!(
         "DROP VIEW IF EXISTS \"{name}\";
          CREATE VIEW \"{name}\" AS
              SELECT {columns}, _sluice_dedup_key, _sluice_message_id, _sluice_publish_time,
-                    _sluice_event_time, _sluice_flow, _sluice_committed_at
+                    _sluice_event_time, _sluice_flow, _sluice_committed_at, {order}
              FROM \"{table}\"{filter};",
         name = view.name,
         table = view.table,
         columns = columns.join(", "),
+    ))
+}
+
+/// Refusing to create a table where a view of that name is (the target was a view).
+pub(crate) fn not_a_table(name: &str) -> StoreError {
+    StoreError::Config(format!(
+        "{name} is a view (its target was a view); drop the view to make it a table"
+    ))
+}
+
+/// Refusing to replace a table by a view of the same name (the target was a table).
+pub(crate) fn not_a_view(name: &str) -> StoreError {
+    StoreError::Config(format!(
+        "{name} is a table (its target was a table); drop or rename the table to make it a view"
     ))
 }

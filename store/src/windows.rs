@@ -139,6 +139,22 @@ pub(crate) fn aggregate_outputs(aggregates: &[WindowAggregate]) -> (String, Stri
     (names, values)
 }
 
+/// Refusing an aggregate whose column in the counts table holds another type (the file
+/// changed what it computes): the emission writes nothing.
+pub(crate) fn changed_aggregate(
+    windows: &str,
+    aggregate: &WindowAggregate,
+    found: &str,
+) -> StoreError {
+    StoreError::Config(format!(
+        "counts table {windows}: column {:?} is {found}, and aggregate {:?} now gives {}; \
+         nothing was emitted (drop the column, or name the aggregate otherwise)",
+        aggregate.name,
+        aggregate.name,
+        crate::typed::keyword(aggregate.ty)
+    ))
+}
+
 /// Whose rows of the base table a window counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WindowRows {

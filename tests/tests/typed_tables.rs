@@ -75,10 +75,14 @@ fn the_view_and_its_reader_agree(count: impl Fn(&str) -> i64) {
     assert_eq!(count("SELECT COUNT(*) FROM shop__big"), big);
     assert_eq!(count("SELECT COUNT(*) FROM shop__big_copy"), big);
     assert_eq!(
+        count("SELECT COUNT(DISTINCT order_id) FROM shop__big_copy"),
+        big
+    );
+    assert_eq!(
         count(
-            "SELECT COUNT(*) FROM shop__big_copy c JOIN shop__big v ON v.order_id = c.order_id
-             WHERE c.euros = v.euros
-               AND c.tag = CASE WHEN v.euros >= 1000 THEN 'large' ELSE 'medium' END"
+            "SELECT COUNT(*) FROM shop__big_copy c JOIN shop__orders o ON o.order_id = c.order_id
+             WHERE o.amount >= 100 AND c.euros = o.amount
+               AND c.tag = CASE WHEN o.amount >= 1000 THEN 'large' ELSE 'medium' END"
         ),
         big
     );

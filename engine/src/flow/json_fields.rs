@@ -75,9 +75,13 @@ fn convert(raw: &str, ty: ColumnType) -> Result<TypedValue, String> {
             raw.parse::<i64>()
                 .map_err(|_| expected("an integer of 64 bits"))?,
         ),
-        ColumnType::Double if number => {
-            TypedValue::Double(raw.parse::<f64>().map_err(|_| expected("a double"))?)
-        }
+        // A double beyond 64 bits' range (1e400) is refused, not taken for infinity.
+        ColumnType::Double if number => TypedValue::Double(
+            raw.parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| expected("a finite double"))?,
+        ),
         ColumnType::Numeric if number => TypedValue::Numeric(raw.to_owned()),
         ColumnType::Boolean => match raw {
             "true" => TypedValue::Boolean(true),
@@ -173,6 +177,13 @@ mod tests {
         assert!(bad(r#"{"qty":2.5}"#).starts_with("$.qty: expected an integer"));
         assert!(bad(r#"{"ts":"yesterday"}"#).starts_with("$.ts: expected an ISO 8601 time"));
         assert!(bad(r#"{"vip":"yes"}"#).starts_with("$.vip: expected a boolean"));
+        let doubles = JsonFields::new(vec![("x".to_owned(), ColumnType::Double)]);
+        assert!(
+            doubles
+                .decode(br#"{"x":1e400}"#)
+                .unwrap_err()
+                .starts_with("$.x: expected a finite")
+        );
         assert!(bad(r#"{"ts":"12026-01-01T00:00:00Z"}"#).starts_with("$.ts: expected"));
         assert!(bad("[1,2]").starts_with("the payload is not a JSON object"));
         assert!(bad("not json").starts_with("the payload is not a JSON object"));

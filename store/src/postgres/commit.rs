@@ -8,6 +8,10 @@
 //! in the outbox (`crate::OutboxLetter`) in this statement, unless the outbox holds that
 //! record's letter already (a reset re-read it: one letter per flow and dedup key).
 //!
+//! A typed table's rows go through the flow's query (its fields bound from `$20`); a flow with
+//! expectations also counts the verdicts of its new keys here (bound after the fields; see
+//! `expectation_counts.rs`), so the counts commit with the rows.
+//!
 //! For a flow with a watermark the same statement records every entry's message as settled in
 //! its publish-time bucket (each once: one `INSERT ... ON CONFLICT` may not touch a row twice).
 //!

@@ -147,9 +147,10 @@ fn redact_password_parameters(text: &str) -> String {
 
 /// Every sluice session commits synchronously: a commit that returned (and whose messages are
 /// then acked) is on the server's disk, even where the database or server default is `off`.
-/// And it reads times in UTC and string literals as the SQL standard does, whatever the
-/// server's defaults: a typed flow's expressions compute as on SQLite.
-const DURABILITY_OPTION: &str = "-c synchronous_commit=on -c TimeZone=UTC \
+/// And it reads times in UTC, writes dates as ISO 8601 and reads string literals as the SQL
+/// standard does, whatever the server's defaults: a typed flow's expressions (and a window's
+/// group of a date column) compute as on SQLite.
+const DURABILITY_OPTION: &str = "-c synchronous_commit=on -c TimeZone=UTC -c DateStyle=ISO \
      -c standard_conforming_strings=on";
 
 /// Session settings when the URL gives no `options` of its own: the durability setting, plus
@@ -157,7 +158,7 @@ const DURABILITY_OPTION: &str = "-c synchronous_commit=on -c TimeZone=UTC \
 /// batch as arrays: a generic plan would guess ten rows per array and may join a thousand-row
 /// batch in nested loops) and no JIT (the statement's estimated cost crosses `jit_above_cost`,
 /// and compiling it took 60 of a commit's 90 ms under auto_explain).
-const SESSION_OPTIONS: &str = "-c synchronous_commit=on -c TimeZone=UTC \
+const SESSION_OPTIONS: &str = "-c synchronous_commit=on -c TimeZone=UTC -c DateStyle=ISO \
      -c standard_conforming_strings=on -c client_min_messages=warning \
      -c plan_cache_mode=force_custom_plan -c jit=off";
 

@@ -49,7 +49,8 @@ impl Verdicts {
 }
 
 /// The commit statement's step counting verdicts, its masks and names bound as `$first` and
-/// `$first + 1`; `None` for a flow without expectations.
+/// `$first + 1`; `None` for a flow without expectations. Rows are upserted in name order, so
+/// two commits of one shard never lock them in opposite orders.
 pub(crate) fn step(query: &TypedQuery, first: usize) -> Option<String> {
     if query.expectations.is_empty() {
         return None;
@@ -66,6 +67,7 @@ pub(crate) fn step(query: &TypedQuery, first: usize) -> Option<String> {
          CROSS JOIN unnest(${names}::text[]) WITH ORDINALITY AS x(name, j)
          WHERE v.mask IS NOT NULL
          GROUP BY x.name
+         ORDER BY x.name
          ON CONFLICT (flow_id, expectation, shard) DO UPDATE SET
              passed = e.passed + excluded.passed, violated = e.violated + excluded.violated"
     ))

@@ -103,6 +103,7 @@ fn cursor_text(at: &ReadPosition) -> (String, i64) {
 pub(super) async fn read_range(
     client: &Client,
     table: &str,
+    relation: &str,
     at: &ReadPosition,
     limit: usize,
 ) -> Result<Vec<FeedRow>, StoreError> {
@@ -110,7 +111,6 @@ pub(super) async fn read_range(
     if at.range_to.is_empty() {
         return Ok(Vec::new());
     }
-    let relation = super::typed_feed::relation(client, table).await?;
     let sql = format!(
         "SELECT writer_xid::text, seq, flow, dedup_key, message_id,
                 (extract(epoch FROM publish_time) * 1000)::int8,
@@ -152,10 +152,10 @@ pub(super) async fn read_range(
 pub(super) async fn feed_lag(
     client: &Client,
     table: &str,
+    relation: &str,
     at: &ReadPosition,
 ) -> Result<FeedLag, StoreError> {
     check_table(table)?;
-    let relation = super::typed_feed::relation(client, table).await?;
     let counted = "SELECT count(*), (extract(epoch FROM min(committed_at)) * 1000)::int8";
     let row = if at.range_to.is_empty() {
         client
@@ -289,12 +289,14 @@ impl FeedStore for PostgresStore {
         limit: usize,
     ) -> Result<Vec<FeedRow>, StoreError> {
         let (client, _) = self.ready().await?;
-        self::read_range(&client, table, at, limit).await
+        let relation = self.feed_relation(&client, table).await?;
+        self::read_range(&client, table, &relation, at, limit).await
     }
 
     async fn feed_lag(&self, table: &str, at: &ReadPosition) -> Result<FeedLag, StoreError> {
         let (client, _) = self.ready().await?;
-        self::feed_lag(&client, table, at).await
+        let relation = self.feed_relation(&client, table).await?;
+        self::feed_lag(&client, table, &relation, at).await
     }
 
     async fn file_checkpoint(

@@ -276,6 +276,7 @@ pub(super) async fn commit_recorded(
 #[async_trait]
 impl FlowStore for PostgresStore {
     async fn prepare(&self, layout: &Layout) -> Result<Vec<FlowHandle>, StoreError> {
+        self.forget_feed_relations();
         let (mut client, width) = self.ready().await?;
         let mut ddl = schema::dead_letter_ddl(&layout.pipeline)?;
         for target in &layout.tables {
@@ -309,8 +310,12 @@ impl FlowStore for PostgresStore {
             }
         }
         for target in &layout.tables {
+            let table = table_name(&layout.pipeline, target)?;
+            if relation_kind(&tx, &table).await? == Some('v') {
+                return Err(crate::views::not_a_table(&table));
+            }
             if !layout.typed.iter().any(|t| t.target == *target) {
-                typed::refuse_if_typed(&tx, &table_name(&layout.pipeline, target)?).await?;
+                typed::refuse_if_typed(&tx, &table).await?;
             }
         }
         tx.batch_execute(&ddl).await?;
@@ -358,6 +363,12 @@ impl FlowStore for PostgresStore {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&schema::DDL_LOCK])
             .await?;
         for view in views {
+            if relation_kind(&tx, &view.name)
+                .await?
+                .is_some_and(|k| k != 'v')
+            {
+                return Err(crate::views::not_a_view(&view.name));
+            }
             tx.batch_execute(&crate::views::ddl(view, crate::views::Dialect::Postgres)?)
                 .await?;
         }
@@ -415,4 +426,21 @@ impl FlowStore for PostgresStore {
         let client = self.client().await?;
         self::read_rows(&client, table, after, limit).await
     }
+}
+
+/// What `name` is in the current schema: `r` a table, `v` a view, ...; `None`: nothing.
+async fn relation_kind(
+    client: &impl deadpool_postgres::GenericClient,
+    name: &str,
+) -> Result<Option<char>, StoreError> {
+    let kind: Option<i8> = client
+        .query_opt(
+            "SELECT c.relkind FROM pg_class c
+             WHERE c.oid = to_regclass(quote_ident($1))",
+            &[&name],
+        )
+        .await?
+        .map(|row| row.try_get(0))
+        .transpose()?;
+    Ok(kind.and_then(|k| u8::try_from(k).ok()).map(char::from))
 }

@@ -44,6 +44,7 @@ pub use scratch::{DEFAULT_SCRATCH_SERVER, SCRATCH_SERVER_VAR, ScratchDatabase};
 use crate::Inspect;
 use crate::StoreError;
 use deadpool_postgres::{Client, Pool};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 use tokio::sync::OnceCell;
@@ -74,6 +75,9 @@ pub struct PostgresStore {
     display: String,
     /// The server's clock against ours, for commit deadlines.
     server_clock: clock::ServerClock,
+    /// What the feed reads each table through (`typed_feed.rs`), by table: read from the
+    /// catalog once per table, again after a prepare (which may add columns).
+    feed_relations: std::sync::Mutex<std::collections::HashMap<String, Arc<str>>>,
 }
 
 impl PostgresStore {
@@ -89,6 +93,7 @@ impl PostgresStore {
             generation_ms: OnceCell::new(),
             display: connect::redact(url),
             server_clock: clock::ServerClock::default(),
+            feed_relations: std::sync::Mutex::default(),
         })
     }
 
@@ -153,6 +158,35 @@ impl PostgresStore {
             })
             .await?;
         Ok((client, width))
+    }
+
+    /// What the feed reads `table` through, from the cache or the catalog.
+    async fn feed_relation(&self, client: &Client, table: &str) -> Result<Arc<str>, StoreError> {
+        let cached = self
+            .feed_relations
+            .lock()
+            .map_err(|_| StoreError::Config("the feed relations' lock is poisoned".into()))?
+            .get(table)
+            .cloned();
+        if let Some(relation) = cached {
+            return Ok(relation);
+        }
+        // A table not created yet is read as itself, and not remembered.
+        let Some(relation) = typed_feed::relation(client, table).await? else {
+            return Ok(Arc::from(format!("\"{table}\"")));
+        };
+        let relation: Arc<str> = Arc::from(relation);
+        if let Ok(mut relations) = self.feed_relations.lock() {
+            relations.insert(table.to_owned(), relation.clone());
+        }
+        Ok(relation)
+    }
+
+    /// Forgets the feed relations read so far (a prepare may have changed a table's columns).
+    fn forget_feed_relations(&self) {
+        if let Ok(mut relations) = self.feed_relations.lock() {
+            relations.clear();
+        }
     }
 
     /// The largest dedup window this replica has committed with, ms.

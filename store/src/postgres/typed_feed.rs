@@ -11,11 +11,12 @@ use deadpool_postgres::GenericClient;
 /// `jsonb_build_object` takes at most 100 arguments: 50 columns per call.
 const COLUMNS_PER_OBJECT: usize = 50;
 
-/// What the feed's statements read `table` through (spliced after `FROM`).
+/// What the feed's statements read `table` through (spliced after `FROM`); `None` when the
+/// table does not exist (yet).
 pub(crate) async fn relation(
     client: &impl GenericClient,
     table: &str,
-) -> Result<String, StoreError> {
+) -> Result<Option<String>, StoreError> {
     let rows = client
         .query(
             "SELECT column_name::text, data_type::text FROM information_schema.columns
@@ -44,8 +45,11 @@ pub(crate) async fn relation(
         };
         pairs.push(format!("'{}', {value}", name.replace('\'', "''")));
     }
+    if rows.is_empty() {
+        return Ok(None);
+    }
     if !typed {
-        return Ok(format!("\"{table}\""));
+        return Ok(Some(format!("\"{table}\"")));
     }
     let object = if pairs.is_empty() {
         "'{}'::jsonb".to_owned()
@@ -56,12 +60,12 @@ pub(crate) async fn relation(
             .collect::<Vec<_>>()
             .join(" || ")
     };
-    Ok(format!(
+    Ok(Some(format!(
         "(SELECT _sluice_writer_xid AS writer_xid, _sluice_seq AS seq, _sluice_flow AS flow,
                  _sluice_dedup_key AS dedup_key, _sluice_message_id AS message_id,
                  _sluice_publish_time AS publish_time, _sluice_event_time AS event_time,
                  '{{}}'::jsonb AS attributes, convert_to(({object})::text, 'UTF8') AS data,
                  _sluice_committed_at AS committed_at
           FROM \"{table}\") AS feed"
-    ))
+    )))
 }

@@ -296,23 +296,31 @@ async fn ensure_aggregate_columns(
     if aggregates.is_empty() {
         return Ok(());
     }
-    let present: Vec<String> = tx
+    let present: Vec<(String, String)> = tx
         .query(
-            "SELECT column_name::text FROM information_schema.columns
+            "SELECT column_name::text, data_type::text FROM information_schema.columns
              WHERE table_schema = current_schema() AND table_name = $1",
             &[&windows],
         )
         .await?
         .iter()
-        .map(|row| row.try_get(0))
-        .collect::<Result<_, _>>()?;
-    for aggregate in aggregates.iter().filter(|a| !present.contains(&a.name)) {
-        tx.batch_execute(&format!(
-            "ALTER TABLE \"{windows}\" ADD COLUMN IF NOT EXISTS \"{}\" {}",
-            aggregate.name,
-            super::typed::sql_type(aggregate.ty).0
-        ))
-        .await?;
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect::<Result<_, tokio_postgres::Error>>()?;
+    for aggregate in aggregates {
+        let (declared, catalog) = super::typed::sql_type(aggregate.ty);
+        match present.iter().find(|(name, _)| *name == aggregate.name) {
+            Some((_, found)) if found == catalog => {}
+            Some((_, found)) => {
+                return Err(crate::windows::changed_aggregate(windows, aggregate, found));
+            }
+            None => {
+                tx.batch_execute(&format!(
+                    "ALTER TABLE \"{windows}\" ADD COLUMN IF NOT EXISTS \"{}\" {declared}",
+                    aggregate.name
+                ))
+                .await?;
+            }
+        }
     }
     Ok(())
 }

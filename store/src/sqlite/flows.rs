@@ -357,6 +357,9 @@ impl FlowStore for SqliteStore {
         self.call(move |conn| {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             for view in &views {
+                if super::schema::object_type(&tx, &view.name)?.is_some_and(|t| t != "view") {
+                    return Err(crate::views::not_a_view(&view.name));
+                }
                 tx.execute_batch(&crate::views::ddl(view, crate::views::Dialect::Sqlite)?)?;
             }
             tx.commit()?;

@@ -3,7 +3,7 @@
 
 use crate::schema::table_name;
 use crate::{FlowHandle, Layout, StoreError};
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use std::sync::Arc;
 
 /// sluice's own tables (idempotent).
@@ -301,6 +301,9 @@ pub(super) fn prepare(
             ));
         }
         let table = table_name(&layout.pipeline, target)?;
+        if object_type(&tx, &table)?.as_deref() == Some("view") {
+            return Err(crate::views::not_a_table(&table));
+        }
         if let Some(typed) = layout.typed.iter().find(|t| t.target == *target) {
             // An existing table is checked before any DDL: a refusal changes nothing.
             super::typed::evolve(&tx, &table, &typed.columns)?;
@@ -335,4 +338,15 @@ pub(super) fn prepare(
     }
     tx.commit()?;
     Ok(handles)
+}
+
+/// What `name` is in the file: `table`, `view`, `index`...; `None`: nothing.
+pub(super) fn object_type(conn: &Connection, name: &str) -> Result<Option<String>, StoreError> {
+    Ok(conn
+        .query_row(
+            "SELECT type FROM sqlite_master WHERE name = ?1",
+            [name],
+            |row| row.get(0),
+        )
+        .optional()?)
 }

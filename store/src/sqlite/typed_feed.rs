@@ -38,10 +38,12 @@ fn json_of(declared: &str, value: ValueRef<'_>) -> Value {
         ("BLOB", ValueRef::Blob(bytes)) => {
             serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
         }
-        ("JSON TEXT", ValueRef::Text(text)) => match serde_json::from_slice(text) {
-            Ok(parsed) => parsed,
-            Err(_) => serde_json::Value::String(String::from_utf8_lossy(text).into_owned()),
-        },
+        // Valid JSON is passed on as written (its numbers keep their digits).
+        ("JSON TEXT", ValueRef::Text(text))
+            if serde_json::from_slice::<&serde_json::value::RawValue>(text).is_ok() =>
+        {
+            return Value::Text(String::from_utf8_lossy(text).into_owned());
+        }
         (_, ValueRef::Integer(n)) => serde_json::Value::from(n),
         // A non-finite double has no JSON form: null.
         (_, ValueRef::Real(x)) => serde_json::Value::from(x),

@@ -238,17 +238,25 @@ fn ensure_aggregate_columns(
     aggregates: &[WindowAggregate],
 ) -> Result<(), StoreError> {
     for aggregate in aggregates {
-        let present: bool = tx.query_row(
-            "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2)",
-            [windows, aggregate.name.as_str()],
-            |row| row.get(0),
-        )?;
-        if !present {
-            tx.execute_batch(&format!(
-                "ALTER TABLE \"{windows}\" ADD COLUMN \"{}\" {}",
-                aggregate.name,
-                super::typed::declared(aggregate.ty)
-            ))?;
+        let declared = super::typed::declared(aggregate.ty);
+        let found: Option<String> = tx
+            .query_row(
+                "SELECT type FROM pragma_table_info(?1) WHERE name = ?2",
+                [windows, aggregate.name.as_str()],
+                |row| row.get(0),
+            )
+            .optional()?;
+        match found {
+            Some(found) if found == declared => {}
+            Some(found) => {
+                return Err(crate::windows::changed_aggregate(
+                    windows, aggregate, &found,
+                ));
+            }
+            None => tx.execute_batch(&format!(
+                "ALTER TABLE \"{windows}\" ADD COLUMN \"{}\" {declared}",
+                aggregate.name
+            ))?,
         }
     }
     Ok(())

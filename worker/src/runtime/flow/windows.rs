@@ -212,6 +212,10 @@ pub async fn follow_table(
                     _ = drain.cancelled() => return Ok(false),
                 }
             }
+            // A misconfiguration (an aggregate's column of another type) is not retried.
+            Err(error @ sluice_store::StoreError::Config(_)) => {
+                return Err(format!("cannot emit the windows of {}: {error}", flow.name));
+            }
             Err(error) => {
                 let delay = backoff.next_delay();
                 tracing::warn!(flow = %flow.name, %error, step = backoff.step(),
