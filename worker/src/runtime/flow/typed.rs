@@ -51,14 +51,7 @@ pub fn typed_views(pipeline: &Pipeline) -> Result<Vec<TypedView>, sluice_store::
         let Some(target) = pipeline.targets.iter().find(|t| t.name == view.name) else {
             continue;
         };
-        let columns = view
-            .select
-            .iter()
-            .filter_map(|selected| {
-                let declared = target.columns.iter().find(|c| c.name == selected.column)?;
-                Some((column(declared), sql(&selected.expression)))
-            })
-            .collect();
+        let columns = selected_columns(target, &view.select);
         views.push(TypedView {
             name: table_name(&pipeline.name, &view.name)?,
             table: table_name(&pipeline.name, &view.table)?,
@@ -67,6 +60,20 @@ pub fn typed_views(pipeline: &Pipeline) -> Result<Vec<TypedView>, sluice_store::
         });
     }
     Ok(views)
+}
+
+/// Each selected column of `target` with its expression, as the store takes them.
+fn selected_columns(
+    target: &sluice_pipeline::Target,
+    selected: &[sluice_pipeline::Selected],
+) -> Vec<(TypedColumn, Sql)> {
+    selected
+        .iter()
+        .filter_map(|selected| {
+            let declared = target.columns.iter().find(|c| c.name == selected.column)?;
+            Some((column(declared), sql(&selected.expression)))
+        })
+        .collect()
 }
 
 /// An expression as the store takes it.
@@ -99,15 +106,7 @@ pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Option<TypedFlow> {
         .iter()
         .map(|f| (f.name.clone(), column_type(f.ty)))
         .collect();
-    let select = flow
-        .query
-        .select
-        .iter()
-        .filter_map(|selected| {
-            let declared = target.columns.iter().find(|c| c.name == selected.column)?;
-            Some((column(declared), sql(&selected.expression)))
-        })
-        .collect();
+    let select = selected_columns(target, &flow.query.select);
     let filter = flow.query.filter.as_ref().map(sql);
     let expectations = flow
         .query
