@@ -240,7 +240,7 @@ async fn typed_orders_land_exactly_once_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
-    const ORDERS: usize = 6_000;
+    const ORDERS: usize = 4_000;
     let database = sluice_store::ScratchDatabase::create().await.unwrap();
     let db = PgDb(database.url().to_owned());
     let pubsub = PubSub::connect().await;
@@ -259,7 +259,7 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
     let survivor = start("survivor");
     let publishing = publish_in_chunks(
         &topic,
-        messages(ORDERS, 600, 100),
+        messages(ORDERS, 400, 100),
         200,
         Duration::from_millis(100),
     )
