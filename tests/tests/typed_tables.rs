@@ -8,7 +8,9 @@
 //!   `CAST(qty AS integer)` fails is a dead letter `expression:qty`; a zero amount is filtered
 //!   (counted in the run's summary, no row, acked); every typed value is exact.
 //! * On PostgreSQL, two workers, one SIGKILLed right after PostgreSQL shows it inside a
-//!   transaction: the same outcome, each order once.
+//!   transaction: the same outcome, each order once (the orders flow alone: the chains run in
+//!   the pool test below, where the emulator's slow return of a killed stream's messages is
+//!   waited out once).
 //!
 //! Real: the emulator, `sluice` processes, a SQLite file, PostgreSQL on 127.0.0.1:5432.
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -180,6 +182,15 @@ flows:
     )
 }
 
+/// `pipeline` with the orders flow alone (no silver, no view and its reader).
+fn orders_only(pipeline: &str) -> String {
+    let chains = pipeline.find("  - name: silver\n").unwrap();
+    let orders = pipeline
+        .find("  - name: orders\n    target: orders")
+        .unwrap();
+    format!("{}flows:\n{}", &pipeline[..chains], &pipeline[orders..])
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn typed_orders_land_exactly_once_on_sqlite() {
     const ORDERS: usize = 2_000;
@@ -240,7 +251,7 @@ async fn typed_orders_land_exactly_once_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
-    const ORDERS: usize = 4_000;
+    const ORDERS: usize = 6_000;
     let database = sluice_store::ScratchDatabase::create().await.unwrap();
     let db = PgDb(database.url().to_owned());
     let pubsub = PubSub::connect().await;
@@ -250,7 +261,11 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
     let start = |name: &str| {
         let file = dir.path().join(format!("{name}.yaml"));
         let store = format!("{}?application_name={name}", database.url());
-        std::fs::write(&file, pipeline(&store, "continuous", &subs[0])).unwrap();
+        std::fs::write(
+            &file,
+            orders_only(&pipeline(&store, "continuous", &subs[0])),
+        )
+        .unwrap();
         Worker::start(&file, name)
     };
     // Both workers' streams are open before the kill: the emulator holds a killed stream's
@@ -259,7 +274,7 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
     let survivor = start("survivor");
     let publishing = publish_in_chunks(
         &topic,
-        messages(ORDERS, 400, 100),
+        messages(ORDERS, 600, 100),
         200,
         Duration::from_millis(100),
     )
@@ -285,36 +300,21 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
         );
     }
     let at_kill = rows();
-    let silver_at_kill = db.query("SELECT COUNT(*) FROM shop__silver");
     victim.kill9();
     publishing.await.unwrap();
     let (expected_rows, cents) = expected(ORDERS);
     let dead = || db.query("SELECT COUNT(*) FROM shop__dead_letter");
-    let silver = || {
-        db.query("SELECT COUNT(*) FROM shop__silver")
-            == db.query("SELECT COUNT(*) FROM shop__orders WHERE region <> 'R0'")
-            && db.query("SELECT COUNT(*) FROM shop__big_copy")
-                == db.query("SELECT COUNT(*) FROM shop__orders WHERE amount >= 100")
-    };
     assert!(
         eventually(Duration::from_secs(420), || rows() == expected_rows
-            && dead() == 100 + (ORDERS / 100) as i64
-            && silver())
+            && dead() == 100 + (ORDERS / 100) as i64)
         .await,
         "rows {} of {expected_rows}, dead letters {}; survivor:\n{}",
         rows(),
         dead(),
         survivor.logs()
     );
-    let silver_rows = db.query("SELECT COUNT(*) FROM shop__silver");
-    println!(
-        "killed at {at_kill} orders of {expected_rows}, {silver_at_kill} silver rows of \
-         {silver_rows}"
-    );
-    assert!(
-        at_kill < expected_rows || silver_at_kill < silver_rows,
-        "the kill landed after the end"
-    );
+    println!("killed at {at_kill} rows of {expected_rows}");
+    assert!(at_kill < expected_rows, "the kill landed after the end");
     assert_eq!(
         db.query("SELECT COUNT(DISTINCT _sluice_dedup_key) FROM shop__orders"),
         expected_rows
@@ -336,8 +336,6 @@ async fn typed_orders_land_exactly_once_on_postgres_under_sigkill() {
         db.query("SELECT COUNT(*) FROM shop__dead_letter WHERE reason = 'expression:qty'"),
         (ORDERS / 100) as i64
     );
-    silver_is_f_of_orders(|sql| db.query(sql));
-    the_view_and_its_reader_agree(|sql| db.query(sql));
 }
 
 /// Orders for the expectations: amount `i`, region `mars` for every 20th from 3 (5 %).

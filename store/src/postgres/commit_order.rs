@@ -95,9 +95,11 @@ impl LedgerStore for PostgresStore {
 
     async fn ledger_upkeep(&self) -> Result<LedgerUpkeep, StoreError> {
         let (mut client, width) = self.ready().await?;
+        // Old ones go first: a holder that has many to create after a takeover (the lead
+        // stood still meanwhile) does not keep the old ones waiting behind them.
+        let generations_dropped = ledger::drop_expired(&mut client, width).await?;
         let generations_created =
             ledger::create_ahead(&mut client, width, self.largest_window_ms()).await?;
-        let generations_dropped = ledger::drop_expired(&mut client, width).await?;
         // Workers that stopped beating a day ago are history.
         client
             .execute(
