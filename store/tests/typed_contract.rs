@@ -624,6 +624,29 @@ async fn a_window_over_a_typed_table_aggregates_its_columns(postgres: bool) {
     };
     let emitted = store.emit_windows(&flow, &emission).await.unwrap();
     assert_eq!(emitted.rows, 4);
+    // Another window whose counts table has the aggregate's column in another type (the file
+    // changed what the aggregate computes): refused, naming the column, nothing emitted.
+    let mut layout = typed_layout(columns());
+    layout.flows.push("other".into());
+    let other = store.prepare(&layout).await.unwrap().remove(1);
+    let changed = sluice_store::window_table_name("p", "silver").unwrap();
+    store.prepare_window_table(&changed).await.unwrap();
+    place
+        .execute("ALTER TABLE p__silver__windows ADD COLUMN total TEXT")
+        .await;
+    let refused = store
+        .emit_windows(
+            &other,
+            &WindowEmission {
+                windows_table: changed,
+                ..emission.clone()
+            },
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(StoreError::Config(why)) if why.contains("\"total\"")),
+        "{refused:?}"
+    );
     let counts = place
         .texts(
             "SELECT window_start || '|' || group_key || '|' || count || '|' || total || '|'
