@@ -18,4 +18,7 @@ pub enum BenchError {
     /// A drain stopped making progress.
     #[error("{0}")]
     Stalled(String),
+    /// A benchmark's inputs could not be made.
+    #[error("setup: {0}")]
+    Setup(String),
 }

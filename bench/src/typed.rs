@@ -1,15 +1,19 @@
-//! `sluice bench typed`: what decoding and a query cost. The same JSON orders (5 fields) drained
+//! `sluice bench typed`: what decoding and a query cost. The same orders (5 fields) drained
 //! through sluice's whole path from an in-process source (no emulator in the way), landed
-//! twice: as bytes in an envelope table, and decoded into a typed table of 5 columns through a
-//! `select:` and a `where:` evaluated by the store. The ratio typed / bytes, per store, in one
-//! run; the two alternate in each round (bytes first in odd rounds, typed first in even ones)
-//! and the medians are printed.
+//! three ways: JSON as bytes in an envelope table; JSON decoded into a typed table of 5 columns
+//! through a `select:` and a `where:` evaluated by the store; and the same orders as Avro
+//! binary datums (what Pub/Sub carries for a topic with an Avro schema) decoded by a schema
+//! into the same table. The ratios typed / bytes, per store, in one run; the shapes take turns
+//! in each round (a different one first each round) and the medians are printed.
 
 use crate::drain::{Measured, Progress, sluice_drain};
 use crate::error::BenchError;
 use crate::stores::{Backend, StoreChoice};
 use bytes::Bytes;
-use sluice_engine::{InProcessSource, JsonFields, SourceMessage};
+use sluice_engine::{
+    AvroRecord, CompiledSchema, InProcessSource, JsonFields, PayloadDecoder, SchemaFileDecoder,
+    SourceMessage,
+};
 use sluice_store::{ColumnType, Sql, TypedColumn, TypedQuery, TypedTable};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -37,7 +41,7 @@ pub(crate) struct TypedShape {
     /// The table's declared columns.
     pub(crate) table: TypedTable,
     /// The payload's decoder.
-    pub(crate) fields: Arc<JsonFields>,
+    pub(crate) fields: Arc<dyn PayloadDecoder>,
     /// The query the store writes rows with.
     pub(crate) query: Arc<TypedQuery>,
 }
@@ -99,6 +103,76 @@ pub(crate) fn orders_shape() -> TypedShape {
             expectations: Vec::new(),
         }),
     }
+}
+
+/// The orders' Avro schema: `amount` a decimal of scale 2, `ts` a `timestamp-millis`.
+const ORDER_AVRO: &str = r#"{"type":"record","name":"Order","fields":[
+    {"name":"order_id","type":"string"},
+    {"name":"amount","type":{"type":"bytes","logicalType":"decimal","precision":12,"scale":2}},
+    {"name":"qty","type":"long"},
+    {"name":"region","type":"string"},
+    {"name":"ts","type":{"type":"long","logicalType":"timestamp-millis"}}]}"#;
+
+/// [`orders_shape`] decoding Avro datums of [`ORDER_AVRO`].
+pub(crate) fn avro_orders_shape() -> Result<TypedShape, BenchError> {
+    let mut shape = orders_shape();
+    let schema = AvroRecord::parse(ORDER_AVRO).map_err(BenchError::Setup)?;
+    let decoder = SchemaFileDecoder::new(CompiledSchema::Avro(schema), shape.query.fields.clone())
+        .map_err(BenchError::Setup)?;
+    shape.fields = Arc::new(decoder);
+    Ok(shape)
+}
+
+/// Order `i` as an Avro datum of [`ORDER_AVRO`], with the values of [`order_json`].
+fn order_avro(i: usize, schema: &apache_avro::Schema) -> Result<Vec<u8>, BenchError> {
+    use apache_avro::types::Value;
+    let order = if i % 10 == 9 { i / 10 } else { i };
+    let cents = i64::try_from((1 + order % 500) * 100 + order % 100).unwrap_or(0);
+    let second = i64::try_from(order % 60).unwrap_or(0);
+    let record = Value::Record(vec![
+        ("order_id".to_owned(), Value::String(format!("o{order}"))),
+        (
+            "amount".to_owned(),
+            Value::Decimal(apache_avro::Decimal::from(cents.to_be_bytes().to_vec())),
+        ),
+        (
+            "qty".to_owned(),
+            Value::Long(i64::try_from(order % 7).unwrap_or(0)),
+        ),
+        (
+            "region".to_owned(),
+            Value::String(format!("r{}", order % 5)),
+        ),
+        (
+            "ts".to_owned(),
+            Value::TimestampMillis(1_796_378_400_000 + second * 61_000),
+        ),
+    ]);
+    apache_avro::writer::datum::GenericDatumWriter::builder(schema)
+        .build()
+        .and_then(|w| w.write_value_to_vec(record))
+        .map_err(|e| BenchError::Setup(format!("an Avro order: {e}")))
+}
+
+/// `n` Avro orders ([`order_avro`]), the key in the attribute `key`.
+pub(crate) fn avro_orders(n: usize) -> Result<InProcessSource, BenchError> {
+    let schema = apache_avro::Schema::parse_str(ORDER_AVRO)
+        .map_err(|e| BenchError::Setup(format!("the orders' Avro schema: {e}")))?;
+    let now = sluice_engine::now_ms();
+    let messages = (0..n)
+        .map(|i| {
+            let (key, _) = order_json(i);
+            Ok(SourceMessage {
+                message_id: format!("m{i}"),
+                publish_time_ms: now,
+                attributes: BTreeMap::from([("key".to_owned(), key)]),
+                data: Bytes::from(order_avro(i, &schema)?),
+                event_time_ms: None,
+                problem: None,
+            })
+        })
+        .collect::<Result<Vec<_>, BenchError>>()?;
+    Ok(InProcessSource::new(messages))
 }
 
 /// Order `i`'s key (10 % of the orders a publisher's repeat of an earlier one) and its JSON.
@@ -175,49 +249,57 @@ fn median(mut rates: Vec<f64>) -> f64 {
     rates.get(rates.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// What one drain lands.
+#[derive(Clone, Copy)]
+enum Shape {
+    Bytes,
+    Json,
+    Avro,
+}
+
 /// Runs the benchmark and prints its table.
 pub async fn typed(args: TypedArgs) -> Result<(), BenchError> {
     let n = args.messages;
-    let shape = orders_shape();
+    let (json, avro) = (orders_shape(), avro_orders_shape()?);
     println!(
-        "messages {n} (JSON orders, 5 fields, 10% publisher repeats), rounds {}",
+        "messages {n} (orders, 5 fields, 10% publisher repeats; JSON, and Avro binary), rounds {}",
         args.rounds
     );
     println!();
     println!(
-        "| store | bytes (envelope) msg/s | typed (5 columns, select + where) msg/s | typed / bytes |"
+        "| store | bytes (envelope) msg/s | typed JSON (5 columns, select + where) msg/s | \
+         typed Avro msg/s | JSON / bytes | Avro / bytes |"
     );
-    println!("|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
+    let shapes = [Shape::Bytes, Shape::Json, Shape::Avro];
     for backend in args.store.backends() {
-        let (mut bytes, mut typed) = (Vec::new(), Vec::new());
+        let mut rates: [Vec<f64>; 3] = Default::default();
         for round in 0..args.rounds.max(1) {
-            let order: [Option<&TypedShape>; 2] = if round % 2 == 0 {
-                [None, Some(&shape)]
-            } else {
-                [Some(&shape), None]
-            };
-            for which in order {
+            for turn in 0..shapes.len() {
+                let which = (round + turn) % shapes.len();
+                let (source, shape): (InProcessSource, Option<&TypedShape>) = match shapes[which] {
+                    Shape::Bytes => (orders(n), None),
+                    Shape::Json => (orders(n), Some(&json)),
+                    Shape::Avro => (avro_orders(n)?, Some(&avro)),
+                };
                 let m: Measured = sluice_drain(
-                    Box::new(orders(n)),
+                    Box::new(source),
                     n,
                     backend,
                     &args.postgres,
                     Progress::None,
-                    which,
+                    shape,
                 )
                 .await?;
-                let rate = n as f64 / m.wall.as_secs_f64().max(1e-9);
-                match which {
-                    None => bytes.push(rate),
-                    Some(_) => typed.push(rate),
-                }
+                rates[which].push(n as f64 / m.wall.as_secs_f64().max(1e-9));
             }
         }
-        let (b, t) = (median(bytes), median(typed));
+        let [b, j, a] = rates.map(median);
         println!(
-            "| {} | {b:.0} | {t:.0} | {:.2} |",
+            "| {} | {b:.0} | {j:.0} | {a:.0} | {:.2} | {:.2} |",
             backend_name(backend),
-            t / b.max(1e-9)
+            j / b.max(1e-9),
+            a / b.max(1e-9)
         );
     }
     Ok(())

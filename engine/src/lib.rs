@@ -38,11 +38,19 @@ pub use flow::batcher::{BatchSettings, BatchSource, DedupSettings, Idle, KeySour
 pub use flow::budget::Budget;
 pub use flow::commit::{BatchWork, CommitReport, CommitThenAck, RetrySettings};
 pub use flow::commit_bound::{MAX_COMMIT_MARGIN, commit_bound, commit_margin, pause_threshold};
+pub use flow::decode::avro::AvroRecord;
+pub use flow::decode::json::JsonFields;
+pub use flow::decode::protobuf::ProtobufMessage;
+pub use flow::decode::revisions::{Revision, RevisionsDecoder, SchemaFileDecoder, SchemaRegistry};
+pub use flow::decode::schema::{CompiledSchema, Encoding, SchemaFormat};
+pub use flow::decode::{
+    DELETED_REVISION, ENCODING_ATTRIBUTE, PayloadDecoder, REVISION_ATTRIBUTE, SCHEMA_ATTRIBUTE,
+    UNDECODABLE,
+};
 pub use flow::delivery::{AckHandle, Delivery, SourceMessage, SourceProblem};
 pub use flow::event_time::{EventTimeError, parse_event_time};
 pub use flow::expectations::{EXPECTATION_REASON, Expectation, Expectations, OnViolation};
 pub use flow::foreach::{BatchHandler, ForeachBatchStage, StageRecord, StagedBatch, batch_id};
-pub use flow::json_fields::{JsonFields, UNDECODABLE};
 pub use flow::runner::{DrainAgreement, Ended, FlowEnd, FlowError, FlowRun, RunUntil};
 pub use flow::sink::{JsonlSink, SinkCommit};
 pub use flow::stage::{Stage, StageError, TableStage};

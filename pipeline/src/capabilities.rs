@@ -5,7 +5,7 @@
 //! so the run exits 2 before it creates anything.
 
 use crate::errors::{Collector, ErrorCode};
-use crate::model::{DecodeFormat, Flow, Mode, Pipeline, Source, TargetKind};
+use crate::model::{Flow, Mode, Pipeline, Source, TargetKind};
 use crate::validate::MAX_IDENTIFIER_LEN;
 
 /// The suffix of a window target's counts table (`<pipeline>__<target>__windows`).
@@ -183,8 +183,8 @@ fn window_over_table(p: &Pipeline, c: &mut Collector<'_>, i: usize, flow: &Flow,
     }
 }
 
-/// What typed tables do not do yet: Avro and Protobuf decoding, typed rows from an envelope
-/// table or another pipeline's table.
+/// What typed tables do not do yet: typed rows from an envelope table or another pipeline's
+/// table.
 fn typed_tables(p: &Pipeline, c: &mut Collector<'_>) {
     let typed = |name: &str| {
         p.targets
@@ -192,16 +192,6 @@ fn typed_tables(p: &Pipeline, c: &mut Collector<'_>) {
             .any(|t| t.name == name && !t.columns.is_empty())
     };
     for (i, flow) in p.flows.iter().enumerate() {
-        if let Some(decode) = &flow.query.decode
-            && decode.format != DecodeFormat::Json
-        {
-            c.push(
-                ErrorCode::NotBuilt,
-                &format!("flows[{i}].decode.format"),
-                "only `format: json` decodes in this version (Avro and Protobuf, and Pub/Sub's \
-                 schemas, are the next step)",
-            );
-        }
         match &flow.source {
             Source::Table { target } if typed(&flow.target) && !typed(target) => c.push(
                 ErrorCode::NotBuilt,

@@ -45,6 +45,7 @@ pub mod graph;
 mod humane;
 mod locate;
 pub mod model;
+mod payload_decode;
 pub mod query;
 mod raw;
 mod source;
@@ -91,6 +92,22 @@ fn read(path: &Path) -> Result<String, ConfigErrors> {
 pub fn load_for_run(path: &Path) -> Result<Pipeline, ConfigErrors> {
     let text = read(path)?;
     parse_with(&text, path, true)
+}
+
+/// Problems a caller found in a valid pipeline file (a decode's schema file, which the engine
+/// compiles), located like every other error: each `(code, path, message)`, in the file at
+/// `file`.
+pub fn locate_errors(file: &Path, problems: Vec<(ErrorCode, String, String)>) -> ConfigErrors {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let locator = locate::Locator::new(&text);
+    let mut collector = errors::Collector::new(file, &locator);
+    for (code, path, message) in problems {
+        collector.push(code, &path, message);
+    }
+    match collector.finish(()) {
+        Ok(()) => ConfigErrors(Vec::new()),
+        Err(errors) => errors,
+    }
 }
 
 /// Parses and validates pipeline text; `file` is only used to name the file in errors.

@@ -215,8 +215,8 @@ impl FlowQuery {
 pub struct Decode {
     /// The payload's format.
     pub format: DecodeFormat,
-    /// `schema:` (`pubsub` or a schema file), for Avro and Protobuf.
-    pub schema: Option<String>,
+    /// `schema:`, for Avro and Protobuf.
+    pub schema: Option<DecodeSchema>,
     /// `message:`, a Protobuf message name.
     pub message: Option<String>,
     /// JSON's declared fields (`fields:`); empty: the target's columns, read by name.
@@ -228,10 +228,19 @@ pub struct Decode {
 pub enum DecodeFormat {
     /// A JSON object per payload.
     Json,
-    /// Avro (not built yet).
+    /// Avro, by a schema.
     Avro,
-    /// Protobuf (not built yet).
+    /// Protobuf, by a schema.
     Protobuf,
+}
+
+/// `decode.schema`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeSchema {
+    /// `pubsub`: the topic's schema in Pub/Sub's schema service, every revision.
+    PubSub,
+    /// A schema file (`.avsc`, `.proto`), as written (relative to the working directory).
+    File(std::path::PathBuf),
 }
 
 /// One column's value: `select: { column: expression }`.

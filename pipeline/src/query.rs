@@ -14,7 +14,7 @@ use crate::columns::{Column, ColumnType, RESERVED_PREFIX};
 use crate::errors::{Collector, ErrorCode};
 use crate::expression::{self, Expression};
 use crate::model::{
-    Decode, DecodeFormat, Expectation, FlowQuery, OnViolation, Selected, Source, Target, TargetKind,
+    Decode, Expectation, FlowQuery, OnViolation, Selected, Source, Target, TargetKind,
 };
 use crate::raw::{RawColumn, RawDecode, RawExpectation};
 use crate::validate::is_identifier;
@@ -63,7 +63,7 @@ pub(crate) fn columns(c: &mut Collector<'_>, raw: Vec<RawColumn>, path: &str) ->
     out
 }
 
-fn column_name(c: &mut Collector<'_>, name: Option<String>, path: &str) -> String {
+pub(crate) fn column_name(c: &mut Collector<'_>, name: Option<String>, path: &str) -> String {
     let name = crate::fields::required(c, name, path);
     if name.is_empty() {
         return name;
@@ -84,7 +84,7 @@ fn column_name(c: &mut Collector<'_>, name: Option<String>, path: &str) -> Strin
     name
 }
 
-fn column_type(c: &mut Collector<'_>, ty: Option<String>, path: &str) -> ColumnType {
+pub(crate) fn column_type(c: &mut Collector<'_>, ty: Option<String>, path: &str) -> ColumnType {
     let word = crate::fields::required(c, ty, path);
     match ColumnType::from_keyword(&word) {
         Some(ty) => ty,
@@ -128,7 +128,7 @@ pub(crate) fn flow_query(
 ) -> FlowQuery {
     let decode = raw
         .decode
-        .map(|d| decode(c, d, &format!("{path}.decode"), source));
+        .map(|d| crate::payload_decode::decode(c, d, &format!("{path}.decode"), source));
     let asks =
         decode.is_some() || raw.select.is_some() || raw.filter.is_some() || raw.expect.is_some();
     // Nothing is compiled against an unknown target, or fields in error (no second error).
@@ -339,72 +339,6 @@ pub(crate) fn flow_query(
         select,
         filter,
         expectations,
-    }
-}
-
-fn decode(c: &mut Collector<'_>, raw: RawDecode, path: &str, source: &Source) -> Decode {
-    if matches!(source, Source::Table { .. } | Source::PipelineTable { .. }) {
-        c.push(
-            ErrorCode::InvalidValue,
-            path,
-            "a table source's rows are columns already: `decode` reads Pub/Sub and file payloads",
-        );
-    }
-    let format_at = format!("{path}.format");
-    let word = crate::fields::required(c, raw.format, &format_at);
-    let format = match word.as_str() {
-        "json" => DecodeFormat::Json,
-        "avro" => DecodeFormat::Avro,
-        "protobuf" => DecodeFormat::Protobuf,
-        "" => DecodeFormat::Json,
-        other => {
-            c.push(
-                ErrorCode::InvalidValue,
-                &format_at,
-                format!("unknown decode format `{other}`; the formats are json, avro, protobuf"),
-            );
-            DecodeFormat::Json
-        }
-    };
-    if format == DecodeFormat::Json {
-        for (key, given) in [
-            ("schema", raw.schema.is_some()),
-            ("message", raw.message.is_some()),
-        ] {
-            if given {
-                c.push(
-                    ErrorCode::UnknownKey,
-                    &format!("{path}.{key}"),
-                    format!("plain JSON needs no `{key}`: declare its `fields:` if you like"),
-                );
-            }
-        }
-    } else if raw.fields.is_some() {
-        c.push(
-            ErrorCode::UnknownKey,
-            &format!("{path}.fields"),
-            format!("a {} decode takes its fields from its schema", word),
-        );
-    }
-    let fields = raw
-        .fields
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(name, ty)| {
-            let at = format!("{path}.fields.{name}");
-            let name = column_name(c, Some(name), &at);
-            Column {
-                name,
-                ty: column_type(c, Some(ty), &at),
-                nullable: true,
-            }
-        })
-        .collect();
-    Decode {
-        format,
-        schema: raw.schema,
-        message: raw.message,
-        fields,
     }
 }
 

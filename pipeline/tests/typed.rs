@@ -198,15 +198,76 @@ fn decode_needs_a_typed_table_and_a_known_format() {
 }
 
 #[test]
-fn what_is_not_built_is_refused_by_run_only() {
+fn avro_and_protobuf_name_their_schema() {
+    use sluice_pipeline::{DecodeFormat, DecodeSchema};
     let text = edit(15, "    decode: { format: avro, schema: pubsub }");
-    parse(&text, Path::new("p.yaml")).expect("valid");
-    let errs = parse_for_run(&text, Path::new("p.yaml"))
-        .expect_err("not built")
+    let p = parse_for_run(&text, Path::new("p.yaml")).expect("runs");
+    let decode = p.flows[0].query.decode.as_ref().expect("decode");
+    assert_eq!(
+        (decode.format, decode.schema.as_ref()),
+        (DecodeFormat::Avro, Some(&DecodeSchema::PubSub))
+    );
+    let schema = std::env::temp_dir().join(format!("typed-{}.proto", std::process::id()));
+    std::fs::write(&schema, "syntax = \"proto3\";").expect("schema file");
+    let file = |rest: &str| {
+        edit(
+            15,
+            &format!(
+                "    decode: {{ format: protobuf, schema: \"{}\"{rest} }}",
+                schema.display()
+            ),
+        )
+    };
+    parse_for_run(&file(", message: shop.Order"), Path::new("p.yaml")).expect("runs");
+    let why = one(
+        &file(""),
+        ErrorCode::MissingField,
+        "flows[0].decode.message",
+        15,
+    );
+    assert!(why.contains("name the payload's with `message:`"), "{why}");
+    std::fs::remove_file(&schema).ok();
+    for (decode, code, path, says) in [
+        (
+            "    decode: { format: avro }",
+            ErrorCode::MissingField,
+            "flows[0].decode.schema",
+            "names its schema",
+        ),
+        (
+            "    decode: { format: avro, schema: orders.proto }",
+            ErrorCode::InvalidValue,
+            "flows[0].decode.schema",
+            "ends in `.avsc`",
+        ),
+        (
+            "    decode: { format: avro, schema: /no/such/orders.avsc }",
+            ErrorCode::Unreadable,
+            "flows[0].decode.schema",
+            "schema file `/no/such/orders.avsc`",
+        ),
+        (
+            "    decode: { format: json, schema: pubsub }",
+            ErrorCode::UnknownKey,
+            "flows[0].decode.schema",
+            "plain JSON needs no `schema`",
+        ),
+    ] {
+        let why = one(&edit(15, decode), code, path, 15);
+        assert!(why.contains(says), "{decode}: {why}");
+    }
+    // The topic's schema is for a Pub/Sub source.
+    let file_flow = edit(
+        14,
+        "    source: { file: { path: \"in/*.jsonl\" } }\n    decode: { format: avro, schema: pubsub }",
+    )
+    .replace("    decode: { format: json }\n", "");
+    let errs = parse(&file_flow, Path::new("p.yaml"))
+        .expect_err("pubsub schema")
         .0;
     assert!(
         errs.iter()
-            .any(|e| e.code == ErrorCode::NotBuilt && e.path == "flows[0].decode.format"),
+            .any(|e| e.path == "flows[0].decode.schema" && e.message.contains("Pub/Sub source")),
         "{errs:#?}"
     );
 }

@@ -17,11 +17,11 @@ pub(crate) mod commit_bound;
 pub(crate) mod commit_lanes;
 #[cfg(test)]
 mod commit_timing;
+pub(crate) mod decode;
 pub(crate) mod delivery;
 pub(crate) mod event_time;
 pub(crate) mod expectations;
 pub(crate) mod foreach;
-pub(crate) mod json_fields;
 pub(crate) mod memory_tier;
 pub(crate) mod runner;
 pub(crate) mod sink;

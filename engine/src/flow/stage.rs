@@ -1,8 +1,8 @@
 //! The first fused stage: from deliveries to the effects a commit writes.
 
+use crate::flow::decode::{PayloadDecoder, UNDECODABLE};
 use crate::flow::delivery::Delivery;
 use crate::flow::event_time::{EventTimeError, parse_event_time};
-use crate::flow::json_fields::{JsonFields, UNDECODABLE};
 use async_trait::async_trait;
 use sluice_store::Effect;
 use std::sync::Arc;
@@ -60,8 +60,8 @@ pub struct TableStage {
     pub event_time_attribute: Option<String>,
     /// `on_bad_timestamp: publish_time` — use the publish time instead of dead-lettering.
     pub bad_timestamp_uses_publish_time: bool,
-    /// A typed flow's decoder (`decode: { format: json }`); `None`: envelope rows.
-    pub fields: Option<Arc<JsonFields>>,
+    /// A typed flow's decoder (`decode:`); `None`: envelope rows.
+    pub fields: Option<Arc<dyn PayloadDecoder>>,
 }
 
 impl TableStage {
@@ -69,7 +69,7 @@ impl TableStage {
         let effect = self.envelope_effect(delivery);
         match (&self.fields, effect) {
             (Some(fields), Effect::Row { event_time_ms, .. }) => {
-                match fields.decode(&delivery.message.data) {
+                match fields.decode(&delivery.message) {
                     Ok(values) => Effect::Row {
                         event_time_ms,
                         values,
@@ -126,6 +126,13 @@ fn dead_letter(reason: &str, error: String, delivery: &Delivery) -> Effect {
 #[async_trait]
 impl Stage for TableStage {
     async fn stage(&self, deliveries: &[Delivery]) -> Result<Vec<Effect>, StageError> {
+        if let Some(fields) = &self.fields {
+            let messages: Vec<_> = deliveries.iter().map(|d| &d.message).collect();
+            fields
+                .prepare(&messages)
+                .await
+                .map_err(StageError::unavailable)?;
+        }
         Ok(deliveries.iter().map(|d| self.effect(d)).collect())
     }
 }

@@ -67,11 +67,38 @@ pub fn load_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
         .and_then(store_from_env)
 }
 
-/// As [`load_or_exit`], with the checks of what this version runs (`NOT_BUILT` errors).
+/// As [`load_or_exit`], with the checks of what this version runs (`NOT_BUILT` errors) and of
+/// every decode's schema file against its flow's fields.
 pub fn load_for_run_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
     sluice_pipeline::load_for_run(path)
+        .and_then(|pipeline| with_schema_files_checked(path, pipeline))
         .map_err(exit_invalid)
         .and_then(store_from_env)
+}
+
+/// `pipeline` if every decode's schema file compiles and fills its flow's fields; else each
+/// problem, located at `flows[i].decode.schema` in the file at `path`.
+pub fn with_schema_files_checked(
+    path: &Path,
+    pipeline: Pipeline,
+) -> Result<Pipeline, sluice_pipeline::ConfigErrors> {
+    let problems = crate::runtime::flow::decoder::schema_file_problems(&pipeline);
+    if problems.is_empty() {
+        return Ok(pipeline);
+    }
+    Err(sluice_pipeline::locate_errors(
+        path,
+        problems
+            .into_iter()
+            .map(|(i, why)| {
+                (
+                    sluice_pipeline::ErrorCode::InvalidValue,
+                    format!("flows[{i}].decode.schema"),
+                    why,
+                )
+            })
+            .collect(),
+    ))
 }
 
 /// `pipeline` with its Pub/Sub project from Application Default Credentials when it names a

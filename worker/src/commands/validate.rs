@@ -1,5 +1,6 @@
 //! `sluice validate -c FILE [--format json]`: checks that a pipeline file is valid (`run` also
-//! refuses what this version does not run, `NOT_BUILT`). Exit 0 when valid; 2 with every error
+//! refuses what this version does not run, `NOT_BUILT`), every decode's schema file included
+//! (compiled, and checked to fill its flow's fields). Exit 0 when valid; 2 with every error
 //! (code, file, path, line, column, message) when not.
 
 use clap::ValueEnum;
@@ -17,7 +18,8 @@ pub enum ValidateFormat {
 
 /// Checks `config` and prints the verdict in `format`.
 pub fn validate(config: &Path, format: ValidateFormat) -> ExitCode {
-    let result = sluice_pipeline::load(config);
+    let result = sluice_pipeline::load(config)
+        .and_then(|pipeline| super::with_schema_files_checked(config, pipeline));
     match (format, result) {
         (ValidateFormat::Text, Ok(pipeline)) => {
             println!(

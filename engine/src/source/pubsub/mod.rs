@@ -12,6 +12,7 @@ mod admin;
 mod pause;
 mod probe;
 mod publish_outcome;
+mod schema_registry;
 mod settings;
 mod source;
 mod tracking_subscription;
@@ -24,6 +25,7 @@ pub use probe::{
     PROBE_ATTRIBUTE, RESERVED_ATTRIBUTE_REASON, is_probe, probe_message, reserved_attribute_problem,
 };
 pub use publish_outcome::publish_refused;
+pub use schema_registry::PubSubSchemas;
 pub use settings::FlowIntent;
 pub use settings::describe as describe_subscription;
 pub use source::PubSubSource;

@@ -291,7 +291,7 @@ pub fn build(
         }
     };
     let window = plan.dedup.window;
-    let typed = super::typed::typed_flow(pipeline, flow);
+    let typed = super::typed::typed_flow(pipeline, flow)?;
     if let Some(typed) = &typed {
         plan.stage.fields = Some(typed.fields.clone());
     }

@@ -7,6 +7,7 @@ mod attempt;
 pub(crate) mod board;
 pub(crate) mod build;
 pub(super) mod dead_letters;
+pub(crate) mod decoder;
 pub(crate) mod executor;
 mod flow_task;
 pub(crate) mod outcome;

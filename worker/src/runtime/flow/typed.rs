@@ -2,7 +2,7 @@
 //! target's declared columns ([`typed_tables`]), and a flow's decoder and query
 //! ([`typed_flow`]), from the validated file (`sluice_pipeline::query` compiled them).
 
-use sluice_engine::{Expectation, JsonFields, OnViolation};
+use sluice_engine::{Expectation, OnViolation, PayloadDecoder};
 use sluice_pipeline::{Column, ColumnType, Flow, Pipeline, TargetKind};
 use sluice_store::{Sql, TypedColumn, TypedQuery, TypedTable, TypedView, table_name};
 use std::sync::Arc;
@@ -87,25 +87,32 @@ fn sql(e: &sluice_pipeline::Expression) -> Sql {
 /// What a typed flow runs with.
 pub struct TypedFlow {
     /// Its payload decoder.
-    pub fields: Arc<JsonFields>,
+    pub fields: Arc<dyn PayloadDecoder>,
     /// The query the store writes rows with.
     pub query: Arc<TypedQuery>,
     /// Its expectations, in the order of the query's checks.
     pub expectations: Vec<Expectation>,
 }
 
-/// A typed flow's decoder, query and expectations; `None` for a flow that lands envelope rows.
-pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Option<TypedFlow> {
-    if !flow.query.is_typed() {
-        return None;
-    }
-    let target = pipeline.targets.iter().find(|t| t.name == flow.target)?;
-    let fields: Vec<(String, sluice_store::ColumnType)> = flow
-        .query
+/// The fields a typed flow's decoder gives, in order, as the store names their types.
+pub fn decoded_fields(flow: &Flow) -> Vec<(String, sluice_store::ColumnType)> {
+    flow.query
         .fields
         .iter()
         .map(|f| (f.name.clone(), column_type(f.ty)))
-        .collect();
+        .collect()
+}
+
+/// A typed flow's decoder, query and expectations; `None` for a flow that lands envelope rows;
+/// an error when its decoder cannot be made (a schema file that does not fill its fields).
+pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Result<Option<TypedFlow>, String> {
+    if !flow.query.is_typed() {
+        return Ok(None);
+    }
+    let Some(target) = pipeline.targets.iter().find(|t| t.name == flow.target) else {
+        return Ok(None);
+    };
+    let fields = decoded_fields(flow);
     let select = selected_columns(target, &flow.query.select);
     let filter = flow.query.filter.as_ref().map(sql);
     let expectations = flow
@@ -121,8 +128,8 @@ pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Option<TypedFlow> {
             },
         })
         .collect();
-    Some(TypedFlow {
-        fields: Arc::new(JsonFields::new(fields.clone())),
+    Ok(Some(TypedFlow {
+        fields: super::decoder::decoder(pipeline, flow, fields.clone())?,
         query: Arc::new(TypedQuery {
             fields,
             select,
@@ -135,5 +142,5 @@ pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Option<TypedFlow> {
                 .collect(),
         }),
         expectations,
-    })
+    }))
 }

@@ -4,21 +4,14 @@
 //! converted to the field's type, strictly and the same way for every store: a string where
 //! a number is declared, a fraction where an integer is, a time that is not ISO 8601, are
 //! errors naming the field's path (`$.amount`), and the message becomes a dead letter
-//! ([`UNDECODABLE`]) instead of a row. A field that is absent or `null` is NULL. Numbers for
+//! ([`super::UNDECODABLE`]) instead of a row. A field that is absent or `null` is NULL. Numbers for
 //! `numeric` keep their digits as written (no float on the way).
 
-use crate::flow::event_time::parse_event_time;
+use super::values;
 use base64::Engine as _;
 use serde_json::value::RawValue;
 use sluice_store::{ColumnType, TypedValue};
 use std::collections::HashMap;
-
-/// 0000-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z, ms since the epoch.
-const MIN_TIMESTAMP_MS: i64 = -62_167_219_200_000;
-const MAX_TIMESTAMP_MS: i64 = 253_402_300_799_999;
-
-/// The dead-letter reason of a payload that does not decode.
-pub const UNDECODABLE: &str = "undecodable";
 
 /// Decodes JSON payloads into the fields of a typed flow.
 #[derive(Debug, Clone)]
@@ -33,7 +26,7 @@ impl JsonFields {
     }
 
     /// The values of the fields in `payload`, or why it does not decode.
-    pub fn decode(&self, payload: &[u8]) -> Result<Vec<TypedValue>, String> {
+    pub fn decode_payload(&self, payload: &[u8]) -> Result<Vec<TypedValue>, String> {
         let object: HashMap<String, &RawValue> = serde_json::from_slice(payload)
             .map_err(|e| format!("the payload is not a JSON object: {e}"))?;
         self.fields
@@ -47,7 +40,7 @@ impl JsonFields {
 }
 
 /// What a JSON text is, for messages.
-fn kind(raw: &str) -> &'static str {
+pub(super) fn kind(raw: &str) -> &'static str {
     match raw.as_bytes().first() {
         Some(b'"') => "a string",
         Some(b'{') => "an object",
@@ -58,7 +51,8 @@ fn kind(raw: &str) -> &'static str {
     }
 }
 
-fn convert(raw: &str, ty: ColumnType) -> Result<TypedValue, String> {
+/// One JSON value (its text) as a value of `ty`.
+pub(super) fn convert(raw: &str, ty: ColumnType) -> Result<TypedValue, String> {
     if raw == "null" {
         return Ok(TypedValue::Null);
     }
@@ -90,22 +84,12 @@ fn convert(raw: &str, ty: ColumnType) -> Result<TypedValue, String> {
         },
         ColumnType::Timestamp => {
             let text = string().ok_or_else(|| expected("an ISO 8601 time (a string)"))?;
-            // A number in a string is not taken for milliseconds here: a time is written out.
-            if text.trim().parse::<i64>().is_ok() {
-                return Err(expected("an ISO 8601 time"));
-            }
-            let ms = parse_event_time(&text).ok_or_else(|| expected("an ISO 8601 time"))?;
-            // Both stores hold years 0000 to 9999 alike (SQLite as fixed-width text).
-            if !(MIN_TIMESTAMP_MS..=MAX_TIMESTAMP_MS).contains(&ms) {
-                return Err(expected("a time in the years 0000 to 9999"));
-            }
-            TypedValue::Timestamp(ms)
+            values::timestamp_from_text(&text)
+                .map_err(|_| expected("an ISO 8601 time in the years 0000 to 9999"))?
         }
         ColumnType::Date => {
             let text = string().ok_or_else(|| expected("a date YYYY-MM-DD (a string)"))?;
-            let date = chrono::NaiveDate::parse_from_str(text.trim(), "%Y-%m-%d")
-                .map_err(|_| expected("a date YYYY-MM-DD"))?;
-            TypedValue::Date(date.format("%Y-%m-%d").to_string())
+            values::date_from_text(&text).map_err(|_| expected("a date YYYY-MM-DD"))?
         }
         ColumnType::Json => TypedValue::Json(raw.to_owned()),
         ColumnType::Bytes => {
@@ -146,7 +130,7 @@ mod tests {
     #[test]
     fn fields_convert_exactly() {
         let values = decoder()
-            .decode(
+            .decode_payload(
                 br#"{"order_id":"o-1","amount":12.30,"qty":3,"ts":"2026-12-04T10:00:00Z",
                      "vip":true,"day":"2026-12-04","extra":{"a":[1]},"ignored":1}"#,
             )
@@ -164,7 +148,7 @@ mod tests {
             ]
         );
         let values = decoder()
-            .decode(br#"{"order_id": 7, "qty": null}"#)
+            .decode_payload(br#"{"order_id": 7, "qty": null}"#)
             .unwrap();
         assert_eq!(values[0], TypedValue::Text("7".into()));
         assert!(values[1..].iter().all(|v| *v == TypedValue::Null));
@@ -172,7 +156,7 @@ mod tests {
 
     #[test]
     fn a_bad_value_names_its_field() {
-        let bad = |payload: &str| decoder().decode(payload.as_bytes()).unwrap_err();
+        let bad = |payload: &str| decoder().decode_payload(payload.as_bytes()).unwrap_err();
         assert!(bad(r#"{"amount":"abc"}"#).starts_with("$.amount: expected a numeric"));
         assert!(bad(r#"{"qty":2.5}"#).starts_with("$.qty: expected an integer"));
         assert!(bad(r#"{"ts":"yesterday"}"#).starts_with("$.ts: expected an ISO 8601 time"));
@@ -180,7 +164,7 @@ mod tests {
         let doubles = JsonFields::new(vec![("x".to_owned(), ColumnType::Double)]);
         assert!(
             doubles
-                .decode(br#"{"x":1e400}"#)
+                .decode_payload(br#"{"x":1e400}"#)
                 .unwrap_err()
                 .starts_with("$.x: expected a finite")
         );
