@@ -419,3 +419,64 @@ async fn avro_and_protobuf_revisions_land_typed_once_each() {
         );
     }
 }
+
+/// `sluice validate` (and `run`) compile a schema file and refuse one that cannot fill the
+/// columns, located at `flows[0].decode.schema` with exit 2; the same file with a fitting
+/// schema is valid.
+#[test]
+fn a_schema_file_that_cannot_fill_the_columns_is_refused_before_a_run() {
+    let dir = Workdir::new();
+    let schema = dir.path().join("orders.avsc");
+    let file = dir.path().join("p.yaml");
+    let write = |amount: &str| {
+        std::fs::write(
+            &schema,
+            format!(
+                r#"{{"type":"record","name":"O","fields":[{{"name":"order_id","type":"string"}},
+                {{"name":"amount","type":"{amount}"}}]}}"#
+            ),
+        )
+        .unwrap();
+    };
+    std::fs::write(
+        &file,
+        format!(
+            "pipeline: shop
+store: \"sqlite://{db}\"
+targets:
+  - name: orders
+    kind: table
+    columns:
+      - {{ name: order_id, type: text }}
+      - {{ name: amount, type: integer }}
+flows:
+  - name: orders
+    target: orders
+    source: {{ pubsub: {{ subscription: orders-sub }} }}
+    decode: {{ format: avro, schema: \"{schema}\" }}
+",
+            db = dir.db("shop").display(),
+            schema = schema.display()
+        ),
+    )
+    .unwrap();
+    let validate = || {
+        sluice_tests::sluice_command(
+            &["validate", "-c", file.to_str().unwrap()],
+            Some(dir.path()),
+        )
+    };
+    write("long");
+    let valid = validate();
+    assert_eq!(valid.code, 0, "{}", valid.all());
+    write("string");
+    let refused = validate();
+    assert_eq!(refused.code, 2, "{}", refused.all());
+    assert!(
+        refused.stderr.contains("p.yaml:13:")
+            && refused.stderr.contains("flows[0].decode.schema")
+            && refused.stderr.contains("$.amount is string in the schema"),
+        "{}",
+        refused.all()
+    );
+}

@@ -52,6 +52,17 @@ fn branch_name(schema: &Schema) -> String {
     }
 }
 
+/// Bytes as Avro's JSON encoding writes them: a string of code points 0 to 255.
+fn json_bytes(value: &Json) -> Result<Vec<u8>, String> {
+    let Json::String(text) = value else {
+        return Err(format!("expected bytes (a string), found {value}"));
+    };
+    text.chars()
+        .map(|c| u8::try_from(u32::from(c)))
+        .collect::<Result<_, _>>()
+        .map_err(|_| "bytes are code points 0 to 255".to_owned())
+}
+
 /// One JSON value of `schema` as a value of `ty`.
 fn convert(value: &Json, schema: &Schema, ty: ColumnType) -> Result<TypedValue, String> {
     if value.is_null() {
@@ -90,29 +101,12 @@ fn convert(value: &Json, schema: &Schema, ty: ColumnType) -> Result<TypedValue, 
         }
         (Schema::Date, ColumnType::Date) => values::date_from_days(number()?),
         (Schema::Decimal(decimal), ColumnType::Numeric) => {
-            let Json::String(text) = value else {
-                return Err(format!(
-                    "expected a decimal's bytes (a string), found {value}"
-                ));
-            };
-            let bytes: Vec<u8> = text
-                .chars()
-                .map(|c| u8::try_from(u32::from(c)))
-                .collect::<Result<_, _>>()
-                .map_err(|_| "a decimal's bytes are code points 0 to 255".to_owned())?;
+            let bytes = json_bytes(value)?;
             let unscaled = num_bigint::BigInt::from_signed_bytes_be(&bytes).to_string();
             Ok(values::numeric_from_unscaled(&unscaled, decimal.scale))
         }
         (Schema::Bytes | Schema::Fixed(_), ColumnType::Bytes) => {
-            let Json::String(text) = value else {
-                return Err(format!("expected bytes (a string), found {value}"));
-            };
-            let bytes: Vec<u8> = text
-                .chars()
-                .map(|c| u8::try_from(u32::from(c)))
-                .collect::<Result<_, _>>()
-                .map_err(|_| "bytes are code points 0 to 255".to_owned())?;
-            Ok(TypedValue::Bytes(bytes.into()))
+            Ok(TypedValue::Bytes(json_bytes(value)?.into()))
         }
         _ => json::convert(&value.to_string(), ty),
     }

@@ -114,7 +114,7 @@ impl CompiledSchema {
                 };
                 (!gives).then(|| {
                     format!(
-                        "$.{name} is {what} in the schema, which does not land in a {} column",
+                        "$.{name} is {what} in the schema, which does not land in a column of type {}",
                         format!("{ty:?}").to_lowercase()
                     )
                 })
