@@ -211,7 +211,7 @@ async fn each_ordering_key_keeps_publish_order_across_sigkills() {
             .collect();
         pubsub.publish(&topic, chunk).await;
     }
-    let mut landed = Vec::new();
+    let mut landed: Vec<i64> = Vec::new();
     for kill in 1..=KILLS {
         // Somewhere in this worker's share of the stream, a little at random.
         let at = (total * kill as i64 / (KILLS as i64 + 1) + rand::random_range(0..total / 20))

@@ -14,17 +14,20 @@
 //!
 //! Both with 10 % publisher repeats. Outcome on SQLite: every order once, each typed value
 //! exact, `note` filled exactly for the orders that carry it, the 100 dead letters of each
-//! flow with their reason.
+//! flow with their reason. The Avro revisions again on PostgreSQL with four workers, three of
+//! them SIGKILLed each right after PostgreSQL shows it inside a transaction: the same outcome.
 //!
-//! Real: the emulator with its schema service, a `sluice` process, a SQLite file.
+//! Real: the emulator with its schema service, `sluice` processes, a SQLite file, PostgreSQL
+//! on 127.0.0.1:5432.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use bytes::Bytes;
 use google_cloud_pubsub::client::{SchemaService, TopicAdmin};
 use google_cloud_pubsub::model::{Encoding, Message, Schema, SchemaSettings, schema};
-use sluice_tests::{Db, PROJECT, PubSub, Workdir, Worker, emulator, unique};
+use sluice_tests::{Db, PROJECT, PgDb, PubSub, Workdir, Worker, emulator, eventually, unique};
 use std::time::Duration;
 
+/// Orders per revision (the second and the third).
 const ORDERS: usize = 1_500;
 const ORPHANS: usize = 100;
 
@@ -222,24 +225,41 @@ impl SchemaTopic {
     }
 }
 
-/// Publishes the three revisions' orders to a new topic of `kind`; returns the topic and the
-/// deleted revision's id.
-async fn publish_revisions(
+/// A topic bound to a new schema of `kind` (first revision `revision(0)`) and `subscription`
+/// on it.
+async fn new_schema_topic(
     pubsub: &PubSub,
     kind: schema::Type,
     encoding: Encoding,
     revision: fn(usize) -> String,
-    encode: fn(usize, usize) -> Vec<u8>,
     subscription: &str,
-) -> String {
-    let topic = schema_topic(kind.clone(), &revision(0), encoding).await;
-    // The emulator never answers the official client's GetSchema (it sends `view` as a number):
-    // the first revision's id comes back with the schema's creation.
+) -> SchemaTopic {
+    let topic = schema_topic(kind, &revision(0), encoding).await;
     pubsub
         .admin
         .create_subscription(subscription, &topic.topic, 10)
         .await
         .unwrap();
+    topic
+}
+
+/// Publishes the three revisions' orders (`orders` per revision after the first), with a
+/// pause of `pause` after each 100 orders; returns the deleted revision's id.
+async fn publish_revisions(
+    pubsub: &PubSub,
+    topic: &SchemaTopic,
+    kind: schema::Type,
+    revision: fn(usize) -> String,
+    encode: fn(usize, usize) -> Vec<u8>,
+    orders: usize,
+    pause: Duration,
+) -> String {
+    let paced = |messages: Vec<Message>| async move {
+        for chunk in messages.chunks(100) {
+            pubsub.publish(&topic.topic, chunk.to_vec()).await;
+            tokio::time::sleep(pause).await;
+        }
+    };
     let first = topic.first_revision.clone();
     let orphans: Vec<Message> = (0..ORPHANS)
         .map(|k| message(1_000_000 + k, encode(1_000_000 + k, 0)))
@@ -247,13 +267,9 @@ async fn publish_revisions(
     pubsub.publish(&topic.topic, orphans).await;
     topic.commit(kind.clone(), &revision(1)).await;
     topic.delete(&first).await;
-    pubsub
-        .publish(&topic.topic, batch(0..ORDERS, 1, encode))
-        .await;
+    paced(batch(0..orders, 1, encode)).await;
     topic.commit(kind, &revision(2)).await;
-    pubsub
-        .publish(&topic.topic, batch(ORDERS..2 * ORDERS, 2, encode))
-        .await;
+    paced(batch(orders..2 * orders, 2, encode)).await;
     first
 }
 
@@ -304,15 +320,26 @@ targets:
 async fn avro_and_protobuf_revisions_land_typed_once_each() {
     let pubsub = PubSub::connect().await;
     let avro_sub = unique("avro-sub");
-    let deleted_avro = publish_revisions(
+    let topic = new_schema_topic(
         &pubsub,
         schema::Type::Avro,
         Encoding::Binary,
         avro_revision,
-        avro_order,
         &avro_sub,
     )
     .await;
+    let deleted_avro = publish_revisions(
+        &pubsub,
+        &topic,
+        schema::Type::Avro,
+        avro_revision,
+        avro_order,
+        ORDERS,
+        Duration::ZERO,
+    )
+    .await;
+    // Pub/Sub renames a deleted revision in its messages' attributes.
+    assert!(!deleted_avro.is_empty());
     let dir = Workdir::new();
     let proto_file = dir.path().join("orders.proto");
     std::fs::write(&proto_file, ORDER_PROTO).unwrap();
@@ -357,9 +384,6 @@ async fn avro_and_protobuf_revisions_land_typed_once_each() {
     };
     println!("dead letters: {letters:#?}");
     let db = Db(db_path);
-    let cents: i64 = (0..2 * ORDERS).map(|i| (i * 100 + 25) as i64).sum();
-    // Pub/Sub renames a deleted revision in its messages' attributes.
-    assert!(!deleted_avro.is_empty());
     let deleted = "the revision of schema % this message was published under was deleted%";
     for (table, flow, letter) in [
         ("shop__avro_orders", "avro_orders", deleted),
@@ -369,55 +393,206 @@ async fn avro_and_protobuf_revisions_land_typed_once_each() {
             "not a Protobuf shop.Order message%",
         ),
     ] {
-        let rows = (2 * ORDERS) as i64;
+        orders_are_exact(ORDERS, table, flow, letter, |sql| db.query(sql));
+    }
+}
+
+/// `table` holds orders `0..2 * orders` once each with their exact typed values, `note` set
+/// for the second half, and `flow` has `ORPHANS` dead letters whose error is LIKE `letter`.
+fn orders_are_exact(
+    orders: usize,
+    table: &str,
+    flow: &str,
+    letter: &str,
+    query: impl Fn(&str) -> i64,
+) {
+    let rows = (2 * orders) as i64;
+    let cents: i64 = (0..2 * orders).map(|i| (i * 100 + 25) as i64).sum();
+    assert_eq!(
+        query(&format!("SELECT COUNT(*) FROM {table}")),
+        rows,
+        "{table}"
+    );
+    assert_eq!(
+        query(&format!("SELECT COUNT(DISTINCT order_id) FROM {table}")),
+        rows
+    );
+    assert_eq!(
+        query(&format!(
+            "SELECT CAST(SUM(ROUND(amount * 100)) AS BIGINT) FROM {table}"
+        )),
+        cents,
+        "{table}"
+    );
+    // Typed values, exact: o7 of the second revision, o(orders + 7) of the third.
+    let late = orders + 7;
+    for (order, amount, qty, note) in [
+        (7, "7.25".to_owned(), 0, "note IS NULL".to_owned()),
+        (
+            late,
+            format!("{late}.25"),
+            late % 7,
+            format!("note = 'n{late}'"),
+        ),
+    ] {
         assert_eq!(
-            db.query(&format!("SELECT COUNT(*) FROM {table}")),
-            rows,
-            "{table}"
-        );
-        assert_eq!(
-            db.query(&format!("SELECT COUNT(DISTINCT order_id) FROM {table}")),
-            rows
-        );
-        assert_eq!(
-            db.query(&format!(
-                "SELECT SUM(CAST(ROUND(amount * 100) AS INTEGER)) FROM {table}"
-            )),
-            cents,
-            "{table}"
-        );
-        // Typed values, exact: o7 of the second revision, o1507 of the third.
-        assert_eq!(
-            db.query(&format!(
-                "SELECT COUNT(*) FROM {table} WHERE order_id = 'o7' AND amount = 7.25 AND qty = 0
-                 AND ts = '2026-12-04T10:07:00.000Z' AND note IS NULL"
+            query(&format!(
+                "SELECT COUNT(*) FROM {table} WHERE order_id = 'o{order}' AND amount = {amount}
+                 AND qty = {qty} AND ts = '2026-12-04T10:07:00.000Z' AND {note}"
             )),
             1,
-            "{table}"
-        );
-        assert_eq!(
-            db.query(&format!(
-                "SELECT COUNT(*) FROM {table} WHERE order_id = 'o1507' AND amount = 1507.25
-                 AND qty = 2 AND ts = '2026-12-04T10:07:00.000Z' AND note = 'n1507'"
-            )),
-            1,
-            "{table}"
-        );
-        assert_eq!(
-            db.query(&format!(
-                "SELECT COUNT(*) FROM {table} WHERE note IS NOT NULL"
-            )),
-            ORDERS as i64
-        );
-        assert_eq!(
-            db.query(&format!(
-                "SELECT COUNT(*) FROM shop__dead_letter WHERE flow = '{flow}'
-                 AND reason = 'undecodable' AND error LIKE '{letter}'"
-            )),
-            ORPHANS as i64,
-            "{flow}"
+            "{table}: order {order}"
         );
     }
+    assert_eq!(
+        query(&format!(
+            "SELECT COUNT(*) FROM {table} WHERE note IS NOT NULL"
+        )),
+        orders as i64
+    );
+    assert_eq!(
+        query(&format!(
+            "SELECT COUNT(*) FROM shop__dead_letter WHERE flow = '{flow}'
+             AND reason = 'undecodable' AND error LIKE '{letter}'"
+        )),
+        ORPHANS as i64,
+        "{flow}"
+    );
+}
+
+/// The Avro flow of [`pipeline`] alone, in continuous mode.
+fn avro_only(store: &str, subscription: &str) -> String {
+    let whole = pipeline(
+        store,
+        subscription,
+        "unused",
+        std::path::Path::new("unused.proto"),
+    );
+    let proto = whole
+        .find("  - name: proto_orders\n    kind: table")
+        .unwrap();
+    let flows = whole.find("flows:\n").unwrap();
+    let proto_flow = whole.find("  - name: proto_orders\n    target:").unwrap();
+    format!("{}{}", &whole[..proto], &whole[flows..proto_flow])
+        .replace("mode: triggered", "mode: continuous")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_revisions_land_typed_once_each_on_postgres_under_sigkills() {
+    const PG_ORDERS: usize = 3_000;
+    let database = sluice_store::ScratchDatabase::create().await.unwrap();
+    let db = PgDb(database.url().to_owned());
+    let pubsub = PubSub::connect().await;
+    let subscription = unique("avro-pg-sub");
+    let dir = Workdir::new();
+    // Each worker connects under its own name, so the test sees which one is in a
+    // transaction; all four streams are open before the first kill (the emulator holds a
+    // killed stream's messages back from streams opened after a close).
+    let start = |name: &str| {
+        let file = dir.path().join(format!("{name}.yaml"));
+        let store = format!("{}?application_name={name}", database.url());
+        std::fs::write(&file, avro_only(&store, &subscription)).unwrap();
+        Worker::start(&file, name)
+    };
+    let topic = new_schema_topic(
+        &pubsub,
+        schema::Type::Avro,
+        Encoding::Binary,
+        avro_revision,
+        &subscription,
+    )
+    .await;
+    let victims: Vec<Worker> = ["victim0", "victim1", "victim2"].map(start).into();
+    let survivor = start("survivor");
+    for worker in victims.iter().chain([&survivor]) {
+        assert!(
+            eventually(Duration::from_secs(120), || worker
+                .logs()
+                .contains("flow started"))
+            .await,
+            "{}",
+            worker.logs()
+        );
+    }
+    let publishing = {
+        let pubsub = PubSub::connect().await;
+        tokio::spawn(async move {
+            publish_revisions(
+                &pubsub,
+                &topic,
+                schema::Type::Avro,
+                avro_revision,
+                avro_order,
+                PG_ORDERS,
+                Duration::from_millis(300),
+            )
+            .await
+        })
+    };
+    let rows = || db.query("SELECT COUNT(*) FROM shop__avro_orders");
+    let expected = (2 * PG_ORDERS) as i64;
+    let mut victims: Vec<Option<Worker>> = victims.into_iter().map(Some).collect();
+    let mut kills = Vec::new();
+    for k in 0..victims.len() {
+        let at_least = 300 + k as i64 * 1_000;
+        assert!(
+            eventually(Duration::from_secs(180), || rows() >= at_least).await,
+            "{} rows before kill {k}:\n{}",
+            rows(),
+            survivor.logs()
+        );
+        // Aimed: the first live victim PostgreSQL shows inside a transaction is killed then.
+        let alive: Vec<String> = (0..victims.len())
+            .filter(|v| victims[*v].is_some())
+            .map(|v| format!("'victim{v}'"))
+            .collect();
+        let in_transaction = || {
+            db.query(&format!(
+                "SELECT COALESCE(MIN(CAST(substr(application_name, 7) AS int)), -1)
+                 FROM pg_stat_activity
+                 WHERE application_name IN ({}) AND xact_start IS NOT NULL",
+                alive.join(", ")
+            ))
+        };
+        let aim_until = std::time::Instant::now() + Duration::from_secs(60);
+        let victim = loop {
+            let seen = in_transaction();
+            if seen >= 0 {
+                break seen as usize;
+            }
+            assert!(
+                std::time::Instant::now() < aim_until,
+                "no victim of {alive:?} was seen in a transaction"
+            );
+        };
+        kills.push(rows());
+        victims[victim].take().unwrap().kill9();
+    }
+    let deleted = publishing.await.unwrap();
+    assert!(!deleted.is_empty());
+    let dead = || db.query("SELECT COUNT(*) FROM shop__dead_letter");
+    assert!(
+        eventually(Duration::from_secs(420), || rows() == expected
+            && dead() == ORPHANS as i64)
+        .await,
+        "rows {} of {expected}, dead letters {}; survivor:\n{}",
+        rows(),
+        dead(),
+        survivor.logs()
+    );
+    println!("killed at {kills:?} rows of {expected}");
+    assert!(
+        kills.iter().all(|at| *at < expected),
+        "a kill landed after the end: {kills:?}"
+    );
+    orders_are_exact(
+        PG_ORDERS,
+        "shop__avro_orders",
+        "avro_orders",
+        // Delivered before the revision was deleted and fetched after, or delivered after.
+        "%revision%deleted%",
+        |sql| db.query(sql),
+    );
 }
 
 /// `sluice validate` (and `run`) compile a schema file and refuse one that cannot fill the

@@ -519,7 +519,7 @@ async fn a_failed_expectation_stops_the_flow_and_acks_nothing() {
         .publish(&topic, (0..ORDERS).map(checked_order).collect())
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let plain = pubsub.plain_receiver(&subs[0], ORDERS, Duration::from_secs(90));
+    let plain = pubsub.plain_receiver(&subs[0], ORDERS, Duration::from_secs(300));
     let (out, err) = (worker.stdout.clone(), worker.stderr.clone());
     let status = worker.wait(Duration::from_secs(120));
     let summary = std::fs::read_to_string(&out).unwrap();
@@ -539,17 +539,11 @@ async fn a_failed_expectation_stops_the_flow_and_acks_nothing() {
         .and_then(|rest| rest.split(')').next())
         .unwrap()
         .to_owned();
+    // Every message is still there for a plain client (measured: all 400 within 101 s).
     let back = plain.await.unwrap();
     assert!(back.iter().all(|id| ids.contains(id)));
-    println!(
-        "{} of {ORDERS} came back within 90 s, the failing one {}",
-        back.len(),
-        if back.contains(&failing) {
-            "among them"
-        } else {
-            "not yet"
-        }
-    );
+    assert_eq!(back.len(), ORDERS, "came back within 300 s");
+    assert!(back.contains(&failing), "the failing message came back");
     assert_eq!(Db(db_path).query("SELECT COUNT(*) FROM shop__orders"), 0);
 }
 
