@@ -28,7 +28,7 @@ use sluice_tests::{Db, PROJECT, PgDb, PubSub, Workdir, Worker, emulator, eventua
 use std::time::Duration;
 
 /// Orders per revision (the second and the third).
-const ORDERS: usize = 1_500;
+const ORDERS: usize = 10_000;
 const ORPHANS: usize = 100;
 
 /// The Avro revisions: the first two differ in their doc only; the third adds `note`.
@@ -438,7 +438,8 @@ fn orders_are_exact(
         assert_eq!(
             query(&format!(
                 "SELECT COUNT(*) FROM {table} WHERE order_id = 'o{order}' AND amount = {amount}
-                 AND qty = {qty} AND ts = '2026-12-04T10:07:00.000Z' AND {note}"
+                 AND qty = {qty} AND ts = '2026-12-04T10:{:02}:00.000Z' AND {note}",
+                order % 60
             )),
             1,
             "{table}: order {order}"
