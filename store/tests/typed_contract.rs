@@ -676,7 +676,61 @@ async fn a_window_over_a_typed_table_aggregates_its_columns(postgres: bool) {
     );
 }
 
+/// A window's sum past 64 bits: exact on PostgreSQL (numeric), refused on SQLite as a
+/// misconfiguration (the window flow fails rather than retries the same overflow forever).
+async fn a_window_sum_past_64_bits_is_exact_or_refused(postgres: bool) {
+    use sluice_store::{WindowAggregate, WindowEmission, WindowFunction, WindowGroup, WindowRows};
+    let (place, store, flow) = typed_open(postgres).await;
+    let q = query(
+        &[
+            ("order_id", "order_id"),
+            ("cents", "CAST(amount * 100 AS integer)"),
+            ("region", "region"),
+        ],
+        None,
+    );
+    // Three orders of 4e18 cents: 1.2e19 together, past i64::MAX (about 9.2e18).
+    let big = ["a", "b", "c"]
+        .map(|key| order(key, "40000000000000000", "eu"))
+        .to_vec();
+    store.commit(typed_batch(&flow, big, &q)).await.unwrap();
+    let windows = sluice_store::window_table_name("p", "gold").unwrap();
+    store.prepare_window_table(&windows).await.unwrap();
+    let emission = WindowEmission {
+        base_table: table_name("p", "orders").unwrap(),
+        windows_table: windows,
+        size_ms: 10_000,
+        group: WindowGroup::Column("region".into()),
+        aggregates: vec![WindowAggregate {
+            name: "total".into(),
+            function: WindowFunction::Sum,
+            column: Some("cents".into()),
+            ty: ColumnType::Numeric,
+        }],
+        before_ms: i64::MAX,
+        rows: WindowRows::All,
+    };
+    let emitted = store.emit_windows(&flow, &emission).await;
+    if postgres {
+        assert_eq!(emitted.unwrap().rows, 1);
+        let total = place
+            .texts(
+                "SELECT CAST(total AS TEXT) FROM p__gold__windows",
+                "SELECT CAST(total AS TEXT) FROM p__gold__windows",
+                &[],
+            )
+            .await;
+        assert_eq!(total, vec!["12000000000000000000"]);
+    } else {
+        assert!(
+            matches!(&emitted, Err(StoreError::Config(why)) if why.contains("64-bit")),
+            "{emitted:?}"
+        );
+    }
+}
+
 on_both_backends!(
+    a_window_sum_past_64_bits_is_exact_or_refused,
     expectations_are_evaluated_per_record,
     typed_rows_land_through_the_query,
     a_failing_record_is_named_and_nothing_is_written,

@@ -215,7 +215,8 @@ pub(crate) fn emit_windows(
             end,
             now_ms,
         ],
-    )?;
+    )
+    .map_err(overflow_is_final)?;
     // Under the write lock `end` is past the mark read above, or the mark was of another size.
     tx.execute(
         "INSERT INTO sluice_window_marks (flow_id, emitted_before, size_ms) VALUES (?1, ?2, ?3)
@@ -232,6 +233,19 @@ pub(crate) fn emit_windows(
 
 /// Adds the aggregate columns the counts table lacks (inside the emission's write
 /// transaction).
+/// SQLite's `sum()` of integers fails past 64 bits, and would fail again at every retry: the
+/// window flow fails, saying why, rather than stalls (PostgreSQL sums into numeric).
+fn overflow_is_final(error: rusqlite::Error) -> StoreError {
+    if error.to_string().contains("integer overflow") {
+        StoreError::Config(format!(
+            "a window's sum passes 64-bit integers, which SQLite cannot hold ({error}); \
+             PostgreSQL keeps such sums as numeric"
+        ))
+    } else {
+        error.into()
+    }
+}
+
 fn ensure_aggregate_columns(
     tx: &Transaction<'_>,
     windows: &str,
