@@ -88,6 +88,10 @@ impl PubSubFlow {
                 event_time_attribute: self.event_time_attribute.clone(),
                 bad_timestamp_uses_publish_time: self.bad_timestamp_uses_publish_time,
                 fields: None,
+                dedup_attribute: match &self.dedup.key {
+                    KeySource::Attribute { name, .. } => Some(name.clone()),
+                    KeySource::MessageId => None,
+                },
             },
             retry: RetrySettings {
                 max_attempts: self.max_attempts,

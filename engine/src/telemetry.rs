@@ -68,6 +68,10 @@ struct Inner {
     late: Tally,
     /// Records a typed flow's `where:` left out (`sluice_records_filtered_total`).
     filtered: Tally,
+    /// Messages without the dedup attribute (`sluice_dedup_key_missing_total`).
+    key_missing: Tally,
+    /// Whether the first of them was logged.
+    key_missing_warned: std::sync::atomic::AtomicBool,
     /// Set once, for flows with a watermark.
     watermark: OnceLock<FlowWatermark>,
     /// The watermark gauges, made when the flow first has a watermark: until then they are
@@ -168,6 +172,11 @@ impl Counters {
                 ack_latency_seconds: metrics::histogram!("sluice_ack_latency_seconds", &labels),
                 late: Tally::new(metrics::counter!("sluice_messages_late_total", &labels)),
                 filtered: Tally::new(metrics::counter!("sluice_records_filtered_total", &labels)),
+                key_missing: Tally::new(metrics::counter!(
+                    "sluice_dedup_key_missing_total",
+                    &labels
+                )),
+                key_missing_warned: std::sync::atomic::AtomicBool::new(false),
                 watermark: OnceLock::new(),
                 watermark_gauges: OnceLock::new(),
                 feed_watermark: OnceLock::new(),
@@ -352,6 +361,33 @@ impl Counters {
     /// Records a typed flow's `where:` left out.
     pub(crate) fn filtered(&self, n: u64) {
         self.inner.filtered.add(n);
+    }
+
+    /// Counts a message without the dedup attribute `attribute`, and logs the first one: it is
+    /// keyed by its message id (so a publisher's repeat of it lands again), or with
+    /// `dead_letter` refused.
+    pub(crate) fn dedup_key_missing(&self, attribute: &str, dead_letter: bool) {
+        self.inner.key_missing.add(1);
+        if !self
+            .inner
+            .key_missing_warned
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            let what = if dead_letter {
+                "dead-lettered (dedup.on_missing: dead_letter)"
+            } else {
+                "keyed by its message id, so a publisher's repeat of it lands again (set \
+                 dedup.on_missing: dead_letter to refuse such messages)"
+            };
+            tracing::warn!(pipeline = %self.pipeline, flow = %self.flow, %attribute,
+                "a message has no dedup attribute: {what}; counted in \
+                 sluice_dedup_key_missing_total, logged once");
+        }
+    }
+
+    /// Messages that had no dedup attribute.
+    pub fn dedup_keys_missing(&self) -> u64 {
+        self.inner.key_missing.get()
     }
 
     /// Sets `sluice_dedup_cache_entries` to the `entries` keys the memory tier holds.

@@ -520,6 +520,7 @@ async fn bad_timestamps_are_dead_lettered_not_dropped() {
         event_time_attribute: Some("ts".into()),
         bad_timestamp_uses_publish_time: false,
         fields: None,
+        dedup_attribute: None,
     });
     let report = run_of(
         &setup,
@@ -681,4 +682,76 @@ async fn a_foreach_batch_closure_sees_each_batch_and_its_outages_retry_the_same_
         2_000,
         "once per committed batch"
     );
+}
+
+/// Messages without the dedup attribute are counted (`sluice_dedup_key_missing_total`), and
+/// with `on_missing: dead_letter` their dead letter names the attribute.
+#[tokio::test]
+async fn a_missing_dedup_attribute_is_counted_and_named() {
+    let messages: Vec<sluice_engine::SourceMessage> = (0..10)
+        .map(|i| {
+            let mut attributes = std::collections::BTreeMap::new();
+            if i % 3 != 0 {
+                attributes.insert("key".to_owned(), format!("k{i}"));
+            }
+            sluice_engine::SourceMessage {
+                message_id: format!("m{i}"),
+                publish_time_ms: 1,
+                attributes,
+                data: bytes::Bytes::from_static(b"{}"),
+                event_time_ms: None,
+                problem: None,
+            }
+        })
+        .collect();
+    let counters = Counters::new("p", "missing");
+    let stop = CancellationToken::new();
+    let (mut batches, handle) = BatchSource::start(
+        Box::new(InProcessSource::new(messages)),
+        Budget::new(100, 1 << 20),
+        DedupSettings {
+            key: KeySource::Attribute {
+                name: "key".into(),
+                dead_letter_if_missing: true,
+            },
+            window: Duration::from_secs(600),
+        },
+        BatchSettings {
+            max_messages: 10,
+            max_delay: Duration::from_millis(200),
+        },
+        counters.clone(),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let batch = batches.next_batch().await.unwrap();
+    assert_eq!(batch.len(), 10);
+    // m0, m3, m6 and m9 have no `key`.
+    assert_eq!(counters.dedup_keys_missing(), 4);
+    let stage = TableStage {
+        dedup_attribute: Some("key".into()),
+        ..TableStage::default()
+    };
+    let effects = stage.stage(batch.deliveries()).await.unwrap();
+    let letters: Vec<&String> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::DeadLetter { reason, error, .. } => {
+                assert_eq!(reason, "missing_dedup_attribute");
+                Some(error)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(letters.len(), 4);
+    assert!(
+        letters
+            .iter()
+            .all(|e| e.starts_with("no dedup attribute `key` in message \"m")),
+        "{letters:?}"
+    );
+    stop.cancel();
+    drop(batches);
+    handle.close().await;
 }

@@ -909,6 +909,7 @@ fn table_stage() -> impl Strategy<Value = TableStage> {
             event_time_attribute: attribute.map(str::to_owned),
             bad_timestamp_uses_publish_time: publish,
             fields: None,
+            dedup_attribute: None,
         })
 }
 
@@ -1047,7 +1048,7 @@ proptest! {
         let file = write_file(content.as_bytes());
         let messages = check_file_at(&file, content.as_bytes())?;
         prop_assert!(messages[0].attributes.len() >= 10_000);
-        let stage = TableStage { event_time_attribute: Some("ts".to_owned()), bad_timestamp_uses_publish_time: false, fields: None };
+        let stage = TableStage { event_time_attribute: Some("ts".to_owned()), bad_timestamp_uses_publish_time: false, fields: None, dedup_attribute: None };
         let staged = block_on(stage_all(Box::new(file_source(&file, DEFAULT_MAX_RECORD_BYTES)), KeySource::MessageId, 1, &stage, None));
         prop_assert_eq!(staged.len(), 1);
         check_effect(&staged[0].2, &expected_effect(&stage, &staged[0].0, None))?;

@@ -166,6 +166,7 @@ fn assert_counters_start_at_zero(listen: &str) {
         "sluice_messages_acked_total",
         "sluice_messages_late_total",
         "sluice_messages_stale_total",
+        "sluice_dedup_key_missing_total",
     ]
     .iter()
     .map(|name| format!("{name}{{pipeline=\"test\",flow=\"ingest\"}}"))

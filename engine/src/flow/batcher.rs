@@ -208,6 +208,16 @@ impl BatchSource {
         self.dedup.counters.received(1);
         let mut message = received.message;
         let (mut key, key_problem) = key_of(&self.key, &message);
+        if let KeySource::Attribute {
+            name,
+            dead_letter_if_missing,
+        } = &self.key
+            && !message.attributes.contains_key(name)
+        {
+            self.dedup
+                .counters
+                .dedup_key_missing(name, *dead_letter_if_missing);
+        }
         if let Some(escaped) = make_storable(&mut message, key.as_str()) {
             key = DedupKey::new(escaped);
         }

@@ -62,6 +62,8 @@ pub struct TableStage {
     pub bad_timestamp_uses_publish_time: bool,
     /// A typed flow's decoder (`decode:`); `None`: envelope rows.
     pub fields: Option<Arc<dyn PayloadDecoder>>,
+    /// `dedup.attribute`, named in the dead letter of a message without it.
+    pub dedup_attribute: Option<String>,
 }
 
 impl TableStage {
@@ -83,11 +85,15 @@ impl TableStage {
 
     fn envelope_effect(&self, delivery: &Delivery) -> Effect {
         if let Some(reason) = delivery.key_problem {
-            return dead_letter(
-                reason,
-                format!("no dedup key in {:?}", delivery.message.message_id),
-                delivery,
-            );
+            let error = match &self.dedup_attribute {
+                Some(attribute) => format!(
+                    "no dedup attribute `{attribute}` in message {:?} (dedup.on_missing: \
+                     dead_letter)",
+                    delivery.message.message_id
+                ),
+                None => format!("no dedup key in {:?}", delivery.message.message_id),
+            };
+            return dead_letter(reason, error, delivery);
         }
         if let Some(problem) = &delivery.message.problem {
             return dead_letter(problem.reason, problem.error.clone(), delivery);
