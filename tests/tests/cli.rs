@@ -302,3 +302,35 @@ fn the_store_from_the_environment_replaces_the_files_and_a_bad_one_is_refused_un
         "the URL's password is not echoed: {stderr}"
     );
 }
+
+/// `sluice completions SHELL` prints a script the shell accepts (bash checks its syntax),
+/// naming the commands; an unknown shell exits 2 with the choices.
+#[test]
+fn completions_are_printed_for_each_shell() {
+    let bash = sluice_command(&["completions", "bash"], None);
+    assert_eq!(bash.code, 0, "{}", bash.all());
+    assert!(
+        bash.stdout.contains("_sluice()") && bash.stdout.contains("validate"),
+        "{}",
+        bash.stdout
+    );
+    let dir = Workdir::new();
+    let script = write(&dir, "sluice.bash", &bash.stdout);
+    let syntax = std::process::Command::new("bash")
+        .args(["-n", script.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        syntax.status.success(),
+        "{}",
+        String::from_utf8_lossy(&syntax.stderr)
+    );
+    for (shell, mark) in [("zsh", "#compdef sluice"), ("fish", "complete -c sluice")] {
+        let out = sluice_command(&["completions", shell], None);
+        assert_eq!(out.code, 0, "{}", out.all());
+        assert!(out.stdout.contains(mark), "{shell}: {}", out.stdout);
+    }
+    let unknown = sluice_command(&["completions", "tcsh"], None);
+    assert_eq!(unknown.code, 2, "{}", unknown.all());
+    assert!(unknown.stderr.contains("bash"), "{}", unknown.all());
+}

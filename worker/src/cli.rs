@@ -127,6 +127,13 @@ pub enum Command {
         #[command(subcommand)]
         which: BenchCommand,
     },
+    /// Print the completion script of a shell (e.g. `sluice completions bash >
+    /// /etc/bash_completion.d/sluice`, or `source <(sluice completions zsh)`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Runs a command; maps its outcome to the exit code.
@@ -171,5 +178,10 @@ pub async fn dispatch(command: Command) -> ExitCode {
         } => commands::runs::runs(&config, format, limit).await,
         Command::Demo { events, dir } => commands::demo::demo(events, &dir).await,
         Command::Bench { which } => commands::bench::bench(which).await,
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "sluice", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
     }
 }
