@@ -334,3 +334,22 @@ fn completions_are_printed_for_each_shell() {
     assert_eq!(unknown.code, 2, "{}", unknown.all());
     assert!(unknown.stderr.contains("bash"), "{}", unknown.all());
 }
+
+/// Every pipeline file of `examples/` is valid, read from that folder (its schema files are
+/// named relative to it).
+#[test]
+fn every_example_is_valid() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        let out = sluice_command(&["validate", "-c", &name], Some(&examples));
+        assert_eq!(out.code, 0, "{name}: {}", out.all());
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} examples");
+}
