@@ -2,8 +2,8 @@
 //!
 //! * Avro by the topic's schema in Pub/Sub's schema service (`decode: { schema: pubsub }`):
 //!   the emulator validates each published message against the topic's schema and names the
-//!   revision that took it in the message's attributes. The topic (binary encoding) gets three
-//!   revisions: the first takes 100 orders and is then deleted (Pub/Sub then names their
+//!   revision that took it in the message's attributes. Two topics, one with binary encoding
+//!   and one with Avro's JSON encoding; the schema of each gets three revisions: the first takes 100 orders and is then deleted (Pub/Sub then names their
 //!   revision `_deleted-schema-revision_`: dead letters saying so); the second takes `ORDERS`
 //!   orders; the third adds a nullable `note` and takes `ORDERS` more.
 //! * Protobuf by a `.proto` file (the emulator's schema service refuses Protobuf schemas:
@@ -12,7 +12,7 @@
 //!   binary messages, `ORDERS` in Protobuf's JSON mapping (`googclient_schemaencoding: JSON`)
 //!   with the optional `note` set, and 100 corrupt ones (cut short).
 //!
-//! Both with 10 % publisher repeats. Outcome on SQLite: every order once, each typed value
+//! All with 10 % publisher repeats. Outcome on SQLite: every order once, each typed value
 //! exact, `note` filled exactly for the orders that carry it, the 100 dead letters of each
 //! flow with their reason. The Avro revisions again on PostgreSQL with four workers, three of
 //! them SIGKILLed each right after PostgreSQL shows it inside a transaction: the same outcome.
@@ -273,7 +273,9 @@ async fn publish_revisions(
     first
 }
 
-fn pipeline(store: &str, avro_sub: &str, proto_sub: &str, proto_file: &std::path::Path) -> String {
+/// A pipeline of one flow per `(name, subscription, decode)`, each into its own table `name`
+/// of the orders' columns.
+fn pipeline(store: &str, mode: &str, flows: &[(&str, &str, String)]) -> String {
     let columns = "    columns:
       - { name: order_id, type: text, nullable: false }
       - { name: amount, type: numeric }
@@ -281,39 +283,53 @@ fn pipeline(store: &str, avro_sub: &str, proto_sub: &str, proto_file: &std::path
       - { name: ts, type: timestamp }
       - { name: note, type: text }
 ";
-    let source = |sub: &str| {
-        format!(
-            "    source:
+    let targets: String = flows
+        .iter()
+        .map(|(name, _, _)| format!("  - name: {name}\n    kind: table\n{columns}"))
+        .collect();
+    let flows: String = flows
+        .iter()
+        .map(|(name, sub, decode)| {
+            format!(
+                "  - name: {name}
+    target: {name}
+    source:
       pubsub:
         subscription: {sub}
         dedup: {{ by: attribute, attribute: order_id }}
         drain_idle: 15s
+    decode: {decode}
 "
-        )
-    };
+            )
+        })
+        .collect();
     format!(
         "pipeline: shop
-mode: triggered
+mode: {mode}
 store: \"{store}\"
 pubsub: {{ project: {PROJECT}, endpoint: \"{endpoint}\" }}
 targets:
-  - name: avro_orders
-    kind: table
-{columns}  - name: proto_orders
-    kind: table
-{columns}flows:
-  - name: avro_orders
-    target: avro_orders
-{avro}    decode: {{ format: avro, schema: pubsub }}
-  - name: proto_orders
-    target: proto_orders
-{proto}    decode: {{ format: protobuf, schema: \"{proto_file}\", message: shop.Order }}
-",
+{targets}flows:
+{flows}",
         endpoint = emulator().endpoint(),
-        avro = source(avro_sub),
-        proto = source(proto_sub),
-        proto_file = proto_file.display(),
     )
+}
+
+/// Order `i` in Avro's JSON encoding under revision `rev` (bytes as code points, the union
+/// wrapped).
+fn avro_json_order(i: usize, rev: usize) -> Vec<u8> {
+    let cents = (i * 100 + 25) as i64;
+    let amount: String = cents.to_be_bytes().iter().map(|b| char::from(*b)).collect();
+    let mut order = serde_json::json!({
+        "order_id": format!("o{i}"),
+        "amount": amount,
+        "qty": (i % 7) as i64,
+        "ts": ts_ms(i),
+    });
+    if rev == 2 {
+        order["note"] = serde_json::json!({ "string": format!("n{i}") });
+    }
+    order.to_string().into_bytes()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -340,6 +356,25 @@ async fn avro_and_protobuf_revisions_land_typed_once_each() {
     .await;
     // Pub/Sub renames a deleted revision in its messages' attributes.
     assert!(!deleted_avro.is_empty());
+    let avro_json_sub = unique("avro-json-sub");
+    let json_topic = new_schema_topic(
+        &pubsub,
+        schema::Type::Avro,
+        Encoding::Json,
+        avro_revision,
+        &avro_json_sub,
+    )
+    .await;
+    publish_revisions(
+        &pubsub,
+        &json_topic,
+        schema::Type::Avro,
+        avro_revision,
+        avro_json_order,
+        ORDERS,
+        Duration::ZERO,
+    )
+    .await;
     let dir = Workdir::new();
     let proto_file = dir.path().join("orders.proto");
     std::fs::write(&proto_file, ORDER_PROTO).unwrap();
@@ -361,7 +396,31 @@ async fn avro_and_protobuf_revisions_land_typed_once_each() {
     let db_path = dir.db("shop");
     let file = dir.path().join("p.yaml");
     let store = format!("sqlite://{}", db_path.display());
-    std::fs::write(&file, pipeline(&store, &avro_sub, &proto_sub, &proto_file)).unwrap();
+    let yaml = pipeline(
+        &store,
+        "triggered",
+        &[
+            (
+                "avro_orders",
+                &avro_sub,
+                "{ format: avro, schema: pubsub }".to_owned(),
+            ),
+            (
+                "avro_json_orders",
+                &avro_json_sub,
+                "{ format: avro, schema: pubsub }".to_owned(),
+            ),
+            (
+                "proto_orders",
+                &proto_sub,
+                format!(
+                    "{{ format: protobuf, schema: \"{}\", message: shop.Order }}",
+                    proto_file.display()
+                ),
+            ),
+        ],
+    );
+    std::fs::write(&file, yaml).unwrap();
     let worker = Worker::start(&file, "schemas");
     let out = worker.stdout.clone();
     assert!(
@@ -387,6 +446,7 @@ async fn avro_and_protobuf_revisions_land_typed_once_each() {
     let deleted = "the revision of schema % this message was published under was deleted%";
     for (table, flow, letter) in [
         ("shop__avro_orders", "avro_orders", deleted),
+        ("shop__avro_json_orders", "avro_json_orders", deleted),
         (
             "shop__proto_orders",
             "proto_orders",
@@ -463,19 +523,15 @@ fn orders_are_exact(
 
 /// The Avro flow of [`pipeline`] alone, in continuous mode.
 fn avro_only(store: &str, subscription: &str) -> String {
-    let whole = pipeline(
+    pipeline(
         store,
-        subscription,
-        "unused",
-        std::path::Path::new("unused.proto"),
-    );
-    let proto = whole
-        .find("  - name: proto_orders\n    kind: table")
-        .unwrap();
-    let flows = whole.find("flows:\n").unwrap();
-    let proto_flow = whole.find("  - name: proto_orders\n    target:").unwrap();
-    format!("{}{}", &whole[..proto], &whole[flows..proto_flow])
-        .replace("mode: triggered", "mode: continuous")
+        "continuous",
+        &[(
+            "avro_orders",
+            subscription,
+            "{ format: avro, schema: pubsub }".to_owned(),
+        )],
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

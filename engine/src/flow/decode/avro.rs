@@ -9,13 +9,17 @@
 
 use super::values;
 use apache_avro::Schema;
+use apache_avro::schema::ResolvedSchema;
 use apache_avro::types::Value;
 use sluice_store::{ColumnType, TypedValue};
+use std::collections::HashMap;
 
 /// A parsed Avro schema whose top level is a record.
 #[derive(Debug, Clone)]
 pub struct AvroRecord {
     schema: Schema,
+    /// Its named types by full name, for fields that name a type defined earlier.
+    names: HashMap<String, Schema>,
 }
 
 impl AvroRecord {
@@ -26,7 +30,27 @@ impl AvroRecord {
         if !matches!(schema, Schema::Record(_)) {
             return Err("an Avro schema for a typed flow is a record".to_owned());
         }
-        Ok(Self { schema })
+        let names = ResolvedSchema::try_from(&schema)
+            .map_err(|e| format!("not an Avro schema: {e}"))?
+            .get_names()
+            .iter()
+            .map(|(name, named)| (name.fullname(None), (*named).clone()))
+            .collect();
+        Ok(Self { schema, names })
+    }
+
+    /// `schema`, or the named type it refers to.
+    pub(super) fn resolve<'a>(&'a self, schema: &'a Schema) -> &'a Schema {
+        match schema {
+            Schema::Ref { name } => self.names.get(&name.fullname(None)).unwrap_or(schema),
+            _ => schema,
+        }
+    }
+
+    /// The whole schema (for tests that write datums of it).
+    #[cfg(test)]
+    pub(super) fn schema_for_tests(&self) -> &Schema {
+        &self.schema
     }
 
     /// The record's fields with their schemas.
@@ -37,12 +61,12 @@ impl AvroRecord {
         }
     }
 
-    /// The schema of field `name`, if the record has it.
+    /// The schema of field `name` (a named type resolved), if the record has it.
     pub(super) fn field(&self, name: &str) -> Option<&Schema> {
         self.fields()
             .iter()
             .find(|f| f.name == name)
-            .map(|f| &f.schema)
+            .map(|f| self.resolve(&f.schema))
     }
 
     /// The values of `fields` in a binary-encoded datum.
@@ -77,9 +101,9 @@ impl AvroRecord {
             .iter()
             .map(
                 |(name, ty)| match (record.iter().find(|(n, _)| n == name), self.field(name)) {
-                    (Some((_, value)), Some(schema)) => {
-                        convert(value, schema, *ty).map_err(|why| format!("$.{name}: {why}"))
-                    }
+                    (Some((_, value)), Some(schema)) => self
+                        .convert(value, schema, *ty)
+                        .map_err(|why| format!("$.{name}: {why}")),
                     _ => Ok(TypedValue::Null),
                 },
             )
@@ -111,23 +135,32 @@ fn kind(value: &Value) -> String {
     }
 }
 
-/// One Avro value of `schema` as a value of `ty`.
-pub(super) fn convert(
-    value: &Value,
-    schema: &Schema,
-    ty: ColumnType,
-) -> Result<TypedValue, String> {
-    if let (Value::Union(branch, inner), Schema::Union(union)) = (value, schema) {
-        let variant = union
-            .variants()
-            .get(*branch as usize)
-            .ok_or("a union branch the schema does not have")?;
-        return convert(inner, variant, ty);
+impl AvroRecord {
+    /// One Avro value of `schema` as a value of `ty`.
+    pub(super) fn convert(
+        &self,
+        value: &Value,
+        schema: &Schema,
+        ty: ColumnType,
+    ) -> Result<TypedValue, String> {
+        let schema = self.resolve(schema);
+        if let (Value::Union(branch, inner), Schema::Union(union)) = (value, schema) {
+            let variant = union
+                .variants()
+                .get(*branch as usize)
+                .ok_or("a union branch the schema does not have")?;
+            return self.convert(inner, variant, ty);
+        }
+        if matches!(value, Value::Null) {
+            return Ok(TypedValue::Null);
+        }
+        scalar(value, schema, ty)
     }
+}
+
+/// A value that is not a union nor null, of `schema` (resolved), as a value of `ty`.
+fn scalar(value: &Value, schema: &Schema, ty: ColumnType) -> Result<TypedValue, String> {
     let expected = |what: &str| format!("expected {what}, found {}", kind(value));
-    if matches!(value, Value::Null) {
-        return Ok(TypedValue::Null);
-    }
     match ty {
         ColumnType::Text => match value {
             Value::String(s) | Value::Enum(_, s) => Ok(TypedValue::Text(s.clone())),
@@ -156,10 +189,9 @@ pub(super) fn convert(
                     decimal_schema.scale,
                 ))
             }
-            (Value::BigDecimal(decimal), _) => Ok(TypedValue::Numeric(decimal.to_string())),
             (Value::Int(i), _) => Ok(TypedValue::Numeric(i.to_string())),
             (Value::Long(i), _) => Ok(TypedValue::Numeric(i.to_string())),
-            (Value::Float(x), _) => values::numeric_from_float(f64::from(*x)),
+            (Value::Float(x), _) => values::numeric_from_f32(*x),
             (Value::Double(x), _) => values::numeric_from_float(*x),
             (Value::String(s), _) => values::numeric_from_text(s),
             _ => Err(expected("a decimal")),

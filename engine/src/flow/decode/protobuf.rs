@@ -6,12 +6,16 @@
 //! Each field is read by name and converted to its column's type strictly (an error names
 //! `$.field`). A field with presence (`optional`, a message) that is not set is NULL; a proto3
 //! scalar without presence is its value, zero included, as Protobuf defines it. An enum lands
-//! as its name, a `google.protobuf.Timestamp` as a time, a message or a list in a `json`
-//! column as Protobuf's JSON mapping.
+//! as its name (a number the descriptor does not know, which Protobuf allows, as that number),
+//! a `google.protobuf.Timestamp` as a time, a message or a list in a `json` column as
+//! Protobuf's JSON mapping with default values written out. A field the schema does not know
+//! is ignored in both encodings. A binary payload cut at a field boundary is a shorter valid
+//! message (Protobuf cannot tell): its missing fields take their defaults.
 
 use super::values;
 use prost_reflect::{
-    DescriptorPool, DynamicMessage, FieldDescriptor, Kind, MessageDescriptor, ReflectMessage, Value,
+    DescriptorPool, DeserializeOptions, DynamicMessage, FieldDescriptor, Kind, MessageDescriptor,
+    ReflectMessage, SerializeOptions, Value,
 };
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 use sluice_store::{ColumnType, TypedValue};
@@ -98,14 +102,17 @@ impl ProtobufMessage {
         fields: &[(String, ColumnType)],
     ) -> Result<Vec<TypedValue>, String> {
         let mut reader = serde_json::Deserializer::from_slice(data);
-        let message = DynamicMessage::deserialize(self.message.clone(), &mut reader)
-            .and_then(|m| reader.end().map(|()| m))
-            .map_err(|e| {
-                format!(
-                    "not a Protobuf {} message in JSON: {e}",
-                    self.message.full_name()
-                )
-            })?;
+        // Fields the schema does not know are ignored, as the binary form ignores them.
+        let options = DeserializeOptions::new().deny_unknown_fields(false);
+        let message =
+            DynamicMessage::deserialize_with_options(self.message.clone(), &mut reader, &options)
+                .and_then(|m| reader.end().map(|()| m))
+                .map_err(|e| {
+                    format!(
+                        "not a Protobuf {} message in JSON: {e}",
+                        self.message.full_name()
+                    )
+                })?;
         self.values(&message, fields)
     }
 
@@ -136,11 +143,8 @@ fn kind(value: &Value) -> String {
         Value::Message(m) => m.descriptor().full_name().to_owned(),
         Value::List(_) => "a repeated field".to_owned(),
         Value::Map(_) => "a map".to_owned(),
-        other => {
-            let text = format!("{other:?}");
-            text.split_once('(')
-                .map_or(text.clone(), |(k, _)| k.to_lowercase())
-        }
+        // `u64(18446744073709551615)`: the kind and the value.
+        other => format!("{other:?}").to_lowercase(),
     }
 }
 
@@ -172,7 +176,7 @@ fn convert(value: &Value, field: &FieldDescriptor, ty: ColumnType) -> Result<Typ
             _ => Err(expected("a float or a double")),
         },
         ColumnType::Numeric => match value {
-            Value::F32(x) => values::numeric_from_float(f64::from(*x)),
+            Value::F32(x) => values::numeric_from_f32(*x),
             Value::F64(x) => values::numeric_from_float(*x),
             Value::String(s) => values::numeric_from_text(s),
             _ => integer(value)
@@ -207,16 +211,22 @@ fn convert(value: &Value, field: &FieldDescriptor, ty: ColumnType) -> Result<Typ
             _ => Err(expected("a date YYYY-MM-DD (a string)")),
         },
         ColumnType::Json => {
+            // Protobuf's JSON mapping, defaults written out (a 0 is 0, not absent).
+            let options = SerializeOptions::new().skip_default_fields(false);
             let json = match value {
-                Value::Message(m) => serde_json::to_string(m),
+                Value::Message(m) => m
+                    .serialize_with_options(serde_json::value::Serializer, &options)
+                    .map(|json| json.to_string()),
                 _ => {
                     let mut holder = DynamicMessage::new(field.parent_message().clone());
                     holder.set_field(field, value.clone());
-                    serde_json::to_value(&holder).map(|whole| {
-                        whole
-                            .get(field.json_name())
-                            .map_or_else(|| "null".to_owned(), ToString::to_string)
-                    })
+                    holder
+                        .serialize_with_options(serde_json::value::Serializer, &options)
+                        .map(|whole| {
+                            whole
+                                .get(field.json_name())
+                                .map_or_else(|| "null".to_owned(), ToString::to_string)
+                        })
                 }
             };
             json.map(TypedValue::Json)
@@ -307,6 +317,34 @@ mod tests {
         assert_eq!(
             schema.decode_binary(&unset, &fields()).unwrap()[5],
             TypedValue::Null
+        );
+    }
+
+    /// A `json` column holds a value at its default (0, an empty list) as that value.
+    #[test]
+    fn defaults_land_in_json_columns_as_values() {
+        let schema = ProtobufMessage::compile(
+            r#"syntax = "proto3"; message M { int64 i = 1; repeated string l = 2; }"#,
+            None,
+        )
+        .unwrap();
+        let fields = vec![
+            ("i".to_owned(), ColumnType::Json),
+            ("l".to_owned(), ColumnType::Json),
+        ];
+        assert_eq!(
+            schema.decode_binary(&[], &fields).unwrap(),
+            vec![
+                TypedValue::Json("\"0\"".into()),
+                TypedValue::Json("[]".into())
+            ]
+        );
+        // A field the schema does not know is ignored in JSON as in binary.
+        assert_eq!(
+            schema
+                .decode_json(br#"{"i":"5","newField":1}"#, &fields)
+                .unwrap()[0],
+            TypedValue::Json("\"5\"".into())
         );
     }
 

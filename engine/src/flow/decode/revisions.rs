@@ -75,9 +75,28 @@ pub struct Revision {
 /// Where schema revisions come from (Pub/Sub's schema service; a test's own).
 #[async_trait]
 pub trait SchemaRegistry: Send + Sync + std::fmt::Debug {
-    /// Revision `revision` of schema `schema` (`projects/p/schemas/s`); `None` when the
-    /// service does not have it. An error is an outage or a refusal, said for people.
-    async fn revision(&self, schema: &str, revision: &str) -> Result<Option<Revision>, String>;
+    /// Revision `revision` of schema `schema` (`projects/p/schemas/s`): `Ok(Ok(_))` found,
+    /// `Ok(Err(why))` the service's answer that it cannot give it (not found, a request it
+    /// refuses, a definition sluice cannot read), `Err(why)` an outage (no answer, a server
+    /// error, too many requests, credentials refused), retried. Each said for people.
+    async fn revision(
+        &self,
+        schema: &str,
+        revision: &str,
+    ) -> Result<Result<Revision, String>, String>;
+}
+
+/// How long a revision the service would not give (or that does not compile) is taken as
+/// such before it is asked for again (a revision never changes, a refusal may).
+pub const ASK_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What a [`RevisionsDecoder`] knows of one revision.
+#[derive(Debug)]
+enum Known {
+    /// Compiled and checked.
+    Ready(Arc<CompiledSchema>),
+    /// Why its messages do not decode, and when that was found.
+    Refused(String, std::time::Instant),
 }
 
 /// A revision as a message names it: its schema and its id.
@@ -91,7 +110,7 @@ pub struct RevisionsDecoder {
     fields: Vec<(String, ColumnType)>,
     registry: Arc<dyn SchemaRegistry>,
     /// Each revision met, compiled and checked, or why its messages do not decode.
-    known: RwLock<HashMap<RevisionKey, Result<Arc<CompiledSchema>, String>>>,
+    known: RwLock<HashMap<RevisionKey, Known>>,
     fetch: tokio::sync::Mutex<()>,
 }
 
@@ -127,7 +146,14 @@ impl RevisionsDecoder {
         let mut wanted: Vec<RevisionKey> = messages
             .iter()
             .filter_map(|m| revision_of(m))
-            .filter(|key| key.1 != DELETED_REVISION && !known.contains_key(key))
+            .filter(|key| {
+                key.1 != DELETED_REVISION
+                    && match known.get(key) {
+                        None => true,
+                        Some(Known::Ready(_)) => false,
+                        Some(Known::Refused(_, at)) => at.elapsed() >= ASK_AGAIN_AFTER,
+                    }
+            })
             .collect();
         wanted.sort();
         wanted.dedup();
@@ -161,21 +187,26 @@ impl PayloadDecoder for RevisionsDecoder {
         // One fetch at a time; a batch that waited for another's may find it answered.
         let _one = self.fetch.lock().await;
         for (schema, revision) in self.unknown(messages) {
-            let outcome = match self.registry.revision(&schema, &revision).await? {
-                Some(found) => self.compile(&found),
-                None => Err(format!(
-                    "schema {schema} has no revision {revision} in Pub/Sub's schema service \
-                     (deleted?)"
-                )),
+            let outcome = self
+                .registry
+                .revision(&schema, &revision)
+                .await?
+                .and_then(|found| self.compile(&found));
+            let known = match outcome {
+                Ok(ready) => {
+                    tracing::info!(%schema, %revision, "decoding a new schema revision");
+                    Known::Ready(ready)
+                }
+                Err(why) => {
+                    tracing::warn!(%schema, %revision,
+                        "{why}; its messages are dead letters, asked again in a minute");
+                    Known::Refused(why, std::time::Instant::now())
+                }
             };
-            match &outcome {
-                Ok(_) => tracing::info!(%schema, %revision, "decoding a new schema revision"),
-                Err(why) => tracing::warn!(%schema, %revision, "{why}"),
-            }
             self.known
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert((schema, revision), outcome);
+                .insert((schema, revision), known);
         }
         Ok(())
     }
@@ -198,8 +229,8 @@ impl PayloadDecoder for RevisionsDecoder {
             let known = self.known.read().unwrap_or_else(|p| p.into_inner());
             match known.get(&key) {
                 None => return Err(format!("revision {} was not fetched", key.1)),
-                Some(Err(why)) => return Err(format!("revision {}: {why}", key.1)),
-                Some(Ok(schema)) => schema.clone(),
+                Some(Known::Refused(why, _)) => return Err(format!("revision {}: {why}", key.1)),
+                Some(Known::Ready(schema)) => schema.clone(),
             }
         };
         let encoding = message
@@ -227,14 +258,29 @@ mod tests {
     struct Registry {
         revisions: Mutex<HashMap<String, Revision>>,
         fetches: AtomicUsize,
+        /// An outage while set.
+        down: std::sync::atomic::AtomicBool,
     }
 
     #[async_trait]
     impl SchemaRegistry for Registry {
-        async fn revision(&self, schema: &str, id: &str) -> Result<Option<Revision>, String> {
+        async fn revision(
+            &self,
+            schema: &str,
+            id: &str,
+        ) -> Result<Result<Revision, String>, String> {
             assert_eq!(schema, SCHEMA);
             self.fetches.fetch_add(1, Ordering::SeqCst);
-            Ok(self.revisions.lock().unwrap().get(id).cloned())
+            if self.down.load(Ordering::SeqCst) {
+                return Err("no answer".to_owned());
+            }
+            Ok(self
+                .revisions
+                .lock()
+                .unwrap()
+                .get(id)
+                .cloned()
+                .ok_or_else(|| format!("schema {schema} has no revision {id}")))
         }
     }
 
@@ -317,7 +363,54 @@ mod tests {
         let why = decoder
             .decode(&message(Some("r2"), r#"{"id":[7]}"#))
             .unwrap_err();
-        assert!(why.starts_with("revision r2: $.id: expected text"), "{why}");
+        assert!(
+            why.starts_with("revision r2: $.id: expected a string"),
+            "{why}"
+        );
+    }
+
+    /// The service unreachable is an outage (the batch waits, nothing decided); a revision
+    /// it would not give is asked for again after [`ASK_AGAIN_AFTER`], not at every batch.
+    #[tokio::test]
+    async fn an_outage_decides_nothing_and_a_refusal_is_asked_again_later() {
+        let registry = Arc::new(Registry::default());
+        let fields = vec![("id".to_owned(), ColumnType::Text)];
+        let decoder = RevisionsDecoder::new(SchemaFormat::Avro, None, fields, registry.clone());
+        let m = message(Some("r1"), r#"{"id":"a"}"#);
+        registry.down.store(true, Ordering::SeqCst);
+        assert_eq!(decoder.prepare(&[&m]).await.unwrap_err(), "no answer");
+        assert!(decoder.decode(&m).unwrap_err().contains("was not fetched"));
+        registry.down.store(false, Ordering::SeqCst);
+        // Not there yet: refused, and not asked again at the next batch.
+        decoder.prepare(&[&m]).await.unwrap();
+        decoder.prepare(&[&m]).await.unwrap();
+        assert_eq!(registry.fetches.load(Ordering::SeqCst), 2);
+        assert!(
+            decoder
+                .decode(&m)
+                .unwrap_err()
+                .contains("has no revision r1")
+        );
+        // A minute later it is asked for again.
+        registry
+            .revisions
+            .lock()
+            .unwrap()
+            .insert("r1".into(), avro(""));
+        if let Some(Known::Refused(_, at)) = decoder
+            .known
+            .write()
+            .unwrap()
+            .get_mut(&(SCHEMA.to_owned(), "r1".to_owned()))
+        {
+            *at -= ASK_AGAIN_AFTER;
+        }
+        decoder.prepare(&[&m]).await.unwrap();
+        assert_eq!(registry.fetches.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            decoder.decode(&m).unwrap(),
+            vec![TypedValue::Text("a".into())]
+        );
     }
 
     #[tokio::test]

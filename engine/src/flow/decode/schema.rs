@@ -104,7 +104,7 @@ impl CompiledSchema {
                 let (gives, what) = match self {
                     Self::Avro(r) => {
                         let schema = r.field(name)?;
-                        (avro_gives(schema, *ty), avro_name(schema))
+                        (avro_gives(r, schema, *ty), avro_name(schema))
                     }
                     Self::Protobuf(m) => {
                         let field = m.descriptor().get_field_by_name(name)?;
@@ -137,13 +137,14 @@ fn avro_name(schema: &Avro) -> String {
 }
 
 /// Whether an Avro field of `schema` converts to `ty` (`avro.rs` decides each value).
-fn avro_gives(schema: &Avro, ty: ColumnType) -> bool {
+fn avro_gives(record: &AvroRecord, schema: &Avro, ty: ColumnType) -> bool {
+    let schema = record.resolve(schema);
     if let Avro::Union(union) = schema {
         return union
             .variants()
             .iter()
             .filter(|b| !matches!(b, Avro::Null))
-            .all(|b| avro_gives(b, ty));
+            .all(|b| avro_gives(record, b, ty));
     }
     use ColumnType as C;
     match ty {
@@ -156,13 +157,7 @@ fn avro_gives(schema: &Avro, ty: ColumnType) -> bool {
         C::Double => matches!(schema, Avro::Float | Avro::Double | Avro::Int),
         C::Numeric => matches!(
             schema,
-            Avro::Decimal(_)
-                | Avro::BigDecimal
-                | Avro::Int
-                | Avro::Long
-                | Avro::Float
-                | Avro::Double
-                | Avro::String
+            Avro::Decimal(_) | Avro::Int | Avro::Long | Avro::Float | Avro::Double | Avro::String
         ),
         C::Boolean => matches!(schema, Avro::Boolean),
         C::Timestamp => matches!(

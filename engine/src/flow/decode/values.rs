@@ -88,6 +88,15 @@ pub(super) fn numeric_from_float(x: f64) -> Result<TypedValue, String> {
     }
 }
 
+/// A 32-bit float's digits as a decimal, as it is written (`0.1`, not the double nearest it).
+pub(super) fn numeric_from_f32(x: f32) -> Result<TypedValue, String> {
+    if x.is_finite() {
+        Ok(TypedValue::Numeric(x.to_string()))
+    } else {
+        Err(format!("{x} is not a finite number"))
+    }
+}
+
 /// A finite double.
 pub(super) fn double(x: f64) -> Result<TypedValue, String> {
     if x.is_finite() {

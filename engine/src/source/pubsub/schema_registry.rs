@@ -2,6 +2,11 @@
 //! `GetSchema` of `projects/p/schemas/s@revision` per revision a message names, answered with
 //! its definition. What a typed flow's decoder does with them is in `flow/decode/revisions.rs`.
 //!
+//! An answer is an outage (no answer, a server error, too many requests, credentials refused:
+//! retried, nothing acked) or final for that revision (not found, any other refusal, a
+//! definition sluice cannot read: its messages are dead letters saying why, and the revision
+//! is asked for again a minute later).
+//!
 //! The request is Pub/Sub's REST `GET v1/{name}` without a `view` (unset means the whole
 //! schema), sent with `reqwest` and the credentials the Pub/Sub clients use, rather than
 //! through the official `SchemaService` client: that client always sends `view` as a number
@@ -54,7 +59,11 @@ impl PubSubSchemas {
 
 #[async_trait]
 impl SchemaRegistry for PubSubSchemas {
-    async fn revision(&self, schema: &str, revision: &str) -> Result<Option<Revision>, String> {
+    async fn revision(
+        &self,
+        schema: &str,
+        revision: &str,
+    ) -> Result<Result<Revision, String>, String> {
         let name = format!("{schema}@{revision}");
         let base = self
             .config
@@ -86,33 +95,50 @@ impl SchemaRegistry for PubSubSchemas {
             .text()
             .await
             .map_err(|e| format!("reading schema revision {name}: {e}"))?;
-        if status == reqwest::StatusCode::NOT_FOUND {
-            return Ok(None);
-        }
-        if !status.is_success() {
-            return Err(format!(
-                "reading schema revision {name}: {status}: {}",
-                body.trim()
-            ));
-        }
-        let found: serde_json::Value = serde_json::from_str(&body)
-            .map_err(|e| format!("schema revision {name}: not JSON: {e}"))?;
-        let format = match found.get("type").and_then(serde_json::Value::as_str) {
-            Some("PROTOCOL_BUFFER") => SchemaFormat::Protobuf,
-            Some("AVRO") => SchemaFormat::Avro,
-            other => {
+        let said = || format!("{status}: {}", body.trim());
+        match status.as_u16() {
+            200..=299 => {}
+            404 => {
+                return Ok(Err(format!(
+                    "schema {schema} has no revision {revision} in Pub/Sub's schema service \
+                     (deleted?)"
+                )));
+            }
+            // The worker's identity may not read schemas: retried, and said until it can.
+            401 | 403 => {
                 return Err(format!(
-                    "schema revision {name}: a type sluice does not read: {other:?}"
+                    "reading schema revision {name} was refused ({}): the worker's identity \
+                     needs pubsub.schemas.get (roles/pubsub.viewer has it)",
+                    said()
                 ));
             }
-        };
-        let definition = found
-            .get("definition")
-            .and_then(serde_json::Value::as_str)
-            .ok_or_else(|| format!("schema revision {name}: no definition in the answer"))?;
-        Ok(Some(Revision {
-            format,
-            definition: definition.to_owned(),
-        }))
+            // Too many requests and server errors pass.
+            429 | 500..=599 => return Err(format!("reading schema revision {name}: {}", said())),
+            _ => return Ok(Err(format!("reading schema revision {name}: {}", said()))),
+        }
+        Ok(parse_revision(&name, &body))
     }
+}
+
+/// The revision in the service's answer, or why it is not one sluice reads.
+fn parse_revision(name: &str, body: &str) -> Result<Revision, String> {
+    let found: serde_json::Value = serde_json::from_str(body)
+        .map_err(|e| format!("schema revision {name}: the answer is not JSON: {e}"))?;
+    let format = match found.get("type").and_then(serde_json::Value::as_str) {
+        Some("PROTOCOL_BUFFER") => SchemaFormat::Protobuf,
+        Some("AVRO") => SchemaFormat::Avro,
+        other => {
+            return Err(format!(
+                "schema revision {name}: a type sluice does not read: {other:?}"
+            ));
+        }
+    };
+    let definition = found
+        .get("definition")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| format!("schema revision {name}: no definition in the answer"))?;
+    Ok(Revision {
+        format,
+        definition: definition.to_owned(),
+    })
 }
