@@ -215,6 +215,21 @@ fn assert_counters_start_at_zero(listen: &str) {
             "{gauge} exported before the flow has a watermark:\n{text}"
         );
     }
+    // Every family has its help text.
+    let undescribed: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter(|family| {
+            !text
+                .lines()
+                .any(|line| line.starts_with(&format!("# HELP {family} ")))
+        })
+        .collect();
+    assert!(
+        undescribed.is_empty(),
+        "no # HELP for {undescribed:?}\n/metrics:\n{text}"
+    );
     let missing: Vec<&String> = expected
         .iter()
         .filter(|series| !text.lines().any(|line| line == format!("{series} 0")))

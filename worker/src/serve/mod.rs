@@ -2,4 +2,5 @@
 //! and health endpoint (`metrics.listen`).
 
 pub mod control;
+mod metric_help;
 pub mod observe;

@@ -111,6 +111,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .map_err(|e| e.to_string())?
         .install_recorder()
         .map_err(|e| e.to_string())?;
+    super::metric_help::describe();
     metrics::gauge!("sluice_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     Ok(handle)
 }
