@@ -138,6 +138,39 @@ fn the_rendered_deployment_is_hardened_and_drains_within_its_grace_period() {
     assert!(of_kind(&manifests, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1);
 }
 
+/// `extraVolumes`, `extraVolumeMounts` and `extraEnv` reach the pod and its container, beside
+/// the chart's own.
+#[test]
+fn extra_volumes_mounts_and_env_reach_the_worker() {
+    let values: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(chart_dir().join("ci/extra-volumes-values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let manifests = render(&values);
+    let pod = &of_kind(&manifests, "Deployment")["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let named = |list: &Value, name: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(
+        named(&pod["volumes"], "history")["persistentVolumeClaim"]["claimName"],
+        "history"
+    );
+    assert!(named(&pod["volumes"], "pipeline").is_object(), "the chart's own stay");
+    let mount = named(&container["volumeMounts"], "history");
+    assert_eq!(
+        (&mount["mountPath"], &mount["readOnly"]),
+        (&Value::from("/data/history"), &Value::from(true))
+    );
+    assert_eq!(named(&container["env"], "RUST_LOG")["value"], "info");
+    assert!(named(&container["env"], "SLUICE_STORE").is_object());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_pipeline_validates_and_a_worker_on_the_rendered_files_gets_ready() {
     let database = sluice_store::ScratchDatabase::create().await.unwrap();

@@ -55,6 +55,8 @@ BAD = [
      {"pubsub": {"project": "p"},
       "pipeline": {"file": "pipeline: x\npubsub: { project: q }\n"}}, "pubsub.project"),
     ("a pipeline file that is not YAML", {"pipeline": {"file": "pipeline: [x"}}, "not YAML"),
+    ("a volume mount without a path", {"extraVolumeMounts": [{"name": "history"}]},
+     "mountPath"),
     ("HPA minimum above maximum",
      {"autoscaling": {"hpa": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}},
      "above maxReplicas"),
