@@ -161,7 +161,10 @@ fn extra_volumes_mounts_and_env_reach_the_worker() {
         named(&pod["volumes"], "history")["persistentVolumeClaim"]["claimName"],
         "history"
     );
-    assert!(named(&pod["volumes"], "pipeline").is_object(), "the chart's own stay");
+    assert!(
+        named(&pod["volumes"], "pipeline").is_object(),
+        "the chart's own stay"
+    );
     let mount = named(&container["volumeMounts"], "history");
     assert_eq!(
         (&mount["mountPath"], &mount["readOnly"]),

@@ -341,7 +341,7 @@ mod tests {
         let value = record
             .value(
                 &serde_json::from_str(json).unwrap(),
-                &record.schema_for_tests(),
+                record.schema_for_tests(),
             )
             .unwrap();
         let binary =
