@@ -23,6 +23,7 @@ pub mod pipeline_yaml;
 pub mod private_postgres;
 pub mod proxy;
 pub mod pubsub;
+pub mod schema_topics;
 pub mod stage_server;
 pub mod stores;
 pub mod unacked;
@@ -34,6 +35,7 @@ pub use pipeline_yaml::{FlowYaml, PipelineYaml};
 pub use private_postgres::PrivatePostgres;
 pub use proxy::FaultProxy;
 pub use pubsub::{PubSub, event, events_with_duplicates};
+pub use schema_topics::SchemaTopic;
 pub use stores::{Db, PgDb};
 pub use unacked::{
     UNACKED_READ_WINDOW, unacked_beside_control, unacked_event_ids, unacked_messages,

@@ -12,12 +12,11 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use bytes::Bytes;
-use google_cloud_pubsub::client::{SchemaService, TopicAdmin};
 use google_cloud_pubsub::model::Message;
-use google_cloud_pubsub::model::{Encoding, Schema, SchemaSettings, schema};
+use google_cloud_pubsub::model::{Encoding, schema};
 use sluice_tests::{
-    Db, FlowYaml, PROJECT, PipelineYaml, PubSub, Workdir, Worker, emulator, eventually,
-    sluice_command, unique,
+    Db, FlowYaml, PipelineYaml, PubSub, SchemaTopic, Workdir, Worker, eventually, sluice_command,
+    unique,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -285,41 +284,14 @@ const ACCEPTED: usize = 20;
 /// `{"id": "<text>"}`: Pub/Sub answers INVALID_ARGUMENT to a request holding any other payload
 /// (measured: one such message fails its whole request).
 async fn topic_taking_only_ids(name: &str) {
-    let endpoint = emulator().endpoint();
-    let anonymous = || google_cloud_auth::credentials::anonymous::Builder::new().build();
-    let schemas = SchemaService::builder()
-        .with_endpoint(&endpoint)
-        .with_credentials(anonymous())
-        .build()
-        .await
-        .unwrap();
-    let schema_id = format!("{name}-schema");
-    schemas
-        .create_schema()
-        .set_parent(format!("projects/{PROJECT}"))
-        .set_schema_id(&schema_id)
-        .set_schema(Schema::new().set_type(schema::Type::Avro).set_definition(
-            r#"{"type":"record","name":"Letter","fields":[{"name":"id","type":"string"}]}"#,
-        ))
-        .send()
-        .await
-        .unwrap();
-    TopicAdmin::builder()
-        .with_endpoint(&endpoint)
-        .with_credentials(anonymous())
-        .build()
-        .await
-        .unwrap()
-        .create_topic()
-        .set_name(format!("projects/{PROJECT}/topics/{name}"))
-        .set_schema_settings(
-            SchemaSettings::new()
-                .set_schema(format!("projects/{PROJECT}/schemas/{schema_id}"))
-                .set_encoding(Encoding::Json),
-        )
-        .send()
-        .await
-        .unwrap();
+    SchemaTopic::create(
+        &format!("{name}-schema"),
+        schema::Type::Avro,
+        r#"{"type":"record","name":"Letter","fields":[{"name":"id","type":"string"}]}"#,
+        name,
+        Encoding::Json,
+    )
+    .await;
 }
 
 /// A message with a bad timestamp (so a dead letter) and `payload`.

@@ -22,9 +22,10 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use bytes::Bytes;
-use google_cloud_pubsub::client::{SchemaService, TopicAdmin};
-use google_cloud_pubsub::model::{Encoding, Message, Schema, SchemaSettings, schema};
-use sluice_tests::{Db, PROJECT, PgDb, PubSub, Workdir, Worker, emulator, eventually, unique};
+use google_cloud_pubsub::model::{Encoding, Message, schema};
+use sluice_tests::{
+    Db, PROJECT, PgDb, PubSub, SchemaTopic, Workdir, Worker, emulator, eventually, unique,
+};
 use std::time::Duration;
 
 /// Orders per revision (the second and the third).
@@ -146,85 +147,6 @@ fn batch(
     all
 }
 
-struct SchemaTopic {
-    schemas: SchemaService,
-    name: String,
-    first_revision: String,
-    topic: String,
-}
-
-/// A topic bound to a new schema of `kind` whose first revision is `definition`.
-async fn schema_topic(kind: schema::Type, definition: &str, encoding: Encoding) -> SchemaTopic {
-    let endpoint = emulator().endpoint();
-    let anonymous = || google_cloud_auth::credentials::anonymous::Builder::new().build();
-    let schemas = SchemaService::builder()
-        .with_endpoint(&endpoint)
-        .with_credentials(anonymous())
-        .build()
-        .await
-        .unwrap();
-    let id = unique("orders-schema");
-    let created = schemas
-        .create_schema()
-        .set_parent(format!("projects/{PROJECT}"))
-        .set_schema_id(&id)
-        .set_schema(Schema::new().set_type(kind).set_definition(definition))
-        .send()
-        .await
-        .unwrap();
-    let topic = unique("schema-orders");
-    TopicAdmin::builder()
-        .with_endpoint(&endpoint)
-        .with_credentials(anonymous())
-        .build()
-        .await
-        .unwrap()
-        .create_topic()
-        .set_name(format!("projects/{PROJECT}/topics/{topic}"))
-        .set_schema_settings(
-            SchemaSettings::new()
-                .set_schema(&created.name)
-                .set_encoding(encoding),
-        )
-        .send()
-        .await
-        .unwrap();
-    SchemaTopic {
-        schemas,
-        name: created.name,
-        first_revision: created.revision_id,
-        topic,
-    }
-}
-
-impl SchemaTopic {
-    /// Commits a revision; returns its id.
-    async fn commit(&self, kind: schema::Type, definition: &str) -> String {
-        self.schemas
-            .commit_schema()
-            .set_name(&self.name)
-            .set_schema(
-                Schema::new()
-                    .set_name(&self.name)
-                    .set_type(kind)
-                    .set_definition(definition),
-            )
-            .send()
-            .await
-            .unwrap()
-            .revision_id
-    }
-
-    async fn delete(&self, revision: &str) {
-        self.schemas
-            .delete_schema_revision()
-            .set_name(format!("{}@{revision}", self.name))
-            .send()
-            .await
-            .unwrap();
-    }
-}
-
 /// A topic bound to a new schema of `kind` (first revision `revision(0)`) and `subscription`
 /// on it.
 async fn new_schema_topic(
@@ -234,7 +156,14 @@ async fn new_schema_topic(
     revision: fn(usize) -> String,
     subscription: &str,
 ) -> SchemaTopic {
-    let topic = schema_topic(kind, &revision(0), encoding).await;
+    let topic = SchemaTopic::create(
+        &unique("orders-schema"),
+        kind,
+        &revision(0),
+        &unique("schema-orders"),
+        encoding,
+    )
+    .await;
     pubsub
         .admin
         .create_subscription(subscription, &topic.topic, 10)
