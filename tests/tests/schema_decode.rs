@@ -14,7 +14,7 @@
 //!
 //! All with 10 % publisher repeats. Outcome on SQLite: every order once, each typed value
 //! exact, `note` filled exactly for the orders that carry it, the 100 dead letters of each
-//! flow with their reason. The Avro revisions again on PostgreSQL with four workers, three of
+//! flow with their reason. The Avro revisions again on PostgreSQL with six workers, three of
 //! them SIGKILLed each right after PostgreSQL shows it inside a transaction: the same outcome.
 //!
 //! Real: the emulator with its schema service, `sluice` processes, a SQLite file, PostgreSQL
@@ -472,11 +472,14 @@ async fn avro_revisions_land_typed_once_each_on_postgres_under_sigkills() {
     let subscription = unique("avro-pg-sub");
     let dir = Workdir::new();
     // Each worker connects under its own name, so the test sees which one is in a
-    // transaction; all four streams are open before the first kill (the emulator holds a
-    // killed stream's messages back from streams opened after a close).
+    // transaction; every stream is open before the first kill (the emulator holds a killed
+    // stream's messages back from streams opened after a close). Five possible victims for
+    // three kills: the emulator may starve a stream for a while (CI run 2026-12-05: the last
+    // of three victims was never in a transaction within 60 s), and a kill is aimed at
+    // whichever live one is first seen in a transaction.
     let start = |name: &str| {
         let file = dir.path().join(format!("{name}.yaml"));
-        let store = format!("{}?application_name={name}", database.url());
+        let store = format!("{}?application_name={name}&pool_size=4", database.url());
         std::fs::write(&file, avro_only(&store, &subscription)).unwrap();
         Worker::start(&file, name)
     };
@@ -488,7 +491,9 @@ async fn avro_revisions_land_typed_once_each_on_postgres_under_sigkills() {
         &subscription,
     )
     .await;
-    let victims: Vec<Worker> = ["victim0", "victim1", "victim2"].map(start).into();
+    let victims: Vec<Worker> = ["victim0", "victim1", "victim2", "victim3", "victim4"]
+        .map(start)
+        .into();
     let survivor = start("survivor");
     for worker in victims.iter().chain([&survivor]) {
         assert!(
@@ -519,7 +524,7 @@ async fn avro_revisions_land_typed_once_each_on_postgres_under_sigkills() {
     let expected = (2 * PG_ORDERS) as i64;
     let mut victims: Vec<Option<Worker>> = victims.into_iter().map(Some).collect();
     let mut kills = Vec::new();
-    for k in 0..victims.len() {
+    for k in 0..3 {
         let at_least = 300 + k as i64 * 1_000;
         assert!(
             eventually(Duration::from_secs(180), || rows() >= at_least).await,
@@ -540,7 +545,7 @@ async fn avro_revisions_land_typed_once_each_on_postgres_under_sigkills() {
                 alive.join(", ")
             ))
         };
-        let aim_until = std::time::Instant::now() + Duration::from_secs(60);
+        let aim_until = std::time::Instant::now() + Duration::from_secs(90);
         let victim = loop {
             let seen = in_transaction();
             if seen >= 0 {
