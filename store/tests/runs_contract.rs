@@ -218,6 +218,87 @@ async fn a_live_workers_run_holds_back_the_others_in_order(postgres: bool) {
     );
 }
 
+/// PostgreSQL: a run that begins once another worker's run has ended is recorded as started
+/// after that end, even when its begin waited for the pipeline's run lock meanwhile (a fresh-clone
+/// CI run had a fire's `started_at` before the manual run's `ended_at` it waited for: both were
+/// the transactions' start times, `now()`).
+#[tokio::test]
+async fn a_run_begun_after_another_ended_is_recorded_after_its_end() {
+    let (place, store, _) = open(true).await;
+    let Place::Postgres(db) = &place else {
+        unreachable!()
+    };
+    for worker in ["w1", "w2"] {
+        store
+            .heartbeat(&WorkerBeat {
+                pipeline: "p".into(),
+                worker: worker.into(),
+                host: "h".into(),
+                pid: 1,
+            })
+            .await
+            .unwrap();
+    }
+    let manual = store
+        .begin_run(&start(10_000, RunTrigger::Manual, "w2"))
+        .await
+        .unwrap();
+    assert_eq!(manual.state, RunState::Running);
+    // Hold the pipeline's run lock (the class in `postgres/runs.rs`) so the fire's begin waits.
+    let mut locker = postgres_client(db).await;
+    let lock = locker.transaction().await.unwrap();
+    lock.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext('p'))",
+        &[&0x736c_0003_i32],
+    )
+    .await
+    .unwrap();
+    let fire = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .begin_run(&start(20_000, RunTrigger::Schedule, "w1"))
+                .await
+                .unwrap()
+        }
+    });
+    let watcher = postgres_client(db).await;
+    let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+    let mut waited = false;
+    for _ in 0..200 {
+        if watcher
+            .query_one(waiting, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+        {
+            waited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(waited, "the fire's begin never waited for the run lock");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let ended = RunEnd {
+        state: RunState::Completed,
+        rows: Vec::new(),
+        error: None,
+    };
+    assert!(store.end_run(manual.run_id, "w2", &ended).await.unwrap());
+    lock.commit().await.unwrap();
+    let fire = fire.await.unwrap();
+    assert_eq!(fire.state, RunState::Running, "the manual run had ended");
+    let runs = store.runs("p", 10).await.unwrap();
+    let manual = runs.iter().find(|r| r.run_id == manual.run_id).unwrap();
+    let manual_end = manual.ended_at_ms.unwrap();
+    assert!(
+        fire.started_at_ms >= manual_end,
+        "the fire is recorded started at {} ms, before the run it waited for ended ({manual_end} ms)",
+        fire.started_at_ms
+    );
+}
+
 on_both_backends!(
     a_live_workers_run_holds_back_the_others_in_order,
     a_fire_is_one_run_taken_over_until_it_ends,

@@ -196,8 +196,10 @@ async fn a_run_asked_of_the_other_replica_never_overlaps_a_fire() {
     println!(
         "runs: {}",
         db.text(
-            "SELECT string_agg(run_id || ':' || trigger || ':' || state || ':' || worker, ' ' \
-             ORDER BY run_id) FROM sluice_runs"
+            "SELECT string_agg(run_id || ':' || trigger || ':' || state || ':' || worker || ':' \
+             || to_char(started_at, 'HH24:MI:SS.MS') || '-' \
+             || coalesce(to_char(ended_at, 'HH24:MI:SS.MS'), ''), ' ' ORDER BY run_id) \
+             FROM sluice_runs"
         )
     );
     assert_eq!(overlaps, 0, "runs overlapped");

@@ -1,5 +1,7 @@
 //! A triggered pipeline's runs on PostgreSQL; the semantics are those of [`crate::runs`], with
-//! the database server's clock.
+//! the database server's clock. Starts and ends are stamped with `clock_timestamp()`, not the
+//! transaction's start (`now()`): a begin that waited for the run lock while another run ended
+//! is then recorded after that end.
 
 use super::{PostgresStore, ms};
 use async_trait::async_trait;
@@ -83,8 +85,9 @@ pub(super) async fn begin_run(
             tx.query_one(
                 concat!(
                     "INSERT INTO sluice_runs (pipeline, fire_key, fire_ms, interval_start,
-                                              interval_end, trigger, state, worker, rows)
-                     VALUES ($1, $2, $3, $4, $5, $6, $8, $7, '{}')
+                                              interval_end, trigger, state, worker, rows,
+                                              started_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $8, $7, '{}', clock_timestamp())
                      RETURNING ",
                     columns!()
                 ),
@@ -106,7 +109,7 @@ pub(super) async fn begin_run(
                 concat!(
                     "UPDATE sluice_runs SET worker = $2, state = $3,
                          started_at = CASE WHEN state = 'queued' AND $3 = 'running'
-                                           THEN now() ELSE started_at END
+                                           THEN clock_timestamp() ELSE started_at END
                      WHERE run_id = $1 RETURNING ",
                     columns!()
                 ),
@@ -127,7 +130,7 @@ pub(super) async fn end_run(
 ) -> Result<bool, StoreError> {
     let ended = client
         .execute(
-            "UPDATE sluice_runs SET state = $2, ended_at = now(), rows = $3, error = $4
+            "UPDATE sluice_runs SET state = $2, ended_at = clock_timestamp(), rows = $3, error = $4
              WHERE run_id = $1 AND state IN ('running', 'queued') AND worker = $5",
             &[
                 &run_id,

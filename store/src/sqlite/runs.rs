@@ -1,5 +1,6 @@
 //! A triggered pipeline's runs on SQLite; the semantics are those of [`crate::runs`], with the
-//! host's clock.
+//! host's clock, read once the write lock is held: a begin that waited for it while another
+//! process ended a run is recorded after that end.
 
 use super::{SqliteStore, now_ms};
 use crate::runs::{Begin, rows_from_json, rows_to_json};
@@ -10,15 +11,12 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 const COLUMNS: &str = "run_id, fire_ms, interval_start, interval_end, trigger, state, worker, \
                        started_at, ended_at, rows, error";
 
-pub(crate) fn begin_run(
-    conn: &mut Connection,
-    run: &RunStart,
-    now_ms: i64,
-) -> Result<RunRecord, StoreError> {
+pub(crate) fn begin_run(conn: &mut Connection, run: &RunStart) -> Result<RunRecord, StoreError> {
     // A fire is recorded once (`fire_key`, unique per pipeline; NULL for other runs).
     let fire_key = run.trigger.is_fire().then_some(run.fire_ms);
-    let alive_since = now_ms - i64::try_from(run.alive_within.as_millis()).unwrap_or(i64::MAX);
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let now_ms = now_ms();
+    let alive_since = now_ms - i64::try_from(run.alive_within.as_millis()).unwrap_or(i64::MAX);
     let mine = match (run.queued_as, fire_key) {
         (Some(id), _) => tx
             .query_row(
@@ -90,7 +88,6 @@ pub(crate) fn end_run(
     run_id: i64,
     worker: &str,
     end: &RunEnd,
-    now_ms: i64,
 ) -> Result<bool, StoreError> {
     let ended = conn.execute(
         "UPDATE sluice_runs SET state = ?2, ended_at = ?3, rows = ?4, error = ?5
@@ -98,7 +95,7 @@ pub(crate) fn end_run(
         params![
             run_id,
             end.state.name(),
-            now_ms,
+            now_ms(),
             rows_to_json(&end.rows),
             end.error,
             worker,
@@ -163,13 +160,12 @@ fn record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
 impl RunStore for SqliteStore {
     async fn begin_run(&self, run: &RunStart) -> Result<RunRecord, StoreError> {
         let run = run.clone();
-        self.call(move |conn| self::begin_run(conn, &run, now_ms()))
-            .await
+        self.call(move |conn| self::begin_run(conn, &run)).await
     }
 
     async fn end_run(&self, run_id: i64, worker: &str, end: &RunEnd) -> Result<bool, StoreError> {
         let (worker, end) = (worker.to_owned(), end.clone());
-        self.call(move |conn| self::end_run(conn, run_id, &worker, &end, now_ms()))
+        self.call(move |conn| self::end_run(conn, run_id, &worker, &end))
             .await
     }
 
