@@ -5,7 +5,6 @@
 //! Every problem is recorded in the [`Collector`]; the returned model is only meaningful when
 //! none was.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::errors::{Collector, ErrorCode};
@@ -16,7 +15,7 @@ use crate::model::{
 use crate::raw::{
     RawControl, RawKind, RawMetrics, RawMode, RawPipeline, RawSchedule, RawSemantics, RawTarget,
 };
-use crate::{defaults, source, timetable};
+use crate::{defaults, paths, source, timetable};
 
 /// Converts the whole file.
 pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
@@ -29,6 +28,7 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
         None => format!("sqlite://state/{name}.db"),
         Some(store) => check_store(c, store),
     };
+    let store = paths::store_beside(c.file(), store);
     let pubsub = raw
         .pubsub
         .map_or_else(PubSubSettings::default, |p| PubSubSettings {
@@ -45,7 +45,7 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
             token_file,
         }) => (
             Some(listen(c, l, "control.listen")),
-            token_file.map(|t| PathBuf::from(non_empty(c, t, "control.token_file"))),
+            token_file.map(|t| paths::beside(c.file(), &non_empty(c, t, "control.token_file"))),
         ),
     };
     let dead_letter_topic = raw.dead_letter.map(|d| {
@@ -282,7 +282,7 @@ fn target(c: &mut Collector<'_>, raw: RawTarget, path: &str) -> Target {
             }
             TargetKind::Sink {
                 format,
-                path: PathBuf::from(folder),
+                path: paths::beside(c.file(), &folder),
             }
         }
         RawKind::Window => {

@@ -237,6 +237,11 @@ impl<'a> Collector<'a> {
     }
 
     /// How many errors were recorded so far.
+    /// The pipeline file the errors are in (relative paths in it are beside it: `paths.rs`).
+    pub(crate) fn file(&self) -> &'a Path {
+        self.file
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.errors.len()
     }

@@ -10,7 +10,6 @@ use crate::errors::{Collector, ErrorCode};
 use crate::model::{Decode, DecodeFormat, DecodeSchema, Source};
 use crate::query::{column_name, column_type};
 use crate::raw::RawDecode;
-use std::path::PathBuf;
 
 /// Converts `flows[i].decode` (at `path`) of a flow reading `source`.
 pub(crate) fn decode(c: &mut Collector<'_>, raw: RawDecode, path: &str, source: &Source) -> Decode {
@@ -111,7 +110,7 @@ fn schema(
         }
         return Some(DecodeSchema::PubSub);
     }
-    let file = PathBuf::from(&given);
+    let file = crate::paths::beside(c.file(), &given);
     if file.extension().and_then(|e| e.to_str()) != Some(extension) {
         c.push(
             ErrorCode::InvalidValue,

@@ -12,6 +12,7 @@ use crate::model::{
     BatchSettings, DedupBy, DedupSettings, EventTimeSettings, Flow, FlowControl, OnBadTimestamp,
     OnMissingKey, Poison, PubSubSource, Source, Target, TrackingSubscription, WatermarkSettings,
 };
+use crate::paths;
 use crate::query::RawQuery;
 use crate::raw::{
     OneOrMany, RawDedup, RawDedupBy, RawEventTime, RawFlow, RawOnBadTimestamp, RawOnMissing,
@@ -97,7 +98,10 @@ fn source(c: &mut Collector<'_>, raw: RawSource, path: &str) -> Source {
         Source::PubSub(pubsub_source(c, pubsub, &format!("{path}.pubsub")))
     } else if let Some(file) = raw.file {
         Source::File {
-            path: required(c, file.path, &format!("{path}.file.path")),
+            path: paths::glob_beside(
+                c.file(),
+                required(c, file.path, &format!("{path}.file.path")),
+            ),
             max_record_bytes: size(
                 c,
                 file.max_record_bytes,

@@ -12,10 +12,13 @@ fn spec_example() -> PathBuf {
 #[test]
 fn spec_example_loads_into_the_expected_model() {
     let pipeline = load(&spec_example()).expect("the SPEC §4 example is valid");
+    // Relative paths are beside the file.
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let beside = |path: &str| folder.join(path);
     let expected = Pipeline {
         name: "orders".into(),
         mode: Mode::Continuous,
-        store: "sqlite://state/orders.db".into(),
+        store: format!("sqlite://{}", beside("state/orders.db").display()),
         pubsub: PubSubSettings {
             project: Some("my-project".into()),
             endpoint: Some("http://127.0.0.1:8085".into()),
@@ -42,7 +45,7 @@ fn spec_example_loads_into_the_expected_model() {
                 name: "events_export".into(),
                 kind: TargetKind::Sink {
                     format: "jsonl".into(),
-                    path: PathBuf::from("out/events.jsonl"),
+                    path: beside("out/events.jsonl"),
                 },
                 columns: Vec::new(),
             },
@@ -64,7 +67,7 @@ fn spec_example_loads_into_the_expected_model() {
                 once: true,
                 depends_on: vec![],
                 source: Source::File {
-                    path: "data/history/*.jsonl".into(),
+                    path: beside("data/history/*.jsonl").display().to_string(),
                     max_record_bytes: 10_000_000,
                 },
                 query: Default::default(),

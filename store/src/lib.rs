@@ -90,7 +90,7 @@ pub use sqlite::SqliteStore;
 pub use typed::{
     ColumnType, Sql, TypedColumn, TypedQuery, TypedTable, TypedValue, expectation_column,
 };
-pub use url::{StoreUrl, open};
+pub use url::{StoreUrl, open, open_existing};
 pub use views::TypedView;
 pub use windows::{
     WindowAggregate, WindowEmission, WindowFunction, WindowGroup, WindowRows, WindowsEmitted,

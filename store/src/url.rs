@@ -42,6 +42,35 @@ pub fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     }
 }
 
+/// Opens the store a URL names only when it is there, for the commands that read one
+/// (`status`, `runs`, `graph`): they never create a store. An SQLite file that does not exist,
+/// or a PostgreSQL database without sluice's tables, is [`StoreError::Config`] naming it and
+/// asking whether the pipeline has run; a server that does not answer is the usual error.
+pub async fn open_existing(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    match url.parse::<StoreUrl>()? {
+        StoreUrl::Sqlite(path) => {
+            if !path.is_file() {
+                return Err(StoreError::Config(format!(
+                    "no store at {}: has this pipeline run? (a relative sqlite:// path is \
+                     beside the pipeline file)",
+                    path.display()
+                )));
+            }
+            Ok(Arc::new(SqliteStore::open(&path)?))
+        }
+        StoreUrl::Postgres(url) => {
+            let store = PostgresStore::open(&url)?;
+            if !store.holds_a_store().await? {
+                return Err(StoreError::Config(format!(
+                    "no store in {}: it has no sluice tables; has this pipeline run?",
+                    store.display_url()
+                )));
+            }
+            Ok(Arc::new(store))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

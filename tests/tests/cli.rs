@@ -278,15 +278,24 @@ fn status_with_store_env(dir: &Workdir, store: &str) -> std::process::Output {
 #[test]
 fn the_store_from_the_environment_replaces_the_files_and_a_bad_one_is_refused_unechoed() {
     let dir = Workdir::new();
+    // The environment's store, not there yet: status names it and creates nothing.
+    let out = status_with_store_env(&dir, "sqlite://from_env.db");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no store at from_env.db") && stderr.contains("has this pipeline run?"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("from_env.db").exists(),
+        "status created a store"
+    );
+    drop(sluice_store::SqliteStore::open(&dir.path().join("from_env.db")).unwrap());
     let out = status_with_store_env(&dir, "sqlite://from_env.db");
     assert!(
         out.status.success(),
-        "{}",
+        "status reads SLUICE_STORE's store: {}",
         String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        dir.path().join("from_env.db").exists(),
-        "status opened SLUICE_STORE's store"
     );
     assert!(
         !dir.path().join("from_file.db").exists(),

@@ -102,6 +102,16 @@ impl PostgresStore {
         &self.display
     }
 
+    /// Whether the database holds a sluice store (its migrations table), without creating
+    /// anything.
+    pub async fn holds_a_store(&self) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT to_regclass('sluice_migrations') IS NOT NULL", &[])
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+
     /// Ledger generations currently attached (for tests and capacity figures).
     pub async fn ledger_generations(&self) -> Result<Vec<i64>, StoreError> {
         let client = self.client().await?;

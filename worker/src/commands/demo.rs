@@ -117,10 +117,7 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
         let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
     }
     let pipeline_file = dir.join("pipeline.yaml");
-    std::fs::write(
-        &pipeline_file,
-        pipeline_yaml(&db, &history_dir, &endpoint, &subscription),
-    )?;
+    std::fs::write(&pipeline_file, pipeline_yaml(&endpoint, &subscription))?;
     println!("pipeline file: {}", pipeline_file.display());
     let pipeline = sluice_pipeline::load_for_run(&pipeline_file).map_err(|e| e.to_string())?;
 
@@ -222,12 +219,13 @@ fn history_file(n: usize, now: i64) -> String {
     text
 }
 
-fn pipeline_yaml(db: &Path, history: &Path, endpoint: &str, subscription: &str) -> String {
+/// The demo's pipeline file; its store and history paths are beside it (`demo.db`, `history/`).
+fn pipeline_yaml(endpoint: &str, subscription: &str) -> String {
     format!(
-        "# Written by `sluice demo`.
+        "# Written by `sluice demo`. Relative paths are beside this file.
 pipeline: demo
 mode: triggered
-store: sqlite://{db}
+store: sqlite://demo.db
 pubsub:
   project: {PROJECT}
   endpoint: {endpoint}
@@ -242,7 +240,7 @@ flows:
   - name: orders_backfill
     target: orders
     once: true
-    source: {{ file: {{ path: \"{history}/*.jsonl\" }} }}
+    source: {{ file: {{ path: \"history/*.jsonl\" }} }}
     decode: {{ format: json }}
   - name: orders_live
     target: orders
@@ -257,8 +255,6 @@ flows:
     decode: {{ format: json }}
     expect:
       - {{ name: positive_amount, check: \"amount > 0\", on_violation: drop }}
-",
-        db = db.display(),
-        history = history.display()
+"
     )
 }

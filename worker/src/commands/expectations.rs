@@ -5,10 +5,12 @@
 use super::text::table;
 use crate::runtime::updates::prepare;
 use sluice_pipeline::{OnViolation, Pipeline};
+use sluice_store::Store;
 
 /// The table and the JSON of the pipeline's expectation counts; `None` when no flow has any.
 pub async fn summary(
     pipeline: &Pipeline,
+    store: &dyn Store,
 ) -> Result<Option<(String, serde_json::Value)>, sluice_store::StoreError> {
     if pipeline
         .flows
@@ -17,7 +19,6 @@ pub async fn summary(
     {
         return Ok(None);
     }
-    let store = sluice_store::open(&pipeline.store)?;
     let handles = store.prepare(&prepare::layout(pipeline)).await?;
     let mut rows = Vec::new();
     let mut json = Vec::new();

@@ -47,14 +47,9 @@ pub async fn graph(config: &Path, format: GraphFormat) -> ExitCode {
 
 /// Once flows recorded complete, as `COMPLETED`; empty when the store cannot tell quickly.
 async fn completed_flows(pipeline: &sluice_pipeline::Pipeline) -> HashMap<String, String> {
-    // Drawing must not create an embedded store that does not exist yet.
-    if let Ok(sluice_store::StoreUrl::Sqlite(path)) = pipeline.store.parse()
-        && !path.exists()
-    {
-        return HashMap::new();
-    }
+    // Drawing never creates a store: one that is not there has no states to show.
     let ask = async {
-        let store = sluice_store::open(&pipeline.store)?;
+        let store = sluice_store::open_existing(&pipeline.store).await?;
         store.completions(&pipeline.name).await
     };
     match tokio::time::timeout(STORE_TIMEOUT, ask).await {

@@ -26,7 +26,8 @@ pub async fn runs(config: &Path, format: RunsFormat, limit: usize) -> ExitCode {
         Err(exit) => return exit,
     };
     let history = async {
-        let store = sluice_store::open(&pipeline.store)?;
+        // Reads a store, never creates one.
+        let store = sluice_store::open_existing(&pipeline.store).await?;
         store.runs(&pipeline.name, limit).await
     };
     match history.await {

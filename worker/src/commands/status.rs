@@ -15,6 +15,7 @@ use crate::runtime::pool::timing::{ALIVE_WITHIN, BEAT_INTERVAL, LEASE_TTL};
 use crate::runtime::updates::prepare;
 use clap::ValueEnum;
 use sluice_engine::{TRACKER_LEASE_TTL, TRACKER_TICK, TURN_TTL};
+use sluice_store::Store;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -57,9 +58,18 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
         Ok(token) => token,
         Err(exit) => return exit,
     };
+    // Status reads a store and never creates one.
+    let store = match sluice_store::open_existing(&pipeline.store).await {
+        Ok(store) => store,
+        Err(error) => {
+            eprintln!("sluice status: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let store = &*store;
     let mut report = match ask_worker(&pipeline, token).await {
         Some(live) => live,
-        None => match gather(&pipeline).await {
+        None => match gather(&pipeline, store).await {
             Ok(report) => report,
             Err(error) => {
                 eprintln!("sluice status: {error}");
@@ -67,7 +77,7 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
             }
         },
     };
-    match runs_summary(&pipeline).await {
+    match runs_summary(&pipeline, store).await {
         Ok(Some((text, json))) => {
             report.text.push('\n');
             report.text.push_str(&text);
@@ -79,7 +89,7 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
             return ExitCode::from(1);
         }
     }
-    match super::expectations::summary(&pipeline).await {
+    match super::expectations::summary(&pipeline, store).await {
         Ok(Some((text, json))) => {
             report.text.push('\n');
             report.text.push_str(&text);
@@ -88,7 +98,7 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
         Ok(None) => {}
         Err(error) => eprintln!("sluice status: cannot read the expectation counts: {error}"),
     }
-    match pool_update_summary(&pipeline).await {
+    match pool_update_summary(&pipeline, store).await {
         Ok(Some((text, json))) => {
             report.text.push('\n');
             report.text.push_str(&text);
@@ -98,7 +108,7 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
         // A store no worker of this version prepared yet has no pool updates to show.
         Err(error) => eprintln!("sluice status: cannot read pool updates: {error}"),
     }
-    match dead_letter_topic_summary(&pipeline).await {
+    match dead_letter_topic_summary(&pipeline, store).await {
         Ok(Some((text, json))) => {
             report.text.push('\n');
             report.text.push_str(&text);
@@ -117,22 +127,22 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
 /// A triggered pipeline's last and next run, from the store.
 async fn runs_summary(
     pipeline: &sluice_pipeline::Pipeline,
+    store: &dyn Store,
 ) -> Result<Option<(String, serde_json::Value)>, sluice_store::StoreError> {
     if pipeline.mode != sluice_pipeline::Mode::Triggered {
         return Ok(None);
     }
-    let store = sluice_store::open(&pipeline.store)?;
-    super::runs::summary(pipeline, &*store).await
+    super::runs::summary(pipeline, store).await
 }
 
 /// With `dead_letter.topic`: the letters waiting to be published there and those refused.
 async fn dead_letter_topic_summary(
     pipeline: &sluice_pipeline::Pipeline,
+    store: &dyn Store,
 ) -> Result<Option<(String, serde_json::Value)>, sluice_store::StoreError> {
     let Some(topic) = &pipeline.dead_letter_topic else {
         return Ok(None);
     };
-    let store = sluice_store::open(&pipeline.store)?;
     let census = store.outbox_census(&pipeline.name).await?;
     let text = format!(
         "dead-letter topic {topic}: {} waiting to be published, {} refused (over Pub/Sub's \
@@ -150,8 +160,8 @@ async fn dead_letter_topic_summary(
 /// The pool update in progress, if any: text and JSON.
 async fn pool_update_summary(
     pipeline: &sluice_pipeline::Pipeline,
+    store: &dyn Store,
 ) -> Result<Option<(String, serde_json::Value)>, sluice_store::StoreError> {
-    let store = sluice_store::open(&pipeline.store)?;
     let Some(update) = store.pool_update(&pipeline.name, None).await? else {
         return Ok(None);
     };
@@ -320,8 +330,10 @@ async fn ask_worker(pipeline: &sluice_pipeline::Pipeline, token: Option<String>)
     Some(Report { text, json })
 }
 
-async fn gather(pipeline: &sluice_pipeline::Pipeline) -> Result<Report, sluice_store::StoreError> {
-    let store = sluice_store::open(&pipeline.store)?;
+async fn gather(
+    pipeline: &sluice_pipeline::Pipeline,
+    store: &dyn Store,
+) -> Result<Report, sluice_store::StoreError> {
     // Idempotent: creates nothing that a run would not create.
     let handles = store.prepare(&prepare::layout(pipeline)).await?;
     let completions: std::collections::HashMap<String, i64> = store
