@@ -56,6 +56,26 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
         topic
     });
     let schedule = raw.schedule.map(|s| schedule(c, s));
+    let give_up_after = match mode {
+        Mode::Triggered => Some(positive_duration(
+            c,
+            raw.give_up_after,
+            "give_up_after",
+            defaults::GIVE_UP_AFTER,
+        )),
+        Mode::Continuous => {
+            if raw.give_up_after.is_some() {
+                c.push(
+                    ErrorCode::InvalidValue,
+                    "give_up_after",
+                    "a continuous pipeline waits for its store and Pub/Sub as long as they are \
+                     away (its pods stay up, as Kubernetes expects): `give_up_after` is for \
+                     `mode: triggered`",
+                );
+            }
+            None
+        }
+    };
     let targets: Vec<Target> = raw
         .targets
         .unwrap_or_default()
@@ -80,6 +100,7 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
         control_token_file,
         dead_letter_topic,
         schedule,
+        give_up_after,
         targets,
         flows,
         views: Vec::new(),

@@ -30,6 +30,9 @@ pub const FILE_MAX_RECORD_BYTES: u64 = 10_000_000;
 /// The largest `source.file.max_record_bytes`: 1 GB, the most either store keeps in one value
 /// (PostgreSQL's limit for a field; SQLite's default `SQLITE_MAX_LENGTH`).
 pub const FILE_MAX_RECORD_BYTES_CEILING: u64 = 1_000_000_000;
+/// Default `give_up_after`: how long a triggered run waits for an unreachable store or
+/// Pub/Sub before it fails.
+pub const GIVE_UP_AFTER: Duration = Duration::from_secs(300);
 /// Default `schedule.timezone`.
 pub const SCHEDULE_TIMEZONE: &str = "UTC";
 /// Default `schedule.min_interval`: runs fired by updates of a table start at most this often.

@@ -17,7 +17,8 @@ pub struct Pipeline {
     pub name: String,
     /// `mode:` — default [`Mode::Continuous`].
     pub mode: Mode,
-    /// `store:` — default `sqlite://state/<pipeline>.db` (relative to the working directory).
+    /// `store:` — default `sqlite://state/<pipeline>.db`; a relative SQLite path is beside the
+    /// pipeline file (`crate::paths`).
     pub store: String,
     /// `pubsub:` — project and endpoint.
     pub pubsub: PubSubSettings,
@@ -33,6 +34,10 @@ pub struct Pipeline {
     pub dead_letter_topic: Option<String>,
     /// `schedule:` — triggered mode only (an `INVALID_SCHEDULE` error in continuous mode).
     pub schedule: Option<Schedule>,
+    /// `give_up_after` — triggered mode only: how long a run waits for an unreachable store or
+    /// Pub/Sub at its start before it fails (default [`crate::defaults::GIVE_UP_AFTER`]).
+    /// `None` in continuous mode, which waits as long as it takes (an error if given).
+    pub give_up_after: Option<std::time::Duration>,
     /// `targets:` in file order.
     pub targets: Vec<Target>,
     /// `flows:` in file order, but for the flows writing a `view`: those define

@@ -23,6 +23,7 @@ pub(crate) struct RawPipeline {
     pub(crate) control: Option<RawControl>,
     pub(crate) dead_letter: Option<RawDeadLetter>,
     pub(crate) schedule: Option<RawSchedule>,
+    pub(crate) give_up_after: Option<Humane>,
     pub(crate) targets: Option<Vec<RawTarget>>,
     pub(crate) flows: Option<Vec<RawFlow>>,
 }

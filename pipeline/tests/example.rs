@@ -1,5 +1,7 @@
 //! The example file of SPEC §4 loads into the expected model, and defaults are applied.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -28,6 +30,7 @@ fn spec_example_loads_into_the_expected_model() {
         control_token_file: None,
         dead_letter_topic: None,
         schedule: None,
+        give_up_after: None,
         targets: vec![
             Target {
                 name: "events".into(),
@@ -166,6 +169,40 @@ flows:
             drain_idle: Duration::from_secs(5),
             streams: 16,
         }
+    );
+}
+
+/// `give_up_after`: 5 minutes by default in a triggered pipeline, as given when given, and
+/// refused in a continuous one (which waits as long as it takes).
+#[test]
+fn give_up_after_is_for_triggered_pipelines() {
+    let body = "targets: [{ name: events, kind: table }]
+flows:
+  - { name: live, target: events, source: { pubsub: { subscription: s } } }
+";
+    let parsed = |head: &str| {
+        parse(
+            &format!("pipeline: shop\n{head}{body}"),
+            Path::new("p.yaml"),
+        )
+    };
+    assert_eq!(parsed("").unwrap().give_up_after, None);
+    assert_eq!(
+        parsed("mode: triggered\n").unwrap().give_up_after,
+        Some(Duration::from_secs(300))
+    );
+    assert_eq!(
+        parsed("mode: triggered\ngive_up_after: 30s\n")
+            .unwrap()
+            .give_up_after,
+        Some(Duration::from_secs(30))
+    );
+    let refused = parsed("give_up_after: 30s\n").unwrap_err().to_string();
+    assert!(
+        refused.contains("p.yaml:2:")
+            && refused.contains("give_up_after")
+            && refused.contains("mode: triggered"),
+        "{refused}"
     );
 }
 

@@ -767,6 +767,6 @@ fn regression_line_break_in_an_unknown_key_prints_on_one_line() {
         .to_string();
     assert_eq!(
         shown,
-        "a b.yaml:1:1: UNKNOWN_KEY: mood: unknown key `mood`; expected one of: pipeline, mode, store, pubsub, metrics, control, dead_letter, schedule, targets, flows"
+        "a b.yaml:1:1: UNKNOWN_KEY: mood: unknown key `mood`; expected one of: pipeline, mode, store, pubsub, metrics, control, dead_letter, schedule, give_up_after, targets, flows"
     );
 }

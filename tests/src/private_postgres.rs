@@ -24,6 +24,16 @@ impl PrivatePostgres {
     /// As [`PrivatePostgres::start`], with server settings (`track_commit_timestamp=on`) added
     /// to its configuration file.
     pub fn start_with(settings: &[&str]) -> Self {
+        Self::start_as(settings, None)
+    }
+
+    /// As [`PrivatePostgres::start`], with a server that asks for a password over TCP
+    /// (`scram-sha-256`): user `postgres`'s is `password` (trust stays on the local socket).
+    pub fn start_requiring_password(password: &str) -> Self {
+        Self::start_as(&[], Some(password))
+    }
+
+    fn start_as(settings: &[&str], password: Option<&str>) -> Self {
         // The newest release installed (`/usr/lib/postgresql/<major>/bin`).
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .expect("PostgreSQL's server binaries under /usr/lib/postgresql")
@@ -57,18 +67,33 @@ impl PrivatePostgres {
             as_postgres,
         };
         let data = server.data();
+        let mut initdb = vec![
+            "-D".to_owned(),
+            data.clone(),
+            "-U".to_owned(),
+            "postgres".to_owned(),
+            "--encoding=UTF8".to_owned(),
+            "--locale=C".to_owned(),
+            "--no-sync".to_owned(),
+        ];
+        match password {
+            None => initdb.push("--auth=trust".to_owned()),
+            Some(password) => {
+                let file = server.dir.path().join("password");
+                std::fs::write(&file, password).expect("password file");
+                if as_postgres {
+                    let _ = Command::new("chown").arg("postgres").arg(&file).status();
+                }
+                initdb.extend([
+                    "--auth-local=trust".to_owned(),
+                    "--auth-host=scram-sha-256".to_owned(),
+                    format!("--pwfile={}", file.display()),
+                ]);
+            }
+        }
         server.run(
             "initdb",
-            &[
-                "-D",
-                &data,
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--locale=C",
-                "--no-sync",
-            ],
+            &initdb.iter().map(String::as_str).collect::<Vec<_>>(),
         );
         if !settings.is_empty() {
             let conf = std::path::Path::new(&data).join("postgresql.conf");
@@ -85,6 +110,15 @@ impl PrivatePostgres {
     /// The administrative URL (user `postgres`, trust authentication).
     pub fn admin_url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The URL of user `postgres` with `password` (for a server made by
+    /// [`PrivatePostgres::start_requiring_password`]).
+    pub fn url_with_password(&self, password: &str) -> String {
+        format!(
+            "postgres://postgres:{password}@127.0.0.1:{}/postgres",
+            self.port
+        )
     }
 
     /// Stops the server (fast shutdown: connections are closed, like an outage).

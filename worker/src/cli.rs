@@ -52,6 +52,13 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = ValidateFormat::Text)]
         format: ValidateFormat,
     },
+    /// Connects to what the file names (the store, every subscription and topic, the file
+    /// sources' files) and reports each problem: exit 0 when all is well, 1 otherwise.
+    Check {
+        /// The pipeline file.
+        #[arg(short = 'c', long = "config")]
+        config: PathBuf,
+    },
     /// What the store says: flows with their counts and completion, workers alive, leases.
     Status {
         /// The pipeline file.
@@ -170,6 +177,7 @@ pub async fn dispatch(command: Command) -> ExitCode {
             commands::refresh::reset_file(&config, &flow, seek.as_ref()).await
         }
         Command::Validate { config, format } => commands::validate::validate(&config, format),
+        Command::Check { config } => commands::check::check(&config).await,
         Command::Status { config, format } => commands::status::status(&config, format).await,
         Command::Runs {
             config,

@@ -132,6 +132,25 @@ pub enum SourceError {
     /// the message names). Not retried at start: an operator has to grant it.
     #[error("{0}")]
     Refused(String),
+    /// The subscription or topic does not exist (the message says how to create it). Not
+    /// retried: an operator has to create it.
+    #[error("{0}")]
+    Missing(String),
+    /// Pub/Sub stayed unreachable for longer than the source was to wait (a triggered run's
+    /// `give_up_after`). Not retried.
+    #[error("{0}")]
+    GaveUp(String),
+}
+
+impl SourceError {
+    /// Whether starting the source again later may succeed without an operator's change: not
+    /// for a missing subscription, a refused identity, or a give-up.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            SourceError::Missing(_) | SourceError::Refused(_) | SourceError::GaveUp(_)
+        )
+    }
 }
 
 /// Something that can be started to deliver messages.

@@ -206,6 +206,7 @@ mod tests {
             control_token_file: None,
             dead_letter_topic: None,
             schedule: None,
+            give_up_after: None,
             targets: ["t", "u"]
                 .into_iter()
                 .map(|name| Target {

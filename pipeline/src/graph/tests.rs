@@ -45,6 +45,7 @@ fn pipeline(mode: Mode, flows: Vec<Flow>) -> Pipeline {
         control_token_file: None,
         dead_letter_topic: None,
         schedule: None,
+        give_up_after: None,
         targets: vec![
             target("events", TargetKind::Table),
             target("counts", TargetKind::Table),

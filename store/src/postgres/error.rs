@@ -29,15 +29,28 @@ fn names_missing_generation(
 /// can exceed: SQLSTATE classes 22, 23 and 54, e.g. 54000 for an index entry too large) is
 /// `Rejected`, which costs the messages attempts (a batch is split to find the message at
 /// fault, which ends as a dead letter). Schema trouble (class 42: a table dropped
-/// by hand, a missing privilege) is `Config`. Everything else (connection lost, server shutting
+/// by hand, a missing privilege) and what no retry mends (a database that does not exist,
+/// 3D000; a role that does not exist or a refused password, class 28) are `Config`, with what
+/// to fix. Everything else (connection lost, server shutting
 /// down, serialization failures and deadlocks, disk full, too many connections) leaves the data
 /// blameless and is `Unavailable`: the batch is retried with backoff.
 pub(crate) fn classify(error: tokio_postgres::Error) -> StoreError {
     let Some(db) = error.as_db_error() else {
-        return StoreError::Unavailable(error.to_string());
+        // The cause (connection refused, a name that does not resolve) is the error's source.
+        let cause = std::error::Error::source(&error).map(|cause| format!(": {cause}"));
+        return StoreError::Unavailable(format!("{error}{}", cause.unwrap_or_default()));
     };
     let text = format!("{}: {}", db.code().code(), db.message());
+    if *db.code() == SqlState::INVALID_CATALOG_NAME {
+        return StoreError::Config(format!(
+            "{text}: create the database (CREATE DATABASE), or fix the store URL's database"
+        ));
+    }
     match &db.code().code()[..2] {
+        "28" => StoreError::Config(format!(
+            "{text}: the server refused this user; check the user and password of the store \
+             URL (or SLUICE_STORE) and the server's pg_hba.conf"
+        )),
         "22" | "23" | "54" if !is_missing_generation(&error) => StoreError::Rejected(text),
         "42" => StoreError::Config(text),
         _ => StoreError::Unavailable(text),

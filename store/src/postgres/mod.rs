@@ -154,8 +154,21 @@ impl PostgresStore {
         })
     }
 
+    /// A connection from the pool; an error getting one names the server (the URL, password
+    /// redacted).
     async fn client(&self) -> Result<Client, StoreError> {
-        Ok(self.pool.get().await?)
+        self.pool
+            .get()
+            .await
+            .map_err(|error| match StoreError::from(error) {
+                StoreError::Unavailable(why) => {
+                    StoreError::Unavailable(format!("{why} (store {})", self.display))
+                }
+                StoreError::Config(why) => {
+                    StoreError::Config(format!("{why} (store {})", self.display))
+                }
+                other => other,
+            })
     }
 
     /// A connection to a migrated database, and the ledger generation width.

@@ -2,6 +2,7 @@
 //! its output format) and returns the exit code: 0 success, 1 runtime failure, 2 invalid input.
 
 pub mod bench;
+pub mod check;
 pub mod demo;
 pub mod expectations;
 pub mod graph;

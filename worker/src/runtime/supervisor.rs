@@ -70,11 +70,12 @@ pub async fn execute(
     })
     .await?;
     // Retried with backoff while the store is unavailable (logged once per backoff step), until
-    // it works or the run is stopped.
-    let opened = store_retry::until_stored(
+    // it works, the run is stopped, or a triggered run's `give_up_after` has passed.
+    let opened = store_retry::until_stored_within(
         "open the store",
         Retry::WhileUnavailable,
         &shutdown.drain,
+        pipeline.give_up_after,
         || prepare::open(pipeline),
     )
     .await

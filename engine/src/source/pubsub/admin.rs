@@ -268,6 +268,26 @@ impl Admin {
         }
     }
 
+    /// Whether a topic exists (`sluice check`); a refusal of the worker's identity names the
+    /// permission it needs.
+    pub async fn topic_exists(&self, topic: &str) -> Result<bool, SourceError> {
+        let result = self
+            .topics
+            .get_topic()
+            .set_topic(self.config.topic_path(topic)?)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) if is_identity_refusal(&e) => Err(SourceError::Refused(format!(
+                "Pub/Sub refused to read topic {topic}: {e}. The worker's identity needs \
+                 pubsub.topics.get (roles/pubsub.viewer) on it"
+            ))),
+            Err(e) => Err(rpc(e)),
+        }
+    }
+
     /// A publisher for a topic, batching up to 1000 messages or 5 ms.
     pub async fn publisher(&self, topic: &str) -> Result<Publisher, SourceError> {
         let path = self.config.topic_path(topic)?;

@@ -70,6 +70,7 @@ pub struct PubSubSource {
     reopens: Option<Arc<AtomicU64>>,
     intent: FlowIntent,
     fence: Option<Arc<dyn AckFence>>,
+    give_up_after: Option<Duration>,
 }
 
 impl PubSubSource {
@@ -89,6 +90,7 @@ impl PubSubSource {
             reopens: None,
             intent: FlowIntent::default(),
             fence: None,
+            give_up_after: None,
         })
     }
 
@@ -134,14 +136,23 @@ impl PubSubSource {
         self
     }
 
+    /// At start, stops waiting for an unreachable Pub/Sub once `limit` has passed since its
+    /// first failed answer, with [`SourceError::GaveUp`] (a triggered run's `give_up_after`).
+    /// Default: waits as long as it takes.
+    pub fn giving_up_after(mut self, limit: Option<Duration>) -> Self {
+        self.give_up_after = limit;
+        self
+    }
+
     /// The subscription's full path.
     pub fn subscription(&self) -> &str {
         &self.subscription
     }
 
     /// Asks Pub/Sub for the subscription until it answers, retrying with backoff (one log line
-    /// per step) while it is unreachable. A missing subscription, or a refusal of the worker's
-    /// identity (the missing permission named), is an error, not retried.
+    /// per step) while it is unreachable, at most for the give-up limit. A missing
+    /// subscription, or a refusal of the worker's identity (the missing permission named), is
+    /// an error, not retried.
     /// Returns whether the subscription has message ordering, or `None` if stopped before
     /// Pub/Sub answered.
     async fn wait_until_reachable(
@@ -149,6 +160,11 @@ impl PubSubSource {
         stop: &CancellationToken,
     ) -> Result<Option<bool>, SourceError> {
         let mut backoff = Backoff::default();
+        let first_failure = tokio::time::Instant::now();
+        let endpoint = self
+            .config
+            .endpoint()
+            .unwrap_or_else(|| "https://pubsub.googleapis.com".to_owned());
         loop {
             let asked = tokio::time::timeout(REACHABILITY_TIMEOUT, async {
                 Admin::connect(&self.config)
@@ -162,15 +178,29 @@ impl PubSubSource {
                     return Ok(Some(found.enable_message_ordering));
                 }
                 Ok(Ok(None)) => {
-                    return Err(SourceError::Name(format!(
-                        "subscription {} does not exist",
+                    return Err(SourceError::Missing(format!(
+                        "subscription {} does not exist at {endpoint}: create it (gcloud pubsub \
+                         subscriptions create SUBSCRIPTION --topic TOPIC), or fix the flow's \
+                         `subscription` or the pipeline's `pubsub` settings",
                         self.subscription
                     )));
                 }
                 Ok(Err(refused @ SourceError::Refused(_))) => return Err(refused),
                 Ok(Err(error)) => error,
-                Err(_) => SourceError::Rpc(format!("no answer within {REACHABILITY_TIMEOUT:?}")),
+                Err(_) => SourceError::Rpc(format!(
+                    "no answer from {endpoint} within {REACHABILITY_TIMEOUT:?}"
+                )),
             };
+            if let Some(limit) = self
+                .give_up_after
+                .filter(|limit| first_failure.elapsed() >= *limit)
+            {
+                return Err(SourceError::GaveUp(format!(
+                    "Pub/Sub at {endpoint} unreachable for {}s, giving up (give_up_after): \
+                     {error}",
+                    limit.as_secs()
+                )));
+            }
             let delay = backoff.next_delay();
             tracing::warn!(subscription = %self.subscription, step = backoff.step(),
                 retry_in_ms = delay.as_millis() as u64, %error,

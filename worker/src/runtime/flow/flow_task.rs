@@ -95,7 +95,7 @@ pub async fn run(
         };
         if !retry {
             tracing::error!(flow = %flow.name, error = %why,
-                "flow failed; not retried (the same records would fail the same way)");
+                "flow failed; not retried (it would fail the same way)");
             return attempt;
         }
         let Some(delay) = retries.next() else {

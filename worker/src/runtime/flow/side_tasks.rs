@@ -32,7 +32,8 @@ pub struct Ran {
     /// Records of a bounded source not delivered because the flow had committed them before.
     pub skipped: u64,
     /// Whether a failure is worth another attempt: not a failed expectation, which the same
-    /// records would fail again.
+    /// records would fail again, nor a source that cannot start without an operator (a
+    /// missing subscription, a refused identity, a triggered run's give-up).
     pub retry: bool,
 }
 
@@ -137,7 +138,11 @@ pub async fn run(ctx: &RunContext, flow: &Flow, handle: &FlowHandle, built: Buil
         .progress
         .as_ref()
         .map_or(0, |p| p.skipped.load(std::sync::atomic::Ordering::Relaxed));
-    let retry = !matches!(end, Err(FlowError::Expectation(_)));
+    let retry = match &end {
+        Err(FlowError::Expectation(_)) => false,
+        Err(FlowError::Source(error)) => !error.is_permanent(),
+        _ => true,
+    };
     let state = match (end, failure) {
         (Err(error), _) => FlowState::Failed(error.to_string()),
         (Ok(_), Some(failure)) => FlowState::Failed(failure),

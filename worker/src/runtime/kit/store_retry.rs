@@ -1,12 +1,14 @@
 //! One way to wait for the store before and around a run: an operation is tried again with
 //! backoff (exponential with jitter, from 100 ms up to 10 s; logged at each step) until it
-//! succeeds or the drain begins. Nothing is dropped or acked meanwhile; the caller decides what
+//! succeeds, the drain begins, or (a triggered run's `give_up_after`) the store has been away
+//! for longer than the run waits. Nothing is dropped or acked meanwhile; the caller decides what
 //! a give-up means. (A window flow following a table retries its own reads: it never gives up
 //! while it runs, `runtime/flow/windows.rs`.)
 
 use sluice_engine::Backoff;
 use sluice_store::StoreError;
 use std::future::Future;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Which errors are waited out.
@@ -27,6 +29,22 @@ pub async fn until_stored<T, F, Fut>(
     what: &str,
     retry: Retry,
     drain: &CancellationToken,
+    attempt: F,
+) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    until_stored_within(what, retry, drain, None, attempt).await
+}
+
+/// As [`until_stored`], giving up once the first failure is `give_up` old (`None`: never):
+/// the last error is returned, saying so.
+pub async fn until_stored_within<T, F, Fut>(
+    what: &str,
+    retry: Retry,
+    drain: &CancellationToken,
+    give_up: Option<Duration>,
     mut attempt: F,
 ) -> Result<T, StoreError>
 where
@@ -34,12 +52,24 @@ where
     Fut: Future<Output = Result<T, StoreError>>,
 {
     let mut backoff = Backoff::default();
+    let mut first_failure = None;
     loop {
         match attempt().await {
             Ok(done) => return Ok(done),
             Err(error)
                 if (retry == Retry::Always || error.is_transient()) && !drain.is_cancelled() =>
             {
+                let since = *first_failure.get_or_insert_with(tokio::time::Instant::now);
+                if let Some(limit) = give_up.filter(|limit| since.elapsed() >= *limit) {
+                    let why = match error {
+                        StoreError::Unavailable(why) => why,
+                        other => other.to_string(),
+                    };
+                    return Err(StoreError::Unavailable(format!(
+                        "{why}; gave up after {}s (give_up_after)",
+                        limit.as_secs()
+                    )));
+                }
                 let delay = backoff.next_delay();
                 tracing::warn!(what, step = backoff.step(), retry_in_ms = delay.as_millis() as u64,
                     %error, "store unavailable; retrying");
