@@ -9,17 +9,34 @@ use std::path::Path;
 use serde_path_to_error::Segment;
 use serde_saphyr::{DefaultMessageFormatter, MessageFormatter};
 
-use crate::errors::{ConfigError, ErrorCode};
+use crate::errors::{ConfigError, ConfigErrors, ErrorCode};
 use crate::locate::{Locator, Spot};
 use crate::raw::RawPipeline;
 
 /// Deserialises the file. Repeated keys are reported first (with their full path, from the
-/// locator); otherwise the first serde failure.
+/// locator); otherwise the first serde failure and, after a type error, every other type
+/// error of the file (`more_errors.rs`).
 pub(crate) fn decode(
     text: &str,
     file: &Path,
     locator: &Locator,
-) -> Result<RawPipeline, ConfigError> {
+) -> Result<RawPipeline, ConfigErrors> {
+    let first = match first_failure(text, file, locator) {
+        Ok(raw) => return Ok(raw),
+        Err(first) => first,
+    };
+    let mut errors = Vec::new();
+    if matches!(first.code, ErrorCode::InvalidValue | ErrorCode::UnknownKey) {
+        errors = crate::more_errors::after_first(text, file, locator, &first.path);
+    }
+    errors.insert(0, first);
+    // In file order, as every other list of errors.
+    errors.sort_by_key(|e| (e.line.is_none(), e.line, e.column));
+    Err(ConfigErrors(errors))
+}
+
+/// The file deserialised, or its first serde failure, located.
+fn first_failure(text: &str, file: &Path, locator: &Locator) -> Result<RawPipeline, ConfigError> {
     let mut path = String::new();
     let result = serde_saphyr::with_deserializer_from_str(text, |de| {
         serde_path_to_error::deserialize::<_, RawPipeline>(de).map_err(|e| {
@@ -154,9 +171,61 @@ fn describe_type(ty: &str) -> String {
 /// The error's text without location suffix or source snippet, on one line.
 fn plain_message(error: &serde_saphyr::Error) -> String {
     let text: Cow<'_, str> = DefaultMessageFormatter.format_message(error);
-    text.chars()
+    plain_words(&text)
+}
+
+/// A list, as a user writes one.
+const A_LIST: &str = "a list (`- item` lines, or `[a, b]`)";
+/// A mapping, as a user writes one.
+const A_MAPPING: &str = "a mapping (`key: value` lines, or `{ key: value }`)";
+
+/// A serde message on one line, in the file's words: `invalid type: string "x", expected a
+/// sequence` becomes `expected a list (...), found the text `x``; the parser's `expected
+/// sequence start` becomes `expected a list (...)`.
+pub(crate) fn plain_words(message: &str) -> String {
+    let message: String = message
+        .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+        .collect();
+    if let Some((found, expected)) = message
+        .strip_prefix("invalid type: ")
+        .and_then(|rest| rest.split_once(", expected "))
+    {
+        return format!("expected {}, found {}", kind(expected), found_words(found));
+    }
+    if message.contains("sequence start") {
+        return format!("expected {A_LIST}");
+    }
+    if message.contains("mapping start") {
+        return format!("expected {A_MAPPING}");
+    }
+    message
+}
+
+/// What serde expected, in the file's words.
+fn kind(expected: &str) -> &str {
+    match expected.trim() {
+        "a sequence" => A_LIST,
+        "a map" => A_MAPPING,
+        "a boolean" => "true or false",
+        "i8" | "i16" | "i32" | "i64" | "u8" | "u16" | "u32" | "u64" | "usize" => "an integer",
+        "f32" | "f64" => "a number",
+        struct_name if struct_name.starts_with("struct ") => A_MAPPING,
+        other => other,
+    }
+}
+
+/// What serde found, in the file's words.
+fn found_words(found: &str) -> String {
+    if let Some(text) = found.strip_prefix("string ") {
+        return format!("the text `{}`", text.trim_matches('"'));
+    }
+    match found {
+        "sequence" => "a list".to_owned(),
+        "map" => "a mapping".to_owned(),
+        "null" => "nothing".to_owned(),
+        other => other.replace('`', ""),
+    }
 }
 
 fn known_location(error: &serde_saphyr::Error) -> Option<Spot> {
@@ -170,7 +239,7 @@ fn known_location(error: &serde_saphyr::Error) -> Option<Spot> {
 }
 
 /// `flows[1].source.pubsub.bogus`; the root is the empty string.
-fn render_path(path: &serde_path_to_error::Path) -> String {
+pub(crate) fn render_path(path: &serde_path_to_error::Path) -> String {
     let mut out = String::new();
     for segment in path {
         match segment {

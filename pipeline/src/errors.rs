@@ -153,8 +153,8 @@ impl ConfigError {
     }
 }
 
-/// `text` with each line break replaced by a space.
-fn one_line(text: &str) -> String {
+/// `text` with each line break replaced by a space (as an error's path and message print).
+pub(crate) fn one_line(text: &str) -> String {
     text.replace(['\r', '\n'], " ")
 }
 

@@ -45,6 +45,7 @@ pub mod graph;
 mod humane;
 mod locate;
 pub mod model;
+mod more_errors;
 mod paths;
 mod payload_decode;
 pub mod query;

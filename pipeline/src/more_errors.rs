@@ -1,0 +1,211 @@
+//! The type errors after the first. Serde stops at its first failure; a user fixing a file
+//! wants them all at once. So the file is read again as a tree of plain values, and deserialised
+//! from that tree over and over: each failure is recorded at its path and the node at that path
+//! taken out, until the tree deserialises, a failure repeats, or [`MAX_ERRORS`] are found.
+//!
+//! Only a file that parses as YAML gets here (a syntax error has nothing after it to report),
+//! and only its type errors (unknown keys, values of the wrong kind): the checks on values
+//! (`crate::convert`, `crate::validate`) report all of theirs anyway once the file
+//! deserialises.
+
+use serde_json::Value;
+use std::path::Path;
+
+use crate::errors::{ConfigError, ErrorCode, one_line};
+use crate::locate::Locator;
+use crate::raw::RawPipeline;
+
+/// At most this many errors are reported from one file.
+const MAX_ERRORS: usize = 50;
+
+/// Every type error of `text` but the one at `first_path` (already reported), each located.
+pub(crate) fn after_first(
+    text: &str,
+    file: &Path,
+    locator: &Locator,
+    first_path: &str,
+) -> Vec<ConfigError> {
+    let Ok(mut tree) = serde_saphyr::from_str::<Value>(text) else {
+        return Vec::new();
+    };
+    let mut seen = vec![first_path.to_owned()];
+    let mut errors = Vec::new();
+    take_out(&mut tree, first_path);
+    while errors.len() < MAX_ERRORS {
+        let failure = match serde_path_to_error::deserialize::<_, RawPipeline>(&tree) {
+            Ok(_) => break,
+            Err(failure) => failure,
+        };
+        let path = crate::decode::render_path(failure.path());
+        // Paths are compared as errors print them (line breaks in keys as spaces).
+        if seen.contains(&one_line(&path)) {
+            break;
+        }
+        let (code, message) = describe(&failure.into_inner().to_string());
+        let spot = locator.locate(&path);
+        errors.push(ConfigError::new(
+            code,
+            file,
+            path.clone(),
+            spot.map(|s| (s.line, s.column)),
+            message,
+        ));
+        seen.push(one_line(&path));
+        if !take_out(&mut tree, &path) {
+            break;
+        }
+    }
+    errors
+}
+
+/// serde's message on a value tree, as the first error's are worded: code and one line.
+fn describe(message: &str) -> (ErrorCode, String) {
+    if let Some(rest) = message.strip_prefix("unknown field ") {
+        let (field, expected) = rest.split_once(", expected").unwrap_or((rest, ""));
+        let expected: Vec<&str> = expected
+            .trim_start_matches(" one of")
+            .split(',')
+            .map(|e| e.trim().trim_matches('`'))
+            .filter(|e| !e.is_empty())
+            .collect();
+        let message = if expected.is_empty() {
+            format!("unknown key {field}; nothing may be given here")
+        } else {
+            format!(
+                "unknown key {field}; expected one of: {}",
+                expected.join(", ")
+            )
+        };
+        return (ErrorCode::UnknownKey, message);
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        let (variant, expected) = rest.split_once(", expected").unwrap_or((rest, ""));
+        let expected = expected
+            .trim_start_matches(" one of")
+            .replace('`', "")
+            .trim()
+            .to_owned();
+        return (
+            ErrorCode::InvalidValue,
+            format!("{variant} is not one of: {expected}"),
+        );
+    }
+    (ErrorCode::InvalidValue, crate::decode::plain_words(message))
+}
+
+/// Takes the node at `path` (`flows[1].source.pubsub`) out of `tree`: a key is removed, a list
+/// item becomes an empty mapping (so that the items after it keep their places). Whether there
+/// was one to take.
+fn take_out(tree: &mut Value, path: &str) -> bool {
+    let mut steps = steps(path);
+    let Some(last) = steps.pop() else {
+        return false;
+    };
+    let mut node = tree;
+    for step in steps {
+        node = match (node, step) {
+            (Value::Object(map), Step::Key(key)) => match map.get_mut(key) {
+                Some(next) => next,
+                None => return false,
+            },
+            (Value::Array(items), Step::Index(i)) => match items.get_mut(i) {
+                Some(next) => next,
+                None => return false,
+            },
+            _ => return false,
+        };
+    }
+    match (node, last) {
+        (Value::Object(map), Step::Key(key)) => map.remove(key).is_some(),
+        (Value::Array(items), Step::Index(i)) => match items.get_mut(i) {
+            Some(item) if item.as_object().is_none_or(|m| !m.is_empty()) => {
+                *item = Value::Object(serde_json::Map::new());
+                true
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// One step of a path.
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// `flows[1].source` → `flows`, `1`, `source`; `targets[0].` (an empty key) → `targets`,
+/// `0`, ``; the root (``) → nothing.
+fn steps(path: &str) -> Vec<Step<'_>> {
+    let mut steps = Vec::new();
+    if path.is_empty() {
+        return steps;
+    }
+    for part in path.split('.') {
+        let (key, mut indexes) = match part.find('[') {
+            Some(at) => (&part[..at], &part[at..]),
+            None => (part, ""),
+        };
+        if !key.is_empty() || indexes.is_empty() {
+            steps.push(Step::Key(key));
+        }
+        while let Some(rest) = indexes.strip_prefix('[') {
+            let Some((index, after)) = rest.split_once(']') else {
+                break;
+            };
+            if let Ok(index) = index.parse() {
+                steps.push(Step::Index(index));
+            }
+            indexes = after;
+        }
+    }
+    steps
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn errors(text: &str) -> Vec<String> {
+        let locator = Locator::new(text);
+        after_first(text, Path::new("p.yaml"), &locator, "")
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_type_error_is_found_once_each() {
+        let found = errors(
+            "pipeline: p
+mood: x
+targets: events
+flows:
+  - name: a
+    once: yes please
+    source: { pubsub: { subscription: s, streams: many } }
+",
+        );
+        assert_eq!(found.len(), 4, "{found:#?}");
+        for expected in [
+            "p.yaml:2:7: UNKNOWN_KEY: mood: unknown key `mood`; expected one of: pipeline,",
+            "p.yaml:3:10: INVALID_VALUE: targets: expected a list (`- item` lines, or `[a, b]`), \
+             found the text `events`",
+            "p.yaml:6:11: INVALID_VALUE: flows[0].once: expected true or false, found the text \
+             `yes please`",
+            "p.yaml:7:51: INVALID_VALUE: flows[0].source.pubsub.streams: expected an integer, \
+             found the text `many`",
+        ] {
+            assert!(
+                found.iter().any(|f| f.starts_with(expected)),
+                "{expected}: {found:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_that_is_not_yaml_has_nothing_more() {
+        assert!(errors("pipeline: [").is_empty());
+    }
+}
