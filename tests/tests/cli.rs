@@ -362,3 +362,50 @@ fn every_example_is_valid() {
     }
     assert!(checked >= 5, "only {checked} examples");
 }
+
+/// `sluice init` writes a file that validates for every source and store, and that runs as
+/// written (files into SQLite: the records land in the typed table, the one breaking the
+/// expectation a dead letter); it never overwrites a file.
+#[test]
+fn init_writes_a_pipeline_that_validates_and_runs() {
+    let dir = Workdir::new();
+    for source in ["pubsub", "files", "both"] {
+        for store in ["sqlite", "postgres"] {
+            let file = format!("{source}-{store}.yaml");
+            let init = sluice_command(
+                &["init", "-o", &file, "--source", source, "--store", store],
+                Some(dir.path()),
+            );
+            assert_eq!(init.code, 0, "{}", init.all());
+            let validate = sluice_command(&["validate", "-c", &file], Some(dir.path()));
+            assert_eq!(validate.code, 0, "{source} {store}: {}", validate.all());
+        }
+    }
+    let again = sluice_command(&["init", "-o", "files-sqlite.yaml"], Some(dir.path()));
+    assert_eq!(again.code, 1, "{}", again.all());
+    assert!(again.stderr.contains("never overwrites"), "{}", again.all());
+
+    std::fs::create_dir_all(dir.path().join("data")).unwrap();
+    let records: String = (0..20)
+        .map(|i| {
+            format!(
+                "{{\"id\":\"o-{i}\",\"data\":{{\"order_id\":\"o-{i}\",\"amount\":{},\"region\":\"EU\"}}}}\n",
+                i - 1
+            )
+        })
+        .collect();
+    std::fs::write(dir.path().join("data/a.jsonl"), records).unwrap();
+    let file = dir.path().join("files-sqlite.yaml");
+    let run = sluice_command(
+        &["run", "-c", file.to_str().unwrap()],
+        Some(&dir.path().join("data")),
+    );
+    assert_eq!(run.code, 0, "{}", run.all());
+    let db = sluice_tests::Db(dir.path().join("state/shop.db"));
+    assert_eq!(db.query("SELECT COUNT(*) FROM shop__orders"), 18);
+    assert_eq!(
+        db.query("SELECT COUNT(*) FROM shop__orders WHERE region = 'EU' AND amount > 0"),
+        18
+    );
+    assert_eq!(db.query("SELECT COUNT(*) FROM shop__dead_letter"), 2);
+}

@@ -52,6 +52,21 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = ValidateFormat::Text)]
         format: ValidateFormat,
     },
+    /// Writes a commented pipeline file to start from (never over an existing file).
+    Init {
+        /// The file to write.
+        #[arg(short = 'o', long = "output", default_value = "pipeline.yaml")]
+        output: PathBuf,
+        /// The pipeline's name (it prefixes every table).
+        #[arg(long, default_value = "shop")]
+        name: String,
+        /// Where records come from.
+        #[arg(long, value_enum, default_value_t = commands::init::InitSource::Pubsub)]
+        source: commands::init::InitSource,
+        /// Where tables and state are kept.
+        #[arg(long, value_enum, default_value_t = commands::init::InitStore::Sqlite)]
+        store: commands::init::InitStore,
+    },
     /// Connects to what the file names (the store, every subscription and topic, the file
     /// sources' files) and reports each problem: exit 0 when all is well, 1 otherwise.
     Check {
@@ -177,6 +192,12 @@ pub async fn dispatch(command: Command) -> ExitCode {
             commands::refresh::reset_file(&config, &flow, seek.as_ref()).await
         }
         Command::Validate { config, format } => commands::validate::validate(&config, format),
+        Command::Init {
+            output,
+            name,
+            source,
+            store,
+        } => commands::init::init(&output, &name, source, store),
         Command::Check { config } => commands::check::check(&config).await,
         Command::Status { config, format } => commands::status::status(&config, format).await,
         Command::Runs {

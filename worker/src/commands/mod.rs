@@ -6,6 +6,7 @@ pub mod check;
 pub mod demo;
 pub mod expectations;
 pub mod graph;
+pub mod init;
 pub mod refresh;
 pub mod run;
 pub mod runs;
