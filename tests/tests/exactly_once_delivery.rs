@@ -66,9 +66,16 @@ async fn confirmed_acks_on_an_exactly_once_subscription() {
     tokio::time::sleep(Duration::from_secs(15)).await;
     let received = flow_metric(port, "sluice_messages_received_total", "ingest").unwrap();
     let failures = metric_sum(port, "sluice_ack_failures_total");
+    // Labelled like the flow's other metrics.
+    let lease_expired = sluice_tests::labelled_metric(
+        port,
+        "sluice_ack_failures_total",
+        "pipeline=\"test\",flow=\"ingest\",subscription=",
+    );
     let logs = worker.logs();
     drop(worker);
     assert_eq!(failures, Some(0.0), "every ack confirmed: {logs}");
+    assert_eq!(lease_expired, Some(0.0), "labelled by pipeline and flow");
     assert_eq!(received, published as f64, "nothing redelivered: {logs}");
     assert_eq!(store.distinct_keys(), 2_000);
     assert_eq!(store.dead_letters(), 0);

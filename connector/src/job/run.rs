@@ -208,7 +208,11 @@ impl Job {
             .committer(&parts, give_up.clone())
             .with_work(Arc::new(handler));
         let run = FlowRun {
-            source: Box::new(parts.source),
+            source: Box::new(
+                parts
+                    .source
+                    .labelled(&self.settings.name, &self.settings.name),
+            ),
             budget: parts.budget,
             dedup: parts.dedup,
             batch: parts.batch,

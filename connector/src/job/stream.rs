@@ -79,7 +79,11 @@ impl JobStream {
         // Before the first message: the batches carry the watermark from the start.
         let mut tracker = job.start_tracker(&counters);
         let started = BatchSource::start(
-            Box::new(parts.source),
+            Box::new(
+                parts
+                    .source
+                    .labelled(&job.settings.name, &job.settings.name),
+            ),
             parts.budget,
             parts.dedup,
             parts.batch,

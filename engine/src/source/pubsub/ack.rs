@@ -5,14 +5,15 @@
 //! * On a subscription with exactly-once delivery enabled the client hands out
 //!   [`Handler::ExactlyOnce`] handlers, and the ack is a *confirmed* ack: Pub/Sub answers
 //!   whether it took it. One that is not confirmed (the lease expired first, the RPC failed,
-//!   the stream shut down) is counted in `sluice_ack_failures_total{subscription,reason}` and
+//!   the stream shut down) is counted in
+//!   `sluice_ack_failures_total{pipeline,flow,subscription,reason}` and
 //!   logged; Pub/Sub then delivers the message again and the ledger finds it committed, so
 //!   nothing is written twice. A confirmed ack means Pub/Sub will not redeliver it.
 //! * On other subscriptions an ack is best effort (the client drops its RPC errors), and the
 //!   ledger makes a redelivery harmless, as always.
 //! * A nack gives the message back at once in both cases.
 //! * A source with an ack fence (`ack_fence.rs`) asks it first: an ack it withholds becomes a
-//!   nack, counted in `sluice_acks_withheld_total{subscription}`.
+//!   nack, counted in `sluice_acks_withheld_total{pipeline,flow,subscription}`.
 //! * Confirmed acks still waiting for Pub/Sub's answer are waited for (up to the flush timeout)
 //!   when the source closes, before its streams shut down: a drain's last acks are sent.
 
@@ -54,10 +55,33 @@ impl PendingAcks {
     }
 }
 
+/// The labels of a source's ack metrics: its pipeline and flow (empty when the source was
+/// not given them), and its subscription.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AckLabels {
+    pub(crate) pipeline: String,
+    pub(crate) flow: String,
+    pub(crate) subscription: String,
+}
+
+impl AckLabels {
+    fn withheld(&self) -> metrics::Counter {
+        metrics::counter!("sluice_acks_withheld_total",
+            "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone(),
+            "subscription" => self.subscription.clone())
+    }
+
+    fn failures(&self, reason: &'static str) -> metrics::Counter {
+        metrics::counter!("sluice_ack_failures_total",
+            "pipeline" => self.pipeline.clone(), "flow" => self.flow.clone(),
+            "subscription" => self.subscription.clone(), "reason" => reason)
+    }
+}
+
 /// The ack handle of one Pub/Sub delivery.
 pub(crate) struct PubSubAck {
     pub(crate) handler: Handler,
-    pub(crate) subscription: Arc<str>,
+    pub(crate) labels: Arc<AckLabels>,
     pub(crate) pending: Arc<PendingAcks>,
     pub(crate) fence: Option<Arc<dyn AckFence>>,
 }
@@ -66,14 +90,12 @@ impl AckHandle for PubSubAck {
     fn ack(self: Box<Self>) {
         let PubSubAck {
             handler,
-            subscription,
+            labels,
             pending,
             fence,
         } = *self;
         if fence.is_some_and(|fence| !fence.acks_allowed()) {
-            metrics::counter!("sluice_acks_withheld_total",
-                "subscription" => subscription.to_string())
-            .increment(1);
+            labels.withheld().increment(1);
             handler.nack();
             return;
         }
@@ -82,7 +104,7 @@ impl AckHandle for PubSubAck {
                 pending.count.fetch_add(1, Ordering::AcqRel);
                 runtime.spawn(async move {
                     if let Err(error) = handler.confirmed_ack().await {
-                        ack_failed(&subscription, &error);
+                        ack_failed(&labels, &error);
                     }
                     pending.done();
                 });
@@ -97,7 +119,7 @@ impl AckHandle for PubSubAck {
 }
 
 /// Counts and logs an ack Pub/Sub did not confirm.
-fn ack_failed(subscription: &str, error: &AckError) {
+fn ack_failed(labels: &AckLabels, error: &AckError) {
     let reason = match error {
         AckError::LeaseExpired => "lease_expired",
         AckError::Rpc { .. } => "rpc",
@@ -105,21 +127,16 @@ fn ack_failed(subscription: &str, error: &AckError) {
         AckError::Shutdown(_) => "unknown",
         _ => "other",
     };
-    metrics::counter!("sluice_ack_failures_total",
-        "subscription" => subscription.to_owned(), "reason" => reason)
-    .increment(1);
-    tracing::warn!(%subscription, reason, %error,
+    labels.failures(reason).increment(1);
+    tracing::warn!(subscription = %labels.subscription, reason, %error,
         "Pub/Sub did not confirm an ack; the message comes back and the ledger drops it");
 }
 
-/// Makes `sluice_ack_failures_total` exist at 0 for every reason of `subscription`, so that
-/// rates and alerts have a series before the first failure.
-pub(crate) fn register_ack_failures(subscription: &str) {
+/// Makes `sluice_ack_failures_total` exist at 0 for every reason of a source, so that rates
+/// and alerts have a series before the first failure.
+pub(crate) fn register_ack_failures(labels: &AckLabels) {
     for reason in ACK_FAILURE_REASONS {
-        metrics::counter!("sluice_ack_failures_total",
-            "subscription" => subscription.to_owned(), "reason" => reason)
-        .increment(0);
+        labels.failures(reason).increment(0);
     }
-    metrics::counter!("sluice_acks_withheld_total", "subscription" => subscription.to_owned())
-        .increment(0);
+    labels.withheld().increment(0);
 }

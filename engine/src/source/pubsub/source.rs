@@ -18,7 +18,7 @@
 //! client. A stream that lived through a pause of the process gives back what it reads after it
 //! and is reopened (`pause.rs`).
 
-use super::ack::{PendingAcks, PubSubAck, register_ack_failures};
+use super::ack::{AckLabels, PendingAcks, PubSubAck, register_ack_failures};
 use super::pause::{Epoch, PauseWatch};
 use super::settings::FlowIntent;
 use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig, is_probe, reserved_attribute_problem};
@@ -71,6 +71,8 @@ pub struct PubSubSource {
     intent: FlowIntent,
     fence: Option<Arc<dyn AckFence>>,
     give_up_after: Option<Duration>,
+    /// The pipeline and flow that label its ack metrics.
+    labels: (String, String),
 }
 
 impl PubSubSource {
@@ -91,6 +93,7 @@ impl PubSubSource {
             intent: FlowIntent::default(),
             fence: None,
             give_up_after: None,
+            labels: (String::new(), String::new()),
         })
     }
 
@@ -141,6 +144,13 @@ impl PubSubSource {
     /// Default: waits as long as it takes.
     pub fn giving_up_after(mut self, limit: Option<Duration>) -> Self {
         self.give_up_after = limit;
+        self
+    }
+
+    /// Labels its ack metrics (`sluice_ack_failures_total`, `sluice_acks_withheld_total`) with
+    /// `pipeline` and `flow`, as the flow's other metrics are (default: both empty).
+    pub fn labelled(mut self, pipeline: &str, flow: &str) -> Self {
+        self.labels = (pipeline.to_owned(), flow.to_owned());
         self
     }
 
@@ -253,7 +263,12 @@ impl MessageSource for PubSubSource {
             bytes: i64::try_from(max_bytes.div_ceil(self.streams)).unwrap_or(i64::MAX),
         };
         let pauses = PauseWatch::start(self.pause_threshold);
-        register_ack_failures(&self.subscription);
+        let ack_labels = Arc::new(AckLabels {
+            pipeline: self.labels.0.clone(),
+            flow: self.labels.1.clone(),
+            subscription: self.subscription.clone(),
+        });
+        register_ack_failures(&ack_labels);
         if !self.deliver_probes {
             probes_dropped(&self.subscription).increment(0);
         }
@@ -274,6 +289,7 @@ impl MessageSource for PubSubSource {
                 reopens: self.reopens.clone(),
                 pending: pending.clone(),
                 fence: self.fence.clone(),
+                ack_labels: ack_labels.clone(),
             };
             tasks.spawn(stream.run());
         }
@@ -342,6 +358,7 @@ struct StreamTask {
     reopens: Option<Arc<AtomicU64>>,
     pending: Arc<PendingAcks>,
     fence: Option<Arc<dyn AckFence>>,
+    ack_labels: Arc<AckLabels>,
 }
 
 impl StreamTask {
@@ -409,7 +426,7 @@ impl StreamTask {
                         let permits = self.budget.reserve_bytes(permit, message.size()).await;
                         let handle = Box::new(PubSubAck {
                             handler,
-                            subscription: self.subscription.clone(),
+                            labels: self.ack_labels.clone(),
                             pending: self.pending.clone(),
                             fence: self.fence.clone(),
                         });

@@ -103,7 +103,10 @@ fn pubsub_plan(
     } else {
         RunUntil::Drained
     };
-    let mut source = parts.source.giving_up_after(pipeline.give_up_after);
+    let mut source = parts
+        .source
+        .giving_up_after(pipeline.give_up_after)
+        .labelled(&pipeline.name, &flow.name);
     if let Some(fence) = acks {
         source = source.with_ack_fence(fence.clone());
     }
