@@ -47,6 +47,8 @@ pub struct Counters {
 struct Inner {
     received: Tally,
     duplicates_memory: Tally,
+    /// Memory-tier duplicates the store has not recorded yet ([`Counters::take_unrecorded_memory_duplicates`]).
+    unrecorded_memory_duplicates: AtomicU64,
     duplicates_store: Tally,
     committed: Tally,
     /// Total only: the metric carries the reason, so it is made per reason when counted.
@@ -151,6 +153,7 @@ impl Counters {
             inner: Arc::new(Inner {
                 received: Tally::new(metrics::counter!("sluice_messages_received_total", &labels)),
                 duplicates_memory: Tally::new(with_layer("memory")),
+                unrecorded_memory_duplicates: AtomicU64::new(0),
                 duplicates_store: Tally::new(with_layer("store")),
                 committed: Tally::new(metrics::counter!(
                     "sluice_messages_committed_total",
@@ -226,6 +229,22 @@ impl Counters {
     }
     pub(crate) fn duplicate_in_memory(&self, n: u64) {
         self.inner.duplicates_memory.add(n);
+        self.inner
+            .unrecorded_memory_duplicates
+            .fetch_add(n, Ordering::Relaxed);
+    }
+    /// The memory-tier duplicates since the last call, for the next commit to record in the
+    /// store (given back with [`Counters::memory_duplicates_unrecorded`] if it fails).
+    pub(crate) fn take_unrecorded_memory_duplicates(&self) -> u64 {
+        self.inner
+            .unrecorded_memory_duplicates
+            .swap(0, Ordering::Relaxed)
+    }
+    /// Memory-tier duplicates a failed commit did not record: the next one will.
+    pub(crate) fn memory_duplicates_unrecorded(&self, n: u64) {
+        self.inner
+            .unrecorded_memory_duplicates
+            .fetch_add(n, Ordering::Relaxed);
     }
     pub(crate) fn committed(&self, rows: u64, duplicates: u64) {
         self.inner.committed.add(rows);

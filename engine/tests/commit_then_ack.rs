@@ -424,6 +424,7 @@ async fn a_ledger_duplicate_is_not_remembered_past_the_ledgers_window() {
             work: None,
             publish_dead_letters: false,
             verdicts: Vec::new(),
+            memory_duplicates: 0,
             typed: None,
         })
         .await

@@ -70,6 +70,7 @@ async fn committed_batches_become_files_and_crash_leftovers_are_resolved() {
         work: None,
         publish_dead_letters: false,
         verdicts: Vec::new(),
+        memory_duplicates: 0,
         typed: None,
     };
 

@@ -97,6 +97,7 @@ async fn commit(
             work: None,
             publish_dead_letters: false,
             verdicts: Vec::new(),
+            memory_duplicates: 0,
             typed: None,
         })
         .await

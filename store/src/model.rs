@@ -130,6 +130,10 @@ pub struct CommitBatch {
     /// with no verdict (an empty list: a dead letter, a record `where:` left out) is not
     /// counted; an empty `verdicts`: nothing is.
     pub verdicts: Vec<Vec<bool>>,
+    /// Duplicates the caller's memory tier dropped since its last commit (they never reach
+    /// the store): added to the flow's duplicates in the same transaction, so that the
+    /// store's count is both tiers' ([`crate::FlowProgress::duplicates`]).
+    pub memory_duplicates: u64,
 }
 
 /// Work done inside a commit's transaction, after the ledger has said which entries are new
@@ -171,7 +175,9 @@ impl Effect {
 pub struct FlowProgress {
     /// Target rows written.
     pub committed: u64,
-    /// Entries found duplicate by the ledger.
+    /// Duplicates: entries the ledger found committed, plus those the workers' memory tier
+    /// dropped before any commit (recorded with their next commit,
+    /// [`crate::CommitBatch::memory_duplicates`]).
     pub duplicates: u64,
     /// Dead-letter rows written.
     pub dead_lettered: u64,

@@ -99,6 +99,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
         work: None,
         publish_dead_letters: false,
         verdicts: Vec::new(),
+        memory_duplicates: 0,
         typed: None,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };
@@ -113,6 +114,7 @@ async fn a_batch_past_its_commit_deadline_writes_nothing(postgres: bool) {
         work: None,
         publish_dead_letters: false,
         verdicts: Vec::new(),
+        memory_duplicates: 0,
         typed: None,
         ..batch(&flows[0], vec![row("a"), dead("b")])
     };
@@ -296,7 +298,35 @@ async fn concurrent_commits_of_one_key_write_it_once(postgres: bool) {
     assert_eq!(first.count_rows("p__events", None).await.unwrap(), distinct);
 }
 
+/// The duplicates a flow's progress counts are both tiers': those the ledger finds, plus those
+/// the caller's memory tier dropped, given with a batch or alone (a commit without entries, at
+/// the end of a flow), which writes nothing else.
+async fn memory_tier_duplicates_are_counted_with_the_ledgers(postgres: bool) {
+    let (_place, store, flows) = open(postgres).await;
+    let mut first = batch(&flows[0], vec![row("a"), row("b")]);
+    first.memory_duplicates = 3;
+    store.commit(first).await.unwrap();
+    store
+        .commit(batch(&flows[0], vec![row("a"), row("c")]))
+        .await
+        .unwrap();
+    let mut alone = batch(&flows[0], Vec::new());
+    alone.memory_duplicates = 4;
+    store.commit(alone).await.unwrap();
+    let progress = store.flow_progress(&flows[0]).await.unwrap();
+    assert_eq!(
+        (
+            progress.committed,
+            progress.duplicates,
+            progress.dead_lettered
+        ),
+        (3, 1 + 3 + 4, 0)
+    );
+    assert_eq!(store.count_rows("p__events", None).await.unwrap(), 3);
+}
+
 on_both_backends!(
+    memory_tier_duplicates_are_counted_with_the_ledgers,
     a_reset_keeps_the_ledger_keys_of_the_rows_it_keeps,
     a_batch_past_its_commit_deadline_writes_nothing,
     ledger_decides_duplicates_within_and_across_batches,

@@ -44,6 +44,7 @@ fn batch(flow: &FlowHandle, keys: &[&str], window_ms: i64) -> CommitBatch {
         work: None,
         publish_dead_letters: false,
         verdicts: Vec::new(),
+        memory_duplicates: 0,
         typed: None,
     }
 }

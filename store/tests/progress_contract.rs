@@ -166,6 +166,7 @@ async fn a_commit_records_its_messages_settled(postgres: bool) {
         work: None,
         publish_dead_letters: false,
         verdicts: Vec::new(),
+        memory_duplicates: 0,
         typed: None,
         ..batch(flow, entries)
     };

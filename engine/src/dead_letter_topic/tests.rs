@@ -100,6 +100,7 @@ async fn outbox_with(names: &[String]) -> (tempfile::TempDir, Arc<dyn Store>) {
             work: None,
             publish_dead_letters: true,
             verdicts: Vec::new(),
+            memory_duplicates: 0,
             typed: None,
         })
         .await

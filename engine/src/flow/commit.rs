@@ -29,6 +29,7 @@
 //! The counts and settings are in `commit/report.rs`, the store's work for a batch in
 //! `commit/store_batch.rs`, the sink file's publication in `commit/sink_files.rs`.
 
+mod dropped;
 mod report;
 mod sink_files;
 mod store_batch;
@@ -335,6 +336,8 @@ impl CommitThenAck {
                     let (mut commit_batch, sink_commit) = self.commit_batch(&batch, effects, work);
                     // Counted by the store in the same transaction, for the new keys.
                     commit_batch.verdicts = violations.clone();
+                    let dropped = batch.counters().take_unrecorded_memory_duplicates();
+                    commit_batch.memory_duplicates = dropped;
                     let commit = self.store.commit(commit_batch);
                     let result = tokio::select! {
                         result = commit => result.map_err(Failure::Store),
@@ -345,6 +348,9 @@ impl CommitThenAck {
                     batch
                         .counters()
                         .commit_took(started.elapsed().as_secs_f64());
+                    if result.is_err() {
+                        batch.counters().memory_duplicates_unrecorded(dropped);
+                    }
                     if let Some(sink) = sink_commit {
                         match &result {
                             Ok(_) => self.publish(&sink).await,

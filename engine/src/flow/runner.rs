@@ -177,8 +177,9 @@ impl FlowRun {
         let failure = committer.failure();
         let held_back = committer.given_back_after_close();
         let count = committer.concurrency();
+        let committer = Arc::new(committer);
         let (dispatch, mut commit_tasks) =
-            crate::flow::commit_lanes::start(Arc::new(committer), count, ordered, COMMIT_QUEUE);
+            crate::flow::commit_lanes::start(committer.clone(), count, ordered, COMMIT_QUEUE);
         let commits = async move {
             let mut report = CommitReport::default();
             while let Some(joined) = commit_tasks.join_next().await {
@@ -232,6 +233,7 @@ impl FlowRun {
         }
         drop(dispatch);
         let committed = commits.await;
+        committer.record_dropped_duplicates(&counters).await;
         lag_sampler.abort();
         counters.publish_lag();
         // Release the intake before closing, so no source task waits on a full channel.

@@ -244,7 +244,10 @@ impl<'a> Arguments<'a> {
             window_ms: batch.expires_at_ms.saturating_sub(batch.now_ms).max(1),
             generation_ms,
             shard,
-            total: i64::try_from(batch.entries.len()).unwrap_or(i64::MAX),
+            // Entries plus what the memory tier dropped: the duplicates counted are this less
+            // the new keys.
+            total: i64::try_from(batch.entries.len() as u64 + batch.memory_duplicates)
+                .unwrap_or(i64::MAX),
             progress_buckets: Vec::new(),
             progress_ids: Vec::new(),
             commit_by_ms: commit_by_server_ms,

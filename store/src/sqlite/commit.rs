@@ -213,7 +213,8 @@ pub(crate) fn commit(
     }
     // 4. Flow counters.
     let new = written.iter().filter(|w| **w).count() as i64;
-    let duplicates = entries.len() as i64 - new;
+    let duplicates =
+        entries.len() as i64 - new + i64::try_from(batch.memory_duplicates).unwrap_or(i64::MAX);
     tx.prepare_cached(
         "UPDATE sluice_flows SET committed = committed + ?1, duplicates = duplicates + ?2,
          dead_lettered = dead_lettered + ?3, batches = batches + 1, last_commit_at = ?4

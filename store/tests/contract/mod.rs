@@ -68,6 +68,7 @@ pub fn batch_with_window(flow: &FlowHandle, entries: Vec<Entry>, window_ms: i64)
         work: None,
         publish_dead_letters: false,
         verdicts: Vec::new(),
+        memory_duplicates: 0,
         typed: None,
     }
 }

@@ -55,7 +55,10 @@ pub async fn run_file(path: &Path, refresh: Refresh) -> ExitCode {
     match execute(&pipeline, &shutdown).await {
         Ok(outcomes) => {
             for outcome in &outcomes {
-                print_outcome(outcome);
+                let from_pubsub = pipeline.flows.iter().any(|f| {
+                    f.name == outcome.name && matches!(f.source, sluice_pipeline::Source::PubSub(_))
+                });
+                print_outcome(outcome, from_pubsub);
             }
             let failed = outcomes
                 .iter()
@@ -83,7 +86,10 @@ pub async fn run_file(path: &Path, refresh: Refresh) -> ExitCode {
     }
 }
 
-fn print_outcome(outcome: &FlowOutcome) {
+/// One flow's line: what it received (a subscription: redeliveries included, then acked or
+/// nacked) or read (files, a table), and what it committed; the duplicates are both tiers', as
+/// the store, the log and `/metrics` count them.
+fn print_outcome(outcome: &FlowOutcome, from_pubsub: bool) {
     let c = &outcome.counters;
     let state = match &outcome.state {
         FlowState::Idle => "IDLE (completed earlier; not re-read)".to_owned(),
@@ -92,17 +98,24 @@ fn print_outcome(outcome: &FlowOutcome) {
         }
         other => other.name().to_owned(),
     };
+    let taken = if from_pubsub {
+        format!("received {}", c.received)
+    } else {
+        format!("read {}", c.received)
+    };
+    let given_back = if from_pubsub {
+        format!(", acked {}, nacked {}", c.acked, c.nacked)
+    } else {
+        String::new()
+    };
     println!(
-        "flow {}: {state}; received {}, rows {}, dead letters {}, duplicates {} (memory {}, store {}), acked {}, nacked {}",
+        "flow {}: {state}; {taken}, rows {}, dead letters {}, duplicates {} (memory {}, store {}){given_back}",
         outcome.name,
-        c.received,
         c.committed,
         c.dead_lettered,
         c.duplicates_memory + c.duplicates_store,
         c.duplicates_memory,
         c.duplicates_store,
-        c.acked,
-        c.nacked
     );
     if c.filtered > 0 {
         println!(

@@ -309,6 +309,10 @@ async fn ask_worker(pipeline: &sluice_pipeline::Pipeline, token: Option<String>)
         if status.draining { ", draining" } else { "" }
     );
     text.push_str(&table(&headers, &rows));
+    text.push_str(
+        "(the counts are this worker's, since it started; `sluice status` without a \
+                   running worker shows every worker's, from the store)\n",
+    );
     let json = serde_json::json!({
         "pipeline": status.pipeline,
         "worker": status.worker,
@@ -347,12 +351,17 @@ async fn gather(
         .into_iter()
         .collect();
     let now = sluice_engine::now_ms();
+    let workers = store.workers(&pipeline.name, ALIVE_WITHIN).await?;
     let mut lines = Vec::new();
     for (flow, handle) in pipeline.flows.iter().zip(&handles) {
         let watermark_ms = watermarks.get(&flow.name).map(|w| w.watermark_ms);
         let progress = store.flow_progress(handle).await?;
         let completed_at_ms = completions.get(&flow.name).copied();
-        let feed = match build::read_table(pipeline, flow) {
+        // A window flow computes its windows from the table; it keeps no read position.
+        let windows = pipeline.targets.iter().any(|t| {
+            t.name == flow.target && matches!(t.kind, sluice_pipeline::TargetKind::Window { .. })
+        });
+        let feed = match build::read_table(pipeline, flow).filter(|_| !windows) {
             Some(table) => {
                 let at = store.read_position(handle, &table).await?;
                 Some(store.feed_lag(&table, &at).await?)
@@ -365,6 +374,8 @@ async fn gather(
             state: match (flow.once, completed_at_ms) {
                 (true, Some(_)) => "COMPLETED",
                 (true, None) => "NOT COMPLETED",
+                // Live only while a worker runs it.
+                (false, _) if workers.is_empty() => "NOT RUNNING",
                 (false, _) => "LIVE",
             },
             rows: progress.committed,
@@ -381,7 +392,6 @@ async fn gather(
             }),
         });
     }
-    let workers = store.workers(&pipeline.name, ALIVE_WITHIN).await?;
     let leases = store.leases(&pipeline.name).await?;
     let json = serde_json::json!({
         "pipeline": pipeline.name,
@@ -453,6 +463,10 @@ fn text(
         })
         .collect();
     out.push_str(&table(&headers, &rows));
+    out.push_str(
+        "(ROWS, DUPLICATES of both tiers, DEAD LETTERS and COMMITS: every worker's, since the \
+         flow first ran or was last reset; a reset leaves the rows it keeps in the table)\n",
+    );
     if !workers.is_empty() {
         out.push('\n');
         for worker in workers {

@@ -55,6 +55,7 @@ impl CommitThenAck {
             work,
             publish_dead_letters: self.publish_dead_letters,
             verdicts: Vec::new(),
+            memory_duplicates: 0,
             typed: self.typed.clone(),
         };
         (commit, sink_commit)

@@ -147,7 +147,11 @@ pub async fn run(ctx: &RunContext, flow: &Flow, handle: &FlowHandle, built: Buil
         (Err(error), _) => FlowState::Failed(error.to_string()),
         (Ok(_), Some(failure)) => FlowState::Failed(failure),
         (Ok(FlowEnd { report, ended }), None) => {
-            tracing::info!(flow = %flow.name, rows = report.rows, duplicates = report.duplicates,
+            // Duplicates as the summary and the store count them: both tiers'.
+            let seen = counters.snapshot();
+            tracing::info!(flow = %flow.name, rows = report.rows,
+                duplicates = seen.duplicates_memory + seen.duplicates_store,
+                duplicates_memory = seen.duplicates_memory, duplicates_store = seen.duplicates_store,
                 dead_letters = report.dead_letters, ?ended, "flow finished");
             match ended {
                 Ended::Drained => FlowState::Completed,
