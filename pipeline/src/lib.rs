@@ -62,6 +62,16 @@ pub use errors::{ConfigError, ConfigErrors, ErrorCode};
 pub use model::*;
 pub use validate::{MAX_IDENTIFIER_LEN, is_identifier};
 
+/// The JSON Schema of the pipeline file (draft 2020-12), generated from the types the file is
+/// read into, for editors to validate and complete files with (`sluice schema`;
+/// `docs/pipeline.schema.json`, kept current by a test). It says which keys exist and the
+/// shape of their values; the checks on values are `sluice validate`'s.
+pub fn json_schema() -> String {
+    let mut schema = schemars::schema_for!(raw::RawPipeline);
+    schema.insert("title".into(), "sluice pipeline file".into());
+    serde_json::to_string_pretty(&schema).unwrap_or_default() + "\n"
+}
+
 /// Reads, parses and validates the pipeline file at `path`.
 ///
 /// # Errors

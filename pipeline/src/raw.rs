@@ -8,12 +8,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 
 /// The whole file.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Pipeline")]
 pub(crate) struct RawPipeline {
     pub(crate) pipeline: Option<String>,
     pub(crate) mode: Option<RawMode>,
@@ -29,46 +31,52 @@ pub(crate) struct RawPipeline {
 }
 
 /// `mode:`.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[schemars(rename = "Mode")]
 pub(crate) enum RawMode {
     Continuous,
     Triggered,
 }
 
 /// `pubsub:`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "PubSubSettings")]
 pub(crate) struct RawPubSubSettings {
     pub(crate) project: Option<String>,
     pub(crate) endpoint: Option<String>,
 }
 
 /// `metrics:`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Metrics")]
 pub(crate) struct RawMetrics {
     pub(crate) listen: Option<String>,
 }
 
 /// `control:`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Control")]
 pub(crate) struct RawControl {
     pub(crate) listen: Option<String>,
     pub(crate) token_file: Option<String>,
 }
 
 /// `dead_letter:`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "DeadLetter")]
 pub(crate) struct RawDeadLetter {
     pub(crate) topic: Option<String>,
 }
 
 /// `schedule:`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Schedule")]
 pub(crate) struct RawSchedule {
     pub(crate) cron: Option<String>,
     pub(crate) every: Option<Humane>,
@@ -81,16 +89,18 @@ pub(crate) struct RawSchedule {
 }
 
 /// `schedule.semantics`.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[schemars(rename = "Semantics")]
 pub(crate) enum RawSemantics {
     Trigger,
     DataInterval,
 }
 
 /// One entry of `targets:`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Target")]
 pub(crate) struct RawTarget {
     pub(crate) name: Option<String>,
     pub(crate) kind: Option<RawKind>,
@@ -101,18 +111,21 @@ pub(crate) struct RawTarget {
 }
 
 /// One entry of `targets[i].columns`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Column")]
 pub(crate) struct RawColumn {
     pub(crate) name: Option<String>,
     #[serde(rename = "type")]
+    #[schemars(extend("enum" = ["text", "integer", "double", "numeric", "boolean", "timestamp", "date", "json", "bytes"]))]
     pub(crate) ty: Option<String>,
     pub(crate) nullable: Option<bool>,
 }
 
 /// `targets[i].kind`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[schemars(rename = "Kind")]
 pub(crate) enum RawKind {
     Table,
     View,
@@ -122,16 +135,19 @@ pub(crate) enum RawKind {
 }
 
 /// `targets[i].sink`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Sink")]
 pub(crate) struct RawSink {
+    #[schemars(extend("enum" = ["jsonl"]))]
     pub(crate) format: Option<String>,
     pub(crate) path: Option<String>,
 }
 
 /// `targets[i].window`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Window")]
 pub(crate) struct RawWindow {
     pub(crate) size: Option<Humane>,
     pub(crate) group_by: Option<String>,
@@ -140,15 +156,17 @@ pub(crate) struct RawWindow {
 }
 
 /// `targets[i].foreach_batch`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "ForeachBatch")]
 pub(crate) struct RawForeachBatch {
     pub(crate) endpoint: Option<String>,
 }
 
 /// One entry of `flows:`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Flow")]
 pub(crate) struct RawFlow {
     pub(crate) name: Option<String>,
     pub(crate) target: Option<String>,
@@ -163,9 +181,11 @@ pub(crate) struct RawFlow {
 }
 
 /// `flows[i].decode`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Decode")]
 pub(crate) struct RawDecode {
+    #[schemars(extend("enum" = ["json", "avro", "protobuf"]))]
     pub(crate) format: Option<String>,
     pub(crate) schema: Option<String>,
     pub(crate) message: Option<String>,
@@ -173,17 +193,20 @@ pub(crate) struct RawDecode {
 }
 
 /// One entry of `flows[i].expect`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Expectation")]
 pub(crate) struct RawExpectation {
     pub(crate) name: Option<String>,
     pub(crate) check: Option<String>,
+    #[schemars(extend("enum" = ["warn", "drop", "fail"]))]
     pub(crate) on_violation: Option<String>,
 }
 
 /// `flows[i].source`: exactly one of the three keys (checked later).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Source")]
 pub(crate) struct RawSource {
     pub(crate) pubsub: Option<RawPubSub>,
     pub(crate) file: Option<RawFile>,
@@ -191,16 +214,18 @@ pub(crate) struct RawSource {
 }
 
 /// `source.file`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "File")]
 pub(crate) struct RawFile {
     pub(crate) path: Option<String>,
     pub(crate) max_record_bytes: Option<Humane>,
 }
 
 /// `source.pubsub`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "PubSub")]
 pub(crate) struct RawPubSub {
     pub(crate) subscription: Option<String>,
     pub(crate) dedup: Option<RawDedup>,
@@ -215,16 +240,18 @@ pub(crate) struct RawPubSub {
 }
 
 /// `source.pubsub.poison`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[schemars(rename = "Poison")]
 pub(crate) enum RawPoison {
     DeadLetter,
     Nack,
 }
 
 /// `source.pubsub.dedup`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Dedup")]
 pub(crate) struct RawDedup {
     pub(crate) by: Option<RawDedupBy>,
     pub(crate) attribute: Option<String>,
@@ -233,56 +260,63 @@ pub(crate) struct RawDedup {
 }
 
 /// `dedup.by`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[schemars(rename = "DedupBy")]
 pub(crate) enum RawDedupBy {
     MessageId,
     Attribute,
 }
 
 /// `dedup.on_missing`.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[schemars(rename = "OnMissing")]
 pub(crate) enum RawOnMissing {
     MessageId,
     DeadLetter,
 }
 
 /// `source.pubsub.event_time`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "EventTime")]
 pub(crate) struct RawEventTime {
     pub(crate) attribute: Option<String>,
     pub(crate) on_bad_timestamp: Option<RawOnBadTimestamp>,
 }
 
 /// `event_time.on_bad_timestamp`.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
+#[schemars(rename = "OnBadTimestamp")]
 pub(crate) enum RawOnBadTimestamp {
     DeadLetter,
     PublishTime,
 }
 
 /// `source.pubsub.watermark`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Watermark")]
 pub(crate) struct RawWatermark {
     pub(crate) tracking_subscription: Option<String>,
     pub(crate) band: Option<Humane>,
 }
 
 /// `source.pubsub.flow_control`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "FlowControl")]
 pub(crate) struct RawFlowControl {
     pub(crate) max_outstanding_messages: Option<i64>,
     pub(crate) max_outstanding_bytes: Option<Humane>,
 }
 
 /// `source.pubsub.batch`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Batch")]
 pub(crate) struct RawBatch {
     pub(crate) max_messages: Option<i64>,
     pub(crate) max_delay: Option<Humane>,
@@ -293,6 +327,22 @@ pub(crate) struct RawBatch {
 pub(crate) enum OneOrMany {
     One(String),
     Many(Vec<String>),
+}
+
+impl JsonSchema for OneOrMany {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "OneOrMany".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "One flow name, or a list of names.",
+            "anyOf": [
+                { "type": "string" },
+                { "type": "array", "items": { "type": "string" } }
+            ]
+        })
+    }
 }
 
 impl<'de> Deserialize<'de> for OneOrMany {
@@ -327,6 +377,19 @@ impl<'de> Deserialize<'de> for OneOrMany {
 /// or a plain number (`max_outstanding_bytes: 1048576`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Humane(pub(crate) String);
+
+impl JsonSchema for Humane {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Humane".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A duration (`50ms`, `5s`, `10m`, `1h`) or a size (`100MiB`), or a plain number.",
+            "type": ["string", "number"]
+        })
+    }
+}
 
 impl<'de> Deserialize<'de> for Humane {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

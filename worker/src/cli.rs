@@ -67,6 +67,8 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = commands::init::InitStore::Sqlite)]
         store: commands::init::InitStore,
     },
+    /// Prints the pipeline file's JSON Schema, for editors (docs/pipeline.schema.json).
+    Schema,
     /// Connects to what the file names (the store, every subscription and topic, the file
     /// sources' files) and reports each problem: exit 0 when all is well, 1 otherwise.
     Check {
@@ -198,6 +200,10 @@ pub async fn dispatch(command: Command) -> ExitCode {
             source,
             store,
         } => commands::init::init(&output, &name, source, store),
+        Command::Schema => {
+            print!("{}", sluice_pipeline::json_schema());
+            ExitCode::SUCCESS
+        }
         Command::Check { config } => commands::check::check(&config).await,
         Command::Status { config, format } => commands::status::status(&config, format).await,
         Command::Runs {
