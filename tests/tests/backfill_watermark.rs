@@ -17,7 +17,7 @@
 //! Both tests check, and could fail on: every record in exactly one window count (counts equal
 //! what was published and what the file holds), no row committed into a window after it was
 //! emitted (the table's watermark never ran ahead), no late row, and the ordering each variant
-//! promises. The figures (README "Backfills and the watermark") are printed, never asserted.
+//! promises. The figures (docs/watermarks.md, "Backfills and the watermark") are printed, never asserted.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use google_cloud_pubsub::model::Message;
@@ -249,7 +249,7 @@ async fn run(pubsub: &PubSub, ordered: bool) -> Figures {
     }
 }
 
-/// One run's figures as a column of the README's table (the two tests print one column each).
+/// One run's figures as a column of the table in docs/watermarks.md (the two tests print one column each).
 fn print_column(what: &str, figures: &Figures) {
     let pair = |(p50, max): (f64, f64)| format!("{p50:.1} / {max:.1}");
     let rows = [

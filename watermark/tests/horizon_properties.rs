@@ -5,7 +5,7 @@
 //! mixed with what is published after it, but never after a message published 2 s or more
 //! after it. That is the horizon's stated assumption: a stream that delivers a message
 //! published at `p` has delivered everything published before `p − 2 s`, live or handing back
-//! a backlog (see the README's known limits). The reader's clock is off Pub/Sub's by up to ±30 s. At every tick the horizon must be at
+//! a backlog (see docs/watermarks.md, known limits). The reader's clock is off Pub/Sub's by up to ±30 s. At every tick the horizon must be at
 //! most the publish time of every message published and not delivered yet, and at most
 //! Pub/Sub's clock minus the 2 s allowance; after the outage it must catch up again.
 //!

@@ -141,8 +141,8 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
         println!("flow {}: {}", outcome.name, outcome.state.name());
         if from_file {
             println!(
-                "  records read  {:>7}  (lines of the history file)",
-                c.received
+                "  records read  {:>7}  (history lines; the {} skipped ones are not read)",
+                c.received, outcome.skipped
             );
         } else {
             println!("  received      {:>7}  (redeliveries included)", c.received);

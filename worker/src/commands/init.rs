@@ -126,7 +126,7 @@ store: postgres://sluice@127.0.0.1:5432/sluice"
 "
     };
     format!(
-        "# A sluice pipeline, written by `sluice init`. Every key is in docs/SPEC.md §4; relative
+        "# A sluice pipeline, written by `sluice init`. Every key is in docs/pipeline-file.md; relative
 # paths are beside this file.
 pipeline: {name}
 {mode}

@@ -2,13 +2,18 @@
 //! tier dropped since the one before (`CommitBatch::memory_duplicates`); those dropped after a
 //! flow's last commit are recorded when the flow ends, by a commit without entries. So the
 //! store's count of a flow's duplicates is both tiers', as the run's summary, the log and
-//! `/metrics` count them. A crash loses at most the drops since the last commit: a count,
-//! never data.
+//! `/metrics` count them. A crash loses at most the drops since the last commit, and a store
+//! that does not answer within [`RECORD_TIMEOUT`] at the end the drops since the last commit:
+//! a count, never data (the flow's end, a drain's included, never waits longer for it).
 
 use super::CommitThenAck;
 use crate::telemetry::Counters;
 use crate::time::now_ms;
 use sluice_store::CommitBatch;
+use std::time::Duration;
+
+/// How long a flow's end waits to record its last drops.
+const RECORD_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl CommitThenAck {
     /// Records the memory tier's duplicates not recorded yet (none for a library job, whose
@@ -37,8 +42,9 @@ impl CommitThenAck {
             typed: self.typed.clone(),
             memory_duplicates: dropped,
         };
-        if let Err(error) = self.store.commit(batch).await {
-            tracing::debug!(flow = %self.flow.name, %error, dropped,
+        let recorded = tokio::time::timeout(RECORD_TIMEOUT, self.store.commit(batch)).await;
+        if !matches!(recorded, Ok(Ok(_))) {
+            tracing::debug!(flow = %self.flow.name, dropped,
                 "the memory tier's last duplicates are not recorded in the store");
         }
     }

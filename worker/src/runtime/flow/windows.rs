@@ -18,7 +18,7 @@
 //!   refuses anything else), whose stored watermark bounds what it will still commit. While any
 //!   live writer has no watermark yet, the table has none and nothing is emitted. This is why a
 //!   backfill beside a live flow holds the live flow's windows back, and `depends_on` does not
-//!   (README, "Backfills and the watermark").
+//!   (docs/watermarks.md, "Backfills and the watermark").
 //!
 //! Why the counts are complete: the watermark never passes an uncommitted message whose event
 //! time is within the band (SPEC §2.4), so when it has passed a window's end every such message
