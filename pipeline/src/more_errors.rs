@@ -41,7 +41,17 @@ pub(crate) fn after_first(
         if seen.contains(&one_line(&path)) {
             break;
         }
-        let (code, message) = describe(&failure.into_inner().to_string());
+        let raw_message = failure.into_inner().to_string();
+        // The file's own reading takes a plain number or boolean as text where text is
+        // expected (`check: false`, `project: 123`); the tree typed it: not an error.
+        if raw_message.ends_with(", expected a string") {
+            seen.push(one_line(&path));
+            if !as_text(&mut tree, &path) {
+                break;
+            }
+            continue;
+        }
+        let (code, message) = describe(&raw_message);
         let spot = locator.locate(&path);
         errors.push(ConfigError::new(
             code,
@@ -93,9 +103,37 @@ fn describe(message: &str) -> (ErrorCode, String) {
     (ErrorCode::InvalidValue, crate::decode::plain_words(message))
 }
 
+/// The scalar at `path` in `tree` as text, as the file's own reading takes it. Whether it was
+/// a number or a boolean.
+fn as_text(tree: &mut Value, path: &str) -> bool {
+    let Some(node) = node_mut(tree, path) else {
+        return false;
+    };
+    let text = match node {
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        _ => return false,
+    };
+    *node = Value::String(text);
+    true
+}
+
+/// The node at `path`, if the tree has one.
+fn node_mut<'a>(tree: &'a mut Value, path: &str) -> Option<&'a mut Value> {
+    let mut node = tree;
+    for step in steps(path) {
+        node = match (node, step) {
+            (Value::Object(map), Step::Key(key)) => map.get_mut(key)?,
+            (Value::Array(items), Step::Index(i)) => items.get_mut(i)?,
+            _ => return None,
+        };
+    }
+    Some(node)
+}
+
 /// Takes the node at `path` (`flows[1].source.pubsub`) out of `tree`: a key is removed, a list
-/// item becomes an empty mapping (so that the items after it keep their places). Whether there
-/// was one to take.
+/// item becomes an empty mapping, or empty text if it was a scalar (so that the items after it
+/// keep their places). Whether there was one to take.
 fn take_out(tree: &mut Value, path: &str) -> bool {
     let mut steps = steps(path);
     let Some(last) = steps.pop() else {
@@ -118,11 +156,19 @@ fn take_out(tree: &mut Value, path: &str) -> bool {
     match (node, last) {
         (Value::Object(map), Step::Key(key)) => map.remove(key).is_some(),
         (Value::Array(items), Step::Index(i)) => match items.get_mut(i) {
-            Some(item) if item.as_object().is_none_or(|m| !m.is_empty()) => {
-                *item = Value::Object(serde_json::Map::new());
-                true
+            Some(item @ (Value::Object(_) | Value::Array(_) | Value::Null)) => {
+                let empty = Value::Object(serde_json::Map::new());
+                let changed = *item != empty;
+                *item = empty;
+                changed
             }
-            _ => false,
+            Some(item) => {
+                let empty = Value::String(String::new());
+                let changed = *item != empty;
+                *item = empty;
+                changed
+            }
+            None => false,
         },
         _ => false,
     }
@@ -202,6 +248,33 @@ flows:
                 "{expected}: {found:#?}"
             );
         }
+    }
+
+    /// Numbers and booleans where text is expected are text to the file's own reading, not
+    /// errors; a bad item of a list does not hide the errors after it.
+    #[test]
+    fn scalars_read_as_text_are_no_errors_and_lists_go_on() {
+        let found = errors(
+            "pipeline: p
+pubsub: { project: 123 }
+mood: x
+flows:
+  - name: a
+    depends_on: [b, 2]
+    select: { one: 1, yes: true }
+    expect: [{ name: e, check: false }]
+    once: maybe
+",
+        );
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert!(
+            found.iter().any(|f| f.contains("UNKNOWN_KEY: mood")),
+            "{found:#?}"
+        );
+        assert!(
+            found.iter().any(|f| f.contains("flows[0].once")),
+            "{found:#?}"
+        );
     }
 
     #[test]

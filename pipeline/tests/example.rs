@@ -15,7 +15,8 @@ fn spec_example() -> PathBuf {
 fn spec_example_loads_into_the_expected_model() {
     let pipeline = load(&spec_example()).expect("the SPEC §4 example is valid");
     // Relative paths are beside the file.
-    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let folder =
+        std::fs::canonicalize(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")).unwrap();
     let beside = |path: &str| folder.join(path);
     let expected = Pipeline {
         name: "orders".into(),
@@ -138,7 +139,9 @@ flows:
 ";
     let p = parse(text, Path::new("shop.yaml")).expect("valid");
     assert_eq!(p.mode, Mode::Continuous);
-    assert_eq!(p.store, "sqlite://state/shop.db");
+    // Beside the file: here, the working directory.
+    let beside = std::fs::canonicalize(".").unwrap().join("state/shop.db");
+    assert_eq!(p.store, format!("sqlite://{}", beside.display()));
     assert_eq!(p.pubsub, PubSubSettings::default());
     assert_eq!(p.metrics_listen, None);
     assert_eq!(p.control_listen, None);

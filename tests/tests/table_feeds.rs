@@ -274,14 +274,14 @@ fn number_after(stdout: &str, start: &str, label: &str) -> u64 {
         .unwrap()
 }
 
-/// The rows `flow` read in a run, from its summary: those it received and those it skipped as
-/// committed before.
+/// The rows `flow` read in a run, from its summary: those it read (`read N`: a table flow) and
+/// those it skipped as committed before.
 fn rows_read(stdout: &str, flow: &str) -> u64 {
     assert!(
         stdout.contains(&format!("flow {flow}:")),
         "no summary of {flow} in:\n{stdout}"
     );
-    number_after(stdout, &format!("flow {flow}:"), "received ")
+    number_after(stdout, &format!("flow {flow}:"), "; read ")
         + number_after(stdout, &format!("{flow}: "), ": ")
 }
 

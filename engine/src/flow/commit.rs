@@ -348,7 +348,8 @@ impl CommitThenAck {
                     batch
                         .counters()
                         .commit_took(started.elapsed().as_secs_f64());
-                    if result.is_err() {
+                    // A commit given up on may still land: its drops are not counted again.
+                    if matches!(result, Err(Failure::Store(_))) {
                         batch.counters().memory_duplicates_unrecorded(dropped);
                     }
                     if let Some(sink) = sink_commit {

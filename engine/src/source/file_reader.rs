@@ -123,9 +123,24 @@ impl Reader {
         turn: Option<&Turn>,
     ) -> ReadEnd {
         let from_path = PathBuf::from(&from.path);
+        // A checkpoint written under a relative glob (before globs were resolved beside the
+        // pipeline file) cannot be placed among absolute paths: every file is read again, and
+        // the ledger drops what was committed, rather than skipping files unread.
+        let comparable = files
+            .first()
+            .is_none_or(|f| f.path.is_absolute() == from_path.is_absolute());
+        if !comparable && !from.path.is_empty() {
+            tracing::warn!(checkpoint = %from.path,
+                "a file checkpoint of another form than the files' paths: reading every file again");
+        }
+        let from_path = if comparable {
+            from_path
+        } else {
+            PathBuf::new()
+        };
         for file in files {
             let (offset, line) = match file.path.cmp(&from_path) {
-                std::cmp::Ordering::Less if !from.path.is_empty() => {
+                std::cmp::Ordering::Less if !from_path.as_os_str().is_empty() => {
                     self.deliverer
                         .progress
                         .bytes_read

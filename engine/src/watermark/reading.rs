@@ -141,7 +141,8 @@ impl Reading {
         let reopens = Arc::new(AtomicU64::new(0));
         let source = PubSubSource::new(pubsub.clone(), tracking, 1)?
             .delivering_probes()
-            .counting_reopens(reopens.clone());
+            .counting_reopens(reopens.clone())
+            .labelled(&flow.pipeline, &flow.name);
         let (intake_tx, intake) = mpsc::channel(INTAKE_CAPACITY);
         // The stream lives until the reader stops (or the tracker does).
         let stop = stop.child_token();

@@ -57,6 +57,12 @@ pub(crate) fn classify(error: tokio_postgres::Error) -> StoreError {
     }
 }
 
+/// Whether a `Config` error's text is a login refused (class 28) or a database missing
+/// (3D000), as [`classify`] writes them: what a store reached before waits out.
+pub(crate) fn refused_login(why: &str) -> bool {
+    why.starts_with("3D000") || why.starts_with("28")
+}
+
 impl From<tokio_postgres::Error> for StoreError {
     fn from(error: tokio_postgres::Error) -> Self {
         classify(error)

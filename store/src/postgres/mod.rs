@@ -78,6 +78,10 @@ pub struct PostgresStore {
     /// What the feed reads each table through (`typed_feed.rs`), by table: read from the
     /// catalog once per table, again after a prepare (which may add columns).
     feed_relations: std::sync::Mutex<std::collections::HashMap<String, Arc<str>>>,
+    /// Whether a connection was had once: then a refused login or a missing database is an
+    /// outage (a password being rotated, a database being restored) to wait out, not a
+    /// misconfiguration to stop on.
+    connected: std::sync::atomic::AtomicBool,
 }
 
 impl PostgresStore {
@@ -94,6 +98,7 @@ impl PostgresStore {
             display: connect::redact(url),
             server_clock: clock::ServerClock::default(),
             feed_relations: std::sync::Mutex::default(),
+            connected: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -155,20 +160,29 @@ impl PostgresStore {
     }
 
     /// A connection from the pool; an error getting one names the server (the URL, password
-    /// redacted).
+    /// redacted). A login refused or a database missing (`error.rs`) is a misconfiguration
+    /// until a connection was had, and an outage after.
     async fn client(&self) -> Result<Client, StoreError> {
-        self.pool
-            .get()
-            .await
-            .map_err(|error| match StoreError::from(error) {
+        match self.pool.get().await {
+            Ok(client) => {
+                self.connected.store(true, Ordering::Relaxed);
+                Ok(client)
+            }
+            Err(error) => Err(match StoreError::from(error) {
                 StoreError::Unavailable(why) => {
+                    StoreError::Unavailable(format!("{why} (store {})", self.display))
+                }
+                StoreError::Config(why)
+                    if self.connected.load(Ordering::Relaxed) && error::refused_login(&why) =>
+                {
                     StoreError::Unavailable(format!("{why} (store {})", self.display))
                 }
                 StoreError::Config(why) => {
                     StoreError::Config(format!("{why} (store {})", self.display))
                 }
                 other => other,
-            })
+            }),
+        }
     }
 
     /// A connection to a migrated database, and the ledger generation width.

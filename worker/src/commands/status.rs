@@ -58,16 +58,24 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
         Ok(token) => token,
         Err(exit) => return exit,
     };
-    // Status reads a store and never creates one.
-    let store = match sluice_store::open_existing(&pipeline.store).await {
-        Ok(store) => store,
-        Err(error) => {
+    // A running worker answers first; the store is read (never created) for the rest, or for
+    // everything when no worker answers.
+    let live = ask_worker(&pipeline, token).await;
+    let store = match (sluice_store::open_existing(&pipeline.store).await, live) {
+        (Ok(store), live) => (store, live),
+        (Err(error), Some(live)) => {
+            eprintln!("sluice status: the store cannot be read ({error}); the worker's view only");
+            print_report(&live, format);
+            return ExitCode::SUCCESS;
+        }
+        (Err(error), None) => {
             eprintln!("sluice status: {error}");
             return ExitCode::from(1);
         }
     };
+    let (store, live) = store;
     let store = &*store;
-    let mut report = match ask_worker(&pipeline, token).await {
+    let mut report = match live {
         Some(live) => live,
         None => match gather(&pipeline, store).await {
             Ok(report) => report,
@@ -117,11 +125,15 @@ pub async fn status(config: &Path, format: StatusFormat) -> ExitCode {
         Ok(None) => {}
         Err(error) => eprintln!("sluice status: cannot read the dead-letter outbox: {error}"),
     }
+    print_report(&report, format);
+    ExitCode::SUCCESS
+}
+
+fn print_report(report: &Report, format: StatusFormat) {
     match format {
         StatusFormat::Json => println!("{}", report.json),
         StatusFormat::Text => print!("{}", report.text),
     }
-    ExitCode::SUCCESS
 }
 
 /// A triggered pipeline's last and next run, from the store.
