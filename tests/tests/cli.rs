@@ -396,6 +396,12 @@ fn init_writes_a_pipeline_that_validates_and_runs() {
         .collect();
     std::fs::write(dir.path().join("data/a.jsonl"), records).unwrap();
     let file = dir.path().join("files-sqlite.yaml");
+    // The scaffold's metrics port is the conventional 9464: another test may hold it.
+    let port = sluice_bench::free_port().unwrap();
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("127.0.0.1:9464", &format!("127.0.0.1:{port}"));
+    std::fs::write(&file, text).unwrap();
     let run = sluice_command(
         &["run", "-c", file.to_str().unwrap()],
         Some(&dir.path().join("data")),
