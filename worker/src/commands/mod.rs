@@ -11,6 +11,7 @@ pub mod refresh;
 pub mod run;
 pub mod runs;
 pub mod status;
+mod status_live;
 pub mod text;
 pub mod validate;
 

@@ -12,6 +12,7 @@ mod admin;
 mod pause;
 mod probe;
 mod publish_outcome;
+mod running;
 mod schema_registry;
 mod settings;
 mod source;

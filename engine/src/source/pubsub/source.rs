@@ -20,6 +20,7 @@
 
 use super::ack::{AckLabels, PendingAcks, PubSubAck, register_ack_failures};
 use super::pause::{Epoch, PauseWatch};
+use super::running::RunningPubSub;
 use super::settings::FlowIntent;
 use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig, is_probe, reserved_attribute_problem};
 use crate::backoff::Backoff;
@@ -49,8 +50,6 @@ const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Stalls this long or longer are taken for pauses of the process unless the source is given its
 /// own threshold ([`PubSubSource::with_pause_threshold`]).
 const PAUSE_THRESHOLD: Duration = Duration::from_secs(30);
-/// How long [`SourceHandle::close`] waits for the client to flush acks before giving up.
-const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The client extends a held message's lease by up to this much at a time (the client's
 /// minimum; it renews well before expiry). It is also the stream's ack deadline, which bounds
 /// how long messages handed to a crashed worker's streams wait before redelivery: measured on
@@ -300,39 +299,6 @@ impl MessageSource for PubSubSource {
             ordered,
             pending,
         }))
-    }
-}
-
-struct RunningPubSub {
-    stop: CancellationToken,
-    tokens: Arc<Mutex<Vec<ShutdownToken>>>,
-    tasks: JoinSet<()>,
-    ordered: bool,
-    pending: Arc<PendingAcks>,
-}
-
-#[async_trait]
-impl SourceHandle for RunningPubSub {
-    fn ordered(&self) -> bool {
-        self.ordered
-    }
-
-    async fn close(mut self: Box<Self>) {
-        // Confirmed acks already sent get their answers while the streams still run.
-        if tokio::time::timeout(CLOSE_TIMEOUT, self.pending.settled())
-            .await
-            .is_err()
-        {
-            tracing::warn!("confirmed acks still unanswered at close; they may come back");
-        }
-        self.stop.cancel();
-        while self.tasks.join_next().await.is_some() {}
-        let tokens =
-            std::mem::take(&mut *self.tokens.lock().unwrap_or_else(PoisonError::into_inner));
-        let all = futures::future::join_all(tokens.iter().map(ShutdownToken::shutdown));
-        if tokio::time::timeout(CLOSE_TIMEOUT, all).await.is_err() {
-            tracing::warn!("Pub/Sub streams did not finish flushing acks in time");
-        }
     }
 }
 
