@@ -389,6 +389,7 @@ fn flow_run(
             max_attempts: 5,
             dedup_window: Duration::from_secs(600),
             commit_bound: None,
+            give_up_after: None,
         },
         CancellationToken::new(),
     );

@@ -262,6 +262,7 @@ pub(crate) async fn bench_flow(
             dedup_window: window,
             // As the worker's Pub/Sub flows: the deadline travels with every commit.
             commit_bound: Some(sluice_engine::commit_bound(window)),
+            give_up_after: None,
         },
         CancellationToken::new(),
     );

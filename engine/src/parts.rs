@@ -97,6 +97,7 @@ impl PubSubFlow {
                 max_attempts: self.max_attempts,
                 dedup_window: window,
                 commit_bound: Some(commit_bound(window)),
+                give_up_after: None,
             },
         })
     }

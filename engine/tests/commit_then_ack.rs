@@ -7,8 +7,8 @@
 use async_trait::async_trait;
 use sluice_engine::{
     BatchSettings, BatchSource, Budget, CommitReport, CommitThenAck, Counters, DedupSettings,
-    Delivery, Ended, FlowRun, FlowWatermark, InProcessSource, KeySource, RetrySettings, RunUntil,
-    SourceHandle, Stage, StageError, TableStage,
+    Delivery, Ended, FlowError, FlowRun, FlowWatermark, InProcessSource, KeySource, RetrySettings,
+    RunUntil, SourceHandle, Stage, StageError, TableStage,
 };
 use sluice_store::testing::{CommitFault, FaultStore};
 use sluice_store::{
@@ -124,6 +124,18 @@ fn run_of(
     give_up: CancellationToken,
     until: RunUntil,
 ) -> FlowRun {
+    patient_run_of(setup, source, stage, give_up, until, None)
+}
+
+/// As [`run_of`], its commits retried for at most `give_up_after` while the store is down.
+fn patient_run_of(
+    setup: &Setup,
+    source: InProcessSource,
+    stage: Arc<dyn Stage>,
+    give_up: CancellationToken,
+    until: RunUntil,
+    give_up_after: Option<Duration>,
+) -> FlowRun {
     let counters = Counters::new("p", "f");
     FlowRun {
         source: Box::new(source),
@@ -148,6 +160,7 @@ fn run_of(
                 max_attempts: 3,
                 dedup_window: Duration::from_secs(600),
                 commit_bound: None,
+                give_up_after,
             },
             give_up,
         ),
@@ -373,6 +386,7 @@ async fn deliveries_held_past_the_commit_bound_are_nacked_not_committed() {
             max_attempts: 3,
             dedup_window: Duration::from_secs(600),
             commit_bound: Some(Duration::from_millis(800)),
+            give_up_after: None,
         },
         CancellationToken::new(),
     );
@@ -459,6 +473,58 @@ async fn a_ledger_duplicate_is_not_remembered_past_the_ledgers_window() {
         "the copy after the window is committed"
     );
     assert_eq!(tally.acked.load(Ordering::SeqCst), 2);
+}
+
+/// A triggered run's `give_up_after`: an outage shorter than it is waited out and everything
+/// lands; a store that stays down past it makes the flow end by itself, failed with
+/// `FlowError::GaveUp` naming the setting, nothing acked, every message given back.
+#[tokio::test]
+async fn a_store_down_past_give_up_after_fails_the_flow_and_acks_nothing() {
+    let patience = Some(Duration::from_millis(1_500));
+    let setup = setup().await;
+    setup.faults.unavailable.store(true, Ordering::SeqCst);
+    let source = InProcessSource::generated(200, 10, |i| format!("short{i}"));
+    let tally = source.tally();
+    let stage = Arc::new(TableStage::default());
+    let never = CancellationToken::new();
+    let idle = RunUntil::Idle(Duration::from_millis(300));
+    let run = patient_run_of(&setup, source, stage.clone(), never.clone(), idle, patience);
+    let task = tokio::spawn(run.run(CancellationToken::new()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    setup.faults.unavailable.store(false, Ordering::SeqCst);
+    let end = task.await.unwrap().unwrap();
+    assert_eq!(end.ended, Ended::Drained, "a shorter outage is waited out");
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 200);
+
+    setup.faults.unavailable.store(true, Ordering::SeqCst);
+    let failed_before = setup.faults.failed_commits.load(Ordering::SeqCst);
+    let source = InProcessSource::generated(300, 10, |i| format!("long{i}"));
+    let tally = source.tally();
+    let run = patient_run_of(&setup, source, stage, never, idle, patience);
+    let ended = tokio::time::timeout(Duration::from_secs(60), run.run(CancellationToken::new()))
+        .await
+        .expect("the flow ends by itself once its patience is spent");
+    match ended {
+        Err(FlowError::GaveUp(why)) => {
+            assert!(
+                why.contains("give_up_after") && why.contains("injected outage"),
+                "{why}"
+            );
+        }
+        other => panic!("expected a give-up, got {other:?}"),
+    }
+    assert!(
+        setup.faults.failed_commits.load(Ordering::SeqCst) - failed_before >= 2,
+        "the commit was retried before the run gave up"
+    );
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 0, "nothing acked");
+    assert_eq!(tally.dropped.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        tally.nacked.load(Ordering::SeqCst),
+        300,
+        "every message given back"
+    );
+    assert_eq!(setup.store.count_rows("p__t", None).await.unwrap(), 200);
 }
 
 #[tokio::test]

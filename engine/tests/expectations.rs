@@ -108,6 +108,7 @@ fn flow(store: &Arc<SqliteStore>, flow: &FlowHandle, on_violation: OnViolation) 
             max_attempts: 3,
             dedup_window: window,
             commit_bound: None,
+            give_up_after: None,
         },
         CancellationToken::new(),
     )

@@ -151,6 +151,7 @@ fn run(setup: &Setup, source: TableSource, until: RunUntil) -> FlowRun {
                 max_attempts: 5,
                 dedup_window: Duration::from_secs(600),
                 commit_bound: None,
+                give_up_after: None,
             },
             CancellationToken::new(),
         ),

@@ -61,6 +61,7 @@ fn run_of(
                 max_attempts: 2,
                 dedup_window: Duration::from_secs(600),
                 commit_bound: None,
+                give_up_after: None,
             },
             CancellationToken::new(),
         ),

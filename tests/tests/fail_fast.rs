@@ -4,11 +4,17 @@
 //! Real: the machine's PostgreSQL (a database that does not exist), a private PostgreSQL that
 //! asks for a password (`scram-sha-256`), a loopback port with nothing listening (a store or a
 //! Pub/Sub endpoint that is down), the Pub/Sub emulator (a subscription that does not exist,
-//! one that does), the `sluice` binary.
+//! one that does), the `sluice` binary. Fake: an outage that begins mid-run, by a
+//! [`FaultProxy`].
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use sluice_tests::{PROJECT, PrivatePostgres, PubSub, Workdir, emulator, sluice_command, unique};
+use sluice_tests::{
+    Db, FaultProxy, PROJECT, PgDb, PrivatePostgres, PubSub, Workdir, Worker, emulator, event,
+    eventually, sluice_command, unique,
+};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// A triggered pipeline on `store` and `endpoint` whose one flow reads `subscription`, giving
 /// up after 8 s (more than one of the source's 3 s questions to Pub/Sub, so that a retry shows).
@@ -196,5 +202,120 @@ async fn pubsub_errors_are_told_apart_and_a_triggered_run_gives_up() {
     assert!(
         !dir.path().join("state").exists(),
         "check created the store"
+    );
+}
+
+/// The `host:port` of `endpoint` (`http://host:port`) as a socket address.
+fn socket_of(endpoint: &str) -> SocketAddr {
+    let host_port = endpoint.rsplit("://").next().unwrap();
+    host_port
+        .to_socket_addrs()
+        .unwrap()
+        .find(SocketAddr::is_ipv4)
+        .unwrap()
+}
+
+/// Waits (at most 90 s) for `worker` to exit; its exit code and stderr.
+async fn exit_of(mut worker: Worker) -> (Option<i32>, String) {
+    let exited = eventually(Duration::from_secs(90), || !worker.is_running()).await;
+    let logs = worker.logs();
+    assert!(exited, "the run did not end by itself; stderr:\n{logs}");
+    (worker.wait(Duration::from_secs(1)).code(), logs)
+}
+
+/// An outage that begins **during** a triggered run ends it, failed, once `give_up_after` has
+/// passed, rather than hold it for ever or end it as if all was read:
+/// * Pub/Sub goes silent after the first messages are stored: the run's idle period comes, but
+///   Pub/Sub does not answer whether the subscription is idle, so the run does not end as
+///   drained; it fails naming the endpoint and `give_up_after`.
+/// * PostgreSQL goes silent after the first messages are stored, and more are published: their
+///   commit gets no answer, and the run fails naming `give_up_after`; nothing more is stored.
+///
+/// Real: the Pub/Sub emulator, PostgreSQL (a fresh database), the `sluice` binary. Fake: the
+/// silence, by a [`FaultProxy`] between the worker and the part (a partition on demand).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_during_a_triggered_run_fails_it_after_give_up_after() {
+    let dir = Workdir::new();
+    let pubsub = PubSub::connect().await;
+    let endpoint = emulator().endpoint();
+    let first: Vec<_> = (0..10).map(|i| event(&format!("a{i}"))).collect();
+    let more: Vec<_> = (0..10).map(|i| event(&format!("b{i}"))).collect();
+
+    // Pub/Sub silent mid-run.
+    let (topic, subscriptions) = pubsub.topic_with("midrun", 1).await;
+    let proxy = FaultProxy::start(socket_of(&endpoint));
+    let proxied = format!("http://{}", proxy.addr());
+    let sqlite = dir.path().join("state/midrun.db");
+    let store = format!("sqlite://{}", sqlite.display());
+    pubsub.publish(&topic, first.clone()).await;
+    let file = pipeline(&dir, &store, &proxied, &subscriptions[0]);
+    let worker = Worker::start(&file, "pubsub_silent");
+    let db = Db(sqlite);
+    assert!(
+        eventually(Duration::from_secs(60), || db
+            .query("SELECT COUNT(*) FROM fail_fast__events")
+            == 10)
+        .await,
+        "the first messages were not stored; stderr:\n{}",
+        worker.logs()
+    );
+    proxy.blackhole();
+    let silent = std::time::Instant::now();
+    let (code, stderr) = exit_of(worker).await;
+    println!(
+        "Pub/Sub silent: the run exited {code:?} {:?} after",
+        silent.elapsed()
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("Pub/Sub does not answer")
+            && stderr.contains(&format!(
+                "Pub/Sub at {proxied} unreachable for 8s, giving up"
+            )),
+        "{stderr}"
+    );
+
+    // PostgreSQL silent mid-run.
+    let (topic, subscriptions) = pubsub.topic_with("midrun", 1).await;
+    let database = sluice_store::ScratchDatabase::create().await.unwrap();
+    let url = database.url().to_owned();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (authority, path) = rest.split_once('/').unwrap();
+    let (user, host_port) = match authority.rsplit_once('@') {
+        Some((user, host_port)) => (format!("{user}@"), host_port),
+        None => (String::new(), authority),
+    };
+    let proxy = FaultProxy::start(socket_of(host_port));
+    let proxied_store = format!("{scheme}://{user}{}/{path}", proxy.addr());
+    pubsub.publish(&topic, first).await;
+    let file = pipeline(&dir, &proxied_store, &endpoint, &subscriptions[0]);
+    let worker = Worker::start(&file, "postgres_silent");
+    let db = PgDb(url);
+    assert!(
+        eventually(Duration::from_secs(60), || db
+            .query("SELECT COUNT(*) FROM fail_fast__events")
+            == 10)
+        .await,
+        "the first messages were not stored; stderr:\n{}",
+        worker.logs()
+    );
+    proxy.blackhole();
+    let silent = std::time::Instant::now();
+    pubsub.publish(&topic, more).await;
+    let (code, stderr) = exit_of(worker).await;
+    println!(
+        "PostgreSQL silent: the run exited {code:?} {:?} after",
+        silent.elapsed()
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the store stayed unavailable for 8s; the run gives up (give_up_after)"),
+        "{stderr}"
+    );
+    proxy.pass();
+    assert_eq!(
+        db.query("SELECT COUNT(*) FROM fail_fast__events"),
+        10,
+        "nothing more was stored"
     );
 }

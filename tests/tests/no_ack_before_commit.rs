@@ -72,6 +72,7 @@ async fn failing_commits_ack_nothing_and_messages_stay_deliverable() {
                 max_attempts: 2,
                 dedup_window: Duration::from_secs(600),
                 commit_bound: None,
+                give_up_after: None,
             },
             give_up.clone(),
         ),

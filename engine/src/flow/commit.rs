@@ -3,11 +3,12 @@
 //!
 //! Failure handling:
 //! * the store cannot commit (unreachable, locked, read-only, closed; anything but a refusal of
-//!   the data): retry the same batch with backoff, forever (leases keep extending, nothing is
-//!   acked), logging once per backoff step; when the caller gives up (shutdown deadline) the
-//!   batch is nacked;
-//! * a stage that is unavailable ([`crate::StageError::unavailable`]): the same, retried as long
-//!   as it takes, the stage called again with the same batch (so the same batch id);
+//!   the data): retry the same batch with backoff (leases keep extending, nothing is acked),
+//!   logging once per backoff step, for ever or, in a triggered run, for at most
+//!   [`RetrySettings::give_up_after`], after which the flow stops failed and the batch is
+//!   nacked; when the caller gives up (shutdown deadline) the batch is nacked;
+//! * a stage that is unavailable ([`crate::StageError::unavailable`]): the same, the stage
+//!   called again with the same batch (so the same batch id);
 //! * a stage failure or a commit the store refuses ([`StoreError::Rejected`]): a batch of several
 //!   is split into single messages to find the culprit, without charging anyone; a single
 //!   message uses one attempt per failure, and once it has used `max_attempts` it is committed as
@@ -30,11 +31,14 @@
 //! `commit/store_batch.rs`, the sink file's publication in `commit/sink_files.rs`.
 
 mod dropped;
+mod failure;
 mod report;
 mod sink_files;
 mod store_batch;
 mod typed_flow;
 
+use failure::Failure;
+pub(crate) use failure::Stopped;
 pub use report::{BatchWork, CommitReport, RetrySettings};
 use typed_flow::{Expected, with_query_failures};
 
@@ -72,8 +76,9 @@ pub struct CommitThenAck {
     typed: Option<Arc<sluice_store::TypedQuery>>,
     /// The typed query's expectations (in the order of its checks).
     expectations: Option<Arc<Expectations>>,
-    /// Why the flow failed an expectation (`fail`): set once, then nothing more commits.
-    failure: Arc<OnceLock<String>>,
+    /// Why the flow stopped (an expectation with `fail`, or `give_up_after` spent): set
+    /// once, then nothing more commits.
+    failure: Arc<OnceLock<Stopped>>,
     /// Stops the flow's source when it fails.
     stop_flow: Option<CancellationToken>,
     /// Batches of a failed flow, given back once its source has closed (see
@@ -197,7 +202,7 @@ impl CommitThenAck {
         report: &mut CommitReport,
         work: Option<&Arc<dyn BatchWork>>,
     ) -> Option<Vec<Batch>> {
-        let mut backoff = Backoff::default();
+        let mut backoff = Backoff::giving_up_after(self.retry.give_up_after);
         // Sink attempts whose transaction ran but whose commit reported an error: the commit
         // may have landed all the same (a lost answer), so they are decided from the store
         // once the batch is settled.
@@ -221,7 +226,7 @@ impl CommitThenAck {
     ) -> Option<Vec<Batch>> {
         loop {
             if self.failure.get().is_some() {
-                // The flow failed an expectation: nothing more is committed or acked.
+                // The flow stopped: nothing more is committed or acked.
                 report.abandoned += batch.len() as u64;
                 self.give_back_after_close(batch);
                 return None;
@@ -299,10 +304,7 @@ impl CommitThenAck {
                                 tracing::error!(flow = %self.flow.name, batch = batch.id,
                                     %why, "an expectation with on_violation: fail was violated; \
                                     the flow stops and the batch is not acked");
-                                let _ = self.failure.set(why);
-                                if let Some(stop) = &self.stop_flow {
-                                    stop.cancel();
-                                }
+                                self.stop_the_flow(Stopped::Expectation(why));
                                 report.abandoned += batch.len() as u64;
                                 self.give_back_after_close(batch);
                                 return None;
@@ -310,7 +312,7 @@ impl CommitThenAck {
                         }
                     }
                     if self.failure.get().is_some() {
-                        // Another lane's batch failed an expectation meanwhile.
+                        // Another lane's batch stopped the flow meanwhile.
                         report.abandoned += batch.len() as u64;
                         self.give_back_after_close(batch);
                         return None;
@@ -344,6 +346,10 @@ impl CommitThenAck {
                         // The commit may still land; its messages are nacked and the ledger
                         // absorbs their redelivery.
                         _ = self.give_up.cancelled() => Err(Failure::GaveUp),
+                        // A silent store (a partition) would hold a triggered run for ever.
+                        unanswered = failure::unanswered_within(self.retry.give_up_after) => {
+                            Err(unanswered)
+                        }
                     };
                     batch
                         .counters()
@@ -425,6 +431,7 @@ impl CommitThenAck {
                 Failure::Stage(_) => "stage",
                 Failure::StageUnavailable(_) => "stage_unavailable",
                 Failure::GaveUp => "gave_up",
+                Failure::Unanswered(_) => "unavailable",
             });
             let message_at_fault = matches!(
                 failure,
@@ -464,36 +471,21 @@ impl CommitThenAck {
                 batch.abandon();
                 return None;
             }
-            let delay = backoff.next_delay();
-            if message_at_fault {
-                tracing::warn!(flow = %self.flow.name, batch = batch.id,
-                    attempts = batch.deliveries()[0].attempts, error = %failure,
-                    retry_in_ms = delay.as_millis() as u64, "message failed; retrying");
-            } else if matches!(failure, Failure::StageUnavailable(_)) {
-                tracing::warn!(flow = %self.flow.name, batch = batch.id, step = backoff.step(),
-                    retry_in_ms = delay.as_millis() as u64, error = %failure,
-                    "stage unavailable; retrying the batch (nothing acked)");
-            } else {
-                tracing::warn!(flow = %self.flow.name, batch = batch.id, step = backoff.step(),
-                    retry_in_ms = delay.as_millis() as u64, error = %failure,
-                    "store unavailable; retrying the commit (nothing acked)");
+            let spent = match failure {
+                Failure::Unanswered(patience) => Some(patience),
+                _ => backoff.exhausted(),
+            };
+            if !message_at_fault && let Some(patience) = spent {
+                report.abandoned += batch.len() as u64;
+                self.give_up_waiting(batch, patience, &failure);
+                return None;
             }
+            let delay = backoff.next_delay();
+            self.log_retry(&batch, &failure, message_at_fault, backoff.step(), delay);
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = self.give_up.cancelled() => {}
             }
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum Failure {
-    #[error("{0}")]
-    Stage(String),
-    #[error("stage unavailable: {0}")]
-    StageUnavailable(String),
-    #[error(transparent)]
-    Store(StoreError),
-    #[error("gave up waiting for the commit at shutdown")]
-    GaveUp,
 }

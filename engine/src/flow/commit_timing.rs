@@ -214,6 +214,7 @@ fn committer_on(
         max_attempts: 5,
         dedup_window: Duration::from_secs(600),
         commit_bound,
+        give_up_after: None,
     };
     CommitThenAck::new(
         store,

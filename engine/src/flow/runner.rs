@@ -18,7 +18,7 @@
 
 use crate::flow::batcher::{BatchSettings, BatchSource, DedupSettings};
 use crate::flow::budget::Budget;
-use crate::flow::commit::{CommitReport, CommitThenAck};
+use crate::flow::commit::{CommitReport, CommitThenAck, Stopped};
 use crate::source::MessageSource;
 use crate::source::SourceError;
 use crate::telemetry::Counters;
@@ -126,6 +126,10 @@ pub enum FlowError {
     /// after it, was given back unacked.
     #[error("{0}")]
     Expectation(String),
+    /// The store or a stage stayed unavailable for longer than the run was to wait (a
+    /// triggered run's `give_up_after`); the batch waiting was given back unacked.
+    #[error("{0}")]
+    GaveUp(String),
 }
 
 impl FlowRun {
@@ -143,7 +147,7 @@ impl FlowRun {
     ) -> Result<FlowEnd, FlowError> {
         let stop_source = drain.child_token();
         let counters = self.counters.clone();
-        let (mut batches, handle) = BatchSource::start(
+        let (mut batches, mut handle) = BatchSource::start(
             self.source,
             self.budget,
             self.dedup,
@@ -172,7 +176,7 @@ impl FlowRun {
         if ordered {
             committer.keep_order();
         }
-        // A failed expectation stops the source; the flow then ends FAILED.
+        // A failed expectation or a give-up stops the source; the flow then ends FAILED.
         committer.stop_flow_with(stop_source.clone());
         let failure = committer.failure();
         let held_back = committer.given_back_after_close();
@@ -194,6 +198,8 @@ impl FlowRun {
         // Whether this run told the agreement it drained and has not received since.
         let mut reported_drained = false;
         let mut drained = false;
+        // The source's service stopped answering for longer than the run was to wait.
+        let mut unreachable = None;
         loop {
             let next = match self.until {
                 RunUntil::Idle(idle) if !stop_source.is_cancelled() => {
@@ -220,6 +226,16 @@ impl FlowRun {
                     break;
                 }
                 Err(_idle) => {
+                    // An idle source only counts as drained if its service says so.
+                    match handle.confirm_idle().await {
+                        Ok(true) => {}
+                        Ok(false) => continue,
+                        Err(error) => {
+                            unreachable = Some(error);
+                            stop_source.cancel();
+                            continue;
+                        }
+                    }
                     if let Some(agreement) = &agreement {
                         reported_drained = true;
                         if !agreement.may_finish().await {
@@ -246,8 +262,13 @@ impl FlowRun {
             batch.abandon();
         }
         let report = committed.map_err(|e| FlowError::Committer(e.to_string()))?;
-        if let Some(why) = failure.get() {
-            return Err(FlowError::Expectation(why.clone()));
+        match failure.get() {
+            Some(Stopped::Expectation(why)) => return Err(FlowError::Expectation(why.clone())),
+            Some(Stopped::GaveUp(why)) => return Err(FlowError::GaveUp(why.clone())),
+            None => {}
+        }
+        if let Some(error) = unreachable {
+            return Err(FlowError::Source(error));
         }
         let ended = if drained && !drain.is_cancelled() {
             Ended::Drained

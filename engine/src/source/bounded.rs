@@ -9,7 +9,8 @@
 //!   skipped, so a bounded flow re-read after a crash, however much later, writes only what
 //!   it had not; records in flight at the crash are caught by the dedup ledger like any
 //!   redelivery. A store outage while asking is waited out with
-//!   backoff; nothing is delivered unchecked.
+//!   backoff (in a triggered run for at most its `give_up_after`, then the source fails);
+//!   nothing is delivered unchecked.
 //! * **No ack is needed.** A bounded record is found again by re-reading its source, so its ack
 //!   handle does nothing; the flow's completion (recorded only when everything delivered was
 //!   committed) is what says the source is done.
@@ -24,8 +25,9 @@ use crate::source::{Received, SourceHandle};
 use async_trait::async_trait;
 use sluice_store::LedgerStore;
 use sluice_store::{FileCheckpoint, FlowHandle};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -58,6 +60,8 @@ pub struct SourceProgress {
     /// Records left out because their event time lies outside the run's data interval.
     pub outside_interval: AtomicU64,
     failure: Mutex<Option<String>>,
+    /// The failure was a give-up (`give_up_after`): running the flow again at once is no use.
+    gave_up: AtomicBool,
 }
 
 impl SourceProgress {
@@ -67,6 +71,12 @@ impl SourceProgress {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// Whether the source failed because the store stayed unavailable for longer than the run
+    /// was to wait (`give_up_after`).
+    pub fn gave_up(&self) -> bool {
+        self.gave_up.load(Ordering::Relaxed)
     }
 
     pub(crate) fn fail(&self, why: String) {
@@ -85,9 +95,37 @@ pub(crate) struct Deliverer {
     pub(crate) intake: mpsc::Sender<Received>,
     pub(crate) budget: Budget,
     pub(crate) stop: CancellationToken,
+    /// How long the store's answers are waited for (`None`: for ever; a triggered run's
+    /// `give_up_after`).
+    pub(crate) patience: Option<Duration>,
 }
 
 impl Deliverer {
+    /// A retry sequence for the store's answers, as patient as the run.
+    pub(crate) fn backoff(&self) -> Backoff {
+        Backoff::giving_up_after(self.patience)
+    }
+
+    /// Fails the source if `backoff` has run out of patience (`true`), after `error` while
+    /// trying to `what`.
+    pub(crate) fn gives_up(
+        &self,
+        backoff: &Backoff,
+        what: &str,
+        error: &dyn std::fmt::Display,
+    ) -> bool {
+        let Some(patience) = backoff.exhausted() else {
+            return false;
+        };
+        self.progress.gave_up.store(true, Ordering::Relaxed);
+        self.progress.fail(format!(
+            "cannot {what}: the store stayed unavailable for {}s; the run gives up \
+             (give_up_after): {error}",
+            patience.as_secs()
+        ));
+        true
+    }
+
     /// Delivers a chunk, minus what the flow already committed; `false` once stopped. With
     /// `track`, the chunk (ending at the checkpoint given) is registered there and its records
     /// settle it when acked.
@@ -157,7 +195,7 @@ impl Deliverer {
             .iter()
             .map(|m| crate::flow::storable::storable(&m.message_id).into_owned())
             .collect();
-        let mut backoff = Backoff::default();
+        let mut backoff = self.backoff();
         loop {
             match skip
                 .store
@@ -166,6 +204,9 @@ impl Deliverer {
             {
                 Ok(present) => return Some(present),
                 Err(error) => {
+                    if self.gives_up(&backoff, "ask the store what the flow committed", &error) {
+                        return None;
+                    }
                     let delay = backoff.next_delay();
                     tracing::warn!(flow = %skip.flow.name, step = backoff.step(), %error,
                         "cannot ask the store what the flow committed; retrying");

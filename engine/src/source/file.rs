@@ -78,6 +78,7 @@ pub struct FileSource {
     pub(super) pattern: String,
     pub(super) skip: Option<SkipCommitted>,
     pub(super) progress: Arc<SourceProgress>,
+    pub(super) patience: Option<Duration>,
     /// Only records with an event time in `[start, end)` (ms) are read.
     pub(super) within: Option<(i64, i64)>,
     pub(super) pool: Option<FileTurn>,
@@ -103,6 +104,7 @@ impl FileSource {
             pattern: pattern.into(),
             skip: None,
             progress: Arc::new(SourceProgress::default()),
+            patience: None,
             within: None,
             pool: None,
             counters: None,
@@ -147,6 +149,13 @@ impl FileSource {
     /// Its progress, for a progress bar and for the flow's final state.
     pub fn progress(&self) -> Arc<SourceProgress> {
         self.progress.clone()
+    }
+
+    /// Waits for an unavailable store for at most `limit` (a triggered run's `give_up_after`),
+    /// then fails (see [`SourceProgress::gave_up`]); default: for ever.
+    pub fn giving_up_after(mut self, limit: Option<Duration>) -> Self {
+        self.patience = limit;
+        self
     }
 }
 

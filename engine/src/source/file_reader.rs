@@ -57,6 +57,7 @@ impl MessageSource for FileSource {
                 intake,
                 budget,
                 stop: stop.clone(),
+                patience: self.patience,
             },
             within: self.within,
             counters: self.counters,

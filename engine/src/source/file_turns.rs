@@ -5,7 +5,6 @@
 //! is saved every [`CHECKPOINT_EVERY`] while it moves, and once more when a read ends; a reader
 //! that lost its turn saves nothing more, leaving the checkpoint to its successor.
 
-use crate::backoff::Backoff;
 use crate::source::file::{CHECKPOINT_EVERY, FileTurn};
 use crate::source::file_checkpoint::Checkpoints;
 use crate::source::file_glob::Matched;
@@ -72,11 +71,17 @@ impl Reader {
     /// The checkpoint saved for the flow (the beginning if none), asking until the store
     /// answers; `None` once stopped.
     async fn stored_checkpoint(&self, pool: &FileTurn) -> Option<FileCheckpoint> {
-        let mut backoff = Backoff::default();
+        let mut backoff = self.deliverer.backoff();
         loop {
             match pool.feed.file_checkpoint(&pool.flow).await {
                 Ok(stored) => return Some(stored.unwrap_or_default()),
                 Err(error) => {
+                    if self
+                        .deliverer
+                        .gives_up(&backoff, "read the file checkpoint", &error)
+                    {
+                        return None;
+                    }
                     let delay = backoff.next_delay();
                     tracing::warn!(flow = %pool.flow.name, step = backoff.step(), %error,
                         "cannot read the file checkpoint; retrying");

@@ -191,4 +191,11 @@ pub trait SourceHandle: Send {
     fn ordered(&self) -> bool {
         false
     }
+
+    /// Asked when a run that ends when idle had no message for its idle period: whether the
+    /// source is idle (`true`), or cannot tell because its service does not answer (`false`:
+    /// the run waits on; an error once it has waited longer than it was to). Default: idle.
+    async fn confirm_idle(&mut self) -> Result<bool, SourceError> {
+        Ok(true)
+    }
 }

@@ -64,6 +64,7 @@ pub struct TableSource {
     pub(super) skip: Option<SkipCommitted>,
     pub(super) counters: Option<Counters>,
     pub(super) progress: Arc<SourceProgress>,
+    pub(super) patience: Option<Duration>,
 }
 
 impl TableSource {
@@ -80,6 +81,7 @@ impl TableSource {
             skip: None,
             counters: None,
             progress: Arc::new(SourceProgress::default()),
+            patience: None,
         }
     }
 
@@ -117,5 +119,12 @@ impl TableSource {
     /// Its progress, and the reason it failed if it did.
     pub fn progress(&self) -> Arc<SourceProgress> {
         self.progress.clone()
+    }
+
+    /// Waits for an unavailable store for at most `limit` (a triggered run's `give_up_after`),
+    /// then fails (see [`SourceProgress::gave_up`]); default: for ever.
+    pub fn giving_up_after(mut self, limit: Option<Duration>) -> Self {
+        self.patience = limit;
+        self
     }
 }

@@ -5,7 +5,6 @@
 //! planned only once every page handed over committed; a moved position or a lost turn starts
 //! the reading again from the stored position once the pages in flight settled.
 
-use crate::backoff::Backoff;
 use crate::flow::budget::Budget;
 use crate::flow::delivery::SourceMessage;
 use crate::source::SourceError;
@@ -47,6 +46,7 @@ impl MessageSource for TableSource {
                 intake,
                 budget,
                 stop: stop.clone(),
+                patience: self.patience,
             },
             tracker: PageTracker::new(),
             source: *self,
@@ -398,7 +398,7 @@ impl Reader {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
     {
-        let mut backoff = Backoff::default();
+        let mut backoff = self.deliverer.backoff();
         loop {
             let error = match ask().await {
                 Ok(answer) => return Ok(Some(answer)),
@@ -410,6 +410,10 @@ impl Reader {
                     "cannot {what} of table {}: {error}",
                     self.source.table
                 ));
+                return Ok(None);
+            }
+            let doing = format!("{what} of table {}", self.source.table);
+            if self.deliverer.gives_up(&backoff, &doing, &error) {
                 return Ok(None);
             }
             let delay = backoff.next_delay();

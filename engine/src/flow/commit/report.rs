@@ -20,6 +20,9 @@ pub struct RetrySettings {
     /// `commit_bound` of the dedup window for sources that redeliver (Pub/Sub);
     /// `None` for sources where a nack would drop the record (files, tables).
     pub commit_bound: Option<Duration>,
+    /// How long one batch's commit is retried while the store or stage is unavailable before
+    /// the flow stops failed (a triggered run's `give_up_after`); `None`: for ever.
+    pub give_up_after: Option<Duration>,
 }
 
 /// What became of one batch, or of a run (`sluice_connector::JobReport`); reports add up.

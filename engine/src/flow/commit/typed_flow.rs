@@ -34,12 +34,12 @@ impl CommitThenAck {
         self
     }
 
-    /// Why the flow failed an expectation, once it did.
-    pub(crate) fn failure(&self) -> Arc<OnceLock<String>> {
+    /// Why the flow stopped, once it did.
+    pub(crate) fn failure(&self) -> Arc<OnceLock<super::Stopped>> {
         self.failure.clone()
     }
 
-    /// Cancels `stop` (the flow's source) when the flow fails an expectation.
+    /// Cancels `stop` (the flow's source) when the committer stops the flow.
     pub(crate) fn stop_flow_with(&mut self, stop: CancellationToken) {
         self.stop_flow = Some(stop);
     }

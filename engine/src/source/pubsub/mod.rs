@@ -12,6 +12,7 @@ mod admin;
 mod pause;
 mod probe;
 mod publish_outcome;
+mod reachability;
 mod running;
 mod schema_registry;
 mod settings;

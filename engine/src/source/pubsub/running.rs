@@ -1,9 +1,11 @@
 //! A started Pub/Sub source's handle: closing it lets confirmed acks already sent get their
 //! answers (up to [`CLOSE_TIMEOUT`]) while the streams still run, then stops the streams and
-//! waits, again bounded, for the client to flush the acks they hold.
+//! waits, again bounded, for the client to flush the acks they hold. Whether the source is idle
+//! is asked of Pub/Sub (`reachability.rs`).
 
 use super::ack::PendingAcks;
-use crate::source::SourceHandle;
+use super::reachability::Reachability;
+use crate::source::{SourceError, SourceHandle};
 use async_trait::async_trait;
 use google_cloud_pubsub::subscriber::ShutdownToken;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,12 +23,17 @@ pub(super) struct RunningPubSub {
     pub(super) tasks: JoinSet<()>,
     pub(super) ordered: bool,
     pub(super) pending: Arc<PendingAcks>,
+    pub(super) reachability: Reachability,
 }
 
 #[async_trait]
 impl SourceHandle for RunningPubSub {
     fn ordered(&self) -> bool {
         self.ordered
+    }
+
+    async fn confirm_idle(&mut self) -> Result<bool, SourceError> {
+        self.reachability.confirm_idle().await
     }
 
     async fn close(mut self: Box<Self>) {

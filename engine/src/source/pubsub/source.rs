@@ -20,9 +20,10 @@
 
 use super::ack::{AckLabels, PendingAcks, PubSubAck, register_ack_failures};
 use super::pause::{Epoch, PauseWatch};
+use super::reachability::Reachability;
 use super::running::RunningPubSub;
 use super::settings::FlowIntent;
-use super::{Admin, PROBE_ATTRIBUTE, PubSubConfig, is_probe, reserved_attribute_problem};
+use super::{PROBE_ATTRIBUTE, PubSubConfig, is_probe, reserved_attribute_problem};
 use crate::backoff::Backoff;
 use crate::flow::ack_fence::AckFence;
 use crate::flow::budget::Budget;
@@ -41,8 +42,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-/// How long one "does the subscription exist" probe may take before it counts as a failure.
-const REACHABILITY_TIMEOUT: Duration = Duration::from_secs(3);
 /// The client stops extending a held message's lease after this long, unless the source is given
 /// its own ([`PubSubSource::with_max_lease`]; the worker gives the dedup window, past which a
 /// delivery is given back uncommitted anyway, see `commit_bound.rs`).
@@ -138,9 +137,10 @@ impl PubSubSource {
         self
     }
 
-    /// At start, stops waiting for an unreachable Pub/Sub once `limit` has passed since its
-    /// first failed answer, with [`SourceError::GaveUp`] (a triggered run's `give_up_after`).
-    /// Default: waits as long as it takes.
+    /// Stops waiting for an unreachable Pub/Sub once `limit` has passed since its first
+    /// unanswered question, with [`SourceError::GaveUp`] (a triggered run's `give_up_after`):
+    /// at start, and when a run that ends when idle asks whether the subscription is idle
+    /// (see `reachability.rs`). Default: waits as long as it takes.
     pub fn giving_up_after(mut self, limit: Option<Duration>) -> Self {
         self.give_up_after = limit;
         self
@@ -156,69 +156,6 @@ impl PubSubSource {
     /// The subscription's full path.
     pub fn subscription(&self) -> &str {
         &self.subscription
-    }
-
-    /// Asks Pub/Sub for the subscription until it answers, retrying with backoff (one log line
-    /// per step) while it is unreachable, at most for the give-up limit. A missing
-    /// subscription, or a refusal of the worker's identity (the missing permission named), is
-    /// an error, not retried.
-    /// Returns whether the subscription has message ordering, or `None` if stopped before
-    /// Pub/Sub answered.
-    async fn wait_until_reachable(
-        &self,
-        stop: &CancellationToken,
-    ) -> Result<Option<bool>, SourceError> {
-        let mut backoff = Backoff::default();
-        let first_failure = tokio::time::Instant::now();
-        let endpoint = self
-            .config
-            .endpoint()
-            .unwrap_or_else(|| "https://pubsub.googleapis.com".to_owned());
-        loop {
-            let asked = tokio::time::timeout(REACHABILITY_TIMEOUT, async {
-                Admin::connect(&self.config)
-                    .await?
-                    .subscription(&self.subscription)
-                    .await
-            });
-            let error = match asked.await {
-                Ok(Ok(Some(found))) => {
-                    super::settings::log_settings(&self.subscription, &found, &self.intent);
-                    return Ok(Some(found.enable_message_ordering));
-                }
-                Ok(Ok(None)) => {
-                    return Err(SourceError::Missing(format!(
-                        "subscription {} does not exist at {endpoint}: create it (gcloud pubsub \
-                         subscriptions create SUBSCRIPTION --topic TOPIC), or fix the flow's \
-                         `subscription` or the pipeline's `pubsub` settings",
-                        self.subscription
-                    )));
-                }
-                Ok(Err(refused @ SourceError::Refused(_))) => return Err(refused),
-                Ok(Err(error)) => error,
-                Err(_) => SourceError::Rpc(format!(
-                    "no answer from {endpoint} within {REACHABILITY_TIMEOUT:?}"
-                )),
-            };
-            if let Some(limit) = self
-                .give_up_after
-                .filter(|limit| first_failure.elapsed() >= *limit)
-            {
-                return Err(SourceError::GaveUp(format!(
-                    "Pub/Sub at {endpoint} unreachable for {}s, giving up (give_up_after): \
-                     {error}",
-                    limit.as_secs()
-                )));
-            }
-            let delay = backoff.next_delay();
-            tracing::warn!(subscription = %self.subscription, step = backoff.step(),
-                retry_in_ms = delay.as_millis() as u64, %error,
-                "Pub/Sub unreachable; retrying");
-            tokio::select! {
-                _ = stop.cancelled() => return Ok(None),
-                _ = tokio::time::sleep(delay) => {}
-            }
-        }
     }
 
     async fn client(&self) -> Result<Subscriber, SourceError> {
@@ -244,15 +181,23 @@ impl MessageSource for PubSubSource {
         budget: Budget,
         stop: CancellationToken,
     ) -> Result<Box<dyn SourceHandle>, SourceError> {
-        let Some(ordered) = self.wait_until_reachable(&stop).await? else {
+        let mut reachability = Reachability::new(
+            self.config.clone(),
+            self.subscription.clone(),
+            self.give_up_after,
+        );
+        let Some(found) = reachability.wait(&stop).await? else {
             return Ok(Box::new(RunningPubSub {
                 stop,
                 tokens: Arc::default(),
                 tasks: JoinSet::new(),
                 ordered: false,
                 pending: Arc::default(),
+                reachability,
             }));
         };
+        super::settings::log_settings(&self.subscription, &found, &self.intent);
+        let ordered = found.enable_message_ordering;
         let client = self.client().await?;
         let tokens = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = JoinSet::new();
@@ -298,6 +243,7 @@ impl MessageSource for PubSubSource {
             tasks,
             ordered,
             pending,
+            reachability,
         }))
     }
 }

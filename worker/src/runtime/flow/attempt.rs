@@ -84,13 +84,17 @@ pub async fn run(
         // Retried whatever the error until it is recorded or the run is stopped (then the
         // flow simply runs again next time: what it committed is skipped or deduplicated).
         let what = format!("record the completion of flow {}", handle.name);
-        let recorded = store_retry::until_stored(&what, Retry::Always, &ctx.shutdown.drain, || {
-            ctx.store.record_completion(&handle)
-        })
+        let recorded = store_retry::until_stored_within(
+            &what,
+            Retry::Always,
+            &ctx.shutdown.drain,
+            ctx.pipeline.give_up_after,
+            || ctx.store.record_completion(&handle),
+        )
         .await;
         if let Err(error) = recorded {
             tracing::warn!(flow = %handle.name, %error,
-                "the flow's completion is not recorded (stopped first); it runs again next time");
+                "the flow's completion is not recorded; it runs again next time");
         }
     }
     let outcome = FlowOutcome {

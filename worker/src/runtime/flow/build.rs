@@ -185,7 +185,8 @@ fn table_source(
             pool: store.clone(),
             holder: worker.to_owned(),
         })
-        .with_counters(counters.clone());
+        .with_counters(counters.clone())
+        .giving_up_after(pipeline.give_up_after);
     if follows(pipeline, flow) {
         source = source.follow(DEFAULT_POLL);
     }
@@ -261,7 +262,8 @@ pub fn build(
             let mut source = FileSource::new(path.clone())
                 .max_record_bytes(*max_record_bytes)
                 .skip_committed(skip)
-                .with_counters(counters.clone());
+                .with_counters(counters.clone())
+                .giving_up_after(pipeline.give_up_after);
             if let Some(interval) = scope.interval {
                 source = source.within(interval.start_ms, interval.end_ms);
             } else if flow.once {
@@ -319,6 +321,7 @@ pub fn build(
             max_attempts: plan.max_attempts,
             dedup_window: window,
             commit_bound: plan.commit_bound,
+            give_up_after: pipeline.give_up_after,
         },
         ctx.shutdown.give_up.clone(),
     );

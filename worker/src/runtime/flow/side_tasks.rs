@@ -138,10 +138,11 @@ pub async fn run(ctx: &RunContext, flow: &Flow, handle: &FlowHandle, built: Buil
         .progress
         .as_ref()
         .map_or(0, |p| p.skipped.load(std::sync::atomic::Ordering::Relaxed));
+    let gave_up = built.progress.as_ref().is_some_and(|p| p.gave_up());
     let retry = match &end {
-        Err(FlowError::Expectation(_)) => false,
+        Err(FlowError::Expectation(_) | FlowError::GaveUp(_)) => false,
         Err(FlowError::Source(error)) => !error.is_permanent(),
-        _ => true,
+        _ => !gave_up,
     };
     let state = match (end, failure) {
         (Err(error), _) => FlowState::Failed(error.to_string()),

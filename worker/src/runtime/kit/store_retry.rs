@@ -21,6 +21,14 @@ pub enum Retry {
     Always,
 }
 
+/// Ends once `patience` has passed; never without one (a `select!` arm that gives up).
+pub async fn patience_spent(patience: Option<Duration>) {
+    match patience {
+        Some(patience) => tokio::time::sleep(patience).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Runs `attempt` until it succeeds. An error that `retry` waits out is tried again after the
 /// next backoff delay, logged with `what`; another error, or one that comes once `drain` is
 /// cancelled, is returned. A drain that begins during a delay ends the delay: one last

@@ -120,6 +120,7 @@ pub async fn run(
             trigger: ask.trigger,
             stopped: this_run.drain.is_cancelled(),
             outcomes: &outcomes,
+            give_up_after: updates.pipeline().give_up_after,
         };
         run_end::record(&**updates.store(), updates.worker(), ended, shutdown).await;
     }
@@ -146,7 +147,8 @@ async fn begin(
         alive_within: ALIVE_WITHIN,
         queued_as: None,
     };
-    let Some(record) = begin_alone(&**updates.store(), &start, shutdown).await? else {
+    let patience = updates.pipeline().give_up_after;
+    let Some(record) = begin_alone(&**updates.store(), &start, shutdown, patience).await? else {
         return Ok(None);
     };
     if record.state != RunState::Running {
@@ -171,10 +173,11 @@ async fn begin_alone(
     store: &dyn Store,
     start: &RunStart,
     shutdown: &Shutdown,
+    give_up_after: Option<std::time::Duration>,
 ) -> Result<Option<RunRecord>, RunError> {
     let mut start = start.clone();
     loop {
-        let record = begin_once(store, &start, shutdown).await?;
+        let record = begin_once(store, &start, shutdown, give_up_after).await?;
         if record.state != RunState::Queued {
             return Ok(Some(record));
         }
@@ -212,11 +215,13 @@ async fn begin_once(
     store: &dyn Store,
     start: &RunStart,
     shutdown: &Shutdown,
+    give_up_after: Option<std::time::Duration>,
 ) -> Result<RunRecord, RunError> {
-    store_retry::until_stored(
+    store_retry::until_stored_within(
         "record the run",
         Retry::WhileUnavailable,
         &shutdown.drain,
+        give_up_after,
         || store.begin_run(start),
     )
     .await

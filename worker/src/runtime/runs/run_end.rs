@@ -20,6 +20,9 @@ pub struct Ended<'a> {
     pub stopped: bool,
     /// Its flows' outcomes.
     pub outcomes: &'a [FlowOutcome],
+    /// How long the store is waited for (a triggered run's `give_up_after`; `None`: as long
+    /// as the shutdown allows).
+    pub give_up_after: Option<std::time::Duration>,
 }
 
 /// Records how the run ended as `worker`'s, retried until the drain gives up (a stopped run's
@@ -32,6 +35,7 @@ pub async fn record(store: &dyn RunStore, worker: &str, ended: Ended<'_>, shutdo
         trigger,
         stopped,
         outcomes,
+        give_up_after,
     } = ended;
     let state = if !stopped {
         if outcomes
@@ -66,10 +70,11 @@ pub async fn record(store: &dyn RunStore, worker: &str, ended: Ended<'_>, shutdo
             .collect(),
         error: (!failed.is_empty()).then(|| failed.join("; ")),
     };
-    let recorded = store_retry::until_stored(
+    let recorded = store_retry::until_stored_within(
         "record the run's end",
         Retry::WhileUnavailable,
         &shutdown.give_up,
+        give_up_after,
         || store.end_run(record.run_id, worker, &run_end),
     )
     .await;

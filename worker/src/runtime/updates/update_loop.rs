@@ -242,11 +242,18 @@ impl<'a> Updates<'a> {
             return Ok(());
         }
         tracing::info!("waiting for a heartbeat to reach the store before starting flows");
+        let patience = self.pipeline.give_up_after;
         tokio::select! {
             () = self.liveness.restored() => Ok(()),
             _ = shutdown.drain.cancelled() => Err(RunError::Store(StoreError::Unavailable(
                 "stopped before a heartbeat reached the store".to_owned(),
             ))),
+            () = store_retry::patience_spent(patience) => {
+                Err(RunError::Store(StoreError::Unavailable(format!(
+                    "no heartbeat reached the store for {}s; gave up (give_up_after)",
+                    patience.unwrap_or_default().as_secs()
+                ))))
+            }
         }
     }
 
@@ -278,10 +285,11 @@ impl<'a> Updates<'a> {
     /// not, before it starts flows. The first time, the flows are read again too: this worker
     /// has beaten since it first read them, so an update cleared before that is in the store.
     async fn join_unfinished(&mut self, shutdown: &Shutdown) -> Result<(), RunError> {
-        let unfinished = store_retry::until_stored(
+        let unfinished = store_retry::until_stored_within(
             "look for a pool update in progress",
             Retry::WhileUnavailable,
             &shutdown.drain,
+            self.pipeline.give_up_after,
             || self.store.pool_update(&self.pipeline.name, None),
         )
         .await
@@ -417,7 +425,13 @@ impl<'a> Updates<'a> {
 
     /// The flow handles and completions again (after a clear, or after a run for the next).
     async fn reread(&mut self, shutdown: &Shutdown) -> Result<(), RunError> {
-        (self.handles, self.completed) = reread(&*self.store, &self.layout, shutdown).await?;
+        (self.handles, self.completed) = reread(
+            &*self.store,
+            &self.layout,
+            shutdown,
+            self.pipeline.give_up_after,
+        )
+        .await?;
         Ok(())
     }
 }
@@ -437,11 +451,13 @@ async fn reread(
     store: &dyn Store,
     layout: &Layout,
     shutdown: &Shutdown,
+    give_up_after: Option<std::time::Duration>,
 ) -> Result<(Vec<sluice_store::FlowHandle>, HashSet<String>), RunError> {
-    store_retry::until_stored(
+    store_retry::until_stored_within(
         "read the flows",
         Retry::WhileUnavailable,
         &shutdown.drain,
+        give_up_after,
         || read_flows(store, layout),
     )
     .await
