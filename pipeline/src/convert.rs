@@ -219,10 +219,30 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
             "`min_interval` spaces the runs `on_update` fires: it needs `on_update: true`",
         );
     }
+    let zone = timetable::time_zone(&timezone).ok();
+    let mut date = |text: Option<String>, key: &str| {
+        let (text, zone) = (text?, zone.as_ref()?);
+        timetable::instant(&text, zone)
+            .map_err(|message| c.push(ErrorCode::InvalidSchedule, key, message))
+            .ok()
+    };
+    let start_ms = date(raw.start_date, "schedule.start_date");
+    let end_ms = date(raw.end_date, "schedule.end_date");
+    if let (Some(start), Some(end)) = (start_ms, end_ms)
+        && end < start
+    {
+        c.push(
+            ErrorCode::InvalidSchedule,
+            "schedule.end_date",
+            "`end_date` is before `start_date`: the schedule would never fire",
+        );
+    }
     Schedule {
         when,
         timezone,
         semantics,
+        start_ms,
+        end_ms,
         catchup: raw.catchup.unwrap_or(false),
         interval,
         on_update,

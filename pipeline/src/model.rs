@@ -453,6 +453,12 @@ pub struct Schedule {
     pub on_update: bool,
     /// `min_interval` — runs fired by `on_update` start at most this often (default 1 minute).
     pub min_interval: Duration,
+    /// `start_date` (ms since the epoch) — where the schedule begins: no fire before it, and
+    /// with `catchup: true` every fire from it on runs once (see [`crate::timetable`]).
+    pub start_ms: Option<i64>,
+    /// `end_date` (ms since the epoch) — no fire after it (`data_interval`: no interval that
+    /// starts after it).
+    pub end_ms: Option<i64>,
 }
 
 /// Exactly one of `cron` or `every`.
@@ -461,7 +467,8 @@ pub enum ScheduleWhen {
     /// `cron: "*/15 * * * *"`: 5 fields, or 6 with seconds first, or a preset (`@hourly`,
     /// `@daily`, `@weekly`, `@monthly`, `@yearly`); parsed with the `croner` crate.
     Cron(String),
-    /// `every: 15m`: fires at every multiple of it since the Unix epoch.
+    /// `every: 15m`: fires at every multiple of it since `start_date`, or since the Unix epoch
+    /// without one.
     Every(Duration),
 }
 

@@ -86,6 +86,8 @@ pub(crate) struct RawSchedule {
     pub(crate) interval: Option<Humane>,
     pub(crate) on_update: Option<bool>,
     pub(crate) min_interval: Option<Humane>,
+    pub(crate) start_date: Option<String>,
+    pub(crate) end_date: Option<String>,
 }
 
 /// `schedule.semantics`.

@@ -13,9 +13,19 @@
 //!   that happens twice (a jump back) fires once, at its first instant. (`croner` carries a
 //!   fixed time inside a gap to the first instant after it and walks the repeated hour twice;
 //!   [`Timetable`] drops both.)
-//! * **`every`** fires at every multiple of the period since the Unix epoch, as Airflow's delta
-//!   timetables do from their start date: `every: 15m` fires at :00, :15, :30 and :45 of every
-//!   hour of UTC, whatever the time zone.
+//! * **`every`** fires at every multiple of the period since `start_date`, as Airflow's delta
+//!   timetables do, or since the Unix epoch without one: `every: 15m` then fires at :00, :15,
+//!   :30 and :45 of every hour of UTC, whatever the time zone.
+//!
+//! # Start and end ([`Timetable::first_fire`])
+//!
+//! `start_date` is where the schedule begins, as Airflow's `start_date`: with `semantics:
+//! trigger` the first fire is the first at or after it; with `data_interval` it is the first
+//! whose data interval starts at or after it (`@daily` from 1 January: the interval [1 January,
+//! 2 January), run at midnight on 2 January). No fire comes before the first. `end_date` is
+//! where it ends: no fire after it (`data_interval`: no interval that starts after it, as
+//! Airflow's `end_date` restricts the interval's start). After the last fire the timetable
+//! says [`NextRun::Never`].
 //!
 //! # Data intervals
 //!
@@ -37,8 +47,9 @@
 //! | `trigger`, `catchup: false` | missed fires are skipped; of the delayed ones the latest runs at once (at most one is pending); then the next one on time |
 //! | `data_interval`, `catchup: false` | the latest fire at or before now, at once (the latest complete interval), missed or delayed; the earlier ones are skipped |
 //!
-//! A pipeline that never ran starts as with `catchup: false` (there is no start date to catch
-//! up from).
+//! A pipeline that never ran catches up from its first fire with `catchup: true` and a
+//! `start_date` (every interval since the start runs once, oldest first); otherwise it starts
+//! as with `catchup: false`.
 //!
 //! These follow Airflow's own timetables, which its documentation illustrates with a `@daily`
 //! schedule paused at 15:00 on 31 January and resumed at 15:00 on 2 February: the trigger
@@ -68,6 +79,11 @@ pub struct Timetable {
     semantics: ScheduleSemantics,
     catchup: bool,
     interval_ms: Option<i64>,
+    /// `every`'s fires are multiples of its period from here (`start_date`, or the epoch).
+    anchor_ms: i64,
+    /// The first fire (from `start_date`), if the schedule has a start.
+    first_fire_ms: Option<i64>,
+    end_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -169,6 +185,36 @@ pub fn parse_cron(pattern: &str) -> Result<Cron, String> {
     Ok(cron)
 }
 
+/// The instant `text` names (`start_date`, `end_date`): RFC 3339 with an offset
+/// (`2026-12-01T06:00:00Z`), or a date and time (`2026-12-01T06:00:00`) or a date
+/// (`2026-12-01`, midnight) on the wall clock of `zone` (a time a daylight-saving change skips
+/// is taken after the gap, one it repeats at its first instant). Ms since the epoch.
+///
+/// # Errors
+/// It names no instant, in words.
+pub fn instant(text: &str, zone: &TimeZone) -> Result<i64, String> {
+    let text = text.trim();
+    if let Ok(instant) = text.parse::<Timestamp>() {
+        return Ok(instant.as_millisecond());
+    }
+    let wall = text
+        .parse::<jiff::civil::DateTime>()
+        .or_else(|_| {
+            text.parse::<jiff::civil::Date>()
+                .map(|d| d.to_datetime(jiff::civil::Time::midnight()))
+        })
+        .map_err(|_| {
+            format!(
+                "`{text}` is not a date: write 2026-12-01, 2026-12-01T06:00:00 (in the \
+                 schedule's time zone) or 2026-12-01T06:00:00Z"
+            )
+        })?;
+    zone.to_ambiguous_zoned(wall)
+        .compatible()
+        .map(|zoned| zoned.timestamp().as_millisecond())
+        .map_err(|e| format!("`{text}` is not a time in the schedule's time zone: {e}"))
+}
+
 /// The time zone `name` names (IANA: `UTC`, `Europe/Berlin`, ...).
 ///
 /// # Errors
@@ -195,7 +241,7 @@ impl Timetable {
                 When::Every(ms)
             }
         };
-        Ok(Self {
+        let mut timetable = Self {
             when,
             zone: time_zone(&schedule.timezone)?,
             semantics: schedule.semantics,
@@ -203,16 +249,60 @@ impl Timetable {
             interval_ms: schedule
                 .interval
                 .map(|i| i64::try_from(i.as_millis()).unwrap_or(i64::MAX)),
-        })
+            anchor_ms: schedule.start_ms.unwrap_or(0),
+            first_fire_ms: None,
+            end_ms: schedule.end_ms,
+        };
+        if let Some(start) = schedule.start_ms {
+            timetable.first_fire_ms = Some(
+                timetable
+                    .first_fire_from(start)
+                    .ok_or("the schedule never fires after its `start_date`")?,
+            );
+        }
+        Ok(timetable)
+    }
+
+    /// The first fire of a schedule with a `start_date` (see the module docs).
+    pub fn first_fire(&self) -> Option<i64> {
+        self.first_fire_ms
+    }
+
+    /// The first fire at or after `start`, whose data interval (if it has one) starts at or
+    /// after `start` too.
+    fn first_fire_from(&self, start: i64) -> Option<i64> {
+        let mut fire = self.next_fire_after(start.checked_sub(1)?)?;
+        for _ in 0..SEARCH_LIMIT {
+            if self.interval_of(fire).is_none_or(|i| i.start_ms >= start) {
+                return Some(fire);
+            }
+            fire = self.next_fire_after(fire)?;
+        }
+        None
+    }
+
+    /// Whether the fire at `fire_ms` comes no later than `end_date` (its data interval's
+    /// start, with `data_interval`).
+    fn before_end(&self, fire_ms: i64) -> bool {
+        let start = self.interval_of(fire_ms).map_or(fire_ms, |i| i.start_ms);
+        self.end_ms.is_none_or(|end| start <= end)
+    }
+
+    /// `fire_ms`, or the first fire if that comes later.
+    fn not_before_start(&self, fire_ms: i64) -> i64 {
+        self.first_fire_ms
+            .map_or(fire_ms, |first| fire_ms.max(first))
     }
 
     /// The first fire strictly after `after_ms`.
     pub fn next_fire_after(&self, after_ms: i64) -> Option<i64> {
         match &self.when {
             When::Every(period) => after_ms
+                .checked_sub(self.anchor_ms)?
                 .div_euclid(*period)
                 .checked_add(1)?
-                .checked_mul(*period),
+                .checked_mul(*period)?
+                .checked_add(self.anchor_ms),
             When::Cron(cron) => {
                 // Whole seconds: a fire at the second `after_ms` falls in is not after it.
                 let mut cursor = self.zoned(after_ms.div_euclid(1000).checked_mul(1000)?)?;
@@ -231,7 +321,11 @@ impl Timetable {
     /// The latest fire at or before `at_ms`.
     pub fn latest_fire_at_or_before(&self, at_ms: i64) -> Option<i64> {
         match &self.when {
-            When::Every(period) => at_ms.div_euclid(*period).checked_mul(*period),
+            When::Every(period) => at_ms
+                .checked_sub(self.anchor_ms)?
+                .div_euclid(*period)
+                .checked_mul(*period)?
+                .checked_add(self.anchor_ms),
             When::Cron(cron) => {
                 let mut cursor = self.zoned(at_ms.div_euclid(1000).checked_mul(1000)?)?;
                 let mut inclusive = true;
@@ -277,14 +371,30 @@ impl Timetable {
     /// What to do at `now_ms`, when the last fire run was `last_fire_ms` (`None`: never ran)
     /// and a worker has served the schedule since `up_since_ms` (fires before it were missed,
     /// fires since delayed; see the module docs for the rules).
+    /// Nothing runs before the first fire or after `end_date`.
     pub fn next_run(&self, last_fire_ms: Option<i64>, now_ms: i64, up_since_ms: i64) -> NextRun {
-        let Some(last) = last_fire_ms else {
-            return self.latest_or_next(now_ms, None, now_ms);
-        };
-        if !self.catchup {
-            return self.latest_or_next(now_ms, Some(last), up_since_ms);
+        match self.next_run_from_start(last_fire_ms, now_ms, up_since_ms) {
+            NextRun::Now(fire) if !self.before_end(fire.at_ms) => NextRun::Never,
+            NextRun::At(at_ms) if !self.before_end(at_ms) => NextRun::Never,
+            run => run,
         }
-        let Some(next) = self.next_fire_after(last) else {
+    }
+
+    fn next_run_from_start(
+        &self,
+        last_fire_ms: Option<i64>,
+        now_ms: i64,
+        up_since_ms: i64,
+    ) -> NextRun {
+        let next = match (last_fire_ms, self.first_fire_ms) {
+            (Some(last), _) if self.catchup => self.next_fire_after(last),
+            (None, Some(first)) if self.catchup => Some(first),
+            (last, _) => {
+                let up_since_ms = if last.is_some() { up_since_ms } else { now_ms };
+                return self.latest_or_next(now_ms, last, up_since_ms);
+            }
+        };
+        let Some(next) = next.map(|next| self.not_before_start(next)) else {
             return NextRun::Never;
         };
         if next > now_ms {
@@ -321,6 +431,7 @@ impl Timetable {
     fn latest_or_next(&self, now_ms: i64, last: Option<i64>, up_since_ms: i64) -> NextRun {
         let due = self.latest_fire_at_or_before(now_ms).filter(|latest| {
             last.is_none_or(|last| *latest > last)
+                && self.first_fire_ms.is_none_or(|first| *latest >= first)
                 && (self.semantics == ScheduleSemantics::DataInterval || *latest >= up_since_ms)
         });
         match due {
@@ -330,8 +441,9 @@ impl Timetable {
     }
 
     fn wait_for_next(&self, now_ms: i64) -> NextRun {
-        self.next_fire_after(now_ms)
-            .map_or(NextRun::Never, NextRun::At)
+        self.next_fire_after(now_ms).map_or(NextRun::Never, |next| {
+            NextRun::At(self.not_before_start(next))
+        })
     }
 
     fn fire(&self, at_ms: i64, kind: FireKind) -> Fire {

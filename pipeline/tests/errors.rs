@@ -342,6 +342,26 @@ fn invalid_schedules() {
         5,
     );
     assert!(e.message.contains("not an IANA time zone"), "{e}");
+    let e = one(
+        &edit(
+            2,
+            "mode: triggered\nschedule:\n  every: 1h\n  start_date: yesterday",
+        ),
+        ErrorCode::InvalidSchedule,
+        "schedule.start_date",
+        5,
+    );
+    assert!(e.message.contains("is not a date"), "{e}");
+    let e = one(
+        &edit(
+            2,
+            "mode: triggered\nschedule:\n  every: 1h\n  start_date: 2026-02-01\n  end_date: 2026-01-01",
+        ),
+        ErrorCode::InvalidSchedule,
+        "schedule.end_date",
+        6,
+    );
+    assert!(e.message.contains("before `start_date`"), "{e}");
     one(
         &edit(2, "mode: triggered\nschedule:\n  cron: \"@fortnightly\""),
         ErrorCode::InvalidSchedule,

@@ -253,6 +253,8 @@ flows:
             interval: None,
             on_update: false,
             min_interval: Duration::from_secs(60),
+            start_ms: None,
+            end_ms: None,
         })
     );
     assert_eq!(p.targets[1].kind, TargetKind::View);

@@ -32,7 +32,232 @@ fn schedule(
         interval: None,
         on_update: false,
         min_interval: Duration::from_secs(60),
+        start_ms: None,
+        end_ms: None,
     }
+}
+
+/// A timetable from `start` (and to `end`), both RFC 3339.
+fn bounded(
+    when: ScheduleWhen,
+    semantics: ScheduleSemantics,
+    catchup: bool,
+    start: &str,
+    end: Option<&str>,
+) -> Timetable {
+    Timetable::new(&Schedule {
+        start_ms: Some(at(start)),
+        end_ms: end.map(at),
+        ..schedule(when, "UTC", semantics, catchup)
+    })
+    .unwrap()
+}
+
+/// Every run a scheduler asks for, fired as soon as it is due, from a first start at `now`
+/// until `until` (each run taking no time): what a catch-up then live schedule runs.
+fn runs_until(
+    timetable: &Timetable,
+    now: &str,
+    until: &str,
+) -> Vec<(String, FireKind, Option<DataInterval>)> {
+    let (mut now, until) = (at(now), at(until));
+    let up_since = now;
+    let mut last = None;
+    let mut out = Vec::new();
+    while now <= until {
+        match timetable.next_run(last, now, up_since) {
+            NextRun::Now(fire) => {
+                out.push((utc(fire.at_ms), fire.kind, fire.interval));
+                last = Some(fire.at_ms);
+            }
+            NextRun::At(at_ms) => now = at_ms,
+            NextRun::Never => break,
+        }
+    }
+    out
+}
+
+/// `start_date` with catchup, `data_interval`, `@daily`, as Airflow's `CronDataIntervalTimetable`
+/// does it: a pipeline first started on 5 January with a start of 1 January runs the intervals
+/// of 1, 2, 3 and 4 January at once, in order (the last as a scheduled run, none left behind),
+/// then the interval of 5 January at midnight on 6 January; the first interval starts at the
+/// start, not before it.
+#[test]
+fn a_start_date_with_catchup_runs_every_interval_from_it_once_in_order() {
+    let timetable = bounded(
+        ScheduleWhen::Cron("@daily".into()),
+        ScheduleSemantics::DataInterval,
+        true,
+        "2026-01-01T00:00:00Z",
+        None,
+    );
+    assert_eq!(timetable.first_fire(), Some(at("2026-01-02T00:00:00Z")));
+    let runs = runs_until(&timetable, "2026-01-05T10:00:00Z", "2026-01-06T00:00:00Z");
+    let day = |d: u32| format!("2026-01-{d:02}T00:00:00Z");
+    let expected: Vec<_> = (1..=5)
+        .map(|d| {
+            let kind = if d < 4 {
+                FireKind::Catchup
+            } else {
+                FireKind::Schedule
+            };
+            (day(d + 1), kind, interval(&day(d), &day(d + 1)))
+        })
+        .collect();
+    assert_eq!(runs, expected);
+}
+
+/// A start that falls between fires: the first interval starts at the first fire after it
+/// (Airflow aligns the start to the schedule); with `semantics: trigger` the first fire is the
+/// first at or after it; `every` counts its period from the start, not from the epoch.
+#[test]
+fn a_start_between_fires_is_aligned_to_the_schedule_and_every_counts_from_it() {
+    let hourly_intervals = bounded(
+        ScheduleWhen::Cron("@hourly".into()),
+        ScheduleSemantics::DataInterval,
+        true,
+        "2026-03-01T10:20:00Z",
+        None,
+    );
+    assert_eq!(
+        utc(hourly_intervals.first_fire().unwrap()),
+        "2026-03-01T12:00:00Z"
+    );
+    let hourly_triggers = bounded(
+        ScheduleWhen::Cron("@hourly".into()),
+        ScheduleSemantics::Trigger,
+        true,
+        "2026-03-01T11:00:00Z",
+        None,
+    );
+    assert_eq!(
+        utc(hourly_triggers.first_fire().unwrap()),
+        "2026-03-01T11:00:00Z"
+    );
+    let every = bounded(
+        ScheduleWhen::Every(Duration::from_secs(7)),
+        ScheduleSemantics::DataInterval,
+        true,
+        "2026-03-01T10:00:03Z",
+        None,
+    );
+    assert_eq!(
+        fires(&every, "2026-03-01T10:00:00Z", 3),
+        [
+            "2026-03-01T10:00:03Z",
+            "2026-03-01T10:00:10Z",
+            "2026-03-01T10:00:17Z"
+        ]
+    );
+    assert_eq!(utc(every.first_fire().unwrap()), "2026-03-01T10:00:10Z");
+    assert_eq!(
+        every.interval_of(at("2026-03-01T10:00:10Z")),
+        interval("2026-03-01T10:00:03Z", "2026-03-01T10:00:10Z")
+    );
+}
+
+/// Without catchup, a start in the past changes nothing but that no fire comes before it: the
+/// latest complete interval runs, as without a start; a start in the future waits for its
+/// first fire.
+#[test]
+fn without_catchup_a_start_only_holds_fires_back_until_it() {
+    let past = bounded(
+        ScheduleWhen::Cron("@daily".into()),
+        ScheduleSemantics::DataInterval,
+        false,
+        "2026-01-01T00:00:00Z",
+        None,
+    );
+    let runs = runs_until(&past, "2026-01-05T10:00:00Z", "2026-01-05T23:00:00Z");
+    assert_eq!(
+        runs,
+        [(
+            "2026-01-05T00:00:00Z".to_owned(),
+            FireKind::Schedule,
+            interval("2026-01-04T00:00:00Z", "2026-01-05T00:00:00Z")
+        )]
+    );
+    let future = bounded(
+        ScheduleWhen::Cron("@daily".into()),
+        ScheduleSemantics::DataInterval,
+        false,
+        "2026-02-01T00:00:00Z",
+        None,
+    );
+    let now = at("2026-01-05T10:00:00Z");
+    assert_eq!(
+        future.next_run(None, now, now),
+        NextRun::At(at("2026-02-02T00:00:00Z"))
+    );
+}
+
+/// `end_date`: with `data_interval` the last interval is the one that starts at or before it
+/// (Airflow restricts the interval's start); with `trigger` the last fire is at or before it;
+/// after the last, the timetable says never.
+#[test]
+fn an_end_date_stops_the_schedule_after_its_last_interval() {
+    let intervals = bounded(
+        ScheduleWhen::Cron("@daily".into()),
+        ScheduleSemantics::DataInterval,
+        true,
+        "2026-01-01T00:00:00Z",
+        Some("2026-01-03T00:00:00Z"),
+    );
+    let runs = runs_until(&intervals, "2026-01-10T00:00:00Z", "2026-01-20T00:00:00Z");
+    let ends: Vec<_> = runs.iter().map(|(fire, _, _)| fire.as_str()).collect();
+    assert_eq!(
+        ends,
+        [
+            "2026-01-02T00:00:00Z",
+            "2026-01-03T00:00:00Z",
+            "2026-01-04T00:00:00Z"
+        ]
+    );
+    let now = at("2026-01-10T00:00:00Z");
+    assert_eq!(
+        intervals.next_run(Some(at("2026-01-04T00:00:00Z")), now, now),
+        NextRun::Never
+    );
+    let triggers = bounded(
+        ScheduleWhen::Cron("@daily".into()),
+        ScheduleSemantics::Trigger,
+        true,
+        "2026-01-01T00:00:00Z",
+        Some("2026-01-03T00:00:00Z"),
+    );
+    let runs = runs_until(&triggers, "2026-01-10T00:00:00Z", "2026-01-20T00:00:00Z");
+    let fires: Vec<_> = runs.iter().map(|(fire, _, _)| fire.as_str()).collect();
+    assert_eq!(
+        fires,
+        [
+            "2026-01-01T00:00:00Z",
+            "2026-01-02T00:00:00Z",
+            "2026-01-03T00:00:00Z"
+        ]
+    );
+    let waiting = at("2026-01-02T12:00:00Z");
+    assert_eq!(
+        triggers.next_run(Some(at("2026-01-02T00:00:00Z")), waiting, waiting),
+        NextRun::At(at("2026-01-03T00:00:00Z"))
+    );
+}
+
+/// Dates as the file gives them: RFC 3339, or a wall-clock date and time in the schedule's
+/// zone (a date alone is its midnight).
+#[test]
+fn dates_are_read_on_the_schedules_wall_clock() {
+    let berlin = sluice_pipeline::timetable::time_zone("Europe/Berlin").unwrap();
+    let instant = |text: &str| sluice_pipeline::timetable::instant(text, &berlin);
+    assert_eq!(instant("2026-01-01").unwrap(), at("2025-12-31T23:00:00Z"));
+    assert_eq!(
+        instant("2026-07-01T06:30:00").unwrap(),
+        at("2026-07-01T04:30:00Z")
+    );
+    assert_eq!(
+        instant("2026-07-01T06:30:00Z").unwrap(),
+        at("2026-07-01T06:30:00Z")
+    );
+    assert!(instant("yesterday").unwrap_err().contains("is not a date"));
 }
 
 fn daily(semantics: ScheduleSemantics, catchup: bool) -> Timetable {
