@@ -64,7 +64,7 @@ pub use source::pubsub::{self, PubSubConfig, PubSubSource};
 pub use source::table::{DEFAULT_POLL, PAGE_ROWS, TableSource};
 pub use source::table_watermark::TableWatermark;
 pub use source::turn::{ReaderTurn, TURN_TTL};
-pub use source::{MessageSource, Received, SourceError, SourceHandle};
+pub use source::{IdleCheck, MessageSource, Received, SourceError, SourceHandle};
 pub use telemetry::{COMMIT_ERROR_KINDS, Counters, DEAD_LETTER_REASONS, Snapshot};
 pub use time::now_ms;
 pub use watermark::tracker_settings::TrackerSettings;

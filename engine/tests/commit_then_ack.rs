@@ -27,6 +27,8 @@ use tokio_util::sync::CancellationToken;
 struct Faults {
     /// Commits fail with `Unavailable` while set.
     unavailable: AtomicBool,
+    /// Commits are never answered while set.
+    silent: AtomicBool,
     /// A commit writing a row of this key is rejected.
     poison_key: Mutex<Option<String>>,
     failed_commits: AtomicU64,
@@ -39,6 +41,9 @@ struct Faults {
 
 impl Faults {
     fn decide(&self, batch: &CommitBatch) -> CommitFault {
+        if self.silent.load(Ordering::SeqCst) {
+            return CommitFault::Silent;
+        }
         if self.unavailable.load(Ordering::SeqCst) {
             self.failed_commits.fetch_add(1, Ordering::SeqCst);
             return CommitFault::Fail(StoreError::Unavailable("injected outage".into()));
@@ -501,9 +506,15 @@ async fn a_store_down_past_give_up_after_fails_the_flow_and_acks_nothing() {
     let source = InProcessSource::generated(300, 10, |i| format!("long{i}"));
     let tally = source.tally();
     let run = patient_run_of(&setup, source, stage, never, idle, patience);
+    let began = std::time::Instant::now();
     let ended = tokio::time::timeout(Duration::from_secs(60), run.run(CancellationToken::new()))
         .await
         .expect("the flow ends by itself once its patience is spent");
+    assert!(
+        began.elapsed() >= Duration::from_millis(1_500),
+        "gave up only once the patience was spent: {:?}",
+        began.elapsed()
+    );
     match ended {
         Err(FlowError::GaveUp(why)) => {
             assert!(
@@ -525,6 +536,39 @@ async fn a_store_down_past_give_up_after_fails_the_flow_and_acks_nothing() {
         "every message given back"
     );
     assert_eq!(setup.store.count_rows("p__t", None).await.unwrap(), 200);
+}
+
+/// A store that never answers (a partition: no error, no reply) cannot hold a triggered run:
+/// the commit counts as failed once `give_up_after` has passed, and the flow gives up, nothing
+/// acked.
+#[tokio::test]
+async fn a_commit_without_an_answer_gives_up_after_give_up_after() {
+    let patience = Duration::from_millis(1_000);
+    let setup = setup().await;
+    setup.faults.silent.store(true, Ordering::SeqCst);
+    let source = InProcessSource::generated(50, 10, |i| format!("k{i}"));
+    let tally = source.tally();
+    let run = patient_run_of(
+        &setup,
+        source,
+        Arc::new(TableStage::default()),
+        CancellationToken::new(),
+        RunUntil::Idle(Duration::from_millis(300)),
+        Some(patience),
+    );
+    let began = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(60), run.run(CancellationToken::new()))
+        .await
+        .expect("a silent store does not hold the run");
+    assert!(began.elapsed() >= patience, "{:?}", began.elapsed());
+    match ended {
+        Err(FlowError::GaveUp(why)) => {
+            assert!(why.contains("did not answer the commit within 1s"), "{why}");
+        }
+        other => panic!("expected a give-up, got {other:?}"),
+    }
+    assert_eq!(tally.acked.load(Ordering::SeqCst), 0);
+    assert_eq!(tally.nacked.load(Ordering::SeqCst), 50);
 }
 
 #[tokio::test]

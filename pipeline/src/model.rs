@@ -34,8 +34,8 @@ pub struct Pipeline {
     pub dead_letter_topic: Option<String>,
     /// `schedule:` — triggered mode only (an `INVALID_SCHEDULE` error in continuous mode).
     pub schedule: Option<Schedule>,
-    /// `give_up_after` — triggered mode only: how long a run waits for an unreachable store or
-    /// Pub/Sub, at any point of the run, before it fails (default [`crate::defaults::GIVE_UP_AFTER`]).
+    /// `give_up_after` — triggered mode only: how long a run waits for an unreachable store
+    /// or Pub/Sub, each time it waits, before it fails (default [`crate::defaults::GIVE_UP_AFTER`]).
     /// `None` in continuous mode, which waits as long as it takes (an error if given).
     pub give_up_after: Option<std::time::Duration>,
     /// `targets:` in file order.

@@ -22,6 +22,8 @@ pub enum CommitFault {
     Fail(StoreError),
     /// Committed by the real store, then answered with this error (a reply lost on the way).
     LoseReply(StoreError),
+    /// Never answered, the real store not asked (a store behind a network partition).
+    Silent,
 }
 
 /// Decides each commit's fault from its batch.
@@ -70,6 +72,7 @@ impl<S: Store + Inspect> LedgerStore for FaultStore<S> {
                 self.inner.commit(batch).await?;
                 Err(error)
             }
+            CommitFault::Silent => std::future::pending().await,
         }
     }
 

@@ -361,6 +361,8 @@ impl CommitThenAck {
                     if let Some(sink) = sink_commit {
                         match &result {
                             Ok(_) => self.publish(&sink).await,
+                            // May still land after this: the next start's recovery decides.
+                            Err(Failure::Unanswered(_)) => sink.release(),
                             Err(_) if sink.ran() => uncertain.push(sink),
                             Err(_) => {}
                         }

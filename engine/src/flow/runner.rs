@@ -198,6 +198,9 @@ impl FlowRun {
         // Whether this run told the agreement it drained and has not received since.
         let mut reported_drained = false;
         let mut drained = false;
+        // Asked after each idle period, before the source counts as drained.
+        let mut idle_check = handle.idle_check();
+        let mut asked_idle = false;
         // The source's service stopped answering for longer than the run was to wait.
         let mut unreachable = None;
         loop {
@@ -209,6 +212,11 @@ impl FlowRun {
             };
             match next {
                 Ok(Some(batch)) => {
+                    if let Some(check) = idle_check.as_mut()
+                        && std::mem::take(&mut asked_idle)
+                    {
+                        check.messages_came();
+                    }
                     if let Some(agreement) = &agreement
                         && std::mem::take(&mut reported_drained)
                     {
@@ -227,13 +235,20 @@ impl FlowRun {
                 }
                 Err(_idle) => {
                     // An idle source only counts as drained if its service says so.
-                    match handle.confirm_idle().await {
-                        Ok(true) => {}
-                        Ok(false) => continue,
-                        Err(error) => {
-                            unreachable = Some(error);
-                            stop_source.cancel();
-                            continue;
+                    if let Some(check) = idle_check.as_mut() {
+                        asked_idle = true;
+                        let answer = tokio::select! {
+                            answer = check.confirm_idle() => answer,
+                            () = stop_source.cancelled() => continue,
+                        };
+                        match answer {
+                            Ok(true) => {}
+                            Ok(false) => continue,
+                            Err(error) => {
+                                unreachable = Some(error);
+                                stop_source.cancel();
+                                continue;
+                            }
                         }
                     }
                     if let Some(agreement) = &agreement {
@@ -261,25 +276,24 @@ impl FlowRun {
         {
             batch.abandon();
         }
-        let report = committed.map_err(|e| FlowError::Committer(e.to_string()))?;
-        match failure.get() {
-            Some(Stopped::Expectation(why)) => return Err(FlowError::Expectation(why.clone())),
-            Some(Stopped::GaveUp(why)) => return Err(FlowError::GaveUp(why.clone())),
-            None => {}
-        }
-        if let Some(error) = unreachable {
-            return Err(FlowError::Source(error));
-        }
         let ended = if drained && !drain.is_cancelled() {
             Ended::Drained
         } else {
             Ended::Stopped
         };
-        if ended == Ended::Stopped
+        let result = match (committed, failure.get(), unreachable) {
+            (Err(panicked), _, _) => Err(FlowError::Committer(panicked.to_string())),
+            (_, Some(Stopped::Expectation(why)), _) => Err(FlowError::Expectation(why.clone())),
+            (_, Some(Stopped::GaveUp(why)), _) => Err(FlowError::GaveUp(why.clone())),
+            (_, None, Some(error)) => Err(FlowError::Source(error)),
+            (Ok(report), None, None) => Ok(FlowEnd { report, ended }),
+        };
+        // The other replicas do not wait for a flow that did not drain here.
+        if !matches!(&result, Ok(end) if end.ended == Ended::Drained)
             && let Some(agreement) = &agreement
         {
             agreement.stopped().await;
         }
-        Ok(FlowEnd { report, ended })
+        result
     }
 }

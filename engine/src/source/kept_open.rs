@@ -18,7 +18,9 @@
 //!   redelivered promptly (a worker that stops, or a schedule whose next fire is far off).
 
 use crate::flow::budget::Budget;
-use crate::source::{INTAKE_CAPACITY, MessageSource, Received, SourceError, SourceHandle};
+use crate::source::{
+    INTAKE_CAPACITY, IdleCheck, MessageSource, Received, SourceError, SourceHandle,
+};
 use async_trait::async_trait;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -99,6 +101,7 @@ impl MessageSource for RunView {
             });
         }
         let ordered = guard.as_ref().is_some_and(|open| open.handle.ordered());
+        let idle_check = guard.as_mut().and_then(|open| open.handle.idle_check());
         let forwarder = tokio::spawn(async move {
             let Some(open) = guard.as_mut() else {
                 return;
@@ -107,7 +110,11 @@ impl MessageSource for RunView {
             // Dropping `intake` here closes the run's channel: the run ends once it settled
             // what it was given; the guard goes with the task, for the next run.
         });
-        Ok(Box::new(ViewHandle { forwarder, ordered }))
+        Ok(Box::new(ViewHandle {
+            forwarder,
+            ordered,
+            idle_check,
+        }))
     }
 }
 
@@ -141,12 +148,18 @@ async fn hand_over(open: &mut Open, intake: &mpsc::Sender<Received>, stop: &Canc
 struct ViewHandle {
     forwarder: tokio::task::JoinHandle<()>,
     ordered: bool,
+    /// The kept source's, asked by each run that ends when idle.
+    idle_check: Option<Box<dyn IdleCheck>>,
 }
 
 #[async_trait]
 impl SourceHandle for ViewHandle {
     fn ordered(&self) -> bool {
         self.ordered
+    }
+
+    fn idle_check(&mut self) -> Option<Box<dyn IdleCheck>> {
+        self.idle_check.take()
     }
 
     async fn close(self: Box<Self>) {
@@ -198,5 +211,59 @@ mod tests {
         assert_eq!(seen.len(), 10, "every message once: {seen:?}");
         kept.close().await;
         assert!(!kept.is_open().await);
+    }
+
+    /// A source whose running handle asks its service before it counts as idle.
+    struct Asking;
+    struct AskingHandle;
+    struct NoAnswer;
+
+    #[async_trait]
+    impl IdleCheck for NoAnswer {
+        async fn confirm_idle(&mut self) -> Result<bool, SourceError> {
+            Ok(false)
+        }
+        fn messages_came(&mut self) {}
+    }
+
+    #[async_trait]
+    impl SourceHandle for AskingHandle {
+        async fn close(self: Box<Self>) {}
+        fn idle_check(&mut self) -> Option<Box<dyn IdleCheck>> {
+            Some(Box::new(NoAnswer))
+        }
+    }
+
+    #[async_trait]
+    impl MessageSource for Asking {
+        async fn start(
+            self: Box<Self>,
+            _intake: mpsc::Sender<Received>,
+            _budget: Budget,
+            _stop: CancellationToken,
+        ) -> Result<Box<dyn SourceHandle>, SourceError> {
+            Ok(Box::new(AskingHandle))
+        }
+    }
+
+    /// Each run's view asks what the kept source asks before it counts as idle (a scheduled
+    /// run must not take a Pub/Sub outage for an empty subscription).
+    #[tokio::test]
+    async fn each_run_asks_the_kept_sources_idle_check() {
+        let kept = KeptOpen::new();
+        for _ in 0..2 {
+            let stop = CancellationToken::new();
+            let (tx, _rx) = mpsc::channel(4);
+            let mut handle = kept
+                .for_run(Box::new(Asking))
+                .start(tx, Budget::new(100, u64::MAX), stop.clone())
+                .await
+                .unwrap();
+            let mut check = handle.idle_check().expect("the kept source's check");
+            assert!(!check.confirm_idle().await.unwrap());
+            stop.cancel();
+            handle.close().await;
+        }
+        kept.close().await;
     }
 }

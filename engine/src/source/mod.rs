@@ -192,10 +192,21 @@ pub trait SourceHandle: Send {
         false
     }
 
-    /// Asked when a run that ends when idle had no message for its idle period: whether the
-    /// source is idle (`true`), or cannot tell because its service does not answer (`false`:
-    /// the run waits on; an error once it has waited longer than it was to). Default: idle.
-    async fn confirm_idle(&mut self) -> Result<bool, SourceError> {
-        Ok(true)
+    /// What a run that ends when idle asks, after an idle period, before it counts the source
+    /// as drained (`None`: nothing to ask, idle is idle). Taken once, by the run.
+    fn idle_check(&mut self) -> Option<Box<dyn IdleCheck>> {
+        None
     }
+}
+
+/// Whether a source with no message for a run's idle period is idle, or cut off from its
+/// service (a Pub/Sub outage must not pass for an empty subscription).
+#[async_trait]
+pub trait IdleCheck: Send {
+    /// `true`: idle (its service answered); `false`: cannot tell, its service does not answer
+    /// (the run waits on); an error once that has lasted longer than the run was to wait.
+    async fn confirm_idle(&mut self) -> Result<bool, SourceError>;
+
+    /// Messages came since the last question: an outage, if there was one, is over.
+    fn messages_came(&mut self);
 }

@@ -1,6 +1,7 @@
 //! Why a commit attempt failed, how its retry is logged, and why a committer stops its flow: an
 //! expectation with `on_violation: fail`, or a triggered run's `give_up_after` spent waiting for
-//! an unavailable store or stage. Once stopped, nothing more of the flow commits or acks.
+//! an unavailable store or stage. Once stopped, no batch begins its commit (one already
+//! committing ends as it would have).
 
 use super::CommitThenAck;
 use crate::flow::batch::Batch;

@@ -2,11 +2,12 @@
 //! backoff, for at most a triggered run's `give_up_after`) and again each time a run that ends
 //! when idle has had no message for its idle period: guarantee, an outage is never taken for a
 //! drained subscription; such a run waits for an answer, and fails once `give_up_after` has
-//! passed since the first question that went unanswered.
+//! passed since the first question that went unanswered with no message since.
 
 use super::{Admin, PubSubConfig};
 use crate::backoff::Backoff;
-use crate::source::SourceError;
+use crate::source::{IdleCheck, SourceError};
+use async_trait::async_trait;
 use google_cloud_pubsub::model::Subscription;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -110,10 +111,13 @@ impl Reachability {
             }
         }
     }
+}
 
-    /// Asked after an idle period: whether the subscription is idle (`true`: Pub/Sub answered),
-    /// or Pub/Sub does not answer (`false`: the run waits on; `GaveUp` past the patience).
-    pub(super) async fn confirm_idle(&mut self) -> Result<bool, SourceError> {
+#[async_trait]
+impl IdleCheck for Reachability {
+    /// Whether the subscription is idle (`true`: Pub/Sub answered), or Pub/Sub does not answer
+    /// (`false`: the run waits on; `GaveUp` past the patience).
+    async fn confirm_idle(&mut self) -> Result<bool, SourceError> {
         match self.ask().await {
             Ok(_) => {
                 self.unanswered_since = None;
@@ -128,5 +132,9 @@ impl Reachability {
                 Ok(false)
             }
         }
+    }
+
+    fn messages_came(&mut self) {
+        self.unanswered_since = None;
     }
 }

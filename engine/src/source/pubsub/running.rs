@@ -5,7 +5,7 @@
 
 use super::ack::PendingAcks;
 use super::reachability::Reachability;
-use crate::source::{SourceError, SourceHandle};
+use crate::source::{IdleCheck, SourceHandle};
 use async_trait::async_trait;
 use google_cloud_pubsub::subscriber::ShutdownToken;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -32,8 +32,8 @@ impl SourceHandle for RunningPubSub {
         self.ordered
     }
 
-    async fn confirm_idle(&mut self) -> Result<bool, SourceError> {
-        self.reachability.confirm_idle().await
+    fn idle_check(&mut self) -> Option<Box<dyn IdleCheck>> {
+        Some(Box::new(self.reachability.clone()))
     }
 
     async fn close(mut self: Box<Self>) {

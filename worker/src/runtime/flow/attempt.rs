@@ -33,10 +33,10 @@ pub async fn run(
     sink: Option<&Path>,
 ) -> (FlowOutcome, bool) {
     let Ran {
-        state,
+        mut state,
         counters,
         skipped,
-        retry,
+        mut retry,
     } = if let Some(plan) = windows::table_plan(&ctx.pipeline, flow) {
         let counters = Counters::new(&ctx.pipeline.name, &flow.name);
         ctx.board
@@ -92,9 +92,17 @@ pub async fn run(
             || ctx.store.record_completion(&handle),
         )
         .await;
-        if let Err(error) = recorded {
-            tracing::warn!(flow = %handle.name, %error,
-                "the flow's completion is not recorded; it runs again next time");
+        match recorded {
+            Err(error) if !ctx.shutdown.drain.is_cancelled() => {
+                // Its dependents wait for a recorded completion: the run fails instead.
+                tracing::error!(flow = %handle.name, %error,
+                    "the flow's completion could not be recorded; it runs again next time");
+                state = FlowState::Failed(format!("its completion could not be recorded: {error}"));
+                retry = false;
+            }
+            Err(error) => tracing::warn!(flow = %handle.name, %error,
+                "the flow's completion is not recorded (stopped first); it runs again next time"),
+            Ok(_) => {}
         }
     }
     let outcome = FlowOutcome {

@@ -21,6 +21,16 @@ pub enum Retry {
     Always,
 }
 
+/// How long the worker's own waits for the store during a run last before it gives up (the
+/// run then fails, exit 1): a triggered run's `give_up_after`, but never in a scheduled
+/// pipeline, whose process outlives its runs and waits as long as it takes (its flows' commits
+/// still give up, failing the run, which is recorded).
+pub fn run_patience(pipeline: &sluice_pipeline::Pipeline) -> Option<Duration> {
+    pipeline
+        .give_up_after
+        .filter(|_| pipeline.schedule.is_none())
+}
+
 /// Ends once `patience` has passed; never without one (a `select!` arm that gives up).
 pub async fn patience_spent(patience: Option<Duration>) {
     match patience {
@@ -46,8 +56,8 @@ where
     until_stored_within(what, retry, drain, None, attempt).await
 }
 
-/// As [`until_stored`], giving up once the first failure is `give_up` old (`None`: never):
-/// the last error is returned, saying so.
+/// As [`until_stored`], giving up once the first failure is `give_up` old, or an attempt has
+/// had no answer for that long (`None`: never): the last error is returned, saying so.
 pub async fn until_stored_within<T, F, Fut>(
     what: &str,
     retry: Retry,
@@ -62,7 +72,21 @@ where
     let mut backoff = Backoff::default();
     let mut first_failure = None;
     loop {
-        match attempt().await {
+        // A store that does not answer at all (a partition) counts as gone for good once the
+        // patience has passed.
+        let answer = match give_up {
+            Some(limit) => match tokio::time::timeout(limit, attempt()).await {
+                Ok(answer) => answer,
+                Err(_) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "the store did not answer ({what}) within {}s; gave up (give_up_after)",
+                        limit.as_secs()
+                    )));
+                }
+            },
+            None => attempt().await,
+        };
+        match answer {
             Ok(done) => return Ok(done),
             Err(error)
                 if (retry == Retry::Always || error.is_transient()) && !drain.is_cancelled() =>

@@ -147,7 +147,7 @@ async fn begin(
         alive_within: ALIVE_WITHIN,
         queued_as: None,
     };
-    let patience = updates.pipeline().give_up_after;
+    let patience = store_retry::run_patience(updates.pipeline());
     let Some(record) = begin_alone(&**updates.store(), &start, shutdown, patience).await? else {
         return Ok(None);
     };

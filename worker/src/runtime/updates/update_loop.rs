@@ -242,7 +242,7 @@ impl<'a> Updates<'a> {
             return Ok(());
         }
         tracing::info!("waiting for a heartbeat to reach the store before starting flows");
-        let patience = self.pipeline.give_up_after;
+        let patience = store_retry::run_patience(self.pipeline);
         tokio::select! {
             () = self.liveness.restored() => Ok(()),
             _ = shutdown.drain.cancelled() => Err(RunError::Store(StoreError::Unavailable(
@@ -289,7 +289,7 @@ impl<'a> Updates<'a> {
             "look for a pool update in progress",
             Retry::WhileUnavailable,
             &shutdown.drain,
-            self.pipeline.give_up_after,
+            store_retry::run_patience(self.pipeline),
             || self.store.pool_update(&self.pipeline.name, None),
         )
         .await
@@ -429,7 +429,7 @@ impl<'a> Updates<'a> {
             &*self.store,
             &self.layout,
             shutdown,
-            self.pipeline.give_up_after,
+            store_retry::run_patience(self.pipeline),
         )
         .await?;
         Ok(())
