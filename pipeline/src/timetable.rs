@@ -409,6 +409,16 @@ impl Timetable {
         NextRun::Now(self.fire(next, kind))
     }
 
+    /// The data interval of a run asked for by hand at `now_ms` (with `data_interval`): the
+    /// one that ended at the latest fire, as Airflow's `infer_manual_data_interval` gives it;
+    /// `None` with `trigger` (a run at a time, no interval), or before the first fire.
+    pub fn manual_interval(&self, now_ms: i64) -> Option<DataInterval> {
+        let latest = self
+            .latest_fire_at_or_before(now_ms)
+            .filter(|latest| self.first_fire_ms.is_none_or(|first| *latest >= first))?;
+        self.interval_of(latest)
+    }
+
     /// How many fires lie in `(after_ms, until_ms]`, counting at most `cap`.
     pub fn fires_between(&self, after_ms: i64, until_ms: i64, cap: u64) -> u64 {
         let mut count = 0;

@@ -242,6 +242,31 @@ fn an_end_date_stops_the_schedule_after_its_last_interval() {
     );
 }
 
+/// A run asked for by hand covers the interval that ended at the latest fire (Airflow's
+/// `infer_manual_data_interval` for its data-interval timetables); with `trigger` it has none,
+/// nor before a schedule's first fire.
+#[test]
+fn a_manual_run_covers_the_interval_that_ended_at_the_latest_fire() {
+    let now = at("2026-01-05T10:00:00Z");
+    let intervals = daily(ScheduleSemantics::DataInterval, false);
+    assert_eq!(
+        intervals.manual_interval(now),
+        interval("2026-01-04T00:00:00Z", "2026-01-05T00:00:00Z")
+    );
+    assert_eq!(
+        daily(ScheduleSemantics::Trigger, false).manual_interval(now),
+        None
+    );
+    let not_yet = bounded(
+        ScheduleWhen::Cron("@daily".into()),
+        ScheduleSemantics::DataInterval,
+        false,
+        "2026-02-01T00:00:00Z",
+        None,
+    );
+    assert_eq!(not_yet.manual_interval(now), None);
+}
+
 /// Dates as the file gives them: RFC 3339, or a wall-clock date and time in the schedule's
 /// zone (a date alone is its midnight).
 #[test]

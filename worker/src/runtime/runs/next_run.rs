@@ -187,12 +187,18 @@ impl NextRuns {
                     Waited::Came(woke) => woke,
                     // A run asked for through the control API (what it clears is cleared):
                     // the kept streams' messages predate the clearing, so they are given back
-                    // first.
+                    // first. It covers the interval that ended at the last fire (Airflow's
+                    // manual runs), with `data_interval`.
                     Waited::Requested => {
-                        self.last_started = Some(now_ms());
+                        let now = now_ms();
+                        self.last_started = Some(now);
+                        let interval = timetable.manual_interval(now);
                         return Ok(Next::Run(Run::Recorded {
-                            ask: asked_now(RunTrigger::Manual),
-                            scope: scope(None),
+                            ask: RunAsk {
+                                interval,
+                                ..asked_now(RunTrigger::Manual)
+                            },
+                            scope: scope(interval),
                             lease: None,
                             give_back_kept: true,
                         }));
