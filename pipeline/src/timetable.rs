@@ -156,6 +156,21 @@ pub fn parse_cron(pattern: &str) -> Result<Cron, String> {
             "@yearly",
             "@annually",
         ];
+        // Airflow's presets that are not times: what sluice offers instead.
+        if trimmed.eq_ignore_ascii_case("@once") {
+            return Err(
+                "`@once` is not a schedule here: a triggered pipeline without `schedule:` \
+                 runs once per `sluice run` (start_date and end_date bound a schedule's fires)"
+                    .to_owned(),
+            );
+        }
+        if trimmed.eq_ignore_ascii_case("@continuous") {
+            return Err(
+                "`@continuous` is not a schedule here: use `mode: continuous` (no \
+                 schedule), which runs until stopped"
+                    .to_owned(),
+            );
+        }
         if !PRESETS.iter().any(|p| p.eq_ignore_ascii_case(trimmed)) {
             return Err(format!(
                 "`{trimmed}` is not a preset; use one of {}",

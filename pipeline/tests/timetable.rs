@@ -622,6 +622,15 @@ fn a_seconds_field_fires_every_five_seconds() {
     );
 }
 
+/// Airflow's `@once` and `@continuous` are refused with what to write instead.
+#[test]
+fn once_and_continuous_presets_name_the_alternative() {
+    let once = sluice_pipeline::timetable::parse_cron("@once").unwrap_err();
+    assert!(once.contains("without `schedule:`"), "{once}");
+    let continuous = sluice_pipeline::timetable::parse_cron("@continuous").unwrap_err();
+    assert!(continuous.contains("mode: continuous"), "{continuous}");
+}
+
 #[test]
 fn bad_patterns_and_zones_say_what_is_wrong() {
     use sluice_pipeline::timetable::{parse_cron, time_zone};
