@@ -15,6 +15,10 @@ pub struct StageCall {
     pub batch_id: String,
     /// The records' keys, in order.
     pub keys: Vec<String>,
+    /// The records' event times, in order.
+    pub event_times: Vec<i64>,
+    /// The run's data interval, `[start, end)` ms, if the request had one.
+    pub interval: Option<(i64, i64)>,
 }
 
 /// The calls received so far, in arrival order.
@@ -57,6 +61,8 @@ impl Stage for StageRecorder {
             let delay = std::time::Duration::from_millis(rand::random_range(0..=millis));
             tokio::time::sleep(delay).await;
         }
+        let interval = request.interval.map(|i| (i.start_ms, i.end_ms));
+        let event_times: Vec<i64> = request.records.iter().map(|r| r.event_time_ms).collect();
         let keys: Vec<String> = request.records.into_iter().map(|r| r.key).collect();
         let refused = self
             .refused
@@ -69,6 +75,8 @@ impl Stage for StageRecorder {
             flow: request.flow,
             batch_id: request.batch_id,
             keys,
+            event_times,
+            interval,
         });
         match refused {
             Some(needle) => Err(tonic::Status::invalid_argument(format!(

@@ -149,3 +149,68 @@ async fn a_crash_between_the_stage_answer_and_the_commit_resends_the_same_batch_
         50
     );
 }
+
+/// A scheduled run's data interval reaches the Stage: a `foreach_batch` target fed by a file
+/// flow on a `data_interval` schedule (`every: 2s`, caught up from a `start_date` 10 s back)
+/// gets, with each batch, the interval of the run it belongs to, and every record of the
+/// batch has its event time in it. Every record of the file reaches the Stage once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_runs_interval_reaches_the_stage_with_its_records() {
+    let (stage, recorder) = stage_server().await;
+    let dir = Workdir::new();
+    let db = dir.db("intervals");
+    let start = (sluice_tests::now_ms() - 10_000) / 1_000 * 1_000;
+    let events: Vec<i64> = (0..100).map(|i| start + i * 100).collect();
+    let history = dir.path().join("history");
+    std::fs::create_dir_all(&history).unwrap();
+    let lines: String = events
+        .iter()
+        .map(|t| format!("{{\"id\":\"e{t}\",\"event_time\":{t}}}\n"))
+        .collect();
+    std::fs::write(history.join("events.jsonl"), lines).unwrap();
+    let start_date = jiff::Timestamp::from_millisecond(start).unwrap();
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(&db)
+        .schedule(&format!(
+            "{{ every: 2s, semantics: data_interval, catchup: true, start_date: \"{start_date}\" }}"
+        ))
+        .target(
+            "enrich",
+            "foreach_batch",
+            &format!("{{ endpoint: \"http://{stage}\" }}"),
+        )
+        .flow(FlowYaml::file(
+            "events",
+            "enrich",
+            &history.join("*.jsonl").display().to_string(),
+        ))
+        .write(dir.path(), "p.yaml");
+    let worker = Worker::start(&file, "worker");
+    let store = Db(db);
+    let rows = || store.query("SELECT COUNT(*) FROM test__enrich");
+    let done = eventually(Duration::from_secs(120), || rows() == 100).await;
+    assert!(done, "rows {}; logs:\n{}", rows(), worker.logs());
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(60)).success());
+
+    let calls = recorder.calls();
+    let mut keys = BTreeSet::new();
+    for call in &calls {
+        let (from, to) = call
+            .interval
+            .expect("each batch carries its run's interval");
+        assert_eq!(to - from, 2_000, "{call:?}");
+        assert!(
+            call.event_times.iter().all(|t| from <= *t && *t < to),
+            "a record outside its run's interval: {call:?}"
+        );
+        keys.extend(call.keys.iter().cloned());
+    }
+    assert_eq!(keys.len(), 100, "every record reached the stage");
+    let intervals: BTreeSet<_> = calls.iter().filter_map(|c| c.interval).collect();
+    assert!(
+        intervals.len() >= 5,
+        "runs of several intervals: {intervals:?}"
+    );
+}

@@ -308,6 +308,7 @@ pub fn build(
                 &flow.name,
                 endpoint,
                 plan.stage,
+                ctx.scope.interval,
             )?)
         }
         _ => Arc::new(plan.stage),

@@ -6,8 +6,9 @@
 //! acked), it never fails the flow or loses a record.
 
 use sluice_engine::{ForeachBatchStage, StageError, StageRecord, TableStage};
+use sluice_pipeline::timetable::DataInterval;
 use sluice_proto::v1::stage_client::StageClient;
-use sluice_proto::v1::{ProcessRequest, Record};
+use sluice_proto::v1::{DataInterval as ProtoInterval, ProcessRequest, Record};
 use std::time::Duration;
 use tonic::Code;
 
@@ -22,6 +23,7 @@ pub fn grpc_stage(
     flow: &str,
     endpoint: &str,
     rows: TableStage,
+    interval: Option<DataInterval>,
 ) -> Result<ForeachBatchStage, String> {
     let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
         .map_err(|e| format!("foreach_batch.endpoint {endpoint:?}: {e}"))?
@@ -37,6 +39,10 @@ pub fn grpc_stage(
             flow: batch.flow,
             batch_id: batch.batch_id,
             records: batch.records.into_iter().map(record).collect(),
+            interval: interval.map(|i| ProtoInterval {
+                start_ms: i.start_ms,
+                end_ms: i.end_ms,
+            }),
         };
         async move { client.process(request).await.map(|_| ()).map_err(classify) }
     }))
