@@ -237,12 +237,28 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
             "`end_date` is before `start_date`: the schedule would never fire",
         );
     }
+    let retries = raw.retries.unwrap_or(0);
+    if raw.retry_delay.is_some() && retries == 0 {
+        c.push(
+            ErrorCode::InvalidSchedule,
+            "schedule.retry_delay",
+            "`retry_delay` spaces the retries of a failed run: it needs `retries`",
+        );
+    }
+    let retry_delay = positive_duration(
+        c,
+        raw.retry_delay,
+        "schedule.retry_delay",
+        defaults::SCHEDULE_RETRY_DELAY,
+    );
     Schedule {
         when,
         timezone,
         semantics,
         start_ms,
         end_ms,
+        retries,
+        retry_delay,
         catchup: raw.catchup.unwrap_or(false),
         interval,
         on_update,

@@ -33,6 +33,9 @@ pub const FILE_MAX_RECORD_BYTES_CEILING: u64 = 1_000_000_000;
 /// Default `give_up_after`: how long a triggered run waits for an unreachable store or
 /// Pub/Sub before it fails.
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(300);
+/// Default `schedule.retry_delay`: how long a failed run waits before it runs again (Airflow's
+/// default `retry_delay`).
+pub const SCHEDULE_RETRY_DELAY: Duration = Duration::from_secs(300);
 /// Default `schedule.timezone`.
 pub const SCHEDULE_TIMEZONE: &str = "UTC";
 /// Default `schedule.min_interval`: runs fired by updates of a table start at most this often.

@@ -459,6 +459,11 @@ pub struct Schedule {
     /// `end_date` (ms since the epoch) — no fire after it (`data_interval`: no interval that
     /// starts after it).
     pub end_ms: Option<i64>,
+    /// `retries` — default 0: how many times a failed run runs again (same run, same
+    /// interval) before it is recorded failed.
+    pub retries: u32,
+    /// `retry_delay` — default 5 minutes: the wait before each retry.
+    pub retry_delay: Duration,
 }
 
 /// Exactly one of `cron` or `every`.

@@ -88,6 +88,8 @@ pub(crate) struct RawSchedule {
     pub(crate) min_interval: Option<Humane>,
     pub(crate) start_date: Option<String>,
     pub(crate) end_date: Option<String>,
+    pub(crate) retries: Option<u32>,
+    pub(crate) retry_delay: Option<Humane>,
 }
 
 /// `schedule.semantics`.

@@ -362,6 +362,16 @@ fn invalid_schedules() {
         6,
     );
     assert!(e.message.contains("before `start_date`"), "{e}");
+    let e = one(
+        &edit(
+            2,
+            "mode: triggered\nschedule:\n  every: 1h\n  retry_delay: 1m",
+        ),
+        ErrorCode::InvalidSchedule,
+        "schedule.retry_delay",
+        5,
+    );
+    assert!(e.message.contains("needs `retries`"), "{e}");
     one(
         &edit(2, "mode: triggered\nschedule:\n  cron: \"@fortnightly\""),
         ErrorCode::InvalidSchedule,

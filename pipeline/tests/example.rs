@@ -255,6 +255,8 @@ flows:
             min_interval: Duration::from_secs(60),
             start_ms: None,
             end_ms: None,
+            retries: 0,
+            retry_delay: Duration::from_secs(300),
         })
     );
     assert_eq!(p.targets[1].kind, TargetKind::View);

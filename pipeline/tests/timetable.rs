@@ -34,6 +34,8 @@ fn schedule(
         min_interval: Duration::from_secs(60),
         start_ms: None,
         end_ms: None,
+        retries: 0,
+        retry_delay: Duration::from_secs(300),
     }
 }
 

@@ -611,3 +611,102 @@ async fn a_start_date_with_catchup_reads_every_interval_once_across_a_kill() {
     assert_eq!(db.rows(), total, "every record was read");
     assert_eq!(db.distinct_keys(), total, "no record twice");
 }
+
+/// `schedule.retries`: a run that fails (a record violates an expectation with
+/// `on_violation: fail`) runs again after `retry_delay`, as the same run with the same
+/// interval; once the bad record is fixed, the retry completes and the run is recorded
+/// completed with every record of its interval, once. The retry is shown by its log line,
+/// seen before the file is fixed (so the first attempt failed on the bad record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_run_is_retried_after_retry_delay_and_completes() {
+    let dir = Workdir::new();
+    let db_path = dir.db("retries");
+    // One hour-long interval, caught up from a start two hours back: its records are these.
+    let start = (now_ms() - 2 * 3_600_000) / 3_600_000 * 3_600_000;
+    let history = dir.path().join("history");
+    std::fs::create_dir_all(&history).unwrap();
+    let write = |bad: bool| {
+        let lines: String = (0..20)
+            .map(|i| {
+                let n = if bad && i == 7 { -1 } else { i };
+                format!(
+                    "{{\"id\":\"r{i}\",\"event_time\":{},\"data\":{{\"n\":{n}}}}}\n",
+                    start + i * 1_000
+                )
+            })
+            .collect();
+        let staging = history.join("events.tmp");
+        std::fs::write(&staging, lines).unwrap();
+        std::fs::rename(&staging, history.join("events.jsonl")).unwrap();
+    };
+    write(true);
+    let start_date = jiff::Timestamp::from_millisecond(start).unwrap();
+    let file = dir.path().join("p.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "pipeline: test
+mode: triggered
+store: sqlite://{}
+schedule:
+  every: 1h
+  semantics: data_interval
+  catchup: true
+  start_date: \"{start_date}\"
+  retries: 2
+  retry_delay: 3s
+targets:
+  - name: events
+    kind: table
+    columns:
+      - {{ name: n, type: integer }}
+flows:
+  - name: events
+    target: events
+    source: {{ file: {{ path: \"{}\" }} }}
+    decode: {{ format: json }}
+    expect:
+      - {{ name: not_negative, check: \"n >= 0\", on_violation: fail }}
+",
+            db_path.display(),
+            history.join("*.jsonl").display()
+        ),
+    )
+    .unwrap();
+    let worker = Worker::start(&file, "retrying");
+    assert!(
+        eventually(Duration::from_secs(90), || worker
+            .logs()
+            .contains("the run failed; running it again"))
+        .await,
+        "{}",
+        worker.logs()
+    );
+    write(false);
+    assert!(
+        eventually(Duration::from_secs(90), || completed(&db_path).len() >= 2).await,
+        "{:?}\n{}",
+        runs(&db_path),
+        worker.logs()
+    );
+    worker.terminate();
+    let logs = worker.logs();
+    assert!(worker.wait(Duration::from_secs(30)).success());
+    let first = &completed(&db_path)[0];
+    println!("first run: {first:?}");
+    assert_eq!(first.interval, Some((start, start + 3_600_000)));
+    assert_eq!(
+        first.rows, 20,
+        "the retry wrote every record of the interval"
+    );
+    assert_eq!(
+        runs(&db_path)
+            .iter()
+            .filter(|r| r.state == "failed")
+            .count(),
+        0,
+        "the run was retried, not recorded failed"
+    );
+    assert!(logs.contains("attempt=1"), "{logs}");
+    assert_eq!(Db(db_path).query("SELECT COUNT(*) FROM test__events"), 20);
+}

@@ -8,6 +8,7 @@ mod due;
 mod lease;
 mod next_run;
 mod record;
+mod retries;
 mod run_end;
 mod table_updates;
 pub(super) mod timetable;

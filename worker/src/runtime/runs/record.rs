@@ -9,6 +9,7 @@ use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
 use crate::runtime::pool::timing::ALIVE_WITHIN;
 use crate::runtime::run_error::RunError;
+use crate::runtime::runs::retries;
 use crate::runtime::runs::run_end::{self, Ended};
 use crate::runtime::updates::update_loop::Updates;
 use sluice_store::{RunEnd, RunRecord, RunStart, RunState, RunTrigger, Store};
@@ -108,7 +109,11 @@ pub async fn run(
             }
         })
     });
-    let outcomes = updates.run(&this_run, scope).await;
+    let outcomes = if recorded.is_some() {
+        retries::run_with_retries(updates, &this_run, scope).await
+    } else {
+        updates.run(&this_run, scope).await
+    };
     if let Some(lost) = lost {
         lost.abort();
     }
