@@ -434,6 +434,27 @@ impl Timetable {
         self.interval_of(latest)
     }
 
+    /// The fires whose runs cover `[from_ms, to_ms)` (a backfill's range), oldest first, at
+    /// most `cap`: with `data_interval` those whose interval starts in it, else those in it.
+    pub fn fires_within(&self, from_ms: i64, to_ms: i64, cap: usize) -> Vec<Fire> {
+        let mut fires = Vec::new();
+        let Some(mut fire) = self.first_fire_from(from_ms) else {
+            return fires;
+        };
+        while fires.len() < cap {
+            let covers = self.interval_of(fire).map_or(fire, |i| i.start_ms);
+            if covers >= to_ms {
+                break;
+            }
+            fires.push(self.fire(fire, FireKind::Schedule));
+            match self.next_fire_after(fire) {
+                Some(next) => fire = next,
+                None => break,
+            }
+        }
+        fires
+    }
+
     /// How many fires lie in `(after_ms, until_ms]`, counting at most `cap`.
     pub fn fires_between(&self, after_ms: i64, until_ms: i64, cap: u64) -> u64 {
         let mut count = 0;

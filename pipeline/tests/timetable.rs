@@ -269,6 +269,33 @@ fn a_manual_run_covers_the_interval_that_ended_at_the_latest_fire() {
     assert_eq!(not_yet.manual_interval(now), None);
 }
 
+/// A backfill's range: with `data_interval` the fires whose interval starts in it; with
+/// `trigger` the fires in it.
+#[test]
+fn a_backfill_range_covers_the_intervals_that_start_in_it() {
+    let intervals = daily(ScheduleSemantics::DataInterval, false);
+    let fires = intervals.fires_within(at("2026-01-01T00:00:00Z"), at("2026-01-04T00:00:00Z"), 100);
+    let covered: Vec<_> = fires.iter().map(|f| f.interval).collect();
+    assert_eq!(
+        covered,
+        [
+            interval("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"),
+            interval("2026-01-02T00:00:00Z", "2026-01-03T00:00:00Z"),
+            interval("2026-01-03T00:00:00Z", "2026-01-04T00:00:00Z"),
+        ]
+    );
+    let triggers = daily(ScheduleSemantics::Trigger, false);
+    let fires = triggers.fires_within(at("2026-01-01T12:00:00Z"), at("2026-01-04T00:00:00Z"), 100);
+    let at_ms: Vec<_> = fires.iter().map(|f| utc(f.at_ms)).collect();
+    assert_eq!(at_ms, ["2026-01-02T00:00:00Z", "2026-01-03T00:00:00Z"]);
+    assert_eq!(
+        intervals
+            .fires_within(at("2026-01-01T00:00:00Z"), at("2026-02-01T00:00:00Z"), 5)
+            .len(),
+        5
+    );
+}
+
 /// Dates as the file gives them: RFC 3339, or a wall-clock date and time in the schedule's
 /// zone (a date alone is its midnight).
 #[test]

@@ -33,24 +33,33 @@ pub enum RunTrigger {
     Update,
     /// Asked for: `sluice run` of a pipeline without a schedule, or the control API.
     Manual,
+    /// An interval run by `sluice backfill`.
+    Backfill,
 }
 
 impl RunTrigger {
-    /// The name stored and shown (`schedule`, `catchup`, `update`, `manual`).
+    /// The name stored and shown (`schedule`, `catchup`, `update`, `manual`, `backfill`).
     pub fn name(self) -> &'static str {
         match self {
             Self::Schedule => "schedule",
             Self::Catchup => "catchup",
             Self::Update => "update",
             Self::Manual => "manual",
+            Self::Backfill => "backfill",
         }
     }
 
     /// The trigger a stored name stands for.
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::Schedule, Self::Catchup, Self::Update, Self::Manual]
-            .into_iter()
-            .find(|t| t.name() == name)
+        [
+            Self::Schedule,
+            Self::Catchup,
+            Self::Update,
+            Self::Manual,
+            Self::Backfill,
+        ]
+        .into_iter()
+        .find(|t| t.name() == name)
     }
 
     /// Whether the run is one of the schedule's fires (recorded once per fire time).

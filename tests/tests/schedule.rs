@@ -710,3 +710,108 @@ flows:
     assert!(logs.contains("attempt=1"), "{logs}");
     assert_eq!(Db(db_path).query("SELECT COUNT(*) FROM test__events"), 20);
 }
+
+/// `sluice backfill`: the intervals of a range before the schedule's `start_date` (so the
+/// scheduler never runs them) are run by `sluice backfill -c FILE --from T1 --to T2`, each
+/// once, oldest first, recorded `backfill` with its interval, reading exactly the file's
+/// records of the range; a second backfill of the same range runs nothing. Beside it a worker
+/// runs the schedule (every 10 s) on the same store: no backfill run overlaps one of its runs
+/// in time (a run waits for the other's to end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_runs_the_missing_intervals_of_its_range_beside_the_scheduler() {
+    const INTERVAL_MS: i64 = 10_000;
+    let dir = Workdir::new();
+    let db_path = dir.db("backfill");
+    let now = now_ms() / INTERVAL_MS * INTERVAL_MS;
+    let from = now - 60 * INTERVAL_MS;
+    let to = from + 5 * INTERVAL_MS;
+    // Records every 2 s over 10 intervals from `from`: the range holds the first 5.
+    let events: Vec<i64> = (0..50).map(|i| from + i * 2_000).collect();
+    let history = dir.path().join("history");
+    std::fs::create_dir_all(&history).unwrap();
+    let lines: String = events
+        .iter()
+        .map(|t| format!("{{\"id\":\"e{t}\",\"event_time\":{t}}}\n"))
+        .collect();
+    std::fs::write(history.join("events.jsonl"), lines).unwrap();
+    let start_date = jiff::Timestamp::from_millisecond(now).unwrap();
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(&db_path)
+        .schedule(&format!(
+            "{{ every: 10s, semantics: data_interval, start_date: \"{start_date}\" }}"
+        ))
+        .target_table("events")
+        .flow(FlowYaml::file(
+            "events",
+            "events",
+            &history.join("*.jsonl").display().to_string(),
+        ))
+        .write(dir.path(), "p.yaml");
+    let scheduler = Worker::start(&file, "scheduler");
+    assert!(
+        eventually(Duration::from_secs(60), || !completed(&db_path).is_empty()).await,
+        "{:?}\n{}",
+        runs(&db_path),
+        scheduler.logs()
+    );
+    let (from_text, to_text) = (
+        jiff::Timestamp::from_millisecond(from).unwrap().to_string(),
+        jiff::Timestamp::from_millisecond(to).unwrap().to_string(),
+    );
+    let config = file.to_str().unwrap();
+    let backfill = sluice_command(
+        &[
+            "backfill", "-c", config, "--from", &from_text, "--to", &to_text,
+        ],
+        None,
+    );
+    assert_eq!(backfill.code, 0, "{}", backfill.all());
+    let again = sluice_command(
+        &[
+            "backfill", "-c", config, "--from", &from_text, "--to", &to_text,
+        ],
+        None,
+    );
+    assert_eq!(again.code, 0, "{}", again.all());
+    scheduler.terminate();
+    assert!(scheduler.wait(Duration::from_secs(30)).success());
+
+    let all = runs(&db_path);
+    let backfilled: Vec<&Run> = all.iter().filter(|r| r.trigger == "backfill").collect();
+    let intervals: Vec<_> = backfilled.iter().map(|r| r.interval.unwrap()).collect();
+    let expected: Vec<_> = (0..5)
+        .map(|k| (from + k * INTERVAL_MS, from + (k + 1) * INTERVAL_MS))
+        .collect();
+    assert_eq!(
+        intervals, expected,
+        "each interval of the range once, oldest first"
+    );
+    assert!(backfilled.iter().all(|r| r.state == "completed"));
+    assert!(
+        again.all().contains("to_run=0"),
+        "the second backfill ran nothing: {}",
+        again.all()
+    );
+    let in_range = events.iter().filter(|t| **t < to).count() as i64;
+    assert_eq!(backfilled.iter().map(|r| r.rows).sum::<i64>(), in_range);
+    assert_eq!(
+        Db(db_path.clone()).rows(),
+        in_range,
+        "only the range's records"
+    );
+    // No two runs overlap in time.
+    let mut spans: Vec<(i64, i64)> = all
+        .iter()
+        .map(|r| (r.started_at, r.ended_at.unwrap()))
+        .collect();
+    spans.sort();
+    for pair in spans.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "runs overlap: {pair:?} in {all:#?}");
+    }
+    let scheduled = all.iter().filter(|r| r.trigger != "backfill").count();
+    println!(
+        "{} backfill runs beside {scheduled} scheduled runs",
+        backfilled.len()
+    );
+}

@@ -43,6 +43,21 @@ pub enum Command {
         #[arg(long, value_delimiter = ',', conflicts_with = "full_refresh")]
         refresh: Vec<String>,
     },
+    /// Run the intervals of a scheduled pipeline that cover [FROM, TO) and have not completed,
+    /// oldest first, each recorded `backfill` (beside a running pool, never overlapping its
+    /// runs); exit 1 at the first that fails.
+    Backfill {
+        /// The pipeline file.
+        #[arg(short = 'c', long = "config")]
+        config: PathBuf,
+        /// The range's start: 2026-01-01, 2026-01-01T06:00:00 (the schedule's time zone) or
+        /// RFC 3339.
+        #[arg(long)]
+        from: String,
+        /// The range's end (exclusive), in the same forms.
+        #[arg(long)]
+        to: String,
+    },
     /// Check a pipeline file; exit 0 when valid, 2 when not.
     Validate {
         /// The pipeline file.
@@ -176,6 +191,9 @@ pub async fn dispatch(command: Command) -> ExitCode {
             commands::run::run_file(&config, refresh).await
         }
         Command::Graph { config, format } => commands::graph::graph(&config, format).await,
+        Command::Backfill { config, from, to } => {
+            commands::backfill::backfill_file(&config, &from, &to).await
+        }
         Command::FullRefresh {
             config,
             seek,

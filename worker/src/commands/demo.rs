@@ -123,7 +123,7 @@ async fn demo_inner(events: usize, dir: &Path) -> Result<bool, Box<dyn std::erro
 
     let shutdown = signals::install()?;
     let started = Instant::now();
-    let outcomes = execute(&pipeline, &shutdown).await?;
+    let outcomes = execute(&pipeline, &shutdown, None).await?;
     let took = started.elapsed().as_secs_f64();
     let mut ok = true;
     for outcome in &outcomes {

@@ -1,6 +1,7 @@
 //! The commands of the `sluice` binary, one file each; each prints its own output (and owns
 //! its output format) and returns the exit code: 0 success, 1 runtime failure, 2 invalid input.
 
+pub mod backfill;
 pub mod bench;
 pub mod check;
 pub mod demo;

@@ -5,7 +5,7 @@
 
 use crate::runtime::flow::outcome::{FlowOutcome, FlowState};
 use crate::runtime::kit::signals;
-use crate::runtime::supervisor::{RunError, execute};
+use crate::runtime::supervisor::{BackfillRange, RunError, execute};
 use crate::runtime::updates::refresh;
 use std::path::Path;
 use std::process::ExitCode;
@@ -45,6 +45,16 @@ pub async fn run_file(path: &Path, refresh: Refresh) -> ExitCode {
             .collect();
         println!("cleared before the run: {}", cleared.join(", "));
     }
+    execute_and_report(path, &pipeline, None).await
+}
+
+/// Runs `pipeline` (the intervals of `backfill`, if given) under the supervisor and prints
+/// each flow's outcome; the exit code.
+pub(super) async fn execute_and_report(
+    path: &Path,
+    pipeline: &sluice_pipeline::Pipeline,
+    backfill: Option<BackfillRange>,
+) -> ExitCode {
     let shutdown = match signals::install() {
         Ok(shutdown) => shutdown,
         Err(error) => {
@@ -52,7 +62,7 @@ pub async fn run_file(path: &Path, refresh: Refresh) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match execute(&pipeline, &shutdown).await {
+    match execute(pipeline, &shutdown, backfill).await {
         Ok(outcomes) => {
             for outcome in &outcomes {
                 let from_pubsub = pipeline.flows.iter().any(|f| {

@@ -21,6 +21,7 @@ use crate::runtime::pool::identity::identity;
 use crate::runtime::pool::liveness::Liveness;
 use crate::runtime::pool::membership::Membership;
 pub use crate::runtime::run_error::RunError;
+pub use crate::runtime::runs::backfill::BackfillRange;
 use crate::runtime::updates::prepare;
 use crate::runtime::updates::request::{self, UpdateSender};
 use crate::runtime::updates::update_loop::{Prepared, Updates};
@@ -36,6 +37,7 @@ use tokio::sync::{Semaphore, mpsc};
 pub async fn execute(
     pipeline: &Pipeline,
     shutdown: &Shutdown,
+    backfill: Option<BackfillRange>,
 ) -> Result<Vec<FlowOutcome>, RunError> {
     let metrics_listen = pipeline
         .metrics_listen
@@ -110,7 +112,7 @@ pub async fn execute(
         completed: opened.completed,
         liveness,
     });
-    let outcomes = crate::runtime::runs::timetable::drive(&mut updates, shutdown).await?;
+    let outcomes = crate::runtime::runs::timetable::drive(&mut updates, shutdown, backfill).await?;
     if let Some(publishing) = publishing {
         publishing.finish(&shutdown.give_up).await;
     }

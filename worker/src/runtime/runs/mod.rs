@@ -3,6 +3,7 @@
 //! reads), under the pool's `scheduler` lease, each recorded in `sluice_runs`. Runs never
 //! overlap, and each fire runs once.
 
+pub(crate) mod backfill;
 mod between_runs;
 mod due;
 mod lease;

@@ -20,6 +20,7 @@ use crate::runtime::runs::record::{Run, RunAsk};
 use crate::runtime::updates::update_loop::{Updates, Waited};
 use sluice_pipeline::timetable::{Fire, FireKind, NextRun, Timetable};
 use sluice_store::RunTrigger;
+use std::collections::VecDeque;
 
 /// Fires counted as delayed behind one run, at most (an every-second schedule behind a long
 /// run would otherwise be counted one fire at a time).
@@ -41,6 +42,9 @@ pub enum Plan {
         /// each other.
         kept: KeptSources,
     },
+    /// `sluice backfill`: these fires, one after the other, each recorded `backfill`; then
+    /// the end.
+    Backfill(VecDeque<Fire>),
 }
 
 /// What comes next.
@@ -96,6 +100,26 @@ impl NextRuns {
         updates: &mut Updates<'_>,
         shutdown: &Shutdown,
     ) -> Result<Next, RunError> {
+        if let Plan::Backfill(fires) = &mut self.plan {
+            let Some(fire) = fires.pop_front().filter(|_| !shutdown.drain.is_cancelled()) else {
+                return Ok(Next::Stop {
+                    last_outcomes_stand: true,
+                });
+            };
+            return Ok(Next::Run(Run::Recorded {
+                ask: RunAsk {
+                    fire_ms: fire.at_ms,
+                    interval: fire.interval,
+                    trigger: RunTrigger::Backfill,
+                },
+                scope: RunScope {
+                    interval: fire.interval,
+                    ..RunScope::default()
+                },
+                lease: None,
+                give_back_kept: false,
+            }));
+        }
         let Plan::Scheduled {
             timetable,
             lease,

@@ -38,9 +38,10 @@
 //!   at most once per `min_interval` (`table_updates.rs`), recorded `update`, with no data
 //!   interval.
 
-use crate::runtime::flow::outcome::FlowOutcome;
+use crate::runtime::flow::outcome::{FlowOutcome, FlowState};
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::run_error::RunError;
+use crate::runtime::runs::backfill::{self, BackfillRange};
 use crate::runtime::runs::lease::SchedulerLease;
 use crate::runtime::runs::next_run::{Next, NextRuns, Plan};
 use crate::runtime::runs::record;
@@ -51,16 +52,28 @@ use sluice_pipeline::{Mode, Source};
 use std::sync::Arc;
 
 /// Runs the pipeline until its runs end: a continuous pipeline's one update until a signal, a
-/// triggered pipeline's one run, or its runs on its schedule until a signal. Returns the
+/// triggered pipeline's one run, its runs on its schedule until a signal, or (`backfill`) the
+/// intervals of a range not run yet, until one fails. Returns the
 /// outcomes of the last run, when it ended the worker's runs (nothing when a signal came
 /// between runs).
 pub async fn drive(
     updates: &mut Updates<'_>,
     shutdown: &Shutdown,
+    backfill: Option<BackfillRange>,
 ) -> Result<Vec<FlowOutcome>, RunError> {
     let pipeline = updates.pipeline();
-    let plan = match (&pipeline.schedule, pipeline.mode) {
-        (Some(schedule), _) => {
+    let plan = match (&pipeline.schedule, pipeline.mode, backfill) {
+        (Some(schedule), _, Some(range)) => {
+            let timetable = Timetable::new(schedule).map_err(RunError::Invalid)?;
+            Plan::Backfill(backfill::fires_to_run(updates, &timetable, range, shutdown).await?)
+        }
+        (None, _, Some(_)) => {
+            return Err(RunError::Invalid(
+                "a backfill runs the intervals of a schedule: the pipeline has no `schedule:`"
+                    .to_owned(),
+            ));
+        }
+        (Some(schedule), _, None) => {
             let timetable = Timetable::new(schedule).map_err(RunError::Invalid)?;
             let kept = Arc::new(
                 pipeline
@@ -78,14 +91,24 @@ pub async fn drive(
                 kept,
             }
         }
-        (None, Mode::Triggered) => Plan::Once,
-        (None, Mode::Continuous) => Plan::Continuous,
+        (None, Mode::Triggered, None) => Plan::Once,
+        (None, Mode::Continuous, None) => Plan::Continuous,
     };
+    let stop_at_failure = matches!(plan, Plan::Backfill(_));
     let mut runs = NextRuns::new(plan);
     let mut outcomes = Vec::new();
     loop {
         match runs.next(updates, shutdown).await? {
-            Next::Run(run) => outcomes = record::run(updates, shutdown, run).await?,
+            Next::Run(run) => {
+                outcomes = record::run(updates, shutdown, run).await?;
+                let failed = outcomes
+                    .iter()
+                    .any(|o| matches!(o.state, FlowState::Failed(_)));
+                if stop_at_failure && failed {
+                    tracing::error!("backfill: an interval failed; the later ones are not run");
+                    break;
+                }
+            }
             Next::Stop {
                 last_outcomes_stand,
             } => {

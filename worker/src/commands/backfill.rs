@@ -1,0 +1,45 @@
+//! `sluice backfill -c FILE --from T1 --to T2`: runs the intervals of a scheduled pipeline
+//! whose runs cover `[T1, T2)` and have not completed (`runtime/runs/backfill.rs`), one after
+//! the other, each recorded `backfill` in `sluice runs`, beside a running pool without
+//! overlapping its runs. The dates are read as `start_date` is (RFC 3339, or a date or date
+//! and time on the schedule's time zone). The backfill serves no metrics or control endpoint
+//! (a pool's worker on the same host has them). Exit 0 when every interval completed, 1 when
+//! one failed (the later ones are not run), 2 for a file without a schedule or a bad range.
+
+use crate::runtime::supervisor::BackfillRange;
+use sluice_pipeline::timetable;
+use std::path::Path;
+use std::process::ExitCode;
+
+/// `sluice backfill -c FILE --from FROM --to TO`.
+pub async fn backfill_file(path: &Path, from: &str, to: &str) -> ExitCode {
+    let mut pipeline = match super::load_for_run_or_exit(path) {
+        Ok(pipeline) => super::with_adc_project(pipeline).await,
+        Err(exit) => return exit,
+    };
+    let Some(schedule) = &pipeline.schedule else {
+        eprintln!(
+            "{}: a backfill runs the intervals of a schedule: the pipeline has no `schedule:`",
+            path.display()
+        );
+        return ExitCode::from(2);
+    };
+    let range = timetable::time_zone(&schedule.timezone).and_then(|zone| {
+        let from_ms = timetable::instant(from, &zone).map_err(|e| format!("--from: {e}"))?;
+        let to_ms = timetable::instant(to, &zone).map_err(|e| format!("--to: {e}"))?;
+        if to_ms <= from_ms {
+            return Err(format!("--to ({to}) is not after --from ({from})"));
+        }
+        Ok(BackfillRange { from_ms, to_ms })
+    });
+    let range = match range {
+        Ok(range) => range,
+        Err(error) => {
+            eprintln!("sluice backfill: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    pipeline.metrics_listen = None;
+    pipeline.control_listen = None;
+    super::run::execute_and_report(path, &pipeline, Some(range)).await
+}

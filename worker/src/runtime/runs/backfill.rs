@@ -1,0 +1,64 @@
+//! `sluice backfill`: the intervals of a range run one after the other, oldest first, each a
+//! run recorded `backfill` with its interval. Without `--rerun` the intervals that already
+//! have a completed run (of any trigger) are left out. Guarantees: a backfill's runs never
+//! overlap another run of the pipeline, in a pool too (each waits, recorded `queued`, for the
+//! runs of live workers before it, `record.rs`); a backfill stops at the first interval that
+//! fails (after its `retries`), so a later one never runs before it; run again, it picks up
+//! the intervals not completed.
+
+use crate::runtime::kit::signals::Shutdown;
+use crate::runtime::kit::store_retry::{self, Retry};
+use crate::runtime::run_error::RunError;
+use crate::runtime::updates::update_loop::Updates;
+use sluice_pipeline::timetable::{Fire, Timetable};
+use sluice_store::RunState;
+use std::collections::{HashSet, VecDeque};
+
+/// The most intervals one backfill runs.
+pub const MOST_INTERVALS: usize = 100_000;
+
+/// A backfill's range, `[from, to)` ms since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackfillRange {
+    /// Inclusive start.
+    pub from_ms: i64,
+    /// Exclusive end.
+    pub to_ms: i64,
+}
+
+/// The fires of `range` to run, oldest first: every one, or those without a completed run.
+pub async fn fires_to_run(
+    updates: &Updates<'_>,
+    timetable: &Timetable,
+    range: BackfillRange,
+    shutdown: &Shutdown,
+) -> Result<VecDeque<Fire>, RunError> {
+    let fires = timetable.fires_within(range.from_ms, range.to_ms, MOST_INTERVALS);
+    let pipeline = &updates.pipeline().name;
+    let runs = store_retry::until_stored_within(
+        "read the runs",
+        Retry::WhileUnavailable,
+        &shutdown.drain,
+        updates.pipeline().give_up_after,
+        || updates.store().runs(pipeline, MOST_INTERVALS * 4),
+    )
+    .await
+    .map_err(RunError::Store)?;
+    let done: HashSet<i64> = runs
+        .iter()
+        .filter(|run| run.state == RunState::Completed)
+        .map(|run| run.fire_ms)
+        .collect();
+    let total = fires.len();
+    let to_run: VecDeque<Fire> = fires
+        .into_iter()
+        .filter(|fire| !done.contains(&fire.at_ms))
+        .collect();
+    tracing::info!(
+        intervals = total,
+        to_run = to_run.len(),
+        already_run = total - to_run.len(),
+        "backfill: the range's intervals"
+    );
+    Ok(to_run)
+}
