@@ -50,6 +50,8 @@ mod paths;
 mod payload_decode;
 pub mod query;
 mod raw;
+mod schedule;
+mod schedule_fields;
 mod source;
 pub mod timetable;
 mod validate;
