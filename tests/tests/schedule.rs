@@ -18,7 +18,7 @@ use sluice_tests::{
     Db, FlowYaml, PipelineYaml, PubSub, Workdir, Worker, events_with_duplicates, eventually,
     now_ms, sluice_command,
 };
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// One row of `sluice_runs`.
@@ -380,6 +380,30 @@ async fn data_interval_runs_read_their_interval_and_catch_up_after_a_stop() {
     assert_eq!(db.distinct_keys(), expected, "no record twice");
 }
 
+/// A file `history/events.jsonl` in `dir` of one record per event time (`e{t}`), and a
+/// triggered pipeline `test` on the SQLite store `db` reading it into table `events` on
+/// `schedule` (YAML flow mapping); the pipeline file.
+fn scheduled_over_events(dir: &Workdir, db: &Path, events: &[i64], schedule: &str) -> PathBuf {
+    let history = dir.path().join("history");
+    std::fs::create_dir_all(&history).unwrap();
+    let lines: String = events
+        .iter()
+        .map(|t| format!("{{\"id\":\"e{t}\",\"event_time\":{t}}}\n"))
+        .collect();
+    std::fs::write(history.join("events.jsonl"), lines).unwrap();
+    PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(db)
+        .schedule(schedule)
+        .target_table("events")
+        .flow(FlowYaml::file(
+            "events",
+            "events",
+            &history.join("*.jsonl").display().to_string(),
+        ))
+        .write(dir.path(), "p.yaml")
+}
+
 /// `n` JSONL records `{prefix}{i}` in `dir/name`.
 fn records(dir: &Path, name: &str, prefix: &str, n: usize) {
     let lines: String = (0..n)
@@ -533,27 +557,15 @@ async fn a_start_date_with_catchup_reads_every_interval_once_across_a_kill() {
     let start = (now_ms() - INTERVALS * INTERVAL_MS) / 1_000 * 1_000;
     let last_fire = start + INTERVALS * INTERVAL_MS;
     let events: Vec<i64> = (0..INTERVALS * 20).map(|i| start + i * 50).collect();
-    let history = dir.path().join("history");
-    std::fs::create_dir_all(&history).unwrap();
-    let lines: String = events
-        .iter()
-        .map(|t| format!("{{\"id\":\"e{t}\",\"event_time\":{t}}}\n"))
-        .collect();
-    std::fs::write(history.join("events.jsonl"), lines).unwrap();
     let start_date = jiff::Timestamp::from_millisecond(start).unwrap();
-    let file = PipelineYaml::new("test")
-        .mode("triggered")
-        .sqlite(&db_path)
-        .schedule(&format!(
+    let file = scheduled_over_events(
+        &dir,
+        &db_path,
+        &events,
+        &format!(
             "{{ every: 1s, semantics: data_interval, catchup: true, start_date: \"{start_date}\" }}"
-        ))
-        .target_table("events")
-        .flow(FlowYaml::file(
-            "events",
-            "events",
-            &history.join("*.jsonl").display().to_string(),
-        ))
-        .write(dir.path(), "p.yaml");
+        ),
+    );
 
     let caught_up = |db: &Path| {
         completed(db)
@@ -727,27 +739,13 @@ async fn a_backfill_runs_the_missing_intervals_of_its_range_beside_the_scheduler
     let to = from + 5 * INTERVAL_MS;
     // Records every 2 s over 10 intervals from `from`: the range holds the first 5.
     let events: Vec<i64> = (0..50).map(|i| from + i * 2_000).collect();
-    let history = dir.path().join("history");
-    std::fs::create_dir_all(&history).unwrap();
-    let lines: String = events
-        .iter()
-        .map(|t| format!("{{\"id\":\"e{t}\",\"event_time\":{t}}}\n"))
-        .collect();
-    std::fs::write(history.join("events.jsonl"), lines).unwrap();
     let start_date = jiff::Timestamp::from_millisecond(now).unwrap();
-    let file = PipelineYaml::new("test")
-        .mode("triggered")
-        .sqlite(&db_path)
-        .schedule(&format!(
-            "{{ every: 10s, semantics: data_interval, start_date: \"{start_date}\" }}"
-        ))
-        .target_table("events")
-        .flow(FlowYaml::file(
-            "events",
-            "events",
-            &history.join("*.jsonl").display().to_string(),
-        ))
-        .write(dir.path(), "p.yaml");
+    let file = scheduled_over_events(
+        &dir,
+        &db_path,
+        &events,
+        &format!("{{ every: 10s, semantics: data_interval, start_date: \"{start_date}\" }}"),
+    );
     let scheduler = Worker::start(&file, "scheduler");
     assert!(
         eventually(Duration::from_secs(60), || !completed(&db_path).is_empty()).await,
