@@ -186,7 +186,19 @@ impl Timetable {
     /// The first fire at or after `start`, whose data interval (if it has one) starts at or
     /// after `start` too.
     fn first_fire_from(&self, start: i64) -> Option<i64> {
-        let mut fire = self.next_fire_after(start.checked_sub(1)?)?;
+        // A sliding interval of length L starts at or after `start` only for fires at or after
+        // `start + L`: searched from there, not fire by fire (L may hold thousands of fires).
+        let earliest = match (self.semantics, self.interval_ms) {
+            (ScheduleSemantics::DataInterval, Some(length)) if length % DAY_MS == 0 => self
+                .zoned(start)?
+                .checked_add((length / DAY_MS).days())
+                .ok()?
+                .timestamp()
+                .as_millisecond(),
+            (ScheduleSemantics::DataInterval, Some(length)) => start.checked_add(length)?,
+            _ => start,
+        };
+        let mut fire = self.next_fire_after(earliest.checked_sub(1)?)?;
         for _ in 0..SEARCH_LIMIT {
             if self.interval_of(fire).is_none_or(|i| i.start_ms >= start) {
                 return Some(fire);

@@ -296,6 +296,30 @@ fn a_backfill_range_covers_the_intervals_that_start_in_it() {
     );
 }
 
+/// A sliding interval far longer than the period (`every: 1m`, `interval: 7d`: 10 080 fires
+/// per interval): the first fire is the first whose interval starts at the start, found at
+/// once.
+#[test]
+fn a_start_with_a_long_sliding_interval_finds_its_first_fire() {
+    let timetable = Timetable::new(&Schedule {
+        interval: Some(Duration::from_secs(7 * 86_400)),
+        start_ms: Some(at("2026-01-01T00:00:00Z")),
+        catchup: true,
+        ..schedule(
+            ScheduleWhen::Every(Duration::from_secs(60)),
+            "UTC",
+            ScheduleSemantics::DataInterval,
+            true,
+        )
+    })
+    .unwrap();
+    assert_eq!(utc(timetable.first_fire().unwrap()), "2026-01-08T00:00:00Z");
+    assert_eq!(
+        timetable.interval_of(timetable.first_fire().unwrap()),
+        interval("2026-01-01T00:00:00Z", "2026-01-08T00:00:00Z")
+    );
+}
+
 /// Dates as the file gives them: RFC 3339, or a wall-clock date and time in the schedule's
 /// zone (a date alone is its midnight).
 #[test]

@@ -33,7 +33,12 @@ pub async fn fires_to_run(
     range: BackfillRange,
     shutdown: &Shutdown,
 ) -> Result<VecDeque<Fire>, RunError> {
-    let fires = timetable.fires_within(range.from_ms, range.to_ms, MOST_INTERVALS);
+    let fires = timetable.fires_within(range.from_ms, range.to_ms, MOST_INTERVALS + 1);
+    if fires.len() > MOST_INTERVALS {
+        return Err(RunError::Invalid(format!(
+            "the range holds more than {MOST_INTERVALS} intervals: backfill it in parts"
+        )));
+    }
     let pipeline = &updates.pipeline().name;
     let runs = store_retry::until_stored_within(
         "read the runs",

@@ -97,6 +97,7 @@ pub async fn run(
             )
             .await
             .map_err(RunError::Store)?;
+            run_end::count(&updates.pipeline().name, RunState::Failed);
             return Ok(Vec::new());
         }
     };

@@ -1,8 +1,10 @@
 //! A failed run of a scheduled pipeline runs again (`schedule.retries`, after `retry_delay`
 //! each time), as the same run with the same interval, before it is recorded failed. Each
 //! attempt runs every flow again: what the earlier attempts committed is skipped or
-//! deduplicated, so a retry writes only what is missing. A signal during the wait ends the
-//! retries; the run is then recorded as the last attempt ended.
+//! deduplicated, so a retry writes only what is missing; the run's recorded rows are the last
+//! attempt's. A signal during the wait ends the retries, and the run is then ended as a
+//! stopped run is (a fire's stays `running` for the next scheduler, which retries afresh).
+//! The wait answers no control request (one asked meanwhile waits for it).
 
 use crate::runtime::flow::outcome::{FlowOutcome, FlowState};
 use crate::runtime::flow::run_context::RunScope;

@@ -81,9 +81,7 @@ pub async fn record(store: &dyn RunStore, worker: &str, ended: Ended<'_>, shutdo
     match recorded {
         Ok(true) => {
             tracing::info!(run = record.run_id, state = state.name(), "run ended");
-            metrics::counter!("sluice_runs_total", "pipeline" => pipeline.to_owned(),
-                "state" => state.name())
-            .increment(1);
+            count(pipeline, state);
         }
         Ok(false) => tracing::warn!(
             run = record.run_id,
@@ -92,5 +90,22 @@ pub async fn record(store: &dyn RunStore, worker: &str, ended: Ended<'_>, shutdo
         Err(error) => {
             tracing::warn!(run = record.run_id, %error, "could not record the run's end");
         }
+    }
+}
+
+/// Counts a run that ended `state` in `sluice_runs_total{pipeline, state}`.
+pub fn count(pipeline: &str, state: RunState) {
+    metrics::counter!("sluice_runs_total", "pipeline" => pipeline.to_owned(),
+        "state" => state.name())
+    .increment(1);
+}
+
+/// Shows `sluice_runs_total` at 0 for the ends an alert watches before any run ended, so that
+/// the first failure is an increase (`SluiceRunFailed`).
+pub fn register_counts(pipeline: &str) {
+    for state in [RunState::Completed, RunState::Failed] {
+        metrics::counter!("sluice_runs_total", "pipeline" => pipeline.to_owned(),
+            "state" => state.name())
+        .increment(0);
     }
 }

@@ -95,6 +95,9 @@ pub async fn drive(
         (None, Mode::Continuous, None) => Plan::Continuous,
     };
     let stop_at_failure = matches!(plan, Plan::Backfill(_));
+    if pipeline.mode == Mode::Triggered {
+        crate::runtime::runs::run_end::register_counts(&pipeline.name);
+    }
     let mut runs = NextRuns::new(plan);
     let mut outcomes = Vec::new();
     loop {
