@@ -237,6 +237,14 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
             "`end_date` is before `start_date`: the schedule would never fire",
         );
     }
+    if on_update && (start_ms.is_some() || end_ms.is_some()) {
+        c.push(
+            ErrorCode::InvalidSchedule,
+            "schedule.on_update",
+            "runs fired by `on_update` do not keep to `start_date` and `end_date` yet: give \
+             either `on_update` or the dates",
+        );
+    }
     let retries = raw.retries.unwrap_or(0);
     if raw.retry_delay.is_some() && retries == 0 {
         c.push(

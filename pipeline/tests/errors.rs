@@ -372,6 +372,17 @@ fn invalid_schedules() {
         5,
     );
     assert!(e.message.contains("needs `retries`"), "{e}");
+    // (This file has no flow reading a table, which `on_update` is refused for too.)
+    let found = errors(&edit(
+        2,
+        "mode: triggered\nschedule:\n  every: 1h\n  on_update: true\n  start_date: 2026-01-01",
+    ));
+    assert!(
+        found.iter().any(|e| e.code == ErrorCode::InvalidSchedule
+            && e.path == "schedule.on_update"
+            && e.message.contains("not keep to `start_date`")),
+        "{found:#?}"
+    );
     one(
         &edit(2, "mode: triggered\nschedule:\n  cron: \"@fortnightly\""),
         ErrorCode::InvalidSchedule,

@@ -177,6 +177,19 @@ impl Workdir {
         self.dir.path()
     }
 
+    /// Writes `history/events.jsonl` here, one file record `e{t}` per event time `t` (ms), and
+    /// returns the glob a file flow reads it with.
+    pub fn events_file(&self, events: &[i64]) -> String {
+        let history = self.path().join("history");
+        std::fs::create_dir_all(&history).unwrap();
+        let lines: String = events
+            .iter()
+            .map(|t| format!("{{\"id\":\"e{t}\",\"event_time\":{t}}}\n"))
+            .collect();
+        std::fs::write(history.join("events.jsonl"), lines).unwrap();
+        history.join("*.jsonl").display().to_string()
+    }
+
     /// The SQLite file of pipelines written by [`Workdir::pipeline`] with this `db` name.
     pub fn db(&self, db: &str) -> PathBuf {
         self.path().join(format!("{db}.db"))

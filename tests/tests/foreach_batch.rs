@@ -161,13 +161,7 @@ async fn a_scheduled_runs_interval_reaches_the_stage_with_its_records() {
     let db = dir.db("intervals");
     let start = (sluice_tests::now_ms() - 10_000) / 1_000 * 1_000;
     let events: Vec<i64> = (0..100).map(|i| start + i * 100).collect();
-    let history = dir.path().join("history");
-    std::fs::create_dir_all(&history).unwrap();
-    let lines: String = events
-        .iter()
-        .map(|t| format!("{{\"id\":\"e{t}\",\"event_time\":{t}}}\n"))
-        .collect();
-    std::fs::write(history.join("events.jsonl"), lines).unwrap();
+    let glob = dir.events_file(&events);
     let start_date = jiff::Timestamp::from_millisecond(start).unwrap();
     let file = PipelineYaml::new("test")
         .mode("triggered")
@@ -180,11 +174,7 @@ async fn a_scheduled_runs_interval_reaches_the_stage_with_its_records() {
             "foreach_batch",
             &format!("{{ endpoint: \"http://{stage}\" }}"),
         )
-        .flow(FlowYaml::file(
-            "events",
-            "enrich",
-            &history.join("*.jsonl").display().to_string(),
-        ))
+        .flow(FlowYaml::file("events", "enrich", &glob))
         .write(dir.path(), "p.yaml");
     let worker = Worker::start(&file, "worker");
     let store = Db(db);

@@ -298,24 +298,12 @@ async fn data_interval_runs_read_their_interval_and_catch_up_after_a_stop() {
     // A record every 50 ms from 20 s ago to 90 s ahead.
     let first_event = now_ms() - 20_000;
     let events: Vec<i64> = (0..2_200).map(|i| first_event + i * 50).collect();
-    let history = dir.path().join("history");
-    std::fs::create_dir_all(&history).unwrap();
-    let lines: String = events
-        .iter()
-        .map(|t| format!("{{\"id\":\"e{t}\",\"event_time\":{t}}}\n"))
-        .collect();
-    std::fs::write(history.join("events.jsonl"), lines).unwrap();
-    let file = PipelineYaml::new("test")
-        .mode("triggered")
-        .sqlite(&db_path)
-        .schedule("{ every: 5s, semantics: data_interval, catchup: true }")
-        .target_table("events")
-        .flow(FlowYaml::file(
-            "events",
-            "events",
-            &history.join("*.jsonl").display().to_string(),
-        ))
-        .write(dir.path(), "p.yaml");
+    let file = scheduled_over_events(
+        &dir,
+        &db_path,
+        &events,
+        "{ every: 5s, semantics: data_interval, catchup: true }",
+    );
 
     let worker = Worker::start(&file, "first");
     assert!(
@@ -384,23 +372,13 @@ async fn data_interval_runs_read_their_interval_and_catch_up_after_a_stop() {
 /// triggered pipeline `test` on the SQLite store `db` reading it into table `events` on
 /// `schedule` (YAML flow mapping); the pipeline file.
 fn scheduled_over_events(dir: &Workdir, db: &Path, events: &[i64], schedule: &str) -> PathBuf {
-    let history = dir.path().join("history");
-    std::fs::create_dir_all(&history).unwrap();
-    let lines: String = events
-        .iter()
-        .map(|t| format!("{{\"id\":\"e{t}\",\"event_time\":{t}}}\n"))
-        .collect();
-    std::fs::write(history.join("events.jsonl"), lines).unwrap();
+    let glob = dir.events_file(events);
     PipelineYaml::new("test")
         .mode("triggered")
         .sqlite(db)
         .schedule(schedule)
         .target_table("events")
-        .flow(FlowYaml::file(
-            "events",
-            "events",
-            &history.join("*.jsonl").display().to_string(),
-        ))
+        .flow(FlowYaml::file("events", "events", &glob))
         .write(dir.path(), "p.yaml")
 }
 
