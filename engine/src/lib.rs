@@ -39,6 +39,7 @@ pub use flow::budget::Budget;
 pub use flow::commit::{BatchWork, CommitReport, CommitThenAck, RetrySettings};
 pub use flow::commit_bound::{MAX_COMMIT_MARGIN, commit_bound, commit_margin, pause_threshold};
 pub use flow::decode::avro::AvroRecord;
+pub use flow::decode::derive::DerivedColumn;
 pub use flow::decode::json::JsonFields;
 pub use flow::decode::protobuf::ProtobufMessage;
 pub use flow::decode::revisions::{Revision, RevisionsDecoder, SchemaFileDecoder, SchemaRegistry};

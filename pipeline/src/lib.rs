@@ -38,6 +38,7 @@ mod columns;
 mod convert;
 mod decode;
 pub mod defaults;
+mod derived_columns;
 mod errors;
 pub mod expression;
 mod fields;
@@ -60,6 +61,7 @@ mod views;
 use std::path::Path;
 
 pub use aggregate::{Aggregate, AggregateFunction};
+pub use derived_columns::SchemaColumns;
 pub use errors::{ConfigError, ConfigErrors, ErrorCode};
 pub use model::*;
 pub use validate::{MAX_IDENTIFIER_LEN, is_identifier};
@@ -105,7 +107,23 @@ fn read(path: &Path) -> Result<String, ConfigErrors> {
 /// As [`load`], plus one `NOT_BUILT` error per part this version cannot run.
 pub fn load_for_run(path: &Path) -> Result<Pipeline, ConfigErrors> {
     let text = read(path)?;
-    parse_with(&text, path, true)
+    parse_with(&text, path, true, None)
+}
+
+/// Like [`load`] (`for_run`: [`load_for_run`]), and a table target without `columns:` that a
+/// flow fills by decoding with a schema file takes its columns from the schema, which
+/// `schemas` compiles (what `sluice validate` and `sluice run` load).
+///
+/// # Errors
+/// As [`load`] or [`load_for_run`], plus a schema that gives no columns, located at the
+/// flow's `decode.schema`.
+pub fn load_deriving(
+    path: &Path,
+    for_run: bool,
+    schemas: &dyn SchemaColumns,
+) -> Result<Pipeline, ConfigErrors> {
+    let text = read(path)?;
+    parse_with(&text, path, for_run, Some(schemas))
 }
 
 /// Problems a caller found in a valid pipeline file (a decode's schema file, which the engine
@@ -129,7 +147,7 @@ pub fn locate_errors(file: &Path, problems: Vec<(ErrorCode, String, String)>) ->
 /// # Errors
 /// Every problem found, each located (see the crate docs for what stops early).
 pub fn parse(text: &str, file: &Path) -> Result<Pipeline, ConfigErrors> {
-    parse_with(text, file, false)
+    parse_with(text, file, false, None)
 }
 
 /// Like [`parse`], plus the checks of [`load_for_run`].
@@ -137,13 +155,21 @@ pub fn parse(text: &str, file: &Path) -> Result<Pipeline, ConfigErrors> {
 /// # Errors
 /// As [`load_for_run`].
 pub fn parse_for_run(text: &str, file: &Path) -> Result<Pipeline, ConfigErrors> {
-    parse_with(text, file, true)
+    parse_with(text, file, true, None)
 }
 
-fn parse_with(text: &str, file: &Path, for_run: bool) -> Result<Pipeline, ConfigErrors> {
+fn parse_with(
+    text: &str,
+    file: &Path,
+    for_run: bool,
+    schemas: Option<&dyn SchemaColumns>,
+) -> Result<Pipeline, ConfigErrors> {
     let locator = locate::Locator::new(text);
-    let raw = decode::decode(text, file, &locator)?;
+    let mut raw = decode::decode(text, file, &locator)?;
     let mut collector = errors::Collector::new(file, &locator);
+    if let Some(schemas) = schemas {
+        derived_columns::derive(&mut raw, &mut collector, schemas);
+    }
     let mut pipeline = convert::convert(raw, &mut collector);
     validate::validate(&pipeline, &mut collector);
     // Views are built from a valid model, and what cannot run is asked only of a valid file:

@@ -161,7 +161,16 @@ pub(crate) fn flow_query(
         );
     }
     if asks && !typed {
-        let what = if matches!(target.kind, TargetKind::Table) {
+        let pubsub_schema = decode
+            .as_ref()
+            .is_some_and(|d| d.schema == Some(crate::model::DecodeSchema::PubSub));
+        let what = if matches!(target.kind, TargetKind::Table) && pubsub_schema {
+            format!(
+                "`{}` has no `columns:`, and they are derived only from a schema file, not \
+                 from `schema: pubsub`: declare them",
+                target.name
+            )
+        } else if matches!(target.kind, TargetKind::Table) {
             format!("`{}` has no `columns:`", target.name)
         } else {
             format!("`{}` is a {} target", target.name, target.kind.keyword())

@@ -16,6 +16,7 @@ mod status_live;
 pub mod text;
 pub mod validate;
 
+use crate::runtime::flow::decoder::SchemaFiles;
 use sluice_pipeline::Pipeline;
 use std::path::Path;
 use std::process::ExitCode;
@@ -66,18 +67,22 @@ pub fn control_token(pipeline: &Pipeline) -> Result<Option<String>, ExitCode> {
 /// Loads the pipeline file, or prints every error (file, path, line, message) and gives the
 /// exit code 2 to return. [`STORE_ENV`] replaces its store.
 pub fn load_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
-    sluice_pipeline::load(path)
-        .map_err(exit_invalid)
-        .and_then(store_from_env)
+    load(path).map_err(exit_invalid).and_then(store_from_env)
 }
 
 /// As [`load_or_exit`], with the checks of what this version runs (`NOT_BUILT` errors) and of
 /// every decode's schema file against its flow's fields.
 pub fn load_for_run_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
-    sluice_pipeline::load_for_run(path)
+    sluice_pipeline::load_deriving(path, true, &SchemaFiles)
         .and_then(|pipeline| with_schema_files_checked(path, pipeline))
         .map_err(exit_invalid)
         .and_then(store_from_env)
+}
+
+/// The valid pipeline file at `path`, a table target without `columns:` taking its schema
+/// file's (what `sluice validate` checks).
+pub fn load(path: &Path) -> Result<Pipeline, sluice_pipeline::ConfigErrors> {
+    sluice_pipeline::load_deriving(path, false, &SchemaFiles)
 }
 
 /// `pipeline` if every decode's schema file compiles and fills its flow's fields; else each

@@ -18,8 +18,8 @@ pub enum ValidateFormat {
 
 /// Checks `config` and prints the verdict in `format`.
 pub fn validate(config: &Path, format: ValidateFormat) -> ExitCode {
-    let result = sluice_pipeline::load(config)
-        .and_then(|pipeline| super::with_schema_files_checked(config, pipeline));
+    let result =
+        super::load(config).and_then(|pipeline| super::with_schema_files_checked(config, pipeline));
     match (format, result) {
         (ValidateFormat::Text, Ok(pipeline)) => {
             println!(

@@ -15,6 +15,7 @@
 
 pub(crate) mod avro;
 mod avro_json;
+pub(crate) mod derive;
 pub(crate) mod json;
 pub(crate) mod protobuf;
 pub(crate) mod revisions;

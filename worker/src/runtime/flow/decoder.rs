@@ -1,13 +1,16 @@
 //! A typed flow's payload decoder from its `decode:` (SPEC §5, "Typed tables"): plain JSON, or
 //! Avro and Protobuf by a schema file (compiled and checked against the flow's fields before the
 //! run, and by `sluice validate`) or by the topic's schema in Pub/Sub's schema service (fetched
-//! while running, every revision; `sluice_engine::RevisionsDecoder`).
+//! while running, every revision; `sluice_engine::RevisionsDecoder`). A table target without
+//! `columns:` written by a schema-file decode takes the schema's ([`SchemaFiles`]).
 
 use sluice_engine::{
     CompiledSchema, JsonFields, PayloadDecoder, PubSubConfig, RevisionsDecoder, SchemaFileDecoder,
     SchemaFormat, pubsub::PubSubSchemas,
 };
-use sluice_pipeline::{Decode, DecodeFormat, DecodeSchema, Flow, Pipeline, Source};
+use sluice_pipeline::{
+    Column, Decode, DecodeFormat, DecodeSchema, Flow, Pipeline, SchemaColumns, Source,
+};
 use sluice_store::ColumnType;
 use std::path::Path;
 use std::sync::Arc;
@@ -90,4 +93,34 @@ pub fn schema_file_problems(pipeline: &Pipeline) -> Vec<(usize, String)> {
                 .map(|why| (i, why))
         })
         .collect()
+}
+
+/// Derives a typed table's columns from a decode's schema file, compiled as its decoder
+/// compiles it (for `sluice_pipeline::load_deriving`).
+pub struct SchemaFiles;
+
+impl SchemaColumns for SchemaFiles {
+    fn columns(
+        &self,
+        format: DecodeFormat,
+        file: &Path,
+        message: Option<&str>,
+    ) -> Result<Vec<Column>, String> {
+        let format = match format {
+            DecodeFormat::Avro => SchemaFormat::Avro,
+            DecodeFormat::Protobuf => SchemaFormat::Protobuf,
+            DecodeFormat::Json => return Err("a JSON decode has no schema".to_owned()),
+        };
+        let text = std::fs::read_to_string(file).map_err(|e| e.to_string())?;
+        let schema = CompiledSchema::compile(format, &text, message)?;
+        Ok(schema
+            .columns()
+            .into_iter()
+            .map(|(name, ty, nullable)| Column {
+                name,
+                ty: super::typed::pipeline_column_type(ty),
+                nullable,
+            })
+            .collect())
+    }
 }

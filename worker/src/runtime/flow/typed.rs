@@ -23,6 +23,22 @@ pub fn column_type(ty: ColumnType) -> sluice_store::ColumnType {
     }
 }
 
+/// A store's column type as the pipeline file names it.
+pub fn pipeline_column_type(ty: sluice_store::ColumnType) -> ColumnType {
+    use sluice_store::ColumnType as S;
+    match ty {
+        S::Text => ColumnType::Text,
+        S::Integer => ColumnType::Integer,
+        S::Double => ColumnType::Double,
+        S::Numeric => ColumnType::Numeric,
+        S::Boolean => ColumnType::Boolean,
+        S::Timestamp => ColumnType::Timestamp,
+        S::Date => ColumnType::Date,
+        S::Json => ColumnType::Json,
+        S::Bytes => ColumnType::Bytes,
+    }
+}
+
 fn column(column: &Column) -> TypedColumn {
     TypedColumn {
         name: column.name.clone(),

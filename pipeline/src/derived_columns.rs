@@ -1,0 +1,101 @@
+//! A table target without `columns:`, written by a flow that decodes Avro or Protobuf by a
+//! schema file, takes its columns from the schema: one per top-level field, of the type its
+//! values land as, nullable (SPEC §5, "Typed tables").
+//!
+//! This crate does not compile schemas: the caller does, through [`SchemaColumns`] (the
+//! worker's is the engine's compiler, the one its decoders use). Guarantees:
+//! - the derived columns are filled in before anything is checked, so the rest of the file
+//!   (`select:`, `where:`, expectations, views, downstream flows) is checked against them as
+//!   if they were declared;
+//! - a schema that gives no columns, or cannot be compiled, is an error located at the
+//!   flow's `decode.schema`;
+//! - with `schema: pubsub`, or without a caller that compiles schemas, nothing is derived
+//!   and such a target is refused as before (declare its `columns:`).
+
+use crate::errors::{Collector, ErrorCode};
+use crate::model::{Column, DecodeFormat};
+use crate::raw::{RawColumn, RawKind, RawPipeline};
+use std::path::Path;
+
+/// Compiles a decode's schema file and says the columns it gives.
+pub trait SchemaColumns {
+    /// The columns of the schema in `file` (`message` names a Protobuf message), or why
+    /// there are none.
+    ///
+    /// # Errors
+    /// The schema does not compile, or gives no columns.
+    fn columns(
+        &self,
+        format: DecodeFormat,
+        file: &Path,
+        message: Option<&str>,
+    ) -> Result<Vec<Column>, String>;
+}
+
+/// Fills in the `columns:` of each table target without them that a flow writes by a schema
+/// file (the first such flow's, in file order).
+pub(crate) fn derive(raw: &mut RawPipeline, c: &mut Collector<'_>, schemas: &dyn SchemaColumns) {
+    let (Some(flows), Some(targets)) = (&raw.flows, &mut raw.targets) else {
+        return;
+    };
+    for (i, flow) in flows.iter().enumerate() {
+        let Some(decode) = &flow.decode else {
+            continue;
+        };
+        let format = match decode.format.as_deref() {
+            Some("avro") => DecodeFormat::Avro,
+            Some("protobuf") => DecodeFormat::Protobuf,
+            _ => continue,
+        };
+        let Some(given) = decode.schema.as_deref().filter(|s| *s != "pubsub") else {
+            continue;
+        };
+        let Some(target) = targets.iter_mut().find(|t| {
+            t.name.is_some()
+                && t.name == flow.target
+                && t.columns.is_none()
+                && t.kind == Some(RawKind::Table)
+        }) else {
+            continue;
+        };
+        let file = crate::paths::beside(c.file(), given);
+        // An unreadable file or a wrong extension is reported where `decode:` is checked.
+        if std::fs::metadata(&file).is_err() {
+            continue;
+        }
+        match schemas.columns(format, &file, decode.message.as_deref()) {
+            Ok(columns) if !columns.is_empty() => {
+                target.columns = Some(
+                    columns
+                        .into_iter()
+                        .map(|column| RawColumn {
+                            name: Some(column.name),
+                            ty: Some(column.ty.keyword().to_owned()),
+                            // Every derived column is nullable, so that a field added to the
+                            // schema later is a column added at the next start.
+                            nullable: Some(true),
+                        })
+                        .collect(),
+                );
+            }
+            Ok(_) => c.push(
+                ErrorCode::InvalidValue,
+                &format!("flows[{i}].decode.schema"),
+                format!(
+                    "schema file `{given}` has no fields to derive the columns of target `{}` \
+                     from: declare its `columns:`",
+                    target.name.as_deref().unwrap_or_default()
+                ),
+            ),
+            Err(why) => c.push(
+                ErrorCode::InvalidValue,
+                &format!("flows[{i}].decode.schema"),
+                format!(
+                    "target `{}` has no `columns:`, so they come from schema file `{given}`: \
+                     {why}",
+                    target.name.as_deref().unwrap_or_default()
+                ),
+            ),
+        }
+    }
+}
