@@ -9,6 +9,11 @@
 //!   the scheduler over from one that died mid-run finishes the same run (same id, same
 //!   interval) and one that finds it ended does not run it again. Manual runs and runs fired
 //!   by a table's update have no fire time of their own and are recorded each time.
+//! * **An interval is run once.** A fire's run, or a backfill's, whose data interval another
+//!   run (of either trigger) completed is not run: [`crate::RunStore::begin_run`] records it
+//!   `completed` at once, with no rows (a queued one too, when the other completed while it
+//!   waited), and returns it so. Decided in the begin's transaction, so a backfill and the
+//!   scheduler never both run an interval. A manual run is run as asked.
 //! * **One run at a time in a pool, in the order asked.** [`crate::RunStore::begin_run`]
 //!   starts nothing while another worker whose heartbeat is within [`RunStart::alive_within`]
 //!   has a run `running`, or `queued` before it (a manual run asked of a replica that is not
@@ -133,8 +138,9 @@ pub struct RunStart {
 }
 
 /// What [`crate::RunStore::begin_run`] does with a run, given the run it found for it
-/// (`mine`: its fire's, or the one it was queued as) and whether another live worker's run
-/// holds it back. Both backends decide with this.
+/// (`mine`: its fire's, or the one it was queued as), whether another live worker's run
+/// holds it back, and whether another run completed its interval. Both backends decide with
+/// this.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Begin {
     /// Return `mine` as it is (its fire's run ended: not run again).
@@ -144,24 +150,34 @@ pub(crate) enum Begin {
     /// Make `mine` the asker's, `running` or `queued` (a queued run that may start, a fire's
     /// run taken over from a runner that lost it).
     Take(RunState),
+    /// Record the run completed at once, with no rows, not run: another run completed its
+    /// interval (`mine` if there is one, else a new record).
+    Done,
 }
 
 impl Begin {
     /// The decision (see the module docs).
-    pub(crate) fn decide(mine: Option<RunState>, held_back: bool) -> Begin {
+    pub(crate) fn decide(mine: Option<RunState>, held_back: bool, interval_done: bool) -> Begin {
         let wanted = if held_back {
             RunState::Queued
         } else {
             RunState::Running
         };
         match mine {
-            None => Begin::Insert(wanted),
             // A fire's run goes on under whoever runs it now, held back or not.
             Some(RunState::Running) => Begin::Take(RunState::Running),
+            None | Some(RunState::Queued) if interval_done => Begin::Done,
+            None => Begin::Insert(wanted),
             Some(RunState::Queued) => Begin::Take(wanted),
             Some(_) => Begin::Ended,
         }
     }
+}
+
+/// Whether a run of this trigger is not run when another run completed its interval: a
+/// schedule's fires and a backfill's intervals (a manual run is run as asked).
+pub(crate) fn once_per_interval(trigger: RunTrigger) -> bool {
+    trigger.is_fire() || trigger == RunTrigger::Backfill
 }
 
 /// A run as recorded.

@@ -299,7 +299,109 @@ async fn a_run_begun_after_another_ended_is_recorded_after_its_end() {
     );
 }
 
+/// An interval is run once: a fire whose interval a backfill completed is recorded completed
+/// at once, not run, and the reverse; a backfill queued behind a live worker's fire of its
+/// interval ends completed, not run, once that fire completed; a failed run does not count,
+/// and a manual run of a completed interval is run as asked.
+async fn an_interval_completed_by_one_run_is_not_run_by_another(postgres: bool) {
+    let (_place, store, _) = open(postgres).await;
+    for worker in ["w1", "w2"] {
+        store
+            .heartbeat(&WorkerBeat {
+                pipeline: "p".into(),
+                worker: worker.into(),
+                host: "h".into(),
+                pid: 1,
+            })
+            .await
+            .unwrap();
+    }
+    let completed = RunEnd {
+        state: RunState::Completed,
+        rows: vec![("ingest".into(), 5)],
+        error: None,
+    };
+    // A backfill completes (59 s, 60 s); the scheduler's fire of it is not run.
+    let backfill = store
+        .begin_run(&start(60_000, RunTrigger::Backfill, "w2"))
+        .await
+        .unwrap();
+    assert_eq!(backfill.state, RunState::Running);
+    assert!(
+        store
+            .end_run(backfill.run_id, "w2", &completed)
+            .await
+            .unwrap()
+    );
+    let fire = store
+        .begin_run(&start(60_000, RunTrigger::Catchup, "w1"))
+        .await
+        .unwrap();
+    assert_ne!(fire.run_id, backfill.run_id);
+    assert_eq!(fire.state, RunState::Completed, "the interval was run");
+    assert!(fire.rows.is_empty() && fire.ended_at_ms.is_some());
+    assert_eq!(
+        store.last_fire("p").await.unwrap(),
+        Some(60_000),
+        "the fire is recorded"
+    );
+    // The reverse: a fire completes (69 s, 70 s); a backfill of it is not run.
+    let fire = store
+        .begin_run(&start(70_000, RunTrigger::Schedule, "w1"))
+        .await
+        .unwrap();
+    assert!(store.end_run(fire.run_id, "w1", &completed).await.unwrap());
+    let backfill = store
+        .begin_run(&start(70_000, RunTrigger::Backfill, "w2"))
+        .await
+        .unwrap();
+    assert_eq!(backfill.state, RunState::Completed);
+    // A backfill queued behind the live scheduler's fire of its interval (79 s, 80 s).
+    let fire = store
+        .begin_run(&start(80_000, RunTrigger::Schedule, "w1"))
+        .await
+        .unwrap();
+    let queued = store
+        .begin_run(&start(80_000, RunTrigger::Backfill, "w2"))
+        .await
+        .unwrap();
+    assert_eq!(queued.state, RunState::Queued);
+    assert!(store.end_run(fire.run_id, "w1", &completed).await.unwrap());
+    let mut again = start(80_000, RunTrigger::Backfill, "w2");
+    again.queued_as = Some(queued.run_id);
+    let again = store.begin_run(&again).await.unwrap();
+    assert_eq!(
+        (again.run_id, again.state),
+        (queued.run_id, RunState::Completed),
+        "the queued backfill ends without running the interval again"
+    );
+    // A failed run does not count: (89 s, 90 s) is run again by a backfill.
+    let failed = store
+        .begin_run(&start(90_000, RunTrigger::Schedule, "w1"))
+        .await
+        .unwrap();
+    let failure = RunEnd {
+        state: RunState::Failed,
+        rows: Vec::new(),
+        error: Some("flow x failed".into()),
+    };
+    assert!(store.end_run(failed.run_id, "w1", &failure).await.unwrap());
+    let rerun = store
+        .begin_run(&start(90_000, RunTrigger::Backfill, "w2"))
+        .await
+        .unwrap();
+    assert_eq!(rerun.state, RunState::Running);
+    assert!(store.end_run(rerun.run_id, "w2", &completed).await.unwrap());
+    // A manual run is run as asked.
+    let manual = store
+        .begin_run(&start(90_000, RunTrigger::Manual, "w1"))
+        .await
+        .unwrap();
+    assert_eq!(manual.state, RunState::Running);
+}
+
 on_both_backends!(
+    an_interval_completed_by_one_run_is_not_run_by_another,
     a_live_workers_run_holds_back_the_others_in_order,
     a_fire_is_one_run_taken_over_until_it_ends,
     history_and_last_fire,

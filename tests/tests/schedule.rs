@@ -792,3 +792,145 @@ async fn a_backfill_runs_the_missing_intervals_of_its_range_beside_the_scheduler
         backfilled.len()
     );
 }
+
+/// An interval is run once, whoever asks: a scheduler catching up from `start_date` and a
+/// `sluice backfill` of the same 30 intervals, started together on one store, run each
+/// interval once between them (the other's begin finds it completed and records its run
+/// completed at once, with no rows), and every record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_and_the_catchup_of_one_range_run_each_interval_once() {
+    const INTERVAL_MS: i64 = 10_000;
+    const INTERVALS: i64 = 30;
+    let dir = Workdir::new();
+    let db_path = dir.db("both");
+    let now = now_ms() / INTERVAL_MS * INTERVAL_MS;
+    let from = now - (INTERVALS + 5) * INTERVAL_MS;
+    let to = from + INTERVALS * INTERVAL_MS;
+    let events: Vec<i64> = (0..INTERVALS * 5).map(|i| from + i * 2_000).collect();
+    let start_date = jiff::Timestamp::from_millisecond(from).unwrap();
+    // The end date keeps the scheduler to the range.
+    let end_date = jiff::Timestamp::from_millisecond(to).unwrap();
+    let file = scheduled_over_events(
+        &dir,
+        &db_path,
+        &events,
+        &format!(
+            "{{ every: 10s, semantics: data_interval, catchup: true, start_date: \"{start_date}\", \
+             end_date: \"{end_date}\" }}"
+        ),
+    );
+    let scheduler = Worker::start(&file, "scheduler");
+    let backfill = sluice_command(
+        &[
+            "backfill",
+            "-c",
+            file.to_str().unwrap(),
+            "--from",
+            &start_date.to_string(),
+            "--to",
+            &end_date.to_string(),
+        ],
+        None,
+    );
+    assert_eq!(backfill.code, 0, "{}", backfill.all());
+    assert!(
+        eventually(Duration::from_secs(120), || {
+            let done: std::collections::HashSet<_> =
+                completed(&db_path).iter().map(|r| r.interval).collect();
+            done.len() == INTERVALS as usize
+        })
+        .await,
+        "{:?}\n{}",
+        runs(&db_path),
+        scheduler.logs()
+    );
+    scheduler.terminate();
+    assert!(scheduler.wait(Duration::from_secs(30)).success());
+
+    let conn = rusqlite::Connection::open(&db_path).unwrap();
+    let per_interval: Vec<(i64, i64, i64)> = conn
+        .prepare(
+            "SELECT interval_start, SUM(rows <> '{}'), SUM(rows = '{}') FROM sluice_runs
+             WHERE state = 'completed' GROUP BY interval_start ORDER BY interval_start",
+        )
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(per_interval.len(), INTERVALS as usize, "{per_interval:?}");
+    let twice: Vec<_> = per_interval
+        .iter()
+        .filter(|(_, ran, _)| *ran != 1)
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "intervals not run exactly once (start, runs that ran, runs found done): {twice:?}\n{:#?}",
+        runs(&db_path)
+    );
+    // The two met: some begins found their interval completed by the other.
+    let found_done: i64 = per_interval.iter().map(|(_, _, done)| done).sum();
+    println!("{found_done} runs found their interval completed by the other");
+    assert!(found_done > 0, "the backfill and the scheduler never met");
+    assert_eq!(Db(db_path).rows(), events.len() as i64);
+}
+
+/// A SIGTERM during `sluice backfill` exits 1 (not 0) and says how much of the range it left;
+/// a second backfill runs the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_during_a_backfill_exits_1_and_a_second_one_runs_the_rest() {
+    const INTERVAL_MS: i64 = 10_000;
+    const INTERVALS: i64 = 200;
+    let dir = Workdir::new();
+    let db_path = dir.db("stopped");
+    let now = now_ms() / INTERVAL_MS * INTERVAL_MS;
+    let from = now - (INTERVALS + 5) * INTERVAL_MS;
+    let to = from + INTERVALS * INTERVAL_MS;
+    let events: Vec<i64> = (0..INTERVALS).map(|i| from + i * INTERVAL_MS + 1).collect();
+    // The schedule starts after the range: only the backfills run it.
+    let start_date = jiff::Timestamp::from_millisecond(now).unwrap();
+    let file = scheduled_over_events(
+        &dir,
+        &db_path,
+        &events,
+        &format!("{{ every: 10s, semantics: data_interval, start_date: \"{start_date}\" }}"),
+    );
+    let (from_text, to_text) = (
+        jiff::Timestamp::from_millisecond(from).unwrap().to_string(),
+        jiff::Timestamp::from_millisecond(to).unwrap().to_string(),
+    );
+    let args = [
+        "backfill",
+        "-c",
+        file.to_str().unwrap(),
+        "--from",
+        &from_text,
+        "--to",
+        &to_text,
+    ];
+    let first = Worker::spawn(&args, dir.path(), "first");
+    assert!(
+        eventually(Duration::from_secs(60), || completed(&db_path).len() >= 3).await,
+        "{}",
+        first.logs()
+    );
+    first.terminate();
+    let logs_of_first = first.stderr.clone();
+    let status = first.wait(Duration::from_secs(60));
+    let logs = std::fs::read_to_string(logs_of_first).unwrap();
+    let completed_then = completed(&db_path).len();
+    assert!(
+        completed_then < INTERVALS as usize,
+        "the signal came after the range's end"
+    );
+    assert_eq!(status.code(), Some(1), "{logs}");
+    assert!(
+        logs.contains("backfill stopped by a signal before the end of its range"),
+        "{logs}"
+    );
+    let second = sluice_command(&args, None);
+    assert_eq!(second.code, 0, "{}", second.all());
+    assert_eq!(completed(&db_path).len(), INTERVALS as usize);
+    assert_eq!(Db(db_path).rows(), INTERVALS);
+    println!("{completed_then} intervals completed before the signal");
+}

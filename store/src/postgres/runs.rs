@@ -6,7 +6,7 @@
 use super::{PostgresStore, ms};
 use async_trait::async_trait;
 
-use crate::runs::{Begin, rows_from_json, rows_to_json};
+use crate::runs::{Begin, once_per_interval, rows_from_json, rows_to_json};
 use crate::{RunEnd, RunRecord, RunStart, RunState, RunStore, RunTrigger, StoreError};
 use deadpool_postgres::Client;
 use tokio_postgres::Row;
@@ -79,15 +79,46 @@ pub(super) async fn begin_run(
         )
         .await?
         .try_get::<_, bool>(0)?;
-    let row = match Begin::decide(mine.as_ref().map(|m| m.state), held_back) {
+    // Another run completed this run's interval (the partial index answers).
+    let interval_done = match run.interval.filter(|_| once_per_interval(run.trigger)) {
+        Some((start, end)) => tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM sluice_runs
+                    WHERE pipeline = $1 AND interval_start = $2 AND interval_end = $3
+                      AND state = 'completed' AND run_id IS DISTINCT FROM $4)",
+                &[&run.pipeline, &start, &end, &mine_id],
+            )
+            .await?
+            .try_get::<_, bool>(0)?,
+        None => false,
+    };
+    let decision = Begin::decide(mine.as_ref().map(|m| m.state), held_back, interval_done);
+    let row = match decision {
         Begin::Ended => return mine.ok_or(StoreError::Config("no run to return".into())),
-        Begin::Insert(state) => {
+        Begin::Done if mine_id.is_some() => {
+            tx.query_one(
+                concat!(
+                    "UPDATE sluice_runs SET worker = $2, state = 'completed',
+                         ended_at = clock_timestamp()
+                     WHERE run_id = $1 RETURNING ",
+                    columns!()
+                ),
+                &[&mine_id, &run.worker],
+            )
+            .await?
+        }
+        Begin::Insert(_) | Begin::Done => {
+            let (state, ended) = match decision {
+                Begin::Insert(state) => (state, false),
+                _ => (RunState::Completed, true),
+            };
             tx.query_one(
                 concat!(
                     "INSERT INTO sluice_runs (pipeline, fire_key, fire_ms, interval_start,
                                               interval_end, trigger, state, worker, rows,
-                                              started_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $8, $7, '{}', clock_timestamp())
+                                              started_at, ended_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $8, $7, '{}', clock_timestamp(),
+                             CASE WHEN $9 THEN clock_timestamp() END)
                      RETURNING ",
                     columns!()
                 ),
@@ -100,6 +131,7 @@ pub(super) async fn begin_run(
                     &run.trigger.name(),
                     &run.worker,
                     &state.name(),
+                    &ended,
                 ],
             )
             .await?

@@ -285,6 +285,14 @@ CREATE TABLE IF NOT EXISTS sluice_expectation_counts (
 );
 ",
     ),
+    (
+        15,
+        "
+-- A run of an interval looks for a completed run of the same interval (runs.rs).
+CREATE INDEX IF NOT EXISTS sluice_runs_interval
+    ON sluice_runs (pipeline, interval_start, interval_end) WHERE state = 'completed';
+",
+    ),
 ];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms

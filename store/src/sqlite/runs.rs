@@ -3,7 +3,7 @@
 //! process ended a run is recorded after that end.
 
 use super::{SqliteStore, now_ms};
-use crate::runs::{Begin, rows_from_json, rows_to_json};
+use crate::runs::{Begin, once_per_interval, rows_from_json, rows_to_json};
 use crate::{RunEnd, RunRecord, RunStart, RunState, RunStore, RunTrigger, StoreError};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
@@ -46,13 +46,33 @@ pub(crate) fn begin_run(conn: &mut Connection, run: &RunStart) -> Result<RunReco
         params![run.pipeline, run.worker, fire_key, alive_since, mine_id],
         |row| row.get(0),
     )?;
-    let record = match Begin::decide(mine.as_ref().map(|m| m.state), held_back) {
+    // Another run completed this run's interval (the partial index answers).
+    let interval_done = match run.interval.filter(|_| once_per_interval(run.trigger)) {
+        Some((start, end)) => tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM sluice_runs
+                WHERE pipeline = ?1 AND interval_start = ?2 AND interval_end = ?3
+                  AND state = 'completed' AND run_id IS NOT ?4)",
+            params![run.pipeline, start, end, mine_id],
+            |row| row.get(0),
+        )?,
+        None => false,
+    };
+    let decision = Begin::decide(mine.as_ref().map(|m| m.state), held_back, interval_done);
+    let record = match decision {
         Begin::Ended => return mine.ok_or(StoreError::Config("no run to return".into())),
-        Begin::Insert(state) => tx.query_row(
+        Begin::Done if mine_id.is_some() => tx.query_row(
+            &format!(
+                "UPDATE sluice_runs SET worker = ?2, state = 'completed', ended_at = ?3
+                 WHERE run_id = ?1 RETURNING {COLUMNS}"
+            ),
+            params![mine_id, run.worker, now_ms],
+            record,
+        )?,
+        Begin::Insert(_) | Begin::Done => tx.query_row(
             &format!(
                 "INSERT INTO sluice_runs (pipeline, fire_key, fire_ms, interval_start, interval_end,
-                                          trigger, state, worker, started_at, rows)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?9, ?7, ?8, '{{}}')
+                                          trigger, state, worker, started_at, rows, ended_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?9, ?7, ?8, '{{}}', ?10)
                  RETURNING {COLUMNS}"
             ),
             params![
@@ -64,7 +84,11 @@ pub(crate) fn begin_run(conn: &mut Connection, run: &RunStart) -> Result<RunReco
                 run.trigger.name(),
                 run.worker,
                 now_ms,
-                state.name(),
+                match decision {
+                    Begin::Insert(state) => state.name(),
+                    _ => RunState::Completed.name(),
+                },
+                matches!(decision, Begin::Done).then_some(now_ms),
             ],
             record,
         )?,

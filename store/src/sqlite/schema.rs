@@ -130,6 +130,8 @@ CREATE TABLE IF NOT EXISTS sluice_runs (
     error          TEXT,
     UNIQUE (pipeline, fire_key)
 );
+CREATE INDEX IF NOT EXISTS sluice_runs_interval
+    ON sluice_runs (pipeline, interval_start, interval_end) WHERE state = 'completed';
 CREATE TABLE IF NOT EXISTS sluice_dead_letter_outbox (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
     pipeline        TEXT NOT NULL,

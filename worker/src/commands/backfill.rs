@@ -4,7 +4,8 @@
 //! overlapping its runs. The dates are read as `start_date` is (RFC 3339, or a date or date
 //! and time on the schedule's time zone). The backfill serves no metrics or control endpoint
 //! (a pool's worker on the same host has them). Exit 0 when every interval completed, 1 when
-//! one failed (the later ones are not run), 2 for a file without a schedule or a bad range.
+//! one failed (the later ones are not run) or a signal stopped it before the range's end, 2
+//! for a file without a schedule or a bad range.
 
 use crate::runtime::supervisor::BackfillRange;
 use sluice_pipeline::timetable;

@@ -16,4 +16,7 @@ pub enum RunError {
     /// The store could not be opened or prepared, and retrying is pointless or was stopped.
     #[error("store: {0}")]
     Store(StoreError),
+    /// A signal stopped `sluice backfill` before the end of its range: exit 1.
+    #[error("{0}")]
+    Interrupted(String),
 }

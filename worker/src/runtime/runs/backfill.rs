@@ -1,10 +1,13 @@
 //! `sluice backfill`: the intervals of a range run one after the other, oldest first, each a
-//! run recorded `backfill` with its interval. Without `--rerun` the intervals that already
-//! have a completed run (of any trigger) are left out. Guarantees: a backfill's runs never
+//! run recorded `backfill` with its interval. The intervals that already have a completed run
+//! (of any trigger) are left out, read here once and decided again as each run begins
+//! (`sluice_store::RunStore::begin_run`: an interval is run once, so a backfill and a scheduler
+//! catching up the same range never both run one). Guarantees: a backfill's runs never
 //! overlap another run of the pipeline, in a pool too (each waits, recorded `queued`, for the
 //! runs of live workers before it, `record.rs`); a backfill stops at the first interval that
-//! fails (after its `retries`), so a later one never runs before it; run again, it picks up
-//! the intervals not completed.
+//! fails (after its `retries`), so a later one never runs before it; a signal before the end
+//! of its range is an error (`RunError::Interrupted`, exit 1); run again, it picks up the
+//! intervals not completed.
 
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};

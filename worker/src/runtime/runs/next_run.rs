@@ -83,6 +83,14 @@ impl NextRuns {
         }
     }
 
+    /// A backfill's intervals not run yet (`None` for other plans).
+    pub fn backfill_left(&self) -> Option<usize> {
+        match &self.plan {
+            Plan::Backfill(fires) => Some(fires.len()),
+            _ => None,
+        }
+    }
+
     /// Gives up what the plan holds: the kept sources are closed (what they hold is nacked),
     /// and the lease handed back.
     pub async fn stop(self) {

@@ -162,7 +162,7 @@ async fn begin(
             run = record.run_id,
             fire_ms = ask.fire_ms,
             state = record.state.name(),
-            "fire run already; not run again"
+            "its fire or interval was run already; not run again"
         );
         return Ok(None);
     }

@@ -100,10 +100,14 @@ pub async fn drive(
     }
     let mut runs = NextRuns::new(plan);
     let mut outcomes = Vec::new();
+    let mut interrupted = false;
     loop {
         match runs.next(updates, shutdown).await? {
             Next::Run(run) => {
                 outcomes = record::run(updates, shutdown, run).await?;
+                interrupted = outcomes
+                    .iter()
+                    .any(|o| matches!(o.state, FlowState::Stopped | FlowState::Skipped(_)));
                 let failed = outcomes
                     .iter()
                     .any(|o| matches!(o.state, FlowState::Failed(_)));
@@ -122,6 +126,21 @@ pub async fn drive(
             }
         }
     }
+    let backfill_left = runs.backfill_left();
     runs.stop().await;
+    // A backfill a signal stopped has intervals left: not a success.
+    if let Some(left) = backfill_left.filter(|_| shutdown.drain.is_cancelled())
+        && (left > 0 || interrupted)
+    {
+        return Err(RunError::Interrupted(format!(
+            "backfill stopped by a signal before the end of its range: {left} interval(s) not \
+             begun{}; `sluice backfill` again runs the intervals not completed",
+            if interrupted {
+                ", and the one running then did not complete"
+            } else {
+                ""
+            }
+        )));
+    }
     Ok(outcomes)
 }
