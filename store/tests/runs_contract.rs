@@ -20,6 +20,16 @@ fn start(fire_ms: i64, trigger: RunTrigger, worker: &str) -> RunStart {
     }
 }
 
+/// A heartbeat of `worker` in pipeline `p`: it is alive.
+fn beat(worker: &str) -> WorkerBeat {
+    WorkerBeat {
+        pipeline: "p".into(),
+        worker: worker.into(),
+        host: "h".into(),
+        pid: 1,
+    }
+}
+
 /// A fire begun twice is one run: the second asker (a replica that took the scheduler over)
 /// gets it with its id and interval, and only it may end it; once ended it is returned ended,
 /// not begun again, and its end is not rewritten.
@@ -134,12 +144,6 @@ async fn history_and_last_fire(postgres: bool) {
 /// queued first; a dead worker's run holds nothing back.
 async fn a_live_workers_run_holds_back_the_others_in_order(postgres: bool) {
     let (_place, store, _) = open(postgres).await;
-    let beat = |worker: &str| WorkerBeat {
-        pipeline: "p".into(),
-        worker: worker.into(),
-        host: "h".into(),
-        pid: 1,
-    };
     for worker in ["w1", "w2", "w3"] {
         store.heartbeat(&beat(worker)).await.unwrap();
     }
@@ -229,15 +233,7 @@ async fn a_run_begun_after_another_ended_is_recorded_after_its_end() {
         unreachable!()
     };
     for worker in ["w1", "w2"] {
-        store
-            .heartbeat(&WorkerBeat {
-                pipeline: "p".into(),
-                worker: worker.into(),
-                host: "h".into(),
-                pid: 1,
-            })
-            .await
-            .unwrap();
+        store.heartbeat(&beat(worker)).await.unwrap();
     }
     let manual = store
         .begin_run(&start(10_000, RunTrigger::Manual, "w2"))
@@ -306,15 +302,7 @@ async fn a_run_begun_after_another_ended_is_recorded_after_its_end() {
 async fn an_interval_completed_by_one_run_is_not_run_by_another(postgres: bool) {
     let (_place, store, _) = open(postgres).await;
     for worker in ["w1", "w2"] {
-        store
-            .heartbeat(&WorkerBeat {
-                pipeline: "p".into(),
-                worker: worker.into(),
-                host: "h".into(),
-                pid: 1,
-            })
-            .await
-            .unwrap();
+        store.heartbeat(&beat(worker)).await.unwrap();
     }
     let completed = RunEnd {
         state: RunState::Completed,

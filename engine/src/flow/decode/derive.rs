@@ -9,7 +9,7 @@
 //! maps, which read as their defaults when unset).
 
 use super::avro::AvroRecord;
-use super::schema::CompiledSchema;
+use super::schema::{CompiledSchema, is_protobuf_integer};
 use apache_avro::Schema as Avro;
 use prost_reflect::{FieldDescriptor, Kind};
 use sluice_store::ColumnType;
@@ -81,22 +81,17 @@ fn protobuf_column(field: &FieldDescriptor) -> ColumnType {
         return C::Json;
     }
     match field.kind() {
-        Kind::Int32
-        | Kind::Int64
-        | Kind::Uint32
-        | Kind::Uint64
-        | Kind::Sint32
-        | Kind::Sint64
-        | Kind::Fixed32
-        | Kind::Fixed64
-        | Kind::Sfixed32
-        | Kind::Sfixed64 => C::Integer,
         Kind::Float | Kind::Double => C::Double,
         Kind::Bool => C::Boolean,
         Kind::String | Kind::Enum(_) => C::Text,
         Kind::Bytes => C::Bytes,
         Kind::Message(m) if m.full_name() == "google.protobuf.Timestamp" => C::Timestamp,
         Kind::Message(_) => C::Json,
+        // The ten integer kinds.
+        kind => {
+            debug_assert!(is_protobuf_integer(&kind));
+            C::Integer
+        }
     }
 }
 

@@ -190,17 +190,9 @@ fn protobuf_name(field: &prost_reflect::FieldDescriptor) -> String {
     }
 }
 
-/// Whether a Protobuf field converts to `ty` (`protobuf.rs` decides each value).
-fn protobuf_gives(field: &prost_reflect::FieldDescriptor, ty: ColumnType) -> bool {
-    use ColumnType as C;
-    if ty == C::Json {
-        return true;
-    }
-    if field.is_list() || field.is_map() {
-        return false;
-    }
-    let kind = field.kind();
-    let integer = matches!(
+/// Whether a Protobuf kind is one of its integers.
+pub(super) fn is_protobuf_integer(kind: &Kind) -> bool {
+    matches!(
         kind,
         Kind::Int32
             | Kind::Int64
@@ -212,7 +204,20 @@ fn protobuf_gives(field: &prost_reflect::FieldDescriptor, ty: ColumnType) -> boo
             | Kind::Fixed64
             | Kind::Sfixed32
             | Kind::Sfixed64
-    );
+    )
+}
+
+/// Whether a Protobuf field converts to `ty` (`protobuf.rs` decides each value).
+fn protobuf_gives(field: &prost_reflect::FieldDescriptor, ty: ColumnType) -> bool {
+    use ColumnType as C;
+    if ty == C::Json {
+        return true;
+    }
+    if field.is_list() || field.is_map() {
+        return false;
+    }
+    let kind = field.kind();
+    let integer = is_protobuf_integer(&kind);
     let float = matches!(kind, Kind::Float | Kind::Double);
     match ty {
         C::Json => true,
