@@ -934,3 +934,63 @@ async fn a_signal_during_a_backfill_exits_1_and_a_second_one_runs_the_rest() {
     assert_eq!(Db(db_path).rows(), INTERVALS);
     println!("{completed_then} intervals completed before the signal");
 }
+
+/// A pipeline without a schedule has no scheduler to end a run its worker left `running` (a
+/// SIGKILL, or a worker that gave up): the next `sluice run` of the pipeline records it failed,
+/// naming the worker, before its own run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_left_running_by_a_gone_worker_is_recorded_failed_by_the_next_run() {
+    let dir = Workdir::new();
+    let db_path = dir.db("left");
+    let pubsub = PubSub::connect().await;
+    // Two subscriptions: the second run reads a fresh one (the emulator holds a killed
+    // stream's subscription back for minutes, notes gotcha 1).
+    let (topic, subs) = pubsub.topic_with("left", 2).await;
+    pubsub
+        .publish(&topic, events_with_duplicates("l", 20, 0))
+        .await;
+    let write = |subscription: &str, idle: &str| {
+        PipelineYaml::new("test")
+            .mode("triggered")
+            .sqlite(&db_path)
+            .pubsub_emulator()
+            .target_table("events")
+            .flow(
+                FlowYaml::pubsub("ingest", "events", subscription)
+                    .dedup_attribute("event_id")
+                    .drain_idle(idle),
+            )
+            .write(dir.path(), "p.yaml")
+    };
+    // A run that stays up (120 s idle before it counts as drained), killed once it committed.
+    let file = write(&subs[0], "120s");
+    let first = Worker::start(&file, "first");
+    assert!(
+        eventually(Duration::from_secs(60), || Db(db_path.clone()).rows() == 20).await,
+        "{}",
+        first.logs()
+    );
+    assert_eq!(runs(&db_path).len(), 1);
+    assert_eq!(runs(&db_path)[0].state, "running");
+    first.kill9();
+    // Gone once its last heartbeat is older than the pool's `ALIVE_WITHIN` (15 s).
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    write(&subs[1], "5s");
+    let second = sluice_command(&["run", "-c", file.to_str().unwrap()], None);
+    assert_eq!(second.code, 0, "{}", second.all());
+    let all = runs(&db_path);
+    assert_eq!(all.len(), 2, "{all:#?}");
+    assert_eq!(all[0].state, "failed", "{all:#?}");
+    assert!(all[0].ended_at.is_some());
+    assert_eq!(all[1].state, "completed", "{all:#?}");
+    let conn = rusqlite::Connection::open(&db_path).unwrap();
+    let error: String = conn
+        .query_row(
+            "SELECT error FROM sluice_runs ORDER BY run_id LIMIT 1",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert!(error.contains("stopped before the run ended"), "{error}");
+    assert_eq!(Db(db_path).rows(), 20);
+}

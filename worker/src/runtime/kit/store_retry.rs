@@ -42,21 +42,7 @@ pub async fn patience_spent(patience: Option<Duration>) {
 /// Runs `attempt` until it succeeds. An error that `retry` waits out is tried again after the
 /// next backoff delay, logged with `what`; another error, or one that comes once `drain` is
 /// cancelled, is returned. A drain that begins during a delay ends the delay: one last
-/// attempt follows.
-pub async fn until_stored<T, F, Fut>(
-    what: &str,
-    retry: Retry,
-    drain: &CancellationToken,
-    attempt: F,
-) -> Result<T, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, StoreError>>,
-{
-    until_stored_within(what, retry, drain, None, attempt).await
-}
-
-/// As [`until_stored`], giving up once the first failure is `give_up` old, or an attempt has
+/// attempt follows. It gives up once the first failure is `give_up` old, or an attempt has
 /// had no answer for that long (`None`: never): the last error is returned, saying so.
 pub async fn until_stored_within<T, F, Fut>(
     what: &str,

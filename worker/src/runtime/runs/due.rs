@@ -7,6 +7,8 @@
 //! a live worker is that worker's (another replica runs it now, and the next run's start waits
 //! for it, `record.rs`); one of a worker gone is abandoned: nobody will ask for it again, so it
 //! is recorded failed. The schedule counts as served since the oldest worker alive started.
+//! Without a schedule ([`abandoned`]), every run a worker gone left unfinished is recorded
+//! failed by the next run of the pipeline.
 
 use crate::runtime::runs::record::RunAsk;
 use sluice_pipeline::timetable::{DataInterval, NextRun, Timetable};
@@ -47,6 +49,16 @@ pub enum Due {
         /// The start of `me`'s newest run (store clock), if it made one.
         newest_own_start: Option<i64>,
     },
+}
+
+/// For a pipeline without a schedule (no scheduler will finish any run): the oldest run left
+/// `running` or `queued` by a worker gone, of any trigger, to record failed before `me` runs.
+pub fn abandoned(state: ScheduleState, me: &str) -> Option<RunRecord> {
+    let ScheduleState { runs, alive, .. } = state;
+    runs.into_iter()
+        .filter(|run| matches!(run.state, RunState::Running | RunState::Queued))
+        .filter(|run| run.worker != me && !alive.iter().any(|w| w.worker == run.worker))
+        .min_by_key(|run| run.run_id)
 }
 
 /// What `me` (a worker id) has to run at `now_ms`, by `timetable`, given `state`.
@@ -156,6 +168,20 @@ mod tests {
         assert!(
             matches!(due, Due::Unfinished { run, ask } if run.run_id == 2 && ask.fire_ms == 2_000)
         );
+    }
+
+    #[test]
+    fn without_a_schedule_the_oldest_run_of_a_worker_gone_is_abandoned() {
+        let runs = vec![
+            run(5, RunTrigger::Manual, RunState::Running, "live"),
+            run(4, RunTrigger::Manual, RunState::Queued, "gone"),
+            run(3, RunTrigger::Backfill, RunState::Running, "gone"),
+            run(2, RunTrigger::Manual, RunState::Failed, "gone"),
+        ];
+        let found = abandoned(state(runs.clone(), vec![alive("live", 0)]), "me");
+        assert_eq!(found.map(|r| r.run_id), Some(3));
+        let only_live = vec![runs[0].clone()];
+        assert!(abandoned(state(only_live, vec![alive("live", 0)]), "me").is_none());
     }
 
     #[test]

@@ -135,6 +135,13 @@ impl NextRuns {
         } = &self.plan
         else {
             let recorded = matches!(self.plan, Plan::Once);
+            // No scheduler will end a run a worker gone left unfinished: this run does first.
+            if recorded && !self.decided {
+                let state = read_state(updates, shutdown).await?;
+                if let Some(unfinished) = due::abandoned(state, updates.worker()) {
+                    return Ok(Next::Run(Run::Abandoned(unfinished)));
+                }
+            }
             return Ok(self.single_run(recorded));
         };
         if let Some(started) = self.delayed_behind.take() {
@@ -307,13 +314,15 @@ impl NextRuns {
     }
 }
 
-/// The schedule's state, read at once (retried while the store is unavailable).
+/// The schedule's state, read at once (retried while the store is unavailable, for at most
+/// `give_up_after` without a schedule).
 async fn read_state(updates: &Updates<'_>, shutdown: &Shutdown) -> Result<ScheduleState, RunError> {
     let pipeline = &updates.pipeline().name;
-    store_retry::until_stored(
+    store_retry::until_stored_within(
         "read the schedule's state",
         Retry::WhileUnavailable,
         &shutdown.drain,
+        store_retry::run_patience(updates.pipeline()),
         || async {
             let store = updates.store();
             Ok(ScheduleState {

@@ -85,10 +85,13 @@ pub async fn run(
                     unfinished.worker
                 )),
             };
-            store_retry::until_stored(
+            tracing::warn!(run = unfinished.run_id, worker = %unfinished.worker,
+                "a run its worker left unfinished is recorded failed");
+            store_retry::until_stored_within(
                 "record the run's end",
                 Retry::WhileUnavailable,
                 &shutdown.drain,
+                store_retry::run_patience(updates.pipeline()),
                 || {
                     updates
                         .store()
