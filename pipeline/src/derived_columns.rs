@@ -7,14 +7,16 @@
 //! - the derived columns are filled in before anything is checked, so the rest of the file
 //!   (`select:`, `where:`, expectations, views, downstream flows) is checked against them as
 //!   if they were declared;
-//! - a schema that gives no columns, or cannot be compiled, is an error located at the
-//!   flow's `decode.schema`;
+//! - a schema that gives no columns, a field that cannot be a column name, or a schema that
+//!   cannot be compiled, is an error located at the flow's `decode.schema`;
 //! - with `schema: pubsub`, or without a caller that compiles schemas, nothing is derived
 //!   and such a target is refused as before (declare its `columns:`).
 
+use crate::columns::RESERVED_PREFIX;
 use crate::errors::{Collector, ErrorCode};
 use crate::model::{Column, DecodeFormat};
 use crate::raw::{RawColumn, RawKind, RawPipeline};
+use crate::validate::{MAX_IDENTIFIER_LEN, is_identifier};
 use std::path::Path;
 
 /// Compiles a decode's schema file and says the columns it gives.
@@ -63,7 +65,27 @@ pub(crate) fn derive(raw: &mut RawPipeline, c: &mut Collector<'_>, schemas: &dyn
         if std::fs::metadata(&file).is_err() {
             continue;
         }
-        match schemas.columns(format, &file, decode.message.as_deref()) {
+        let derived = schemas
+            .columns(format, &file, decode.message.as_deref())
+            .and_then(|columns| {
+                let unfit: Vec<&str> = columns
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .filter(|name| !is_identifier(name) || name.starts_with(RESERVED_PREFIX))
+                    .collect();
+                if unfit.is_empty() {
+                    Ok(columns)
+                } else {
+                    Err(format!(
+                        "field(s) {} cannot be column names (lowercase letters, digits and `_`, \
+                         at most {MAX_IDENTIFIER_LEN} bytes, not starting with \
+                         `{RESERVED_PREFIX}`), so the columns cannot be derived: declare \
+                         `columns:` (a column reads the field of its name)",
+                        unfit.join(", ")
+                    ))
+                }
+            });
+        match derived {
             Ok(columns) if !columns.is_empty() => {
                 target.columns = Some(
                     columns

@@ -10,9 +10,11 @@
 //!   interval) and one that finds it ended does not run it again. Manual runs and runs fired
 //!   by a table's update have no fire time of their own and are recorded each time.
 //! * **An interval is run once.** A fire's run, or a backfill's, whose data interval another
-//!   run (of either trigger) completed is not run: [`crate::RunStore::begin_run`] records it
-//!   `completed` at once, with no rows (a queued one too, when the other completed while it
-//!   waited), and returns it so. Decided in the begin's transaction, so a backfill and the
+//!   run completed (of any trigger, a manual run of that interval included; for a timetable
+//!   without intervals, whose fire another fire's or backfill's run completed) is not run:
+//!   [`crate::RunStore::begin_run`] records it `completed` at once, with no rows (no flow
+//!   listed; a queued one too, when the other completed while it waited, and a fire's run left
+//!   unfinished by a runner gone), and returns it so. Decided in the begin's transaction, so a backfill and the
 //!   scheduler never both run an interval. A manual run is run as asked.
 //! * **One run at a time in a pool, in the order asked.** [`crate::RunStore::begin_run`]
 //!   starts nothing while another worker whose heartbeat is within [`RunStart::alive_within`]
@@ -164,9 +166,11 @@ impl Begin {
             RunState::Running
         };
         match mine {
+            // Its interval completed by another run while it was left unfinished (a backfill
+            // ran it after its runner died): not run again.
+            None | Some(RunState::Queued | RunState::Running) if interval_done => Begin::Done,
             // A fire's run goes on under whoever runs it now, held back or not.
             Some(RunState::Running) => Begin::Take(RunState::Running),
-            None | Some(RunState::Queued) if interval_done => Begin::Done,
             None => Begin::Insert(wanted),
             Some(RunState::Queued) => Begin::Take(wanted),
             Some(_) => Begin::Ended,

@@ -363,6 +363,33 @@ async fn an_interval_completed_by_one_run_is_not_run_by_another(postgres: bool) 
         (queued.run_id, RunState::Completed),
         "the queued backfill ends without running the interval again"
     );
+    // A fire left running by a runner gone (no heartbeat): a backfill runs the interval
+    // (nothing holds it back), and the next scheduler's take-over finds it completed.
+    let left = store
+        .begin_run(&start(85_000, RunTrigger::Schedule, "gone"))
+        .await
+        .unwrap();
+    assert_eq!(left.state, RunState::Running);
+    let backfill = store
+        .begin_run(&start(85_000, RunTrigger::Backfill, "w2"))
+        .await
+        .unwrap();
+    assert_eq!(backfill.state, RunState::Running);
+    assert!(
+        store
+            .end_run(backfill.run_id, "w2", &completed)
+            .await
+            .unwrap()
+    );
+    let taken = store
+        .begin_run(&start(85_000, RunTrigger::Schedule, "w1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (taken.run_id, taken.state),
+        (left.run_id, RunState::Completed),
+        "the fire left running is not run again"
+    );
     // A failed run does not count: (89 s, 90 s) is run again by a backfill.
     let failed = store
         .begin_run(&start(90_000, RunTrigger::Schedule, "w1"))
@@ -380,6 +407,21 @@ async fn an_interval_completed_by_one_run_is_not_run_by_another(postgres: bool) 
         .unwrap();
     assert_eq!(rerun.state, RunState::Running);
     assert!(store.end_run(rerun.run_id, "w2", &completed).await.unwrap());
+    // A timetable without intervals: a fire's run is one per fire, whoever runs it.
+    let mut no_interval = start(95_000, RunTrigger::Backfill, "w2");
+    no_interval.interval = None;
+    let backfill = store.begin_run(&no_interval).await.unwrap();
+    assert_eq!(backfill.state, RunState::Running);
+    assert!(
+        store
+            .end_run(backfill.run_id, "w2", &completed)
+            .await
+            .unwrap()
+    );
+    no_interval.trigger = RunTrigger::Schedule;
+    no_interval.worker = "w1".into();
+    let fire = store.begin_run(&no_interval).await.unwrap();
+    assert_eq!(fire.state, RunState::Completed);
     // A manual run is run as asked.
     let manual = store
         .begin_run(&start(90_000, RunTrigger::Manual, "w1"))

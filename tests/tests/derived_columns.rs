@@ -299,6 +299,27 @@ fn validate_checks_the_rest_of_the_file_against_derived_columns() {
         broken.all()
     );
 
+    // A field that cannot be a column name: said at the decode's schema, once.
+    std::fs::write(
+        dir.path().join("camel.proto"),
+        "syntax = \"proto3\"; package shop; message Order { string orderId = 1; int64 qty = 2; }",
+    )
+    .unwrap();
+    let camel = validate(pipeline(
+        dir.path(),
+        "orders-sub",
+        "{ format: protobuf, schema: camel.proto, message: shop.Order }",
+        "",
+    ));
+    assert_eq!(camel.code, 2, "{}", camel.all());
+    assert!(
+        camel.stderr.contains("flows[0].decode.schema")
+            && camel.stderr.contains("orderId cannot be column names"),
+        "{}",
+        camel.all()
+    );
+    assert!(!camel.stderr.contains("targets["), "{}", camel.all());
+
     // The topic's schema: nothing is derived, so the target must declare its columns.
     let pubsub = validate(pipeline(
         dir.path(),

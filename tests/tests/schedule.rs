@@ -994,3 +994,54 @@ async fn a_run_left_running_by_a_gone_worker_is_recorded_failed_by_the_next_run(
     assert!(error.contains("stopped before the run ended"), "{error}");
     assert_eq!(Db(db_path).rows(), 20);
 }
+
+/// A backfill whose range reaches past now runs only the intervals that have ended: one still
+/// going on is the schedule's (run early, it would read part of its data and count as run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_leaves_the_intervals_not_ended_to_the_schedule() {
+    const INTERVAL_MS: i64 = 3_600_000;
+    // Far from the end of the hour, so that the interval going on stays so meanwhile.
+    let into_hour = now_ms() % INTERVAL_MS;
+    if into_hour > INTERVAL_MS - 60_000 {
+        tokio::time::sleep(Duration::from_millis(
+            (INTERVAL_MS - into_hour + 1_000) as u64,
+        ))
+        .await;
+    }
+    let dir = Workdir::new();
+    let db_path = dir.db("ahead");
+    let now = now_ms() / INTERVAL_MS * INTERVAL_MS;
+    let events: Vec<i64> = (-3..3).map(|k| now + k * INTERVAL_MS + 1).collect();
+    let start_date = jiff::Timestamp::from_millisecond(now + 10 * INTERVAL_MS).unwrap();
+    let file = scheduled_over_events(
+        &dir,
+        &db_path,
+        &events,
+        &format!("{{ every: 1h, semantics: data_interval, start_date: \"{start_date}\" }}"),
+    );
+    let stamp = |ms: i64| jiff::Timestamp::from_millisecond(ms).unwrap().to_string();
+    let backfill = sluice_command(
+        &[
+            "backfill",
+            "-c",
+            file.to_str().unwrap(),
+            "--from",
+            &stamp(now - 3 * INTERVAL_MS),
+            "--to",
+            &stamp(now + 3 * INTERVAL_MS),
+        ],
+        None,
+    );
+    assert_eq!(backfill.code, 0, "{}", backfill.all());
+    assert!(
+        backfill.all().contains("left to the schedule"),
+        "{}",
+        backfill.all()
+    );
+    let ran: Vec<_> = completed(&db_path).iter().map(|r| r.interval).collect();
+    let ended: Vec<_> = (-3..0)
+        .map(|k| Some((now + k * INTERVAL_MS, now + (k + 1) * INTERVAL_MS)))
+        .collect();
+    assert_eq!(ran, ended, "only the intervals that ended");
+    assert_eq!(Db(db_path).rows(), 3);
+}

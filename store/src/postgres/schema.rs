@@ -288,9 +288,12 @@ CREATE TABLE IF NOT EXISTS sluice_expectation_counts (
     (
         15,
         "
--- A run of an interval looks for a completed run of the same interval (runs.rs).
+-- A run of an interval (or a fire without one) looks for a completed run of the same
+-- interval (or fire) (runs.rs).
 CREATE INDEX IF NOT EXISTS sluice_runs_interval
     ON sluice_runs (pipeline, interval_start, interval_end) WHERE state = 'completed';
+CREATE INDEX IF NOT EXISTS sluice_runs_completed_fire
+    ON sluice_runs (pipeline, fire_ms) WHERE state = 'completed';
 ",
     ),
 ];

@@ -132,6 +132,8 @@ CREATE TABLE IF NOT EXISTS sluice_runs (
 );
 CREATE INDEX IF NOT EXISTS sluice_runs_interval
     ON sluice_runs (pipeline, interval_start, interval_end) WHERE state = 'completed';
+CREATE INDEX IF NOT EXISTS sluice_runs_completed_fire
+    ON sluice_runs (pipeline, fire_ms) WHERE state = 'completed';
 CREATE TABLE IF NOT EXISTS sluice_dead_letter_outbox (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
     pipeline        TEXT NOT NULL,

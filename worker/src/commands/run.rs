@@ -83,7 +83,9 @@ pub(super) async fn execute_and_report(
             eprintln!("{}: {error}", path.display());
             ExitCode::from(2)
         }
-        Err(RunError::Store(error)) if shutdown.drain.is_cancelled() && error.is_transient() => {
+        Err(RunError::Store(error))
+            if shutdown.drain.is_cancelled() && error.is_transient() && backfill.is_none() =>
+        {
             eprintln!(
                 "sluice: stopped before the store could be reached ({error}); nothing was received"
             );

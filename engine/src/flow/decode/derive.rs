@@ -87,7 +87,9 @@ fn protobuf_column(field: &FieldDescriptor) -> ColumnType {
         Kind::Bytes => C::Bytes,
         Kind::Message(m) if m.full_name() == "google.protobuf.Timestamp" => C::Timestamp,
         Kind::Message(_) => C::Json,
-        // The ten integer kinds.
+        // Past the 64-bit signed range: exact in `numeric`.
+        Kind::Uint64 | Kind::Fixed64 => C::Numeric,
+        // The other integer kinds.
         kind => {
             debug_assert!(is_protobuf_integer(&kind));
             C::Integer
@@ -163,6 +165,7 @@ mod tests {
                 Item first = 8;
                 bytes blob = 9;
                 bool paid = 10;
+                uint64 big = 11;
             }"#,
             Some("shop.Order"),
         )
@@ -180,6 +183,7 @@ mod tests {
             ("first", C::Json, true),
             ("blob", C::Bytes, false),
             ("paid", C::Boolean, false),
+            ("big", C::Numeric, false),
         ]
         .map(|(n, t, null)| (n.to_owned(), t, null));
         assert_eq!(columns, expected.to_vec());

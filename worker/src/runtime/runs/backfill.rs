@@ -1,5 +1,6 @@
 //! `sluice backfill`: the intervals of a range run one after the other, oldest first, each a
-//! run recorded `backfill` with its interval. The intervals that already have a completed run
+//! run recorded `backfill` with its interval. Intervals not ended yet (their fire still to
+//! come) are left to the schedule. The intervals that already have a completed run
 //! (of any trigger) are left out, read here once and decided again as each run begins
 //! (`sluice_store::RunStore::begin_run`: an interval is run once, so a backfill and a scheduler
 //! catching up the same range never both run one). Guarantees: a backfill's runs never
@@ -13,6 +14,7 @@ use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
 use crate::runtime::run_error::RunError;
 use crate::runtime::updates::update_loop::Updates;
+use sluice_engine::now_ms;
 use sluice_pipeline::timetable::{Fire, Timetable};
 use sluice_store::RunState;
 use std::collections::{HashSet, VecDeque};
@@ -29,7 +31,7 @@ pub struct BackfillRange {
     pub to_ms: i64,
 }
 
-/// The fires of `range` to run, oldest first: every one, or those without a completed run.
+/// The fires of `range` to run, oldest first: those due by now without a completed run.
 pub async fn fires_to_run(
     updates: &Updates<'_>,
     timetable: &Timetable,
@@ -58,14 +60,26 @@ pub async fn fires_to_run(
         .map(|run| run.fire_ms)
         .collect();
     let total = fires.len();
-    let to_run: VecDeque<Fire> = fires
+    // An interval not ended yet is the scheduler's: run now, it would read part of its data
+    // and count as run.
+    let now = now_ms();
+    let (due, not_due): (Vec<Fire>, Vec<Fire>) = fires.into_iter().partition(|f| f.at_ms <= now);
+    if let Some(first) = not_due.first() {
+        tracing::warn!(
+            not_due = not_due.len(),
+            first_fire_ms = first.at_ms,
+            "backfill: intervals that have not ended are left to the schedule"
+        );
+    }
+    let to_run: VecDeque<Fire> = due
         .into_iter()
         .filter(|fire| !done.contains(&fire.at_ms))
         .collect();
     tracing::info!(
         intervals = total,
         to_run = to_run.len(),
-        already_run = total - to_run.len(),
+        already_run = total - not_due.len() - to_run.len(),
+        not_due = not_due.len(),
         "backfill: the range's intervals"
     );
     Ok(to_run)

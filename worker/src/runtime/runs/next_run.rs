@@ -109,7 +109,11 @@ impl NextRuns {
         shutdown: &Shutdown,
     ) -> Result<Next, RunError> {
         if let Plan::Backfill(fires) = &mut self.plan {
-            let Some(fire) = fires.pop_front().filter(|_| !shutdown.drain.is_cancelled()) else {
+            // A signal leaves the intervals not begun in the plan (`backfill_left`).
+            let next = (!shutdown.drain.is_cancelled())
+                .then(|| fires.pop_front())
+                .flatten();
+            let Some(fire) = next else {
                 return Ok(Next::Stop {
                     last_outcomes_stand: true,
                 });

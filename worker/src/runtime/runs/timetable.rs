@@ -105,9 +105,11 @@ pub async fn drive(
         match runs.next(updates, shutdown).await? {
             Next::Run(run) => {
                 outcomes = record::run(updates, shutdown, run).await?;
-                interrupted = outcomes
-                    .iter()
-                    .any(|o| matches!(o.state, FlowState::Stopped | FlowState::Skipped(_)));
+                // No outcomes: not run (stopped while queued, or its interval found run).
+                interrupted = outcomes.is_empty()
+                    || outcomes
+                        .iter()
+                        .any(|o| matches!(o.state, FlowState::Stopped | FlowState::Skipped(_)));
                 let failed = outcomes
                     .iter()
                     .any(|o| matches!(o.state, FlowState::Failed(_)));
@@ -136,7 +138,7 @@ pub async fn drive(
             "backfill stopped by a signal before the end of its range: {left} interval(s) not \
              begun{}; `sluice backfill` again runs the intervals not completed",
             if interrupted {
-                ", and the one running then did not complete"
+                ", and the last one begun may not have completed"
             } else {
                 ""
             }
