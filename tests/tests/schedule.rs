@@ -1045,3 +1045,78 @@ async fn a_backfill_leaves_the_intervals_not_ended_to_the_schedule() {
     assert_eq!(ran, ended, "only the intervals that ended");
     assert_eq!(Db(db_path).rows(), 3);
 }
+
+/// `kill -SIG` of `worker`.
+fn signal(worker: &Worker, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &worker.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// A manual run queued behind another worker's, whose worker is paused past the pool's
+/// `ALIVE_WITHIN`, is recorded failed by the next `sluice run` (its worker counts as gone);
+/// the paused worker, resumed, finds it so and exits 1 saying nothing of it ran, rather than 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_run_ended_by_another_worker_exits_1() {
+    let dir = Workdir::new();
+    let db_path = dir.db("queued");
+    let pubsub = PubSub::connect().await;
+    let (_topic, subs) = pubsub.topic_with("queued", 1).await;
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(&db_path)
+        .pubsub_emulator()
+        .target_table("events")
+        .flow(
+            FlowYaml::pubsub("ingest", "events", &subs[0])
+                .dedup_attribute("event_id")
+                .drain_idle("300s"),
+        )
+        .write(dir.path(), "p.yaml");
+    let first = Worker::start(&file, "first");
+    assert!(
+        eventually(Duration::from_secs(60), || runs(&db_path)
+            .iter()
+            .any(|r| r.state == "running"))
+        .await,
+        "{}",
+        first.logs()
+    );
+    let paused = Worker::start(&file, "paused");
+    assert!(
+        eventually(Duration::from_secs(60), || runs(&db_path)
+            .iter()
+            .any(|r| r.state == "queued"))
+        .await,
+        "{}",
+        paused.logs()
+    );
+    signal(&paused, "-STOP");
+    // Past `ALIVE_WITHIN` (15 s) since its last heartbeat.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let third = Worker::start(&file, "third");
+    assert!(
+        eventually(Duration::from_secs(60), || runs(&db_path)
+            .iter()
+            .any(|r| r.state == "failed"))
+        .await,
+        "{:#?}\n{}",
+        runs(&db_path),
+        third.logs()
+    );
+    signal(&paused, "-CONT");
+    let paused_err = paused.stderr.clone();
+    let status = paused.wait(Duration::from_secs(60));
+    let logs = std::fs::read_to_string(paused_err).unwrap();
+    assert_eq!(status.code(), Some(1), "{logs}");
+    assert!(
+        logs.contains("was recorded failed by another worker while it waited"),
+        "{logs}"
+    );
+    for worker in [first, third] {
+        worker.terminate();
+        worker.wait(Duration::from_secs(60));
+    }
+}

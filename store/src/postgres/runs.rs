@@ -81,25 +81,32 @@ pub(super) async fn begin_run(
         .try_get::<_, bool>(0)?;
     // Another run completed this run's interval, or (a timetable without intervals) this
     // fire (the partial indexes answer).
-    let interval_done = once_per_interval(run.trigger)
-        && tx
-            .query_one(
+    let done = match run.interval.filter(|_| once_per_interval(run.trigger)) {
+        Some((start, end)) => Some(
+            tx.query_one(
                 "SELECT EXISTS (SELECT 1 FROM sluice_runs
-                    WHERE pipeline = $1 AND state = 'completed' AND run_id IS DISTINCT FROM $4
-                      AND CASE WHEN $2::int8 IS NULL
-                               THEN interval_start IS NULL AND fire_ms = $5
-                                    AND trigger IN ('schedule', 'catchup', 'backfill')
-                               ELSE interval_start = $2 AND interval_end = $3 END)",
-                &[
-                    &run.pipeline,
-                    &run.interval.map(|i| i.0),
-                    &run.interval.map(|i| i.1),
-                    &mine_id,
-                    &run.fire_ms,
-                ],
+                    WHERE pipeline = $1 AND interval_start = $2 AND interval_end = $3
+                      AND state = 'completed' AND run_id IS DISTINCT FROM $4)",
+                &[&run.pipeline, &start, &end, &mine_id],
             )
-            .await?
-            .try_get::<_, bool>(0)?;
+            .await?,
+        ),
+        None if once_per_interval(run.trigger) => Some(
+            tx.query_one(
+                "SELECT EXISTS (SELECT 1 FROM sluice_runs
+                    WHERE pipeline = $1 AND fire_ms = $2 AND state = 'completed'
+                      AND run_id IS DISTINCT FROM $3 AND interval_start IS NULL
+                      AND trigger IN ('schedule', 'catchup', 'backfill'))",
+                &[&run.pipeline, &run.fire_ms, &mine_id],
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let interval_done = match done {
+        Some(row) => row.try_get::<_, bool>(0)?,
+        None => false,
+    };
     let decision = Begin::decide(mine.as_ref().map(|m| m.state), held_back, interval_done);
     let row = match decision {
         Begin::Ended => return mine.ok_or(StoreError::Config("no run to return".into())),

@@ -19,4 +19,7 @@ pub enum RunError {
     /// A signal stopped `sluice backfill` before the end of its range: exit 1.
     #[error("{0}")]
     Interrupted(String),
+    /// The run this worker waited to start was ended by another worker: exit 1.
+    #[error("{0}")]
+    Lost(String),
 }

@@ -85,9 +85,7 @@ pub async fn run(
                     unfinished.worker
                 )),
             };
-            tracing::warn!(run = unfinished.run_id, worker = %unfinished.worker,
-                "a run its worker left unfinished is recorded failed");
-            store_retry::until_stored_within(
+            let recorded = store_retry::until_stored_within(
                 "record the run's end",
                 Retry::WhileUnavailable,
                 &shutdown.drain,
@@ -100,7 +98,12 @@ pub async fn run(
             )
             .await
             .map_err(RunError::Store)?;
-            run_end::count(&updates.pipeline().name, RunState::Failed);
+            // Several replicas may find it: the one whose end is recorded counts it.
+            if recorded {
+                tracing::warn!(run = unfinished.run_id, worker = %unfinished.worker,
+                    "a run its worker left unfinished is recorded failed");
+                run_end::count(&updates.pipeline().name, RunState::Failed);
+            }
             return Ok(Vec::new());
         }
     };
@@ -160,6 +163,16 @@ async fn begin(
     let Some(record) = begin_alone(&**updates.store(), &start, shutdown, patience).await? else {
         return Ok(None);
     };
+    if !ask.trigger.is_fire() && matches!(record.state, RunState::Failed | RunState::Stopped) {
+        // Queued, it was ended by another worker that counted this one gone (a pause past
+        // the pool's `ALIVE_WITHIN`): nothing of it ran.
+        return Err(RunError::Lost(format!(
+            "run {} was recorded {} by another worker while it waited ({}); nothing of it ran",
+            record.run_id,
+            record.state.name(),
+            record.error.as_deref().unwrap_or("no reason given")
+        )));
+    }
     if record.state != RunState::Running {
         tracing::info!(
             run = record.run_id,
