@@ -935,6 +935,22 @@ async fn a_signal_during_a_backfill_exits_1_and_a_second_one_runs_the_rest() {
     println!("{completed_then} intervals completed before the signal");
 }
 
+/// `p.yaml` in `dir`: a triggered pipeline without a schedule (each `sluice run` a manual run)
+/// reading `subscription` into `events` on the SQLite store `db`, drained after `idle`.
+fn manual_runs(dir: &Workdir, db: &Path, subscription: &str, idle: &str) -> PathBuf {
+    PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(db)
+        .pubsub_emulator()
+        .target_table("events")
+        .flow(
+            FlowYaml::pubsub("ingest", "events", subscription)
+                .dedup_attribute("event_id")
+                .drain_idle(idle),
+        )
+        .write(dir.path(), "p.yaml")
+}
+
 /// A pipeline without a schedule has no scheduler to end a run its worker left `running` (a
 /// SIGKILL, or a worker that gave up): the next `sluice run` of the pipeline records it failed,
 /// naming the worker, before its own run.
@@ -949,19 +965,7 @@ async fn a_run_left_running_by_a_gone_worker_is_recorded_failed_by_the_next_run(
     pubsub
         .publish(&topic, events_with_duplicates("l", 20, 0))
         .await;
-    let write = |subscription: &str, idle: &str| {
-        PipelineYaml::new("test")
-            .mode("triggered")
-            .sqlite(&db_path)
-            .pubsub_emulator()
-            .target_table("events")
-            .flow(
-                FlowYaml::pubsub("ingest", "events", subscription)
-                    .dedup_attribute("event_id")
-                    .drain_idle(idle),
-            )
-            .write(dir.path(), "p.yaml")
-    };
+    let write = |subscription: &str, idle: &str| manual_runs(&dir, &db_path, subscription, idle);
     // A run that stays up (120 s idle before it counts as drained), killed once it committed.
     let file = write(&subs[0], "120s");
     let first = Worker::start(&file, "first");
@@ -1064,17 +1068,7 @@ async fn a_queued_run_ended_by_another_worker_exits_1() {
     let db_path = dir.db("queued");
     let pubsub = PubSub::connect().await;
     let (_topic, subs) = pubsub.topic_with("queued", 1).await;
-    let file = PipelineYaml::new("test")
-        .mode("triggered")
-        .sqlite(&db_path)
-        .pubsub_emulator()
-        .target_table("events")
-        .flow(
-            FlowYaml::pubsub("ingest", "events", &subs[0])
-                .dedup_attribute("event_id")
-                .drain_idle("300s"),
-        )
-        .write(dir.path(), "p.yaml");
+    let file = manual_runs(&dir, &db_path, &subs[0], "300s");
     let first = Worker::start(&file, "first");
     assert!(
         eventually(Duration::from_secs(60), || runs(&db_path)
