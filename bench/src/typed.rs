@@ -101,6 +101,7 @@ pub(crate) fn orders_shape() -> TypedShape {
             select,
             filter: Some(same("(\"amount\" > 0)")),
             expectations: Vec::new(),
+            grown: Vec::new(),
         }),
     }
 }
@@ -240,6 +241,7 @@ pub(crate) fn silver_shape() -> TypedShape {
             ],
             filter: Some(same("(\"qty\" >= 0)")),
             expectations: Vec::new(),
+            grown: Vec::new(),
         }),
     }
 }

@@ -94,6 +94,7 @@ fn flow(store: &Arc<SqliteStore>, flow: &FlowHandle, on_violation: OnViolation) 
         ],
         filter: None,
         expectations: vec![("known_region".into(), same("(\"region\" <> 'mars')"))],
+        grown: Vec::new(),
     };
     let window = Duration::from_secs(600);
     let committer = CommitThenAck::new(

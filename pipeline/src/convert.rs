@@ -291,6 +291,7 @@ fn target(c: &mut Collector<'_>, raw: RawTarget, path: &str) -> Target {
             name,
             kind: TargetKind::Table,
             columns: Vec::new(),
+            columns_follow_schema: false,
         };
     };
     // A sub-section is required with its own kind and refused with any other.
@@ -396,6 +397,7 @@ fn target(c: &mut Collector<'_>, raw: RawTarget, path: &str) -> Target {
         name,
         kind,
         columns,
+        columns_follow_schema: raw.columns_follow_schema,
     }
 }
 

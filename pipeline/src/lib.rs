@@ -61,7 +61,8 @@ mod views;
 use std::path::Path;
 
 pub use aggregate::{Aggregate, AggregateFunction};
-pub use derived_columns::SchemaColumns;
+pub use columns::RESERVED_PREFIX;
+pub use derived_columns::{PubSubSchemaOf, SchemaColumns};
 pub use errors::{ConfigError, ConfigErrors, ErrorCode};
 pub use model::*;
 pub use validate::{MAX_IDENTIFIER_LEN, is_identifier};

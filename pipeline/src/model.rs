@@ -108,6 +108,9 @@ pub struct Target {
     pub kind: TargetKind,
     /// A `table` target's typed columns (`columns:`); empty: sluice's envelope table.
     pub columns: Vec<Column>,
+    /// Its columns were derived from its writer's Pub/Sub schema (`schema: pubsub` without
+    /// `columns:`): a revision that adds a field while the flow runs adds a nullable column.
+    pub columns_follow_schema: bool,
 }
 
 /// The kinds of target of SPEC §4. Only `Table` is written by the ingestion core; the others are

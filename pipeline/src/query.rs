@@ -166,8 +166,8 @@ pub(crate) fn flow_query(
             .is_some_and(|d| d.schema == Some(crate::model::DecodeSchema::PubSub));
         let what = if matches!(target.kind, TargetKind::Table) && pubsub_schema {
             format!(
-                "`{}` has no `columns:`, and they are derived only from a schema file, not \
-                 from `schema: pubsub`: declare them",
+                "`{}` has no `columns:`, and this reading of the file does not derive them \
+                 from the topic's Pub/Sub schema (`sluice` commands do): declare them",
                 target.name
             )
         } else if matches!(target.kind, TargetKind::Table) {

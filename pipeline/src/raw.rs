@@ -112,6 +112,11 @@ pub(crate) struct RawTarget {
     pub(crate) window: Option<RawWindow>,
     pub(crate) foreach_batch: Option<RawForeachBatch>,
     pub(crate) columns: Option<Vec<RawColumn>>,
+    /// Set by `derived_columns.rs` when `columns` came from a Pub/Sub schema; never read from
+    /// the file.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub(crate) columns_follow_schema: bool,
 }
 
 /// One entry of `targets[i].columns`.

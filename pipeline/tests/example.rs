@@ -37,6 +37,7 @@ fn spec_example_loads_into_the_expected_model() {
                 name: "events".into(),
                 kind: TargetKind::Table,
                 columns: Vec::new(),
+                columns_follow_schema: false,
             },
             Target {
                 name: "enrich".into(),
@@ -44,6 +45,7 @@ fn spec_example_loads_into_the_expected_model() {
                     endpoint: "http://127.0.0.1:7001".into(),
                 },
                 columns: Vec::new(),
+                columns_follow_schema: false,
             },
             Target {
                 name: "events_export".into(),
@@ -52,6 +54,7 @@ fn spec_example_loads_into_the_expected_model() {
                     path: beside("out/events.jsonl"),
                 },
                 columns: Vec::new(),
+                columns_follow_schema: false,
             },
             Target {
                 name: "per_minute".into(),
@@ -62,6 +65,7 @@ fn spec_example_loads_into_the_expected_model() {
                     aggregates: Vec::new(),
                 },
                 columns: Vec::new(),
+                columns_follow_schema: false,
             },
         ],
         flows: vec![

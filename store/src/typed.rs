@@ -86,6 +86,11 @@ pub struct TypedQuery {
     /// `select` fills them, and the envelope), evaluated before the commit
     /// ([`crate::LedgerStore::violations`]).
     pub expectations: Vec<(String, Sql)>,
+    /// Columns added to the query while the flow runs (its table follows the topic's Pub/Sub
+    /// schema, and a new revision added fields), nullable: the commit's transaction first
+    /// adds those the table lacks, so the transaction that first needs a column adds it.
+    /// Empty for a query the table was prepared with.
+    pub grown: Vec<TypedColumn>,
 }
 
 /// The flow's output over a relation `s` that has the envelope, the decoded fields and a row

@@ -70,6 +70,7 @@ fn query(select: &[(&str, &str)], filter: Option<&str>) -> TypedQuery {
             .collect(),
         filter: filter.map(sql),
         expectations: Vec::new(),
+        grown: Vec::new(),
     }
 }
 
@@ -268,6 +269,75 @@ async fn declared_columns_grow_and_changes_are_refused(postgres: bool) {
     }
 }
 
+/// A column the query gained while running (`TypedQuery::grown`: a new schema revision's field)
+/// is added by the first commit that writes with it, on its own or with another at once; a
+/// grown column whose type differs from the table's is refused and nothing is written.
+async fn a_column_grown_while_running_is_added_by_the_commit(postgres: bool) {
+    let (place, store, flow) = typed_open(postgres).await;
+    let note_column = || {
+        place.texts(
+            "SELECT name FROM pragma_table_info('p__orders') WHERE name = 'note'",
+            "SELECT column_name::text FROM information_schema.columns
+             WHERE table_name = 'p__orders' AND column_name = 'note'",
+            &[],
+        )
+    };
+    assert!(note_column().await.is_empty());
+    let mut q = query(&[("order_id", "order_id"), ("region", "region")], None);
+    let note = column("note", ColumnType::Text, true);
+    q.fields.push(("note".into(), ColumnType::Text));
+    q.select.push((
+        note.clone(),
+        Sql {
+            postgres: "\"note\"".into(),
+            sqlite: "\"note\"".into(),
+        },
+    ));
+    q.grown.push(note);
+    let noted = |key: &str| {
+        let mut entry = order(key, "1", "eu");
+        if let Effect::Row { values, .. } = &mut entry.effect {
+            values.push(TypedValue::Text(format!("n-{key}")));
+        }
+        entry
+    };
+    let (first, second) = tokio::join!(
+        store.commit(typed_batch(&flow, vec![noted("a"), noted("b")], &q)),
+        store.commit(typed_batch(&flow, vec![noted("c")], &q)),
+    );
+    first.unwrap();
+    second.unwrap();
+    assert_eq!(note_column().await, vec!["note"]);
+    let notes = place
+        .texts(
+            "SELECT order_id || '=' || note FROM p__orders ORDER BY order_id",
+            "SELECT order_id || '=' || note FROM p__orders ORDER BY order_id",
+            &[],
+        )
+        .await;
+    assert_eq!(notes, vec!["a=n-a", "b=n-b", "c=n-c"]);
+    let mut changed = q.clone();
+    let region = changed
+        .select
+        .iter_mut()
+        .find(|(c, _)| c.name == "region")
+        .unwrap();
+    region.0.ty = ColumnType::Integer;
+    changed.grown = vec![region.0.clone()];
+    match store
+        .commit(typed_batch(&flow, vec![noted("d")], &changed))
+        .await
+    {
+        Err(StoreError::Config(why)) => assert!(why.contains("`region`"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        rows(&place).await.len(),
+        3,
+        "nothing of the refused batch is written"
+    );
+}
+
 /// A reset deletes the flow's typed rows and frees their keys; `keys_present` reads a typed
 /// table's own column names.
 async fn a_reset_clears_typed_rows(postgres: bool) {
@@ -458,6 +528,7 @@ async fn a_typed_table_reads_as_a_feed_of_json_objects(postgres: bool) {
             .collect(),
         filter: None,
         expectations: Vec::new(),
+        grown: Vec::new(),
     };
     let full = vec![
         TypedValue::Text("it's \"quoted\"".into()),
@@ -730,6 +801,7 @@ async fn a_window_sum_past_64_bits_is_exact_or_refused(postgres: bool) {
 }
 
 on_both_backends!(
+    a_column_grown_while_running_is_added_by_the_commit,
     a_window_sum_past_64_bits_is_exact_or_refused,
     expectations_are_evaluated_per_record,
     typed_rows_land_through_the_query,

@@ -1,14 +1,19 @@
 //! A table target without `columns:` written by a flow that decodes by a schema file takes its
 //! columns from the schema (SPEC §5, "Typed tables"): created with the types its values land
 //! as, checked by `sluice validate` like declared ones (a downstream flow's `select:` over
-//! them), and filled exactly. With `schema: pubsub` nothing is derived: declare them.
+//! them), and filled exactly. With `schema: pubsub` they come from every revision of the
+//! topic's schema, and a revision committed while the flow runs adds its new field as a column,
+//! in the commit that first writes it.
 //!
-//! Real parts: the Pub/Sub emulator, `sluice` processes, a SQLite file.
+//! Real parts: the Pub/Sub emulator with its schema service, `sluice` processes, a SQLite
+//! file.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use bytes::Bytes;
 use google_cloud_pubsub::model::Message;
-use sluice_tests::{Db, PubSub, Workdir, Worker, emulator, sluice_command};
+use sluice_tests::{
+    Db, PubSub, SchemaTopic, Workdir, Worker, emulator, eventually, sluice_command, unique,
+};
 use std::path::Path;
 use std::time::Duration;
 
@@ -320,7 +325,7 @@ fn validate_checks_the_rest_of_the_file_against_derived_columns() {
     );
     assert!(!camel.stderr.contains("targets["), "{}", camel.all());
 
-    // The topic's schema: nothing is derived, so the target must declare its columns.
+    // The topic's schema, of a subscription Pub/Sub does not have: said at the decode.
     let pubsub = validate(pipeline(
         dir.path(),
         "orders-sub",
@@ -329,10 +334,209 @@ fn validate_checks_the_rest_of_the_file_against_derived_columns() {
     ));
     assert_eq!(pubsub.code, 2, "{}", pubsub.all());
     assert!(
-        pubsub
-            .stderr
-            .contains("not from `schema: pubsub`: declare them"),
+        pubsub.stderr.contains("flows[0].decode.schema")
+            && pubsub
+                .stderr
+                .contains("no `columns:`, so they come from the topic's Pub/Sub schema")
+            && pubsub.stderr.contains("orders-sub"),
         "{}",
         pubsub.all()
     );
+}
+
+/// Avro revision `rev` of the followed schema: the second adds `note`, the third changes
+/// `qty`'s type.
+fn followed_revision(rev: usize) -> String {
+    let (qty, note) = match rev {
+        0 => ("long", ""),
+        1 => (
+            "long",
+            r#",{"name":"note","type":["null","string"],"default":null}"#,
+        ),
+        _ => ("double", ""),
+    };
+    format!(
+        r#"{{"type":"record","name":"Order","fields":[
+        {{"name":"order_id","type":"string"}},{{"name":"qty","type":"{qty}"}}{note}]}}"#
+    )
+}
+
+/// Orders `range` in Avro's JSON encoding under revision `rev`.
+fn followed_orders(range: std::ops::Range<usize>, rev: usize) -> Vec<Message> {
+    range
+        .map(|i| {
+            let data = match rev {
+                0 => format!(r#"{{"order_id":"o{i}","qty":{}}}"#, i % 7),
+                1 => format!(
+                    r#"{{"order_id":"o{i}","qty":{},"note":{{"string":"n{i}"}}}}"#,
+                    i % 7
+                ),
+                _ => format!(r#"{{"order_id":"o{i}","qty":{}.5}}"#, i % 7),
+            };
+            Message::new()
+                .set_data(Bytes::from(data))
+                .set_attributes([("order_id", format!("o{i}"))])
+        })
+        .collect()
+}
+
+/// `pipeline: shop` reading `subscription` into `orders`, whose columns follow the topic's
+/// schema.
+fn following(dir: &Path, subscription: &str, mode: &str) -> String {
+    format!(
+        "pipeline: shop
+mode: {mode}
+store: \"sqlite://{db}\"
+pubsub: {{ project: {project}, endpoint: \"{endpoint}\" }}
+targets:
+  - {{ name: orders, kind: table }}
+flows:
+  - name: orders
+    target: orders
+    source:
+      pubsub:
+        subscription: {subscription}
+        dedup: {{ by: attribute, attribute: order_id }}
+        drain_idle: 5s
+    decode: {{ format: avro, schema: pubsub }}
+",
+        db = dir.join("shop.db").display(),
+        project = sluice_tests::PROJECT,
+        endpoint = emulator().endpoint(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_following_the_topics_schema_gains_a_new_revisions_field_while_running() {
+    const ORDERS: usize = 150;
+    let dir = Workdir::new();
+    let pubsub = PubSub::connect().await;
+    let kind = google_cloud_pubsub::model::schema::Type::Avro;
+    let topic = SchemaTopic::create(
+        &unique("followed-schema"),
+        kind.clone(),
+        &followed_revision(0),
+        &unique("followed"),
+        google_cloud_pubsub::model::Encoding::Json,
+    )
+    .await;
+    // The second run reads the second subscription (the emulator delivers nothing for minutes
+    // to a new stream of a subscription whose streams closed: notes, gotcha 1).
+    let subs = [unique("followed-a"), unique("followed-b")];
+    for sub in &subs {
+        pubsub
+            .admin
+            .create_subscription(sub, &topic.topic, 10)
+            .await
+            .unwrap();
+    }
+    let file = dir.path().join("p.yaml");
+    std::fs::write(&file, following(dir.path(), &subs[0], "continuous")).unwrap();
+    let db = Db(dir.path().join("shop.db"));
+    let columns = || {
+        db.query(
+            "SELECT COUNT(*) FROM pragma_table_info('shop__orders') \
+             WHERE name NOT LIKE '\\_sluice\\_%' ESCAPE '\\'",
+        )
+    };
+    let rows = || db.query("SELECT COUNT(*) FROM shop__orders");
+    let worker = Worker::start(&file, "following");
+    pubsub
+        .publish(&topic.topic, followed_orders(0..ORDERS, 0))
+        .await;
+    assert!(
+        eventually(Duration::from_secs(120), || rows() == ORDERS as i64).await,
+        "{} rows; {}",
+        rows(),
+        worker.logs()
+    );
+    assert_eq!(columns(), 2, "order_id and qty, from the first revision");
+
+    // A revision that adds `note`, committed while the flow runs.
+    topic.commit(kind.clone(), &followed_revision(1)).await;
+    pubsub
+        .publish(&topic.topic, followed_orders(ORDERS..2 * ORDERS, 1))
+        .await;
+    assert!(
+        eventually(Duration::from_secs(120), || rows() == 2 * ORDERS as i64).await,
+        "{} rows; {}",
+        rows(),
+        worker.logs()
+    );
+    assert_eq!(columns(), 3);
+    assert_eq!(
+        db.query(
+            "SELECT COUNT(*) FROM pragma_table_info('shop__orders') \
+             WHERE name = 'note' AND type = 'TEXT' AND \"notnull\" = 0"
+        ),
+        1
+    );
+    assert_eq!(
+        db.query("SELECT COUNT(*) FROM shop__orders WHERE note = 'n' || substr(order_id, 2)"),
+        ORDERS as i64
+    );
+    assert_eq!(
+        db.query(&format!(
+            "SELECT COUNT(*) FROM shop__orders WHERE note IS NULL \
+             AND CAST(substr(order_id, 2) AS INTEGER) < {ORDERS}"
+        )),
+        ORDERS as i64
+    );
+    assert_eq!(
+        db.query("SELECT SUM(qty) FROM shop__orders"),
+        (0..2 * ORDERS).map(|i| (i % 7) as i64).sum::<i64>()
+    );
+
+    // A revision that changes `qty`'s type adds nothing: its messages are dead letters.
+    topic.commit(kind, &followed_revision(2)).await;
+    pubsub
+        .publish(
+            &topic.topic,
+            followed_orders(2 * ORDERS..2 * ORDERS + 10, 2),
+        )
+        .await;
+    let letters = || {
+        db.query(
+            "SELECT COUNT(*) FROM shop__dead_letter \
+             WHERE reason = 'undecodable' AND error LIKE '%$.qty%'",
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(120), || letters() == 10).await,
+        "{} dead letters; {}",
+        letters(),
+        worker.logs()
+    );
+    assert_eq!(columns(), 3);
+    worker.terminate();
+    let logs = worker.logs();
+    assert!(worker.wait(Duration::from_secs(60)).success(), "{logs}");
+    assert_eq!(
+        logs.matches("a schema revision adds fields").count(),
+        1,
+        "{logs}"
+    );
+
+    // The next run derives all three columns from the revisions (the third adds none), and
+    // finds each message of the second subscription committed or dead-lettered already.
+    std::fs::write(&file, following(dir.path(), &subs[1], "triggered")).unwrap();
+    let again = Worker::start(&file, "following-again");
+    let (out, err) = (again.stdout.clone(), again.stderr.clone());
+    assert!(
+        again.wait(Duration::from_secs(180)).success(),
+        "{}",
+        std::fs::read_to_string(&out).unwrap()
+    );
+    let said = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        said.contains(&format!(
+            "flow orders: COMPLETED; received {}",
+            2 * ORDERS + 10
+        )),
+        "{said}"
+    );
+    let logs = std::fs::read_to_string(&err).unwrap();
+    assert!(logs.contains("revision 3 changes a field's type"), "{logs}");
+    assert_eq!(columns(), 3);
+    assert_eq!(rows(), 2 * ORDERS as i64);
 }

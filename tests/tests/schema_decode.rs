@@ -15,7 +15,9 @@
 //! All with 10 % publisher repeats. Outcome on SQLite: every order once, each typed value
 //! exact, `note` filled exactly for the orders that carry it, the 100 dead letters of each
 //! flow with their reason. The Avro revisions again on PostgreSQL with six workers, three of
-//! them SIGKILLed each right after PostgreSQL shows it inside a transaction: the same outcome.
+//! them SIGKILLed each right after PostgreSQL shows it inside a transaction, into a table
+//! without `columns:`: its columns follow the schema, so `note`, absent when the workers start,
+//! is added by the first commit that writes the third revision's orders: the same outcome.
 //!
 //! Real: the emulator with its schema service, `sluice` processes, a SQLite file, PostgreSQL
 //! on 127.0.0.1:5432.
@@ -202,19 +204,21 @@ async fn publish_revisions(
     first
 }
 
-/// A pipeline of one flow per `(name, subscription, decode)`, each into its own table `name`
-/// of the orders' columns.
-fn pipeline(store: &str, mode: &str, flows: &[(&str, &str, String)]) -> String {
-    let columns = "    columns:
+/// The orders' columns, declared.
+const COLUMNS: &str = "    columns:
       - { name: order_id, type: text, nullable: false }
       - { name: amount, type: numeric }
       - { name: qty, type: integer }
       - { name: ts, type: timestamp }
       - { name: note, type: text }
 ";
+
+/// A pipeline of one flow per `(name, subscription, decode)`, each into its own table `name`
+/// of the orders' columns.
+fn pipeline(store: &str, mode: &str, flows: &[(&str, &str, String)]) -> String {
     let targets: String = flows
         .iter()
-        .map(|(name, _, _)| format!("  - name: {name}\n    kind: table\n{columns}"))
+        .map(|(name, _, _)| format!("  - name: {name}\n    kind: table\n{COLUMNS}"))
         .collect();
     let flows: String = flows
         .iter()
@@ -450,8 +454,9 @@ fn orders_are_exact(
     );
 }
 
-/// The Avro flow of [`pipeline`] alone, in continuous mode.
-fn avro_only(store: &str, subscription: &str) -> String {
+/// The Avro flow of [`pipeline`] alone, in continuous mode, into a table whose columns
+/// follow the topic's schema (none declared).
+fn avro_following(store: &str, subscription: &str) -> String {
     pipeline(
         store,
         "continuous",
@@ -461,6 +466,7 @@ fn avro_only(store: &str, subscription: &str) -> String {
             "{ format: avro, schema: pubsub }".to_owned(),
         )],
     )
+    .replace(COLUMNS, "")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -480,7 +486,7 @@ async fn avro_revisions_land_typed_once_each_on_postgres_under_sigkills() {
     let start = |name: &str| {
         let file = dir.path().join(format!("{name}.yaml"));
         let store = format!("{}?application_name={name}&pool_size=4", database.url());
-        std::fs::write(&file, avro_only(&store, &subscription)).unwrap();
+        std::fs::write(&file, avro_following(&store, &subscription)).unwrap();
         Worker::start(&file, name)
     };
     let topic = new_schema_topic(
@@ -505,6 +511,13 @@ async fn avro_revisions_land_typed_once_each_on_postgres_under_sigkills() {
             worker.logs()
         );
     }
+    let note = || {
+        db.query(
+            "SELECT COUNT(*) FROM information_schema.columns
+             WHERE table_name = 'shop__avro_orders' AND column_name = 'note'",
+        )
+    };
+    assert_eq!(note(), 0, "the first revision has no `note`");
     let publishing = {
         let pubsub = PubSub::connect().await;
         tokio::spawn(async move {
@@ -592,6 +605,7 @@ async fn avro_revisions_land_typed_once_each_on_postgres_under_sigkills() {
             .all(|(at, hit)| !hit || *at < expected),
         "an aimed kill landed after the end: {kills:?} {aimed:?}"
     );
+    assert_eq!(note(), 1, "added once, by a commit");
     orders_are_exact(
         PG_ORDERS,
         "shop__avro_orders",

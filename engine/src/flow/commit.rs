@@ -45,6 +45,7 @@ use typed_flow::{Expected, with_query_failures};
 use crate::backoff::Backoff;
 use crate::flow::batch::Batch;
 use crate::flow::expectations::Expectations;
+use crate::flow::query_cell::QueryCell;
 use crate::flow::sink::{JsonlSink, SinkCommit};
 use crate::flow::stage::Stage;
 use crate::flow::storable::UNSTORABLE;
@@ -72,8 +73,9 @@ pub struct CommitThenAck {
     hand_poison_back: bool,
     /// New dead letters also go to the outbox of the pipeline's dead-letter topic.
     publish_dead_letters: bool,
-    /// A typed table's query, with which the store writes each new row.
-    typed: Option<Arc<sluice_store::TypedQuery>>,
+    /// A typed table's query, with which the store writes each new row (read for each batch:
+    /// it may grow while running, see `flow/query_cell.rs`).
+    typed: Option<Arc<QueryCell>>,
     /// The typed query's expectations (in the order of its checks).
     expectations: Option<Arc<Expectations>>,
     /// Why the flow stopped (an expectation with `fail`, or `give_up_after` spent): set
@@ -340,6 +342,7 @@ impl CommitThenAck {
                     commit_batch.verdicts = violations.clone();
                     let dropped = batch.counters().take_unrecorded_memory_duplicates();
                     commit_batch.memory_duplicates = dropped;
+                    let query = commit_batch.typed.clone();
                     let commit = self.store.commit(commit_batch);
                     let result = tokio::select! {
                         result = commit => result.map_err(Failure::Store),
@@ -354,6 +357,9 @@ impl CommitThenAck {
                     batch
                         .counters()
                         .commit_took(started.elapsed().as_secs_f64());
+                    if let (Ok(_), Some(cell), Some(query)) = (&result, &self.typed, &query) {
+                        cell.committed(query);
+                    }
                     // A commit given up on may still land: its drops are not counted again.
                     if matches!(result, Err(Failure::Store(_))) {
                         batch.counters().memory_duplicates_unrecorded(dropped);

@@ -23,6 +23,7 @@ pub(crate) mod event_time;
 pub(crate) mod expectations;
 pub(crate) mod foreach;
 pub(crate) mod memory_tier;
+pub(crate) mod query_cell;
 pub(crate) mod runner;
 pub(crate) mod sink;
 pub(crate) mod stage;

@@ -213,6 +213,7 @@ mod tests {
                     name: name.into(),
                     kind: TargetKind::Table,
                     columns: Vec::new(),
+                    columns_follow_schema: false,
                 })
                 .collect(),
             flows: vec![

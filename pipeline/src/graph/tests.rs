@@ -34,6 +34,7 @@ fn pipeline(mode: Mode, flows: Vec<Flow>) -> Pipeline {
         name: name.into(),
         kind,
         columns: Vec::new(),
+        columns_follow_schema: false,
     };
     Pipeline {
         name: "p".into(),

@@ -1,6 +1,7 @@
 //! The order of one commit's steps on PostgreSQL, in one place: a plain batch is one statement
 //! (`commit.rs`); a batch that must do more runs one explicit transaction in this order: the
-//! hook attempt's advisory lock, the statement, the caller's own work and its guard, the hook
+//! columns a typed query added while running (`TypedQuery::grown`), the hook attempt's
+//! advisory lock, the statement, the caller's own work and its guard, the hook
 //! and its commit mark, the page's position (after the page before it committed), the seal
 //! (`commit_time.rs`), then COMMIT. A page that would wait long for the page before it rolls
 //! back and waits without a connection.
@@ -197,6 +198,13 @@ impl PostgresStore {
         loop {
             attempts_left -= 1;
             let tx = client.transaction().await?;
+            // Columns a new schema revision added while the flow runs, before anything else
+            // (an `ALTER TABLE` waits for the table's other writers, so it is taken while this
+            // transaction holds nothing they wait for).
+            if let Some(query) = batch.typed.as_ref().filter(|q| !q.grown.is_empty()) {
+                let columns: Vec<_> = query.select.iter().map(|(c, _)| c.clone()).collect();
+                super::typed::evolve(&tx, &batch.table, &columns).await?;
+            }
             if let Some(hook) = &batch.hook {
                 // Held until this transaction ends: `commit_recorded` waits for it.
                 tx.execute(
@@ -301,7 +309,8 @@ impl PostgresStore {
             self.largest_window_ms
                 .fetch_max(arguments.window_ms(), Ordering::Relaxed);
         }
-        if batch.hook.is_some() || batch.position.is_some() || batch.work.is_some() {
+        let grows = batch.typed.as_ref().is_some_and(|q| !q.grown.is_empty());
+        if batch.hook.is_some() || batch.position.is_some() || batch.work.is_some() || grows {
             return self
                 .commit_in_transaction(&mut client, width, batch, &arguments)
                 .await;

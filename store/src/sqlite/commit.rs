@@ -4,7 +4,9 @@
 //! statements amortise SQLite's per-statement cost, which dominates at these row sizes. A batch
 //! past its `commit_by_ms` is refused (`StoreError::Stale`) once the write lock is held, and a
 //! reading flow's batch whose position moved (`StoreError::Moved`) before anything is written.
-//! Target rows are numbered in commit order (`seq`, see `feed.rs`).
+//! Target rows are numbered in commit order (`seq`, see `feed.rs`). A typed query's columns
+//! added while running (`TypedQuery::grown`) are added to the table first, in the same
+//! transaction.
 
 use crate::schema::table_name;
 use crate::{CommitBatch, CommitOutcome, Effect, PROGRESS_BUCKET_MS, StoreError};
@@ -39,6 +41,12 @@ pub(crate) fn commit(
     }
     if let Some(advance) = &batch.position {
         super::feed::advance(&tx, batch.flow.id, advance)?;
+    }
+    // Columns a new schema revision added while the flow runs: this transaction adds those
+    // the table lacks before it writes with them.
+    if let Some(query) = batch.typed.as_ref().filter(|q| !q.grown.is_empty()) {
+        let columns: Vec<_> = query.select.iter().map(|(c, _)| c.clone()).collect();
+        super::typed::evolve(&tx, &batch.table, &columns)?;
     }
     let entries = &batch.entries;
     let mut written = vec![false; entries.len()];

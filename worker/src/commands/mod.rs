@@ -16,7 +16,7 @@ mod status_live;
 pub mod text;
 pub mod validate;
 
-use crate::runtime::flow::decoder::SchemaFiles;
+use crate::runtime::flow::decoder::DecodeSchemas;
 use sluice_pipeline::Pipeline;
 use std::path::Path;
 use std::process::ExitCode;
@@ -73,7 +73,7 @@ pub fn load_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
 /// As [`load_or_exit`], with the checks of what this version runs (`NOT_BUILT` errors) and of
 /// every decode's schema file against its flow's fields.
 pub fn load_for_run_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
-    sluice_pipeline::load_deriving(path, true, &SchemaFiles)
+    sluice_pipeline::load_deriving(path, true, &DecodeSchemas)
         .and_then(|pipeline| with_schema_files_checked(path, pipeline))
         .map_err(exit_invalid)
         .and_then(store_from_env)
@@ -82,7 +82,7 @@ pub fn load_for_run_or_exit(path: &Path) -> Result<Pipeline, ExitCode> {
 /// The valid pipeline file at `path`, a table target without `columns:` taking its schema
 /// file's (what `sluice validate` checks).
 pub fn load(path: &Path) -> Result<Pipeline, sluice_pipeline::ConfigErrors> {
-    sluice_pipeline::load_deriving(path, false, &SchemaFiles)
+    sluice_pipeline::load_deriving(path, false, &DecodeSchemas)
 }
 
 /// `pipeline` if every decode's schema file compiles and fills its flow's fields; else each

@@ -39,7 +39,7 @@ impl CommitThenAck {
             work: None,
             publish_dead_letters: false,
             verdicts: Vec::new(),
-            typed: self.typed.clone(),
+            typed: self.typed.as_ref().map(|cell| cell.current()),
             memory_duplicates: dropped,
         };
         let recorded = tokio::time::timeout(RECORD_TIMEOUT, self.store.commit(batch)).await;

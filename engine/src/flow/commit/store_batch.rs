@@ -8,6 +8,7 @@
 use super::CommitThenAck;
 use crate::flow::batch::Batch;
 use crate::flow::delivery::Delivery;
+use crate::flow::query_cell::QueryCell;
 use crate::flow::sink::SinkCommit;
 use crate::time::{age, now_ms};
 use sluice_store::{CommitBatch, Effect, Entry, MessageFields};
@@ -23,11 +24,18 @@ impl CommitThenAck {
     ) -> (CommitBatch, Option<Arc<SinkCommit>>) {
         let now = now_ms();
         let window = i64::try_from(self.retry.dedup_window.as_millis()).unwrap_or(i64::MAX);
+        // Read after the batch was decoded: its values are a prefix of this query's fields.
+        let typed = self.typed.as_ref().map(|cell| cell.current());
         let entries: Vec<Entry> = batch
             .deliveries()
             .iter()
             .zip(effects)
-            .map(|(delivery, effect)| entry(delivery, effect))
+            .map(|(delivery, mut effect)| {
+                if let (Some(query), Effect::Row { values, .. }) = (&typed, &mut effect) {
+                    QueryCell::padded(query, values);
+                }
+                entry(delivery, effect)
+            })
             .collect();
         let sink_commit = self
             .sink
@@ -56,7 +64,7 @@ impl CommitThenAck {
             publish_dead_letters: self.publish_dead_letters,
             verdicts: Vec::new(),
             memory_duplicates: 0,
-            typed: self.typed.clone(),
+            typed,
         };
         (commit, sink_commit)
     }

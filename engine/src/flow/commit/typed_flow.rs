@@ -6,6 +6,7 @@ use super::CommitThenAck;
 use crate::flow::batch::Batch;
 use crate::flow::delivery::Delivery;
 use crate::flow::expectations::Expectations;
+use crate::flow::query_cell::QueryCell;
 use sluice_store::{Effect, StoreError};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use tokio_util::sync::CancellationToken;
@@ -71,8 +72,14 @@ impl CommitThenAck {
     }
 
     /// Writes rows into a typed table through `query` (its stage decodes the fields).
-    pub fn with_typed(mut self, query: Arc<sluice_store::TypedQuery>) -> Self {
-        self.typed = Some(query);
+    pub fn with_typed(self, query: Arc<sluice_store::TypedQuery>) -> Self {
+        self.with_typed_cell(Arc::new(QueryCell::fixed(query)))
+    }
+
+    /// Writes rows into a typed table through the query `cell` holds as each batch commits
+    /// (its decoder may widen it, see [`QueryCell`]).
+    pub fn with_typed_cell(mut self, cell: Arc<QueryCell>) -> Self {
+        self.typed = Some(cell);
         self
     }
 }

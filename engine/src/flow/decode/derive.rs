@@ -41,6 +41,44 @@ impl CompiledSchema {
     }
 }
 
+/// The columns a table takes from several revisions of one schema, each `(label, schema)`,
+/// oldest first: the first revision's columns, then each later revision's fields not seen
+/// before; every one nullable (a row of a revision without the field holds NULL). A revision
+/// that gives a field in a type its column does not take ([`CompiledSchema::check_fields`], the
+/// rule a running flow applies to a new revision) adds nothing: it is returned with why, and
+/// a running flow dead-letters its messages with that reason.
+///
+/// # Errors
+/// No revision gives a field.
+pub fn columns_of_revisions<'a>(
+    revisions: impl IntoIterator<Item = (&'a str, &'a CompiledSchema)>,
+) -> Result<(Vec<DerivedColumn>, Vec<String>), String> {
+    let mut columns: Vec<DerivedColumn> = Vec::new();
+    let mut refused = Vec::new();
+    for (label, schema) in revisions {
+        let fields: Vec<(String, ColumnType)> =
+            columns.iter().map(|(n, t, _)| (n.clone(), *t)).collect();
+        match schema.check_fields(&fields) {
+            Ok(()) => columns.extend(new_columns(schema, &fields)),
+            Err(why) => refused.push(format!("revision {label} changes a field's type: {why}")),
+        }
+    }
+    if columns.is_empty() {
+        return Err("no revision of the schema has fields".to_owned());
+    }
+    Ok((columns, refused))
+}
+
+/// The fields of `schema` that are not among `fields`, as nullable columns, in its order.
+pub fn new_columns(schema: &CompiledSchema, fields: &[(String, ColumnType)]) -> Vec<DerivedColumn> {
+    schema
+        .columns()
+        .into_iter()
+        .filter(|(name, _, _)| !fields.iter().any(|(known, _)| known == name))
+        .map(|(name, ty, _)| (name, ty, true))
+        .collect()
+}
+
 /// An Avro field's column type, and whether it may be NULL (a union with `null`).
 fn avro_column(record: &AvroRecord, schema: &Avro) -> (ColumnType, bool) {
     let schema = record.resolve(schema);
@@ -105,6 +143,42 @@ mod tests {
 
     fn fields(columns: &[DerivedColumn]) -> Vec<(String, ColumnType)> {
         columns.iter().map(|(n, t, _)| (n.clone(), *t)).collect()
+    }
+
+    #[test]
+    fn revisions_add_their_new_fields_and_one_that_changes_a_type_adds_nothing() {
+        let avro = |fields: &str| {
+            CompiledSchema::compile(
+                SchemaFormat::Avro,
+                &format!(r#"{{"type":"record","name":"R","fields":[{fields}]}}"#),
+                None,
+            )
+            .unwrap()
+        };
+        let first = avro(r#"{"name":"id","type":"string"},{"name":"qty","type":"long"}"#);
+        let second = avro(
+            r#"{"name":"id","type":"string"},{"name":"qty","type":"long"},
+               {"name":"note","type":["null","string"],"default":null}"#,
+        );
+        let (columns, refused) = columns_of_revisions([("a", &first), ("b", &second)]).unwrap();
+        assert!(refused.is_empty());
+        use ColumnType as C;
+        let expected = [("id", C::Text), ("qty", C::Integer), ("note", C::Text)]
+            .map(|(n, t)| (n.to_owned(), t, true));
+        assert_eq!(columns, expected.to_vec());
+        let changed = avro(r#"{"name":"id","type":"string"},{"name":"qty","type":"boolean"}"#);
+        let (columns, refused) =
+            columns_of_revisions([("a", &first), ("c", &changed), ("b", &second)]).unwrap();
+        assert_eq!(
+            columns,
+            expected.to_vec(),
+            "the refused revision adds nothing"
+        );
+        assert_eq!(refused.len(), 1);
+        assert!(
+            refused[0].contains("revision c") && refused[0].contains("$.qty"),
+            "{refused:?}"
+        );
     }
 
     #[test]

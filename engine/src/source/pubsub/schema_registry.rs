@@ -1,6 +1,8 @@
 //! Schema revisions from Pub/Sub's schema service (`decode: { schema: pubsub }`): one
 //! `GetSchema` of `projects/p/schemas/s@revision` per revision a message names, answered with
 //! its definition. What a typed flow's decoder does with them is in `flow/decode/revisions.rs`.
+//! Before a run, [`PubSubSchemas::revisions_of`] lists every revision of a subscription's topic's
+//! schema, from which a table without `columns:` takes its columns (`flow/decode/derive.rs`).
 //!
 //! An answer is an outage (no answer, a server error, too many requests, credentials refused:
 //! retried, nothing acked) or final for that revision (not found, any other refusal, a
@@ -55,21 +57,15 @@ impl PubSubSchemas {
             })
             .await
     }
-}
 
-#[async_trait]
-impl SchemaRegistry for PubSubSchemas {
-    async fn revision(
-        &self,
-        schema: &str,
-        revision: &str,
-    ) -> Result<Result<Revision, String>, String> {
-        let name = format!("{schema}@{revision}");
+    /// `GET {endpoint}/{path}` with the Pub/Sub credentials: the status and the body, or why
+    /// no answer came (an outage).
+    async fn get(&self, path: &str) -> Result<(u16, String), String> {
         let base = self
             .config
             .endpoint()
             .unwrap_or_else(|| PUBSUB_REST.to_owned());
-        let url = format!("{}/v1/{name}", base.trim_end_matches('/'));
+        let url = format!("{}/{path}", base.trim_end_matches('/'));
         let headers = match self
             .credentials()
             .await?
@@ -89,14 +85,98 @@ impl SchemaRegistry for PubSubSchemas {
             .headers(headers)
             .send()
             .await
-            .map_err(|e| format!("reading schema revision {name}: {e}"))?;
-        let status = response.status();
-        let body = response
-            .text()
+            .map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let body = response.text().await.map_err(|e| e.to_string())?;
+        Ok((status, body))
+    }
+
+    /// The JSON answer to `GET {path}`, or why there is none (any status but success).
+    async fn get_json(&self, path: &str) -> Result<serde_json::Value, String> {
+        let (status, body) = self.get(path).await.map_err(|e| format!("{path}: {e}"))?;
+        if !(200..300).contains(&status) {
+            return Err(format!("{path}: {status}: {}", body.trim()));
+        }
+        serde_json::from_str(&body).map_err(|e| format!("{path}: the answer is not JSON: {e}"))
+    }
+
+    /// Every revision of the schema of the topic `subscription` reads, oldest first (the
+    /// columns a table follows it by, see `flow/decode/derive.rs`). Three reads: the
+    /// subscription's topic, the topic's schema, the schema's revisions (page by page).
+    ///
+    /// # Errors
+    /// Pub/Sub unreachable or refusing, a topic without a schema, a revision sluice cannot
+    /// read; each said for people.
+    pub async fn revisions_of(&self, subscription: &str) -> Result<Vec<Revision>, String> {
+        let subscription = self
+            .config
+            .subscription_path(subscription)
+            .map_err(|e| e.to_string())?;
+        let field = |value: &serde_json::Value, key: &str| {
+            value
+                .get(key)
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+        };
+        let topic = field(
+            &self.get_json(&format!("v1/{subscription}")).await?,
+            "topic",
+        )
+        .ok_or_else(|| format!("{subscription} names no topic"))?;
+        let schema = self
+            .get_json(&format!("v1/{topic}"))
+            .await?
+            .get("schemaSettings")
+            .and_then(|settings| field(settings, "schema"))
+            .ok_or_else(|| format!("topic {topic} has no schema in Pub/Sub"))?;
+        let mut revisions = Vec::new();
+        let mut page = String::new();
+        loop {
+            let answer = self
+                .get_json(&format!(
+                    "v1/{schema}:listRevisions?view=FULL&pageSize=100&pageToken={page}"
+                ))
+                .await?;
+            let listed = answer
+                .get("schemas")
+                .and_then(serde_json::Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            for revision in listed {
+                let id = field(&revision, "revisionId").unwrap_or_default();
+                let created = field(&revision, "revisionCreateTime")
+                    .and_then(|t| crate::flow::event_time::parse_event_time(&t))
+                    .unwrap_or_default();
+                let name = format!("{schema}@{id}");
+                revisions.push((created, parse_revision(&name, &revision.to_string())?));
+            }
+            match field(&answer, "nextPageToken").filter(|t| !t.is_empty()) {
+                Some(next) => page = next,
+                None => break,
+            }
+        }
+        // By creation time, whatever order the service lists them in (a stable sort keeps its
+        // order within a millisecond).
+        revisions.sort_by_key(|(created, _)| *created);
+        Ok(revisions.into_iter().map(|(_, r)| r).collect())
+    }
+}
+
+#[async_trait]
+impl SchemaRegistry for PubSubSchemas {
+    async fn revision(
+        &self,
+        schema: &str,
+        revision: &str,
+    ) -> Result<Result<Revision, String>, String> {
+        let name = format!("{schema}@{revision}");
+        let response = self
+            .get(&format!("v1/{name}"))
             .await
             .map_err(|e| format!("reading schema revision {name}: {e}"))?;
+        let (status, body) = response;
         let said = || format!("{status}: {}", body.trim());
-        match status.as_u16() {
+        match status {
             200..=299 => {}
             404 => {
                 return Ok(Err(format!(

@@ -330,7 +330,7 @@ pub fn build(
         committer = committer.with_sink(sink.clone());
     }
     if let Some(typed) = typed {
-        committer = committer.with_typed(typed.query);
+        committer = committer.with_typed_cell(typed.query);
         if !typed.expectations.is_empty() {
             committer = committer.with_expectations(Expectations::new(
                 &pipeline.name,

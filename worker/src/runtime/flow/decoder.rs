@@ -2,24 +2,28 @@
 //! Avro and Protobuf by a schema file (compiled and checked against the flow's fields before the
 //! run, and by `sluice validate`) or by the topic's schema in Pub/Sub's schema service (fetched
 //! while running, every revision; `sluice_engine::RevisionsDecoder`). A table target without
-//! `columns:` written by a schema-file decode takes the schema's ([`SchemaFiles`]).
+//! `columns:` takes its columns from its writer's schema file or from every revision of the
+//! topic's Pub/Sub schema ([`DecodeSchemas`]).
 
 use sluice_engine::{
-    CompiledSchema, JsonFields, PayloadDecoder, PubSubConfig, RevisionsDecoder, SchemaFileDecoder,
-    SchemaFormat, pubsub::PubSubSchemas,
+    CompiledSchema, JsonFields, PayloadDecoder, PubSubConfig, QueryCell, RevisionsDecoder,
+    SchemaFileDecoder, SchemaFormat, pubsub::PubSubSchemas,
 };
 use sluice_pipeline::{
-    Column, Decode, DecodeFormat, DecodeSchema, Flow, Pipeline, SchemaColumns, Source,
+    Column, Decode, DecodeFormat, DecodeSchema, Flow, Pipeline, PubSubSchemaOf, SchemaColumns,
+    Source,
 };
 use sluice_store::ColumnType;
 use std::path::Path;
 use std::sync::Arc;
 
-/// The decoder of `flow`'s payloads into `fields`.
+/// The decoder of `flow`'s payloads into `fields`; with `following`, a decoder by the topic's
+/// Pub/Sub schema widens that query with each new revision's fields.
 pub fn decoder(
     pipeline: &Pipeline,
     flow: &Flow,
     fields: Vec<(String, ColumnType)>,
+    following: Option<Arc<QueryCell>>,
 ) -> Result<Arc<dyn PayloadDecoder>, String> {
     let Some(decode) = &flow.query.decode else {
         return Ok(Arc::new(JsonFields::new(fields)));
@@ -40,12 +44,13 @@ pub fn decoder(
                 project: pipeline.pubsub.project.clone(),
                 endpoint: pipeline.pubsub.endpoint.clone(),
             };
-            Ok(Arc::new(RevisionsDecoder::new(
-                format,
-                decode.message.clone(),
-                fields,
-                Arc::new(PubSubSchemas::new(config)),
-            )))
+            let registry = Arc::new(PubSubSchemas::new(config));
+            Ok(Arc::new(match following {
+                Some(query) => {
+                    RevisionsDecoder::following(format, decode.message.clone(), query, registry)
+                }
+                None => RevisionsDecoder::new(format, decode.message.clone(), fields, registry),
+            }))
         }
         _ => Err(format!(
             "flow {}: an {} decode without a schema it can read (the file checks refuse this)",
@@ -95,32 +100,119 @@ pub fn schema_file_problems(pipeline: &Pipeline) -> Vec<(usize, String)> {
         .collect()
 }
 
-/// Derives a typed table's columns from a decode's schema file, compiled as its decoder
-/// compiles it (for `sluice_pipeline::load_deriving`).
-pub struct SchemaFiles;
+/// Derives a typed table's columns from a decode's schema file or Pub/Sub schema, compiled as
+/// its decoder compiles them (for `sluice_pipeline::load_deriving`).
+pub struct DecodeSchemas;
 
-impl SchemaColumns for SchemaFiles {
+/// How long reading a topic's schema revisions may take before a command gives up.
+const REVISIONS_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A pipeline file's decode format as the engine names it (`None`: plain JSON).
+fn schema_format(format: DecodeFormat) -> Option<SchemaFormat> {
+    match format {
+        DecodeFormat::Avro => Some(SchemaFormat::Avro),
+        DecodeFormat::Protobuf => Some(SchemaFormat::Protobuf),
+        DecodeFormat::Json => None,
+    }
+}
+
+/// Derived columns as the pipeline file names them.
+fn pipeline_columns(columns: Vec<sluice_engine::DerivedColumn>) -> Vec<Column> {
+    columns
+        .into_iter()
+        .map(|(name, ty, nullable)| Column {
+            name,
+            ty: super::typed::pipeline_column_type(ty),
+            nullable,
+        })
+        .collect()
+}
+
+/// Every revision of the schema of `of`'s topic, compiled, oldest first with their labels.
+async fn revisions(
+    format: SchemaFormat,
+    of: &PubSubSchemaOf,
+    message: Option<&str>,
+) -> Result<Vec<(String, CompiledSchema)>, String> {
+    let config = PubSubConfig {
+        project: of.project.clone(),
+        endpoint: of.endpoint.clone(),
+    }
+    .with_adc_project()
+    .await;
+    let listed = tokio::time::timeout(
+        REVISIONS_READ_TIMEOUT,
+        PubSubSchemas::new(config).revisions_of(&of.subscription),
+    )
+    .await
+    .map_err(|_| {
+        format!(
+            "Pub/Sub did not list the schema's revisions within {} s",
+            REVISIONS_READ_TIMEOUT.as_secs()
+        )
+    })?
+    .map_err(|why| format!("reading the topic's schema revisions: {why}"))?;
+    listed
+        .into_iter()
+        .enumerate()
+        .map(|(i, revision)| {
+            if revision.format != format {
+                return Err(format!(
+                    "revision {} is a {} schema and the flow decodes {}",
+                    i + 1,
+                    revision.format.as_str(),
+                    format.as_str()
+                ));
+            }
+            CompiledSchema::compile(format, &revision.definition, message)
+                .map(|schema| (format!("{}", i + 1), schema))
+                .map_err(|why| format!("revision {}: {why}", i + 1))
+        })
+        .collect()
+}
+
+impl SchemaColumns for DecodeSchemas {
     fn columns(
         &self,
         format: DecodeFormat,
         file: &Path,
         message: Option<&str>,
     ) -> Result<Vec<Column>, String> {
-        let format = match format {
-            DecodeFormat::Avro => SchemaFormat::Avro,
-            DecodeFormat::Protobuf => SchemaFormat::Protobuf,
-            DecodeFormat::Json => return Err("a JSON decode has no schema".to_owned()),
-        };
+        let format = schema_format(format).ok_or("a JSON decode has no schema")?;
         let text = std::fs::read_to_string(file).map_err(|e| e.to_string())?;
         let schema = CompiledSchema::compile(format, &text, message)?;
-        Ok(schema
-            .columns()
-            .into_iter()
-            .map(|(name, ty, nullable)| Column {
-                name,
-                ty: super::typed::pipeline_column_type(ty),
-                nullable,
-            })
-            .collect())
+        Ok(pipeline_columns(schema.columns()))
+    }
+
+    /// Reads the revisions on a thread of its own (the commands load files inside and outside
+    /// a runtime alike).
+    fn pubsub_columns(
+        &self,
+        format: DecodeFormat,
+        of: &PubSubSchemaOf,
+        message: Option<&str>,
+    ) -> Result<Vec<Column>, String> {
+        let format = schema_format(format).ok_or("a JSON decode has no schema")?;
+        let (read_of, message) = (of.clone(), message.map(str::to_owned));
+        let read = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("a runtime to read Pub/Sub with: {e}"))?;
+            runtime.block_on(revisions(format, &read_of, message.as_deref()))
+        });
+        let revisions = read
+            .join()
+            .map_err(|_| "reading the topic's schema revisions panicked".to_owned())??;
+        let (columns, refused) = sluice_engine::columns_of_revisions(
+            revisions
+                .iter()
+                .map(|(label, schema)| (label.as_str(), schema)),
+        )?;
+        for why in refused {
+            tracing::warn!(subscription = %of.subscription,
+                "{why}: it adds no column, and its messages are dead letters");
+        }
+        Ok(pipeline_columns(columns))
     }
 }

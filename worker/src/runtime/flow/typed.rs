@@ -1,8 +1,10 @@
 //! A pipeline's typed tables and typed flows as the store and the engine take them: each
 //! target's declared columns ([`typed_tables`]), and a flow's decoder and query
-//! ([`typed_flow`]), from the validated file (`sluice_pipeline::query` compiled them).
+//! ([`typed_flow`]), from the validated file (`sluice_pipeline::query` compiled them). The
+//! query of a table whose columns follow the topic's Pub/Sub schema grows while running, each
+//! new column filled from its field as a declared one would be ([`field_column`]).
 
-use sluice_engine::{Expectation, OnViolation, PayloadDecoder};
+use sluice_engine::{Expectation, OnViolation, PayloadDecoder, QueryCell};
 use sluice_pipeline::{Column, ColumnType, Flow, Pipeline, TargetKind};
 use sluice_store::{Sql, TypedColumn, TypedQuery, TypedTable, TypedView, table_name};
 use std::sync::Arc;
@@ -104,8 +106,9 @@ fn sql(e: &sluice_pipeline::Expression) -> Sql {
 pub struct TypedFlow {
     /// Its payload decoder.
     pub fields: Arc<dyn PayloadDecoder>,
-    /// The query the store writes rows with.
-    pub query: Arc<TypedQuery>,
+    /// The query the store writes rows with (widened while running when the table follows
+    /// the topic's Pub/Sub schema).
+    pub query: Arc<QueryCell>,
     /// Its expectations, in the order of the query's checks.
     pub expectations: Vec<Expectation>,
 }
@@ -144,19 +147,43 @@ pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Result<Option<TypedFlow>,
             },
         })
         .collect();
+    let query = Arc::new(TypedQuery {
+        fields: fields.clone(),
+        select,
+        filter,
+        expectations: flow
+            .query
+            .expectations
+            .iter()
+            .map(|e| (e.name.clone(), sql(&e.check)))
+            .collect(),
+        grown: Vec::new(),
+    });
+    let (query, following) = if target.columns_follow_schema {
+        let cell = Arc::new(QueryCell::following_schema(query, Box::new(field_column)));
+        (cell.clone(), Some(cell))
+    } else {
+        (Arc::new(QueryCell::fixed(query)), None)
+    };
     Ok(Some(TypedFlow {
-        fields: super::decoder::decoder(pipeline, flow, fields.clone())?,
-        query: Arc::new(TypedQuery {
-            fields,
-            select,
-            filter,
-            expectations: flow
-                .query
-                .expectations
-                .iter()
-                .map(|e| (e.name.clone(), sql(&e.check)))
-                .collect(),
-        }),
+        fields: super::decoder::decoder(pipeline, flow, fields, following)?,
+        query,
         expectations,
     }))
+}
+
+/// The expression that fills a column added while running from the field of its name, as a
+/// declared column without `select:` is filled; or why the field cannot be a column.
+fn field_column(name: &str, ty: sluice_store::ColumnType) -> Result<Sql, String> {
+    if !sluice_pipeline::is_identifier(name) || name.starts_with(sluice_pipeline::RESERVED_PREFIX) {
+        return Err(format!(
+            "`{name}` is not a column name (lowercase letters, digits and `_`, at most {} \
+             bytes, not starting with `{}`)",
+            sluice_pipeline::MAX_IDENTIFIER_LEN,
+            sluice_pipeline::RESERVED_PREFIX
+        ));
+    }
+    let fields = [(name.to_owned(), pipeline_column_type(ty))];
+    let expression = sluice_pipeline::expression::compile(&format!("\"{name}\""), &fields)?;
+    Ok(sql(&expression))
 }
