@@ -112,6 +112,18 @@ pub trait FlowStore: Send + Sync + 'static {
         claim: Option<&ClearClaim>,
     ) -> Result<(), StoreError>;
 
+    /// Deletes the rows `flow` wrote into `table` (a full table name) whose event time lies in
+    /// `[from_ms, to_ms)`, and their ledger keys, in one transaction; returns how many rows
+    /// went. A rerun of that interval (`sluice backfill --rerun`) then writes its records
+    /// again. Dead letters, counters and the rest of the flow's state stay.
+    async fn clear_interval(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<u64, StoreError>;
+
     /// Creates `views` (each dropped first if it exists), in one transaction. A store that has
     /// no views refuses any.
     async fn create_views(&self, views: &[crate::TypedView]) -> Result<(), StoreError> {

@@ -42,10 +42,14 @@ pub enum RunTrigger {
     Manual,
     /// An interval run by `sluice backfill`.
     Backfill,
+    /// An interval run again by `sluice backfill --rerun`, after its rows were cleared (run
+    /// whether or not another run completed it).
+    Rerun,
 }
 
 impl RunTrigger {
-    /// The name stored and shown (`schedule`, `catchup`, `update`, `manual`, `backfill`).
+    /// The name stored and shown (`schedule`, `catchup`, `update`, `manual`, `backfill`,
+    /// `rerun`).
     pub fn name(self) -> &'static str {
         match self {
             Self::Schedule => "schedule",
@@ -53,6 +57,7 @@ impl RunTrigger {
             Self::Update => "update",
             Self::Manual => "manual",
             Self::Backfill => "backfill",
+            Self::Rerun => "rerun",
         }
     }
 
@@ -64,6 +69,7 @@ impl RunTrigger {
             Self::Update,
             Self::Manual,
             Self::Backfill,
+            Self::Rerun,
         ]
         .into_iter()
         .find(|t| t.name() == name)

@@ -134,6 +134,16 @@ impl<S: Store + Inspect> FlowStore for FaultStore<S> {
         self.inner.reset_flow(flow, table, rows, claim).await
     }
 
+    async fn clear_interval(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<u64, StoreError> {
+        self.inner.clear_interval(flow, table, from_ms, to_ms).await
+    }
+
     async fn create_views(&self, views: &[crate::TypedView]) -> Result<(), StoreError> {
         self.inner.create_views(views).await
     }

@@ -1114,3 +1114,154 @@ async fn a_queued_run_ended_by_another_worker_exits_1() {
         worker.wait(Duration::from_secs(60));
     }
 }
+
+/// Records `(event time, attribute v)` as JSONL lines, ids `e{t}`.
+fn versioned_records(records: &[(i64, &str)]) -> String {
+    records
+        .iter()
+        .map(|(t, v)| {
+            format!("{{\"id\":\"e{t}\",\"event_time\":{t},\"attributes\":{{\"v\":\"{v}\"}}}}\n")
+        })
+        .collect()
+}
+
+/// `sluice backfill --rerun` replaces what its intervals wrote: six intervals are backfilled
+/// from a file into `events` and, downstream, `copies`; the file then changes for intervals
+/// 1 to 3 (new values, a record gone from each, one record added); a rerun of those three
+/// intervals leaves exactly the new records there, in both tables, recorded `rerun`, and the
+/// other intervals' rows untouched. A schedule without data intervals is refused, exit 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rerun_replaces_exactly_what_its_intervals_wrote() {
+    const INTERVAL_MS: i64 = 10_000;
+    let dir = Workdir::new();
+    let db_path = dir.db("rerun");
+    let now = now_ms() / INTERVAL_MS * INTERVAL_MS;
+    let from = now - 60 * INTERVAL_MS;
+    let history = dir.path().join("history");
+    std::fs::create_dir_all(&history).unwrap();
+    let file_of = |records: &[(i64, &str)]| {
+        std::fs::write(history.join("events.jsonl"), versioned_records(records)).unwrap();
+    };
+    // Five records per interval, every 2 s, over six intervals.
+    let before: Vec<(i64, &str)> = (0..30).map(|i| (from + i * 2_000, "old")).collect();
+    file_of(&before);
+    let start_date = jiff::Timestamp::from_millisecond(now).unwrap();
+    let pipeline = |semantics: &str| {
+        PipelineYaml::new("test")
+            .mode("triggered")
+            .sqlite(&db_path)
+            .schedule(&format!(
+                "{{ every: 10s, semantics: {semantics}, start_date: \"{start_date}\" }}"
+            ))
+            .target_table("events")
+            .target_table("copies")
+            .flow(FlowYaml::file(
+                "events",
+                "events",
+                &history.join("*.jsonl").display().to_string(),
+            ))
+            .flow(FlowYaml::table("copies", "copies", "events"))
+            .write(dir.path(), "p.yaml")
+    };
+    let file = pipeline("data_interval");
+    let config = file.to_str().unwrap();
+    let at = |k: i64| {
+        jiff::Timestamp::from_millisecond(from + k * INTERVAL_MS)
+            .unwrap()
+            .to_string()
+    };
+    let backfill = sluice_command(
+        &["backfill", "-c", config, "--from", &at(0), "--to", &at(6)],
+        None,
+    );
+    assert_eq!(backfill.code, 0, "{}", backfill.all());
+    let db = Db(db_path.clone());
+    assert_eq!(db.rows(), 30);
+    assert_eq!(db.query("SELECT COUNT(*) FROM test__copies"), 30);
+
+    // Intervals 1 to 3 change: new values, their first record gone, one record added.
+    let in_rerun = |t: i64| (from + INTERVAL_MS..from + 4 * INTERVAL_MS).contains(&t);
+    let mut after: Vec<(i64, &str)> = before
+        .iter()
+        .filter(|(t, _)| !(in_rerun(*t) && (t - from) % INTERVAL_MS == 0))
+        .map(|(t, v)| (*t, if in_rerun(*t) { "new" } else { *v }))
+        .collect();
+    after.push((from + 2 * INTERVAL_MS + 1_000, "new"));
+    file_of(&after);
+    let rerun = sluice_command(
+        &[
+            "backfill",
+            "-c",
+            config,
+            "--from",
+            &at(1),
+            "--to",
+            &at(4),
+            "--rerun",
+        ],
+        None,
+    );
+    assert_eq!(rerun.code, 0, "{}", rerun.all());
+
+    let reruns: Vec<Run> = runs(&db_path)
+        .into_iter()
+        .filter(|r| r.trigger == "rerun")
+        .collect();
+    let intervals: Vec<_> = reruns.iter().map(|r| r.interval.unwrap()).collect();
+    let expected: Vec<_> = (1..4)
+        .map(|k| (from + k * INTERVAL_MS, from + (k + 1) * INTERVAL_MS))
+        .collect();
+    assert_eq!(
+        intervals, expected,
+        "each interval of the range once, in order"
+    );
+    assert!(reruns.iter().all(|r| r.state == "completed"), "{reruns:?}");
+    // Each table holds exactly the file's records now, with their values (a copy's key is
+    // the upstream row's flow and key).
+    for (table, key) in [("test__events", ""), ("test__copies", "events/")] {
+        assert_eq!(
+            db.query(&format!("SELECT COUNT(*) FROM {table}")),
+            after.len() as i64,
+            "{table}"
+        );
+        for (t, v) in &after {
+            assert_eq!(
+                db.query(&format!(
+                    "SELECT COUNT(*) FROM {table} WHERE dedup_key = '{key}e{t}' \
+                     AND json_extract(attributes, '$.v') = '{v}' AND event_time = {t}"
+                )),
+                1,
+                "{table}: e{t} with v = {v}"
+            );
+        }
+    }
+
+    // Without data intervals there is nothing to replace by: refused before anything runs.
+    let file = pipeline("trigger");
+    let refused = sluice_command(
+        &[
+            "backfill",
+            "-c",
+            file.to_str().unwrap(),
+            "--from",
+            &at(1),
+            "--to",
+            &at(4),
+            "--rerun",
+        ],
+        None,
+    );
+    assert_eq!(refused.code, 2, "{}", refused.all());
+    assert!(
+        refused.all().contains("semantics: data_interval"),
+        "{}",
+        refused.all()
+    );
+    assert_eq!(
+        runs(&db_path)
+            .iter()
+            .filter(|r| r.trigger == "rerun")
+            .count(),
+        3
+    );
+}

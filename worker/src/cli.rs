@@ -45,7 +45,8 @@ pub enum Command {
     },
     /// Run the intervals of a scheduled pipeline that cover [FROM, TO) and have not completed,
     /// oldest first, each recorded `backfill` (beside a running pool, never overlapping its
-    /// runs); exit 1 at the first that fails.
+    /// runs); exit 1 at the first that fails. With --rerun, every ended interval of the range,
+    /// each replacing the rows it wrote before.
     Backfill {
         /// The pipeline file.
         #[arg(short = 'c', long = "config")]
@@ -57,6 +58,11 @@ pub enum Command {
         /// The range's end (exclusive), in the same forms.
         #[arg(long)]
         to: String,
+        /// Run the completed intervals too: each run first deletes the rows its flows wrote with
+        /// an event time in its interval (and their ledger keys), then reads the interval again,
+        /// recorded `rerun`.
+        #[arg(long)]
+        rerun: bool,
     },
     /// Check a pipeline file; exit 0 when valid, 2 when not.
     Validate {
@@ -191,9 +197,12 @@ pub async fn dispatch(command: Command) -> ExitCode {
             commands::run::run_file(&config, refresh).await
         }
         Command::Graph { config, format } => commands::graph::graph(&config, format).await,
-        Command::Backfill { config, from, to } => {
-            commands::backfill::backfill_file(&config, &from, &to).await
-        }
+        Command::Backfill {
+            config,
+            from,
+            to,
+            rerun,
+        } => commands::backfill::backfill_file(&config, &from, &to, rerun).await,
         Command::FullRefresh {
             config,
             seek,

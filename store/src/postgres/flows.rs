@@ -417,6 +417,17 @@ impl FlowStore for PostgresStore {
         self::reset_flow(&mut client, flow, table, rows, claim).await
     }
 
+    async fn clear_interval(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let (mut client, _) = self.ready().await?;
+        super::interval_rows::clear_interval(&mut client, flow, table, from_ms, to_ms).await
+    }
+
     async fn read_rows(
         &self,
         table: &str,

@@ -392,6 +392,20 @@ impl FlowStore for SqliteStore {
             .await
     }
 
+    async fn clear_interval(
+        &self,
+        flow: &FlowHandle,
+        table: &str,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let (flow, table) = (flow.clone(), table.to_owned());
+        self.call(move |conn| {
+            super::interval_rows::clear_interval(conn, &flow, &table, from_ms, to_ms)
+        })
+        .await
+    }
+
     async fn read_rows(
         &self,
         table: &str,

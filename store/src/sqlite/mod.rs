@@ -10,6 +10,7 @@ mod error;
 mod expectation_counts;
 mod feed;
 mod flows;
+mod interval_rows;
 mod ledger;
 mod outbox;
 mod pool;

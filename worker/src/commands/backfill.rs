@@ -6,14 +6,50 @@
 //! (a pool's worker on the same host has them). Exit 0 when every interval completed, 1 when
 //! one failed (the later ones are not run) or a signal stopped it before the range's end, 2
 //! for a file without a schedule or a bad range.
+//!
+//! `--rerun` runs every ended interval of the range, completed or not, recorded `rerun`: each
+//! run first deletes the rows its flows wrote with an event time in its interval, and their
+//! ledger keys (`sluice_store::FlowStore::clear_interval`), then reads the interval again.
+//! It is refused (exit 2) where that would not replace what the interval wrote: a schedule
+//! without data intervals, a Pub/Sub flow (Pub/Sub keeps no intervals), and a flow into a
+//! sink, window or `foreach_batch` target (their output is not rows it can delete).
 
 use crate::runtime::supervisor::BackfillRange;
-use sluice_pipeline::timetable;
+use sluice_pipeline::{Pipeline, Source, TargetKind, timetable};
 use std::path::Path;
 use std::process::ExitCode;
 
-/// `sluice backfill -c FILE --from FROM --to TO`.
-pub async fn backfill_file(path: &Path, from: &str, to: &str) -> ExitCode {
+/// Why `--rerun` cannot replace what the pipeline's intervals wrote, if it cannot.
+fn rerun_refusal(pipeline: &Pipeline) -> Option<String> {
+    let schedule = pipeline.schedule.as_ref()?;
+    if schedule.semantics != sluice_pipeline::ScheduleSemantics::DataInterval {
+        return Some(
+            "--rerun replaces what each interval wrote: the schedule needs `semantics: \
+             data_interval`"
+                .to_owned(),
+        );
+    }
+    pipeline.flows.iter().find_map(|flow| {
+        if matches!(flow.source, Source::PubSub(_)) {
+            return Some(format!(
+                "--rerun: flow `{}` reads Pub/Sub, which keeps no intervals to read again",
+                flow.name
+            ));
+        }
+        let target = pipeline.targets.iter().find(|t| t.name == flow.target)?;
+        (!matches!(target.kind, TargetKind::Table | TargetKind::View)).then(|| {
+            format!(
+                "--rerun: flow `{}` writes a {} target, whose output is not rows a rerun can \
+                 delete (not built)",
+                flow.name,
+                target.kind.keyword()
+            )
+        })
+    })
+}
+
+/// `sluice backfill -c FILE --from FROM --to TO [--rerun]`.
+pub async fn backfill_file(path: &Path, from: &str, to: &str, rerun: bool) -> ExitCode {
     let mut pipeline = match super::load_for_run_or_exit(path) {
         Ok(pipeline) => super::with_adc_project(pipeline).await,
         Err(exit) => return exit,
@@ -31,8 +67,16 @@ pub async fn backfill_file(path: &Path, from: &str, to: &str) -> ExitCode {
         if to_ms <= from_ms {
             return Err(format!("--to ({to}) is not after --from ({from})"));
         }
-        Ok(BackfillRange { from_ms, to_ms })
+        Ok(BackfillRange {
+            from_ms,
+            to_ms,
+            rerun,
+        })
     });
+    if let Some(refusal) = rerun.then(|| rerun_refusal(&pipeline)).flatten() {
+        eprintln!("{}: {refusal}", path.display());
+        return ExitCode::from(2);
+    }
     let range = match range {
         Ok(range) => range,
         Err(error) => {

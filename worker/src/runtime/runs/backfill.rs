@@ -8,7 +8,9 @@
 //! runs of live workers before it, `record.rs`); a backfill stops at the first interval that
 //! fails (after its `retries`), so a later one never runs before it; a signal before the end
 //! of its range is an error (`RunError::Interrupted`, exit 1); run again, it picks up the
-//! intervals not completed.
+//! intervals not completed. With `--rerun` every ended interval of the range runs again,
+//! recorded `rerun`, each after its rows were cleared (`record.rs`); such a run is run whether
+//! or not another run completed its interval.
 
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
@@ -29,9 +31,12 @@ pub struct BackfillRange {
     pub from_ms: i64,
     /// Exclusive end.
     pub to_ms: i64,
+    /// `--rerun`: completed intervals too, each cleared first (`record.rs`).
+    pub rerun: bool,
 }
 
-/// The fires of `range` to run, oldest first: those due by now without a completed run.
+/// The fires of `range` to run, oldest first: those due by now without a completed run (with
+/// `rerun`, every one due by now).
 pub async fn fires_to_run(
     updates: &Updates<'_>,
     timetable: &Timetable,
@@ -73,7 +78,7 @@ pub async fn fires_to_run(
     }
     let to_run: VecDeque<Fire> = due
         .into_iter()
-        .filter(|fire| !done.contains(&fire.at_ms))
+        .filter(|fire| range.rerun || !done.contains(&fire.at_ms))
         .collect();
     tracing::info!(
         intervals = total,

@@ -9,6 +9,7 @@ mod due;
 mod lease;
 mod next_run;
 mod record;
+mod rerun;
 mod retries;
 mod run_end;
 mod table_updates;

@@ -42,9 +42,14 @@ pub enum Plan {
         /// each other.
         kept: KeptSources,
     },
-    /// `sluice backfill`: these fires, one after the other, each recorded `backfill`; then
-    /// the end.
-    Backfill(VecDeque<Fire>),
+    /// `sluice backfill`: these fires, one after the other, each recorded with `trigger`
+    /// (`backfill`, or `rerun` for `--rerun`); then the end.
+    Backfill {
+        /// The fires left, oldest first.
+        fires: VecDeque<Fire>,
+        /// How each is recorded.
+        trigger: RunTrigger,
+    },
 }
 
 /// What comes next.
@@ -86,7 +91,7 @@ impl NextRuns {
     /// A backfill's intervals not run yet (`None` for other plans).
     pub fn backfill_left(&self) -> Option<usize> {
         match &self.plan {
-            Plan::Backfill(fires) => Some(fires.len()),
+            Plan::Backfill { fires, .. } => Some(fires.len()),
             _ => None,
         }
     }
@@ -108,7 +113,7 @@ impl NextRuns {
         updates: &mut Updates<'_>,
         shutdown: &Shutdown,
     ) -> Result<Next, RunError> {
-        if let Plan::Backfill(fires) = &mut self.plan {
+        if let Plan::Backfill { fires, trigger } = &mut self.plan {
             // A signal leaves the intervals not begun in the plan (`backfill_left`).
             let next = (!shutdown.drain.is_cancelled())
                 .then(|| fires.pop_front())
@@ -122,7 +127,7 @@ impl NextRuns {
                 ask: RunAsk {
                     fire_ms: fire.at_ms,
                     interval: fire.interval,
-                    trigger: RunTrigger::Backfill,
+                    trigger: *trigger,
                 },
                 scope: RunScope {
                     interval: fire.interval,

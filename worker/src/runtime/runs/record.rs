@@ -1,7 +1,8 @@
 //! One run, as the run loop (`timetable.rs`) makes it: a continuous pipeline's update, not
 //! recorded; a triggered pipeline's run, recorded in `sluice_runs`: begun (a fire once, see
-//! `sluice_store::RunStore`), run as an update, ended with its state and each flow's rows
-//! (`run_end.rs`); or a run a gone worker left unfinished, recorded failed.
+//! `sluice_store::RunStore`), its interval's rows cleared first for a rerun (`rerun.rs`), run
+//! as an update, ended with its state and each flow's rows (`run_end.rs`); or a run a gone
+//! worker left unfinished, recorded failed.
 
 use crate::runtime::flow::outcome::FlowOutcome;
 use crate::runtime::flow::run_context::{KeptSources, RunScope};
@@ -69,6 +70,10 @@ pub async fn run(
             let Some(record) = begin(updates, shutdown, ask, kept).await? else {
                 return Ok(Vec::new());
             };
+            // A rerun replaces what its interval wrote: cleared once the run is this worker's.
+            if let (RunTrigger::Rerun, Some(interval)) = (ask.trigger, ask.interval) {
+                super::rerun::clear(updates, shutdown, interval).await?;
+            }
             let this_run = Shutdown {
                 drain: shutdown.drain.child_token(),
                 give_up: shutdown.give_up.child_token(),

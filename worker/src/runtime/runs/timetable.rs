@@ -49,6 +49,7 @@ use crate::runtime::updates::update_loop::Updates;
 use sluice_engine::KeptOpen;
 use sluice_pipeline::timetable::Timetable;
 use sluice_pipeline::{Mode, Source};
+use sluice_store::RunTrigger;
 use std::sync::Arc;
 
 /// Runs the pipeline until its runs end: a continuous pipeline's one update until a signal, a
@@ -65,7 +66,14 @@ pub async fn drive(
     let plan = match (&pipeline.schedule, pipeline.mode, backfill) {
         (Some(schedule), _, Some(range)) => {
             let timetable = Timetable::new(schedule).map_err(RunError::Invalid)?;
-            Plan::Backfill(backfill::fires_to_run(updates, &timetable, range, shutdown).await?)
+            Plan::Backfill {
+                fires: backfill::fires_to_run(updates, &timetable, range, shutdown).await?,
+                trigger: if range.rerun {
+                    RunTrigger::Rerun
+                } else {
+                    RunTrigger::Backfill
+                },
+            }
         }
         (None, _, Some(_)) => {
             return Err(RunError::Invalid(
@@ -94,7 +102,7 @@ pub async fn drive(
         (None, Mode::Triggered, None) => Plan::Once,
         (None, Mode::Continuous, None) => Plan::Continuous,
     };
-    let stop_at_failure = matches!(plan, Plan::Backfill(_));
+    let stop_at_failure = matches!(plan, Plan::Backfill { .. });
     if pipeline.mode == Mode::Triggered {
         crate::runtime::runs::run_end::register_counts(&pipeline.name);
     }

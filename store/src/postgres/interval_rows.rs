@@ -1,0 +1,45 @@
+//! A rerun's clearing of one interval (`sluice backfill --rerun`): the rows a flow wrote into
+//! its table whose event time lies in `[from, to)`, and their ledger keys, deleted in one
+//! transaction, so the interval's records are written again by the run that follows. Dead
+//! letters (which keep no event time), counters and everything else of the flow stay.
+
+use super::typed;
+use crate::schema::check_table;
+use crate::{FlowHandle, StoreError};
+use deadpool_postgres::Client;
+
+/// Deletes the rows of `flow` in `table` with an event time in `[from_ms, to_ms)` and their
+/// ledger keys; returns how many rows went.
+pub(super) async fn clear_interval(
+    client: &mut Client,
+    flow: &FlowHandle,
+    table: &str,
+    from_ms: i64,
+    to_ms: i64,
+) -> Result<u64, StoreError> {
+    check_table(table)?;
+    let name: &str = &flow.name;
+    let tx = client.transaction().await?;
+    let e = typed::envelope(&tx, table).await?;
+    // `table` is a validated identifier (checked above); values are bound.
+    let within = format!(
+        "FROM \"{table}\" WHERE {flow} = $1
+           AND {event} >= to_timestamp($2::int8 / 1000.0)
+           AND {event} < to_timestamp($3::int8 / 1000.0)",
+        flow = e.flow,
+        event = e.event_time
+    );
+    tx.execute(
+        &format!(
+            "DELETE FROM sluice_ledger WHERE flow_id = $4 AND key IN (SELECT {} {within})",
+            e.dedup_key
+        ),
+        &[&name, &from_ms, &to_ms, &flow.id],
+    )
+    .await?;
+    let rows = tx
+        .execute(&format!("DELETE {within}"), &[&name, &from_ms, &to_ms])
+        .await?;
+    tx.commit().await?;
+    Ok(rows)
+}
