@@ -11,9 +11,10 @@
 //! - the derived columns are filled in before anything is checked, so the rest of the file
 //!   (`select:`, `where:`, expectations, views, downstream flows) is checked against them as
 //!   if they were declared;
-//! - a schema that gives no columns, a field that cannot be a column name, a schema that
-//!   cannot be compiled, revisions that disagree on a field's type, or a schema service that
-//!   cannot be read, is an error located at the flow's `decode.schema`;
+//! - a schema that gives no columns, a field that cannot be a column name, a schema file that
+//!   cannot be compiled, or a schema service that cannot be read, is an error located at the
+//!   flow's `decode.schema` (a Pub/Sub revision that does not compile or changes a field's
+//!   type adds no column: the caller leaves it out, as a running flow refuses it);
 //! - without a caller that derives columns, nothing is derived and such a target is refused
 //!   as before (declare its `columns:`).
 

@@ -216,7 +216,63 @@ async fn a_reset_clears_every_table_that_holds_flow_state(postgres: bool) {
     assert_eq!(store.flow_progress(live).await.unwrap().committed, 0);
 }
 
+/// `clear_interval` deletes exactly the flow's rows whose event time lies in `[from, to)` and
+/// their ledger keys: those keys are new again, the others (outside the interval, another
+/// flow's, a dead letter's) stay duplicates.
+async fn clearing_an_interval_frees_exactly_its_rows(postgres: bool) {
+    let (place, store, flows) = open(postgres).await;
+    let (flow, other) = (&flows[0], &flows[1]);
+    let at = |key: &str, event_ms: i64| entry(key, Effect::row(event_ms));
+    store
+        .commit(batch(
+            flow,
+            vec![
+                at("a", 1_000),
+                at("b", 2_000),
+                at("c", 2_999),
+                at("d", 3_000),
+                dead("e"),
+            ],
+        ))
+        .await
+        .unwrap();
+    store
+        .commit(batch(other, vec![at("b", 2_000)]))
+        .await
+        .unwrap();
+    let cleared = store
+        .clear_interval(flow, "p__events", 2_000, 3_000)
+        .await
+        .unwrap();
+    assert_eq!(cleared, 2);
+    let sql = "SELECT flow || ':' || dedup_key FROM p__events ORDER BY 1";
+    assert_eq!(
+        place.texts(sql, sql, &[]).await,
+        vec!["live:a", "live:d", "other:b"]
+    );
+    let again = store
+        .commit(batch(
+            flow,
+            vec![
+                at("a", 1_000),
+                at("b", 2_000),
+                at("c", 2_999),
+                at("d", 3_000),
+                dead("e"),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(again.written, vec![false, true, true, false, false]);
+    let other_again = store
+        .commit(batch(other, vec![at("b", 2_000)]))
+        .await
+        .unwrap();
+    assert_eq!(other_again.written, vec![false], "another flow's key stays");
+}
+
 on_both_backends!(
+    clearing_an_interval_frees_exactly_its_rows,
     completions_are_seen_by_every_handle,
     reset_forgets_one_flow_only,
     rows_are_read_in_pages,

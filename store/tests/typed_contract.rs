@@ -271,7 +271,8 @@ async fn declared_columns_grow_and_changes_are_refused(postgres: bool) {
 
 /// A column the query gained while running (`TypedQuery::grown`: a new schema revision's field)
 /// is added by the first commit that writes with it, on its own or with another at once; a
-/// grown column whose type differs from the table's is refused and nothing is written.
+/// grown column whose type differs from the table's is refused and nothing is written; a
+/// record that fails in such a commit is named.
 async fn a_column_grown_while_running_is_added_by_the_commit(postgres: bool) {
     let (place, store, flow) = typed_open(postgres).await;
     let note_column = || {
@@ -336,6 +337,25 @@ async fn a_column_grown_while_running_is_added_by_the_commit(postgres: bool) {
         3,
         "nothing of the refused batch is written"
     );
+    // A record that fails its query in a commit that adds a column is named as in any other
+    // (on PostgreSQL such a commit is an explicit transaction, which the failure aborts).
+    let mut failing = query(
+        &[
+            ("order_id", "order_id"),
+            ("cents", "CAST(region AS integer)"),
+        ],
+        None,
+    );
+    failing.fields.push(("note".into(), ColumnType::Text));
+    failing.select.push(q.select.last().unwrap().clone());
+    failing.grown = q.grown.clone();
+    match store
+        .commit(typed_batch(&flow, vec![noted("e")], &failing))
+        .await
+    {
+        Err(StoreError::Record { column, .. }) => assert_eq!(column, "cents"),
+        other => panic!("expected a record error, got {other:?}"),
+    }
 }
 
 /// A reset deletes the flow's typed rows and frees their keys; `keys_present` reads a typed

@@ -66,39 +66,44 @@ impl QueryCell {
             .clone()
     }
 
-    /// The decoded fields now, in the order a record's values come.
-    pub fn fields(&self) -> Vec<(String, ColumnType)> {
-        self.current().fields.clone()
-    }
-
-    /// Appends `columns` (fields of a new revision, not among the query's) as nullable
-    /// columns, each filled by its field; all or none.
+    /// Appends those of `columns` not among the query's fields as nullable columns, each filled
+    /// by its field; those whose field cannot be a column are left out, and said.
     ///
     /// # Errors
-    /// The query does not follow a schema, or a field cannot be a column.
+    /// The query does not follow a schema (nothing added), or why some fields were left out.
     pub(crate) fn widen(&self, columns: &[DerivedColumn]) -> Result<(), String> {
         let Some(field_column) = &self.field_column else {
             return Err("the table's columns are declared".to_owned());
         };
         let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
         let mut query = TypedQuery::clone(&current);
+        let mut left_out = Vec::new();
         for (name, ty, _) in columns {
             if query.fields.iter().any(|(known, _)| known == name) {
                 continue;
             }
+            let read = match field_column(name, *ty) {
+                Ok(read) => read,
+                Err(why) => {
+                    left_out.push(why);
+                    continue;
+                }
+            };
             let column = TypedColumn {
                 name: name.clone(),
                 ty: *ty,
                 nullable: true,
             };
             query.fields.push((name.clone(), *ty));
-            query
-                .select
-                .push((column.clone(), field_column(name, *ty)?));
+            query.select.push((column.clone(), read));
             query.grown.push(column);
         }
         *current = Arc::new(query);
-        Ok(())
+        if left_out.is_empty() {
+            Ok(())
+        } else {
+            Err(left_out.join("; "))
+        }
     }
 
     /// A commit with `query` succeeded: the columns it added exist now, and later commits of

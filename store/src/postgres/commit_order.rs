@@ -122,6 +122,10 @@ impl LedgerStore for PostgresStore {
 /// the page waits without a connection and runs its transaction again.
 const PAGE_WAIT_IN_TRANSACTION: Duration = Duration::from_millis(500);
 
+/// How long a commit that adds a grown column waits for the table's lock
+/// (`TypedQuery::grown`).
+const GROW_LOCK_WAIT: &str = "SET LOCAL lock_timeout = '5s'";
+
 /// What the commit statement reported.
 struct Fresh {
     /// The keys the ledger let through.
@@ -146,10 +150,29 @@ impl Fresh {
     }
 }
 
-/// Why the commit statement failed: PostgreSQL's error, or what the store found of it.
+/// Why the commit statement failed: PostgreSQL's error, or a typed record's values (to be
+/// found with [`named_record_error`] once the statement's transaction has ended).
 enum CommitError {
     Postgres(tokio_postgres::Error),
-    Store(StoreError),
+    Record(tokio_postgres::Error),
+}
+
+/// The record of `batch` whose typed query failed with `error`, and its column, found by
+/// reading outside any transaction (a failed statement aborts the one it ran in); the
+/// statement's own error when none is found.
+async fn named_record_error(
+    client: &impl deadpool_postgres::GenericClient,
+    batch: &CommitBatch,
+    error: tokio_postgres::Error,
+) -> StoreError {
+    let Some(query) = &batch.typed else {
+        return error.into();
+    };
+    match typed_rows::find_record_error(client, batch, query).await {
+        Ok(Some(record)) => record,
+        Ok(None) => error.into(),
+        Err(store) => store,
+    }
 }
 
 impl From<tokio_postgres::Error> for CommitError {
@@ -161,8 +184,7 @@ impl From<tokio_postgres::Error> for CommitError {
 impl From<CommitError> for StoreError {
     fn from(error: CommitError) -> Self {
         match error {
-            CommitError::Postgres(error) => error.into(),
-            CommitError::Store(error) => error,
+            CommitError::Postgres(error) | CommitError::Record(error) => error.into(),
         }
     }
 }
@@ -199,11 +221,16 @@ impl PostgresStore {
             attempts_left -= 1;
             let tx = client.transaction().await?;
             // Columns a new schema revision added while the flow runs, before anything else
-            // (an `ALTER TABLE` waits for the table's other writers, so it is taken while this
-            // transaction holds nothing they wait for).
+            // (an `ALTER TABLE` waits for the table's other writers and readers, so it is
+            // taken while this transaction holds nothing they wait for, and waits at most
+            // `GROW_LOCK_WAIT`: past it the commit fails as unavailable and is retried,
+            // rather than queue every other commit of the table behind a long reader).
             if let Some(query) = batch.typed.as_ref().filter(|q| !q.grown.is_empty()) {
                 let columns: Vec<_> = query.select.iter().map(|(c, _)| c.clone()).collect();
+                tx.batch_execute(GROW_LOCK_WAIT).await?;
                 super::typed::evolve(&tx, &batch.table, &columns).await?;
+                tx.batch_execute("SET LOCAL lock_timeout TO DEFAULT")
+                    .await?;
             }
             if let Some(hook) = &batch.hook {
                 // Held until this transaction ends: `commit_recorded` waits for it.
@@ -220,6 +247,11 @@ impl PostgresStore {
                     drop(tx);
                     ledger::create_ahead(client, width, self.largest_window_ms()).await?;
                     continue;
+                }
+                Err(CommitError::Record(error)) => {
+                    // Rolled back first: the failed statement aborted the transaction.
+                    tx.rollback().await?;
+                    return Err(named_record_error(&*client, batch, error).await);
                 }
                 other => other?.ok_or(StoreError::Stale)?,
             };
@@ -320,7 +352,15 @@ impl PostgresStore {
                 // The upkeep holder is late (or this is the first commit after a long pause):
                 // create what is missing and try once more.
                 ledger::create_ahead(&mut client, width, self.largest_window_ms()).await?;
-                self.run_commit(&client, batch, &arguments).await?
+                match self.run_commit(&client, batch, &arguments).await {
+                    Err(CommitError::Record(error)) => {
+                        return Err(named_record_error(&client, batch, error).await);
+                    }
+                    other => other?,
+                }
+            }
+            Err(CommitError::Record(error)) => {
+                return Err(named_record_error(&client, batch, error).await);
             }
             other => other?,
         }
@@ -367,7 +407,8 @@ impl PostgresStore {
 
     /// Runs the commit statement: the keys the ledger let through and the rows written, or
     /// `None` when the batch was past its deadline (nothing written). A typed table's record
-    /// that fails its query is found and reported as [`StoreError::Record`].
+    /// that fails its query is [`CommitError::Record`]: the caller names it
+    /// ([`StoreError::Record`]) once the transaction the statement ran in has ended.
     async fn run_commit(
         &self,
         client: &impl deadpool_postgres::GenericClient,
@@ -403,14 +444,9 @@ impl PostgresStore {
         }
         let result = client.query(&statement, &params).await;
         let rows = match (result, &batch.typed) {
-            (Err(error), Some(query)) if typed_rows::is_record_error(&error) => {
-                return Err(
-                    match typed_rows::find_record_error(client, batch, query).await {
-                        Ok(Some(record)) => CommitError::Store(record),
-                        Ok(None) => CommitError::Postgres(error),
-                        Err(store) => CommitError::Store(store),
-                    },
-                );
+            // Found by the caller, outside this statement's transaction (which is aborted).
+            (Err(error), Some(_)) if typed_rows::is_record_error(&error) => {
+                return Err(CommitError::Record(error));
             }
             (result, _) => result?,
         };

@@ -10,6 +10,7 @@ use super::CommitThenAck;
 use crate::telemetry::Counters;
 use crate::time::now_ms;
 use sluice_store::CommitBatch;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a flow's end waits to record its last drops.
@@ -39,7 +40,12 @@ impl CommitThenAck {
             work: None,
             publish_dead_letters: false,
             verdicts: Vec::new(),
-            typed: self.typed.as_ref().map(|cell| cell.current()),
+            // It writes no rows: no column is added for it.
+            typed: self.typed.as_ref().map(|cell| {
+                let mut query = sluice_store::TypedQuery::clone(&cell.current());
+                query.grown.clear();
+                Arc::new(query)
+            }),
             memory_duplicates: dropped,
         };
         let recorded = tokio::time::timeout(RECORD_TIMEOUT, self.store.commit(batch)).await;

@@ -9,7 +9,8 @@
 //! maps, which read as their defaults when unset).
 
 use super::avro::AvroRecord;
-use super::schema::{CompiledSchema, is_protobuf_integer};
+use super::revisions::Revision;
+use super::schema::{CompiledSchema, SchemaFormat, is_protobuf_integer};
 use apache_avro::Schema as Avro;
 use prost_reflect::{FieldDescriptor, Kind};
 use sluice_store::ColumnType;
@@ -41,26 +42,46 @@ impl CompiledSchema {
     }
 }
 
-/// The columns a table takes from several revisions of one schema, each `(label, schema)`,
-/// oldest first: the first revision's columns, then each later revision's fields not seen
-/// before; every one nullable (a row of a revision without the field holds NULL). A revision
-/// that gives a field in a type its column does not take ([`CompiledSchema::check_fields`], the
-/// rule a running flow applies to a new revision) adds nothing: it is returned with why, and
-/// a running flow dead-letters its messages with that reason.
+/// The columns a table takes from the revisions of one schema, each `(id, revision)`, oldest
+/// first: the first revision's columns, then each later revision's fields not seen before;
+/// every one nullable (a row of a revision without the field holds NULL). A revision that does
+/// not compile as a `format` schema (`message` picks a Protobuf message), or that gives a field
+/// in a type its column does not take ([`CompiledSchema::check_fields`], the rule a running
+/// flow applies to a new revision), adds nothing: it is returned with why, and a running flow
+/// dead-letters its messages with that reason. A start and a running flow both derive with
+/// this, so they agree whatever order messages name revisions in.
 ///
 /// # Errors
 /// No revision gives a field.
-pub fn columns_of_revisions<'a>(
-    revisions: impl IntoIterator<Item = (&'a str, &'a CompiledSchema)>,
+pub fn columns_of_revisions(
+    format: SchemaFormat,
+    message: Option<&str>,
+    revisions: &[(String, Revision)],
 ) -> Result<(Vec<DerivedColumn>, Vec<String>), String> {
     let mut columns: Vec<DerivedColumn> = Vec::new();
     let mut refused = Vec::new();
-    for (label, schema) in revisions {
+    for (id, revision) in revisions {
+        let compiled = if revision.format == format {
+            CompiledSchema::compile(format, &revision.definition, message)
+        } else {
+            Err(format!(
+                "it is a {} schema and the flow decodes {}",
+                revision.format.as_str(),
+                format.as_str()
+            ))
+        };
+        let schema = match compiled {
+            Ok(schema) => schema,
+            Err(why) => {
+                refused.push(format!("revision {id}: {why}"));
+                continue;
+            }
+        };
         let fields: Vec<(String, ColumnType)> =
             columns.iter().map(|(n, t, _)| (n.clone(), *t)).collect();
         match schema.check_fields(&fields) {
-            Ok(()) => columns.extend(new_columns(schema, &fields)),
-            Err(why) => refused.push(format!("revision {label} changes a field's type: {why}")),
+            Ok(()) => columns.extend(new_columns(&schema, &fields)),
+            Err(why) => refused.push(format!("revision {id} changes a field's type: {why}")),
         }
     }
     if columns.is_empty() {
@@ -139,7 +160,6 @@ fn protobuf_column(field: &FieldDescriptor) -> ColumnType {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::flow::decode::schema::SchemaFormat;
 
     fn fields(columns: &[DerivedColumn]) -> Vec<(String, ColumnType)> {
         columns.iter().map(|(n, t, _)| (n.clone(), *t)).collect()
@@ -147,38 +167,51 @@ mod tests {
 
     #[test]
     fn revisions_add_their_new_fields_and_one_that_changes_a_type_adds_nothing() {
-        let avro = |fields: &str| {
-            CompiledSchema::compile(
-                SchemaFormat::Avro,
-                &format!(r#"{{"type":"record","name":"R","fields":[{fields}]}}"#),
-                None,
+        let avro = |id: &str, fields: &str| {
+            (
+                id.to_owned(),
+                Revision {
+                    format: SchemaFormat::Avro,
+                    definition: format!(r#"{{"type":"record","name":"R","fields":[{fields}]}}"#),
+                },
             )
-            .unwrap()
         };
-        let first = avro(r#"{"name":"id","type":"string"},{"name":"qty","type":"long"}"#);
+        let first = avro(
+            "a",
+            r#"{"name":"id","type":"string"},{"name":"qty","type":"long"}"#,
+        );
         let second = avro(
+            "b",
             r#"{"name":"id","type":"string"},{"name":"qty","type":"long"},
                {"name":"note","type":["null","string"],"default":null}"#,
         );
-        let (columns, refused) = columns_of_revisions([("a", &first), ("b", &second)]).unwrap();
+        let (columns, refused) =
+            columns_of_revisions(SchemaFormat::Avro, None, &[first.clone(), second.clone()])
+                .unwrap();
         assert!(refused.is_empty());
         use ColumnType as C;
         let expected = [("id", C::Text), ("qty", C::Integer), ("note", C::Text)]
             .map(|(n, t)| (n.to_owned(), t, true));
         assert_eq!(columns, expected.to_vec());
-        let changed = avro(r#"{"name":"id","type":"string"},{"name":"qty","type":"boolean"}"#);
+        let changed = avro(
+            "c",
+            r#"{"name":"id","type":"string"},{"name":"qty","type":"boolean"}"#,
+        );
+        let broken = avro("d", r#"{"name":"#);
         let (columns, refused) =
-            columns_of_revisions([("a", &first), ("c", &changed), ("b", &second)]).unwrap();
+            columns_of_revisions(SchemaFormat::Avro, None, &[first, changed, broken, second])
+                .unwrap();
         assert_eq!(
             columns,
             expected.to_vec(),
-            "the refused revision adds nothing"
+            "the refused revisions add nothing"
         );
-        assert_eq!(refused.len(), 1);
+        assert_eq!(refused.len(), 2);
         assert!(
             refused[0].contains("revision c") && refused[0].contains("$.qty"),
             "{refused:?}"
         );
+        assert!(refused[1].contains("revision d"), "{refused:?}");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! waits and is retried). Each revision is compiled and its fields checked once; one that
 //! cannot fill the flow's columns dead-letters its messages with the reason, the others go on.
 
-use super::derive::new_columns;
+use super::derive::{columns_of_revisions, new_columns};
 use super::schema::{CompiledSchema, Encoding, SchemaFormat};
 use super::{
     DELETED_REVISION, ENCODING_ATTRIBUTE, PayloadDecoder, REVISION_ATTRIBUTE, SCHEMA_ATTRIBUTE,
@@ -19,7 +19,6 @@ use crate::flow::delivery::SourceMessage;
 use crate::flow::query_cell::QueryCell;
 use async_trait::async_trait;
 use sluice_store::{ColumnType, TypedValue};
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
@@ -87,6 +86,10 @@ pub trait SchemaRegistry: Send + Sync + std::fmt::Debug {
         schema: &str,
         revision: &str,
     ) -> Result<Result<Revision, String>, String>;
+
+    /// Every revision of schema `schema`, oldest first, each with its id (for a table that
+    /// follows the schema); `Err(why)` when the service does not list them (retried).
+    async fn revisions(&self, schema: &str) -> Result<Vec<(String, Revision)>, String>;
 }
 
 /// How long a revision the service would not give (or that does not compile) is taken as
@@ -128,10 +131,27 @@ enum Fields {
 }
 
 impl Fields {
-    fn now(&self) -> Cow<'_, [(String, ColumnType)]> {
+    fn now(&self) -> FieldsNow<'_> {
         match self {
-            Self::Fixed(fields) => Cow::Borrowed(fields),
-            Self::Following(cell) => Cow::Owned(cell.fields()),
+            Self::Fixed(fields) => FieldsNow::Fixed(fields),
+            Self::Following(cell) => FieldsNow::Query(cell.current()),
+        }
+    }
+}
+
+/// The fields as they are now: borrowed, or the query's (shared, not copied).
+enum FieldsNow<'a> {
+    Fixed(&'a [(String, ColumnType)]),
+    Query(Arc<sluice_store::TypedQuery>),
+}
+
+impl std::ops::Deref for FieldsNow<'_> {
+    type Target = [(String, ColumnType)];
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Self::Fixed(fields) => fields,
+            Self::Query(query) => &query.fields,
         }
     }
 }
@@ -210,20 +230,48 @@ impl RevisionsDecoder {
             &revision.definition,
             self.message.as_deref(),
         )?;
-        let fields = self.fields.now();
-        schema.check_fields(&fields)?;
-        if let Fields::Following(query) = &self.fields {
-            let added = new_columns(&schema, &fields);
-            if !added.is_empty() {
-                query
-                    .widen(&added)
-                    .map_err(|why| format!("its new fields cannot be columns: {why}"))?;
-                let names: Vec<&str> = added.iter().map(|(n, _, _)| n.as_str()).collect();
-                tracing::info!(columns = %names.join(", "),
-                    "a schema revision adds fields: their columns are added by the next commit");
-            }
-        }
+        schema.check_fields(&self.fields.now())?;
         Ok(Arc::new(schema))
+    }
+
+    /// For a table that follows the schema, when `revision` (compiled) has fields the query
+    /// lacks: the columns of every revision of `schema`, as a start derives them
+    /// ([`columns_of_revisions`]: oldest first, whatever order messages name them in), added
+    /// to the query; then `revision` is checked against them again. `Err` is an outage (the
+    /// listing failed: retried); `Ok(Err(why))` refuses the revision.
+    async fn follow(
+        &self,
+        schema: &str,
+        revision: Arc<CompiledSchema>,
+    ) -> Result<Result<Arc<CompiledSchema>, String>, String> {
+        let Fields::Following(query) = &self.fields else {
+            return Ok(Ok(revision));
+        };
+        if new_columns(&revision, &self.fields.now()).is_empty() {
+            return Ok(Ok(revision));
+        }
+        let listed = self.registry.revisions(schema).await?;
+        let (columns, _) = match columns_of_revisions(self.format, self.message.as_deref(), &listed)
+        {
+            Ok(derived) => derived,
+            Err(why) => return Ok(Err(why)),
+        };
+        let before = self.fields.now().len();
+        let left_out = query.widen(&columns).err();
+        let now = self.fields.now();
+        let names: Vec<&str> = now[before..].iter().map(|(n, _)| n.as_str()).collect();
+        if !names.is_empty() {
+            tracing::info!(%schema, columns = %names.join(", "),
+                "a schema revision adds fields: their columns are added by the next commit");
+        }
+        // A field of this revision that could not be a column: its messages cannot land whole.
+        if !new_columns(&revision, &now).is_empty() {
+            return Ok(Err(format!(
+                "its new fields cannot be columns: {}",
+                left_out.unwrap_or_default()
+            )));
+        }
+        Ok(revision.check_fields(&now).map(|()| revision))
     }
 }
 
@@ -236,11 +284,15 @@ impl PayloadDecoder for RevisionsDecoder {
         // One fetch at a time; a batch that waited for another's may find it answered.
         let _one = self.fetch.lock().await;
         for (schema, revision) in self.unknown(messages) {
-            let outcome = self
+            let outcome = match self
                 .registry
                 .revision(&schema, &revision)
                 .await?
-                .and_then(|found| self.compile(&found));
+                .and_then(|found| self.compile(&found))
+            {
+                Ok(compiled) => self.follow(&schema, compiled).await?,
+                Err(why) => Err(why),
+            };
             let known = match outcome {
                 Ok(ready) => {
                     tracing::info!(%schema, %revision, "decoding a new schema revision");

@@ -32,6 +32,23 @@ impl SchemaRegistry for Registry {
             .cloned()
             .ok_or_else(|| format!("schema {schema} has no revision {id}")))
     }
+
+    /// Oldest first is by id here (`r1`, `r2`, ...).
+    async fn revisions(&self, schema: &str) -> Result<Vec<(String, Revision)>, String> {
+        assert_eq!(schema, SCHEMA);
+        if self.down.load(Ordering::SeqCst) {
+            return Err("no answer".to_owned());
+        }
+        let mut all: Vec<(String, Revision)> = self
+            .revisions
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, r)| (id.clone(), r.clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(all)
+    }
 }
 
 const SCHEMA: &str = "projects/p/schemas/orders";
@@ -293,4 +310,31 @@ async fn a_following_decoder_widens_its_query_with_a_new_revisions_fields() {
         2,
         "nothing added by a refused revision"
     );
+
+    // Revisions met out of order: r6 (which gives `extra` as text) before r5 (which added it
+    // as an integer first). The columns are those a start derives, oldest first: `extra` is
+    // an integer, r6 is refused, r5 decodes (r4's field, which cannot be a column, is left
+    // out and holds nothing back).
+    registry.revisions.lock().unwrap().insert(
+        "r5".into(),
+        avro(r#",{"name":"extra","type":["null","long"],"default":null}"#),
+    );
+    registry.revisions.lock().unwrap().insert(
+        "r6".into(),
+        avro(r#",{"name":"extra","type":["null","string"],"default":null}"#),
+    );
+    let sixth = message(Some("r6"), r#"{"id":"f","extra":{"string":"x"}}"#);
+    decoder.prepare(&[&sixth]).await.unwrap();
+    assert_eq!(
+        query.current().fields.last().unwrap(),
+        &("extra".to_owned(), ColumnType::Integer)
+    );
+    let why = decoder.decode(&sixth).unwrap_err();
+    assert!(
+        why.contains("revision r6") && why.contains("$.extra"),
+        "{why}"
+    );
+    let fifth = message(Some("r5"), r#"{"id":"e","extra":{"long":7}}"#);
+    decoder.prepare(&[&fifth]).await.unwrap();
+    assert_eq!(decoder.decode(&fifth).unwrap()[2], TypedValue::Integer(7));
 }

@@ -58,9 +58,9 @@ impl PubSubSchemas {
             .await
     }
 
-    /// `GET {endpoint}/{path}` with the Pub/Sub credentials: the status and the body, or why
-    /// no answer came (an outage).
-    async fn get(&self, path: &str) -> Result<(u16, String), String> {
+    /// `GET {endpoint}/{path}?{query}` with the Pub/Sub credentials: the status and the body,
+    /// or why no answer came (an outage).
+    async fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<(u16, String), String> {
         let base = self
             .config
             .endpoint()
@@ -82,6 +82,7 @@ impl PubSubSchemas {
             .map_err(|e| format!("HTTP client: {e}"))?;
         let response = client
             .get(&url)
+            .query(query)
             .headers(headers)
             .send()
             .await
@@ -92,50 +93,63 @@ impl PubSubSchemas {
     }
 
     /// The JSON answer to `GET {path}`, or why there is none (any status but success).
-    async fn get_json(&self, path: &str) -> Result<serde_json::Value, String> {
-        let (status, body) = self.get(path).await.map_err(|e| format!("{path}: {e}"))?;
+    async fn get_json(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<serde_json::Value, String> {
+        let (status, body) = self
+            .get(path, query)
+            .await
+            .map_err(|e| format!("{path}: {e}"))?;
         if !(200..300).contains(&status) {
             return Err(format!("{path}: {status}: {}", body.trim()));
         }
         serde_json::from_str(&body).map_err(|e| format!("{path}: the answer is not JSON: {e}"))
     }
 
-    /// Every revision of the schema of the topic `subscription` reads, oldest first (the
-    /// columns a table follows it by, see `flow/decode/derive.rs`). Three reads: the
-    /// subscription's topic, the topic's schema, the schema's revisions (page by page).
+    /// The schema of the topic `subscription` reads (`projects/P/schemas/S`), and every
+    /// revision of it, oldest first, each with its id (the columns a table follows it by, see
+    /// `flow/decode/derive.rs`). Reads the subscription's topic, the topic's schema, then the
+    /// revisions.
     ///
     /// # Errors
     /// Pub/Sub unreachable or refusing, a topic without a schema, a revision sluice cannot
     /// read; each said for people.
-    pub async fn revisions_of(&self, subscription: &str) -> Result<Vec<Revision>, String> {
+    pub async fn revisions_of(
+        &self,
+        subscription: &str,
+    ) -> Result<(String, Vec<(String, Revision)>), String> {
         let subscription = self
             .config
             .subscription_path(subscription)
             .map_err(|e| e.to_string())?;
-        let field = |value: &serde_json::Value, key: &str| {
-            value
-                .get(key)
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_owned)
-        };
-        let topic = field(
-            &self.get_json(&format!("v1/{subscription}")).await?,
+        let topic = text(
+            &self.get_json(&format!("v1/{subscription}"), &[]).await?,
             "topic",
         )
         .ok_or_else(|| format!("{subscription} names no topic"))?;
         let schema = self
-            .get_json(&format!("v1/{topic}"))
+            .get_json(&format!("v1/{topic}"), &[])
             .await?
             .get("schemaSettings")
-            .and_then(|settings| field(settings, "schema"))
+            .and_then(|settings| text(settings, "schema"))
             .ok_or_else(|| format!("topic {topic} has no schema in Pub/Sub"))?;
+        let revisions = self.list_revisions(&schema).await?;
+        Ok((schema, revisions))
+    }
+
+    /// Every revision of `schema`, oldest first, each with its id: `ListSchemaRevisions`,
+    /// page by page.
+    async fn list_revisions(&self, schema: &str) -> Result<Vec<(String, Revision)>, String> {
         let mut revisions = Vec::new();
         let mut page = String::new();
         loop {
             let answer = self
-                .get_json(&format!(
-                    "v1/{schema}:listRevisions?view=FULL&pageSize=100&pageToken={page}"
-                ))
+                .get_json(
+                    &format!("v1/{schema}:listRevisions"),
+                    &[("view", "FULL"), ("pageSize", "100"), ("pageToken", &page)],
+                )
                 .await?;
             let listed = answer
                 .get("schemas")
@@ -143,23 +157,34 @@ impl PubSubSchemas {
                 .cloned()
                 .unwrap_or_default();
             for revision in listed {
-                let id = field(&revision, "revisionId").unwrap_or_default();
-                let created = field(&revision, "revisionCreateTime")
+                let id = text(&revision, "revisionId").unwrap_or_default();
+                let created = text(&revision, "revisionCreateTime")
                     .and_then(|t| crate::flow::event_time::parse_event_time(&t))
                     .unwrap_or_default();
                 let name = format!("{schema}@{id}");
-                revisions.push((created, parse_revision(&name, &revision.to_string())?));
+                revisions.push((created, id, parse_revision(&name, &revision.to_string())?));
             }
-            match field(&answer, "nextPageToken").filter(|t| !t.is_empty()) {
+            match text(&answer, "nextPageToken").filter(|t| !t.is_empty()) {
                 Some(next) => page = next,
                 None => break,
             }
         }
         // By creation time, whatever order the service lists them in (a stable sort keeps its
         // order within a millisecond).
-        revisions.sort_by_key(|(created, _)| *created);
-        Ok(revisions.into_iter().map(|(_, r)| r).collect())
+        revisions.sort_by_key(|(created, _, _)| *created);
+        Ok(revisions
+            .into_iter()
+            .map(|(_, id, revision)| (id, revision))
+            .collect())
     }
+}
+
+/// The text at `key` of a JSON object.
+fn text(value: &serde_json::Value, key: &str) -> Option<String> {
+    value
+        .get(key)
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned)
 }
 
 #[async_trait]
@@ -171,7 +196,7 @@ impl SchemaRegistry for PubSubSchemas {
     ) -> Result<Result<Revision, String>, String> {
         let name = format!("{schema}@{revision}");
         let response = self
-            .get(&format!("v1/{name}"))
+            .get(&format!("v1/{name}"), &[])
             .await
             .map_err(|e| format!("reading schema revision {name}: {e}"))?;
         let (status, body) = response;
@@ -197,6 +222,12 @@ impl SchemaRegistry for PubSubSchemas {
             _ => return Ok(Err(format!("reading schema revision {name}: {}", said()))),
         }
         Ok(parse_revision(&name, &body))
+    }
+
+    async fn revisions(&self, schema: &str) -> Result<Vec<(String, Revision)>, String> {
+        self.list_revisions(schema)
+            .await
+            .map_err(|why| format!("listing the revisions of schema {schema}: {why}"))
     }
 }
 

@@ -6,8 +6,8 @@
 //! topic's Pub/Sub schema ([`DecodeSchemas`]).
 
 use sluice_engine::{
-    CompiledSchema, JsonFields, PayloadDecoder, PubSubConfig, QueryCell, RevisionsDecoder,
-    SchemaFileDecoder, SchemaFormat, pubsub::PubSubSchemas,
+    CompiledSchema, JsonFields, PayloadDecoder, PubSubConfig, QueryCell, Revision,
+    RevisionsDecoder, SchemaFileDecoder, SchemaFormat, pubsub::PubSubSchemas,
 };
 use sluice_pipeline::{
     Column, Decode, DecodeFormat, DecodeSchema, Flow, Pipeline, PubSubSchemaOf, SchemaColumns,
@@ -128,19 +128,15 @@ fn pipeline_columns(columns: Vec<sluice_engine::DerivedColumn>) -> Vec<Column> {
         .collect()
 }
 
-/// Every revision of the schema of `of`'s topic, compiled, oldest first with their labels.
-async fn revisions(
-    format: SchemaFormat,
-    of: &PubSubSchemaOf,
-    message: Option<&str>,
-) -> Result<Vec<(String, CompiledSchema)>, String> {
+/// Every revision of the schema of `of`'s topic, oldest first, each with its id.
+async fn revisions(of: &PubSubSchemaOf) -> Result<Vec<(String, Revision)>, String> {
     let config = PubSubConfig {
         project: of.project.clone(),
         endpoint: of.endpoint.clone(),
     }
     .with_adc_project()
     .await;
-    let listed = tokio::time::timeout(
+    let (_, listed) = tokio::time::timeout(
         REVISIONS_READ_TIMEOUT,
         PubSubSchemas::new(config).revisions_of(&of.subscription),
     )
@@ -152,23 +148,7 @@ async fn revisions(
         )
     })?
     .map_err(|why| format!("reading the topic's schema revisions: {why}"))?;
-    listed
-        .into_iter()
-        .enumerate()
-        .map(|(i, revision)| {
-            if revision.format != format {
-                return Err(format!(
-                    "revision {} is a {} schema and the flow decodes {}",
-                    i + 1,
-                    revision.format.as_str(),
-                    format.as_str()
-                ));
-            }
-            CompiledSchema::compile(format, &revision.definition, message)
-                .map(|schema| (format!("{}", i + 1), schema))
-                .map_err(|why| format!("revision {}: {why}", i + 1))
-        })
-        .collect()
+    Ok(listed)
 }
 
 impl SchemaColumns for DecodeSchemas {
@@ -193,25 +173,21 @@ impl SchemaColumns for DecodeSchemas {
         message: Option<&str>,
     ) -> Result<Vec<Column>, String> {
         let format = schema_format(format).ok_or("a JSON decode has no schema")?;
-        let (read_of, message) = (of.clone(), message.map(str::to_owned));
+        let read_of = of.clone();
         let read = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|e| format!("a runtime to read Pub/Sub with: {e}"))?;
-            runtime.block_on(revisions(format, &read_of, message.as_deref()))
+            runtime.block_on(revisions(&read_of))
         });
         let revisions = read
             .join()
             .map_err(|_| "reading the topic's schema revisions panicked".to_owned())??;
-        let (columns, refused) = sluice_engine::columns_of_revisions(
-            revisions
-                .iter()
-                .map(|(label, schema)| (label.as_str(), schema)),
-        )?;
+        let (columns, refused) = sluice_engine::columns_of_revisions(format, message, &revisions)?;
         for why in refused {
             tracing::warn!(subscription = %of.subscription,
-                "{why}: it adds no column, and its messages are dead letters");
+                "{why}: it adds no column, and its messages are dead letters when they come");
         }
         Ok(pipeline_columns(columns))
     }
