@@ -15,7 +15,9 @@
 //!   [`crate::RunStore::begin_run`] records it `completed` at once, with no rows (no flow
 //!   listed; a queued one too, when the other completed while it waited, and a fire's run left
 //!   unfinished by a runner gone), and returns it so. Decided in the begin's transaction, so
-//!   a backfill and the scheduler never both run an interval. A manual run is run as asked.
+//!   a backfill and the scheduler never both run an interval. A manual run, and a rerun
+//!   (`sluice backfill --rerun`, which replaces what a completed interval wrote), are run as
+//!   asked.
 //! * **One run at a time in a pool, in the order asked.** [`crate::RunStore::begin_run`]
 //!   starts nothing while another worker whose heartbeat is within [`RunStart::alive_within`]
 //!   has a run `running`, or `queued` before it (a manual run asked of a replica that is not

@@ -1257,6 +1257,31 @@ async fn a_rerun_replaces_exactly_what_its_intervals_wrote() {
         "{}",
         refused.all()
     );
+    // Nor a flow reading another pipeline's table: it would not read the interval again.
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(&db_path)
+        .schedule(&format!(
+            "{{ every: 10s, semantics: data_interval, start_date: \"{start_date}\" }}"
+        ))
+        .target_table("copies")
+        .flow(FlowYaml::table("copies", "copies", "other.events"))
+        .write(dir.path(), "cross.yaml");
+    let refused = sluice_command(
+        &[
+            "backfill",
+            "-c",
+            file.to_str().unwrap(),
+            "--from",
+            &at(1),
+            "--to",
+            &at(4),
+            "--rerun",
+        ],
+        None,
+    );
+    assert_eq!(refused.code, 2, "{}", refused.all());
+    assert!(refused.all().contains("other.events"), "{}", refused.all());
     assert_eq!(
         runs(&db_path)
             .iter()

@@ -11,8 +11,10 @@
 //! run first deletes the rows its flows wrote with an event time in its interval, and their
 //! ledger keys (`sluice_store::FlowStore::clear_interval`), then reads the interval again.
 //! It is refused (exit 2) where that would not replace what the interval wrote: a schedule
-//! without data intervals, a Pub/Sub flow (Pub/Sub keeps no intervals), and a flow into a
-//! sink, window or `foreach_batch` target (their output is not rows it can delete).
+//! without data intervals, a Pub/Sub flow (Pub/Sub keeps no intervals), a flow reading
+//! another pipeline's table (read only where it left off), and a flow into a sink, window or
+//! `foreach_batch` target (their output is not rows it can delete). `once` flows are not run
+//! again, so their rows are not cleared either (`runtime/runs/rerun.rs`).
 
 use crate::runtime::supervisor::BackfillRange;
 use sluice_pipeline::{Pipeline, Source, TargetKind, timetable};
@@ -30,11 +32,22 @@ fn rerun_refusal(pipeline: &Pipeline) -> Option<String> {
         );
     }
     pipeline.flows.iter().find_map(|flow| {
-        if matches!(flow.source, Source::PubSub(_)) {
-            return Some(format!(
-                "--rerun: flow `{}` reads Pub/Sub, which keeps no intervals to read again",
-                flow.name
-            ));
+        match &flow.source {
+            Source::PubSub(_) => {
+                return Some(format!(
+                    "--rerun: flow `{}` reads Pub/Sub, which keeps no intervals to read again",
+                    flow.name
+                ));
+            }
+            Source::PipelineTable { pipeline, target } => {
+                return Some(format!(
+                    "--rerun: flow `{}` reads table `{pipeline}.{target}` of another pipeline, \
+                     which gives a run only the rows it has not read yet, so the interval's \
+                     rows would not come back",
+                    flow.name
+                ));
+            }
+            Source::File { .. } | Source::Table { .. } => {}
         }
         let target = pipeline.targets.iter().find(|t| t.name == flow.target)?;
         (!matches!(target.kind, TargetKind::Table | TargetKind::View)).then(|| {

@@ -1,10 +1,10 @@
 //! A rerun's first step (`sluice backfill --rerun`): before the run's flows start, the rows
 //! each flow wrote into its table with an event time in the run's interval are deleted with
 //! their ledger keys (`sluice_store::FlowStore::clear_interval`), so the run writes its
-//! interval's records again, as they are now, and nothing of the earlier run's stays. The
-//! command refuses pipelines where that would not replace what the interval wrote
-//! (`commands/backfill.rs`). Done again if the run is taken over after a crash: it then also
-//! deletes what the crashed attempt wrote.
+//! interval's records again, as they are now. The command refuses pipelines where that would
+//! not replace what the interval wrote (`commands/backfill.rs`). A `once` flow is not run
+//! again by a run (its completion stands), so its rows are left. A rerun that fails or stops
+//! after this leaves the interval's rows missing until a `--rerun` of it completes.
 
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
@@ -22,10 +22,11 @@ pub async fn clear(
 ) -> Result<(), RunError> {
     let pipeline = updates.pipeline();
     for (flow, handle) in pipeline.flows.iter().zip(updates.handles()) {
-        let writes_rows = pipeline
-            .targets
-            .iter()
-            .any(|t| t.name == flow.target && matches!(t.kind, TargetKind::Table));
+        let writes_rows = !flow.once
+            && pipeline
+                .targets
+                .iter()
+                .any(|t| t.name == flow.target && matches!(t.kind, TargetKind::Table));
         if !writes_rows {
             continue;
         }
