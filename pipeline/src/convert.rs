@@ -211,7 +211,7 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
         }
         positive_duration(c, Some(i), "schedule.interval", Duration::ZERO)
     });
-    let on_update = raw.on_update.unwrap_or(false);
+    let (on_update, update_condition) = crate::update_condition::on_update(c, raw.on_update);
     if raw.min_interval.is_some() && !on_update {
         c.push(
             ErrorCode::InvalidSchedule,
@@ -270,6 +270,7 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
         catchup: raw.catchup.unwrap_or(false),
         interval,
         on_update,
+        update_condition,
         min_interval: positive_duration(
             c,
             raw.min_interval,

@@ -55,6 +55,7 @@ mod schedule;
 mod schedule_fields;
 mod source;
 pub mod timetable;
+mod update_condition;
 mod validate;
 mod views;
 

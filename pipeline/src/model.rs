@@ -6,7 +6,7 @@
 use crate::aggregate::Aggregate;
 pub use crate::columns::{Column, ColumnType, RESERVED_PREFIX};
 pub use crate::expression::Expression;
-pub use crate::schedule::{Schedule, ScheduleSemantics, ScheduleWhen};
+pub use crate::schedule::{Schedule, ScheduleSemantics, ScheduleWhen, UpdateCondition};
 use std::path::PathBuf;
 use std::time::Duration;
 

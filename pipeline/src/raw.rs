@@ -84,12 +84,32 @@ pub(crate) struct RawSchedule {
     pub(crate) semantics: Option<RawSemantics>,
     pub(crate) catchup: Option<bool>,
     pub(crate) interval: Option<Humane>,
-    pub(crate) on_update: Option<bool>,
+    pub(crate) on_update: Option<RawOnUpdate>,
     pub(crate) min_interval: Option<Humane>,
     pub(crate) start_date: Option<String>,
     pub(crate) end_date: Option<String>,
     pub(crate) retries: Option<u32>,
     pub(crate) retry_delay: Option<Humane>,
+}
+
+/// `schedule.on_update`: `true`, or a condition over the tables read.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+#[schemars(rename = "OnUpdate")]
+pub(crate) enum RawOnUpdate {
+    /// `true`: any table of another pipeline a flow reads.
+    Any(bool),
+    /// `{ any_of: [...] }` or `{ all_of: [...] }`.
+    Condition(RawUpdateCondition),
+}
+
+/// `schedule.on_update` as a condition: exactly one of the two lists.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "UpdateCondition")]
+pub(crate) struct RawUpdateCondition {
+    pub(crate) any_of: Option<Vec<String>>,
+    pub(crate) all_of: Option<Vec<String>>,
 }
 
 /// `schedule.semantics`.

@@ -22,6 +22,9 @@ pub struct Schedule {
     /// `on_update` — also run when a table of another pipeline that a flow reads received
     /// committed rows since the last run.
     pub on_update: bool,
+    /// Which tables' rows fire such a run (`on_update: true`: any table read; or a condition
+    /// over some of them).
+    pub update_condition: UpdateCondition,
     /// `min_interval` — runs fired by `on_update` start at most this often (default 1 minute).
     pub min_interval: Duration,
     /// `start_date` (ms since the epoch) — where the schedule begins: no fire before it, and
@@ -35,6 +38,19 @@ pub struct Schedule {
     pub retries: u32,
     /// `retry_delay` — default 5 minutes: the wait before each retry.
     pub retry_delay: Duration,
+}
+
+/// Which tables of other pipelines fire an `on_update` run (Airflow's dataset conditions).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum UpdateCondition {
+    /// `on_update: true`: any table of another pipeline a flow reads got rows it has not read.
+    #[default]
+    AnyRead,
+    /// `on_update: { any_of: [P.T, ...] }`: one of these tables did.
+    AnyOf(Vec<String>),
+    /// `on_update: { all_of: [P.T, ...] }`: each of these tables did (rows that came to one
+    /// wait for the others).
+    AllOf(Vec<String>),
 }
 
 /// Exactly one of `cron` or `every`.

@@ -61,6 +61,7 @@ pub(crate) fn validate(p: &Pipeline, c: &mut Collector<'_>) {
              flow reads one (`source: { table: PIPELINE.TARGET }`)",
         );
     }
+    crate::update_condition::check_tables(p, c);
     if p.schedule.is_some() && p.mode == Mode::Continuous {
         c.push(
             ErrorCode::InvalidSchedule,

@@ -615,3 +615,70 @@ fn a_sink_path_with_a_url_scheme_is_refused() {
         assert!(e.to_string().contains("local folder"), "{e}");
     }
 }
+
+/// `on_update` as a condition over the tables read: `any_of` or `all_of`, exactly one, each
+/// name a table a flow reads, none twice.
+#[test]
+fn update_conditions_name_tables_the_flows_read() {
+    let file = |on_update: &str| {
+        format!(
+            "pipeline: exports
+mode: triggered
+store: sqlite://x.db
+schedule:
+  every: 1h
+  on_update: {on_update}
+targets:
+  - {{ name: copies, kind: table }}
+  - {{ name: people, kind: table }}
+flows:
+  - {{ name: copies, target: copies, source: {{ table: orders.events }} }}
+  - {{ name: people, target: people, source: {{ table: crm.customers }} }}
+"
+        )
+    };
+    for valid in [
+        "true",
+        "{ all_of: [orders.events, crm.customers] }",
+        "{ any_of: [crm.customers] }",
+    ] {
+        let p = parse(&file(valid), Path::new("p.yaml")).unwrap_or_else(|e| panic!("{valid}: {e}"));
+        assert!(p.schedule.unwrap().on_update, "{valid}");
+    }
+    let p = parse(
+        &file("{ all_of: [orders.events, crm.customers] }"),
+        Path::new("p.yaml"),
+    )
+    .unwrap();
+    assert_eq!(
+        p.schedule.unwrap().update_condition,
+        sluice_pipeline::UpdateCondition::AllOf(vec![
+            "orders.events".to_owned(),
+            "crm.customers".to_owned()
+        ])
+    );
+    one(
+        &file("{ all_of: [orders.events, shop.orders] }"),
+        ErrorCode::InvalidSchedule,
+        "schedule.on_update.all_of[1]",
+        6,
+    );
+    one(
+        &file("{ any_of: [orders.events], all_of: [crm.customers] }"),
+        ErrorCode::InvalidSchedule,
+        "schedule.on_update",
+        6,
+    );
+    one(
+        &file("{ any_of: [] }"),
+        ErrorCode::InvalidSchedule,
+        "schedule.on_update.any_of",
+        6,
+    );
+    one(
+        &file("{ any_of: [crm.customers, crm.customers] }"),
+        ErrorCode::InvalidSchedule,
+        "schedule.on_update.any_of[1]",
+        6,
+    );
+}

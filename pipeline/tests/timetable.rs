@@ -31,6 +31,7 @@ fn schedule(
         catchup,
         interval: None,
         on_update: false,
+        update_condition: Default::default(),
         min_interval: Duration::from_secs(60),
         start_ms: None,
         end_ms: None,

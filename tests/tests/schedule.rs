@@ -1290,3 +1290,84 @@ async fn a_rerun_replaces_exactly_what_its_intervals_wrote() {
         3
     );
 }
+
+/// A dataset condition: `exports` reads `orders.events` and `crm.customers` and runs on
+/// `on_update: { all_of: [...] }`. Rows in one table alone fire nothing (they wait, unread);
+/// once the other has rows too, one run reads both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_all_of_condition_runs_once_every_table_has_new_rows() {
+    let dir = Workdir::new();
+    let db_path = dir.db("shared");
+    let loader = |pipeline: &str, target: &str| {
+        let history = dir.path().join(pipeline);
+        std::fs::create_dir_all(&history).unwrap();
+        let file = PipelineYaml::new(pipeline)
+            .mode("triggered")
+            .sqlite(&db_path)
+            .target_table(target)
+            .flow(FlowYaml::file(
+                "load",
+                target,
+                &history.join("*.jsonl").display().to_string(),
+            ))
+            .write(dir.path(), &format!("{pipeline}.yaml"));
+        (history, file)
+    };
+    let (orders_dir, orders) = loader("orders", "events");
+    let (crm_dir, crm) = loader("crm", "customers");
+    let exports = PipelineYaml::new("exports")
+        .mode("triggered")
+        .sqlite(&db_path)
+        .schedule(
+            "{ cron: \"@yearly\", min_interval: 1s, \
+             on_update: { all_of: [orders.events, crm.customers] } }",
+        )
+        .target_table("copies")
+        .target_table("people")
+        .flow(FlowYaml::table("export", "copies", "orders.events"))
+        .flow(FlowYaml::table("people", "people", "crm.customers"))
+        .write(dir.path(), "exports.yaml");
+    let db = Db(db_path.clone());
+    let update_runs = || {
+        runs(&db_path)
+            .into_iter()
+            .filter(|r| r.trigger == "update")
+            .count()
+    };
+    let load = |file: &Path| {
+        let out = sluice_command(&["run", "-c", file.to_str().unwrap()], None);
+        assert_eq!(out.code, 0, "{}", out.all());
+    };
+    let worker = Worker::start(&exports, "exports");
+    records(&orders_dir, "a.jsonl", "a", 100);
+    load(&orders);
+    // Polled every 2 s: four polls with only `orders.events` grown.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        update_runs(),
+        0,
+        "one table alone fired a run: {:?}",
+        runs(&db_path)
+    );
+    records(&crm_dir, "c.jsonl", "c", 50);
+    load(&crm);
+    assert!(
+        eventually(Duration::from_secs(60), || db
+            .query("SELECT COUNT(*) FROM exports__copies")
+            == 100
+            && db.query("SELECT COUNT(*) FROM exports__people") == 50)
+        .await,
+        "{:?}\n{}",
+        runs(&db_path),
+        worker.logs()
+    );
+    assert_eq!(update_runs(), 1, "{:?}", runs(&db_path));
+    // `orders.events` grows again alone: no run.
+    records(&orders_dir, "b.jsonl", "b", 30);
+    load(&orders);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(30)).success());
+    assert_eq!(update_runs(), 1, "{:?}", runs(&db_path));
+    assert_eq!(db.query("SELECT COUNT(*) FROM exports__copies"), 100);
+}
