@@ -216,7 +216,7 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
         c.push(
             ErrorCode::InvalidSchedule,
             "schedule.min_interval",
-            "`min_interval` spaces the runs `on_update` fires: it needs `on_update: true`",
+            "`min_interval` spaces the runs `on_update` fires: it needs `on_update`",
         );
     }
     let zone = timetable::time_zone(&timezone).ok();

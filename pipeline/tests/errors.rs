@@ -643,15 +643,15 @@ flows:
         "{ any_of: [crm.customers] }",
     ] {
         let p = parse(&file(valid), Path::new("p.yaml")).unwrap_or_else(|e| panic!("{valid}: {e}"));
-        assert!(p.schedule.unwrap().on_update, "{valid}");
+        assert!(p.schedule.expect("a schedule").on_update, "{valid}");
     }
     let p = parse(
         &file("{ all_of: [orders.events, crm.customers] }"),
         Path::new("p.yaml"),
     )
-    .unwrap();
+    .expect("valid");
     assert_eq!(
-        p.schedule.unwrap().update_condition,
+        p.schedule.expect("a schedule").update_condition,
         sluice_pipeline::UpdateCondition::AllOf(vec![
             "orders.events".to_owned(),
             "crm.customers".to_owned()
