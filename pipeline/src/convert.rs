@@ -245,6 +245,16 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
              either `on_update` or the dates",
         );
     }
+    // Airflow's `max_active_runs`: a pipeline's runs never overlap here (one run at a time,
+    // in a pool too), so 1 is the only bound there is.
+    if raw.max_active_runs.is_some_and(|n| n != 1) {
+        c.push(
+            ErrorCode::InvalidSchedule,
+            "schedule.max_active_runs",
+            "a pipeline's runs never overlap (each interval's run waits for the one before \
+             it), so `max_active_runs` can only be 1, the default",
+        );
+    }
     let retries = raw.retries.unwrap_or(0);
     if raw.retry_delay.is_some() && retries == 0 {
         c.push(

@@ -90,6 +90,7 @@ pub(crate) struct RawSchedule {
     pub(crate) end_date: Option<String>,
     pub(crate) retries: Option<u32>,
     pub(crate) retry_delay: Option<Humane>,
+    pub(crate) max_active_runs: Option<i64>,
 }
 
 /// `schedule.on_update`: `true`, or a condition over the tables read.

@@ -417,6 +417,15 @@ fn invalid_schedules() {
         5,
     );
     one(
+        &edit(
+            2,
+            "mode: triggered\nschedule:\n  every: 1h\n  max_active_runs: 3",
+        ),
+        ErrorCode::InvalidSchedule,
+        "schedule.max_active_runs",
+        5,
+    );
+    one(
         &edit(2, "mode: triggered\nschedule:\n  every: 1500ms"),
         ErrorCode::InvalidSchedule,
         "schedule.every",
@@ -426,6 +435,7 @@ fn invalid_schedules() {
         "cron: \"*/5 * * * * *\"",
         "cron: \"@weekly\"\n  timezone: America/New_York",
         "every: 15m\n  semantics: data_interval\n  interval: 7d\n  catchup: true",
+        "every: 1h\n  catchup: true\n  max_active_runs: 1",
     ] {
         parse(
             &edit(2, &format!("mode: triggered\nschedule:\n  {valid}")),
