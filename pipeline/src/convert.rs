@@ -277,6 +277,7 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
         end_ms,
         retries,
         retry_delay,
+        depends_on_past: raw.depends_on_past.unwrap_or(false),
         catchup: raw.catchup.unwrap_or(false),
         interval,
         on_update,

@@ -91,6 +91,7 @@ pub(crate) struct RawSchedule {
     pub(crate) retries: Option<u32>,
     pub(crate) retry_delay: Option<Humane>,
     pub(crate) max_active_runs: Option<i64>,
+    pub(crate) depends_on_past: Option<bool>,
 }
 
 /// `schedule.on_update`: `true`, or a condition over the tables read.

@@ -38,6 +38,9 @@ pub struct Schedule {
     pub retries: u32,
     /// `retry_delay` — default 5 minutes: the wait before each retry.
     pub retry_delay: Duration,
+    /// `depends_on_past` — default false: a fire's run starts only once the run of the fire
+    /// before it completed (Airflow's).
+    pub depends_on_past: bool,
 }
 
 /// Which tables of other pipelines fire an `on_update` run (Airflow's dataset conditions).

@@ -257,6 +257,7 @@ flows:
             interval: None,
             on_update: false,
             update_condition: Default::default(),
+            depends_on_past: false,
             min_interval: Duration::from_secs(60),
             start_ms: None,
             end_ms: None,

@@ -1371,3 +1371,78 @@ async fn an_all_of_condition_runs_once_every_table_has_new_rows() {
     assert_eq!(update_runs(), 1, "{:?}", runs(&db_path));
     assert_eq!(db.query("SELECT COUNT(*) FROM exports__copies"), 100);
 }
+
+/// `depends_on_past: true`: the first fire's run fails (its files are missing), and the fires
+/// after it wait instead of running; once `sluice backfill` completed that interval, the next
+/// fire runs. (Without it, each fire would run and fail.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_depends_on_past_a_fire_waits_for_the_interval_before_it() {
+    let dir = Workdir::new();
+    let db_path = dir.db("past");
+    let inbox = dir.path().join("inbox");
+    let file = PipelineYaml::new("test")
+        .mode("triggered")
+        .sqlite(&db_path)
+        .schedule("{ every: 4s, semantics: data_interval, depends_on_past: true }")
+        .target_table("events")
+        .flow(FlowYaml::file(
+            "load",
+            "events",
+            &inbox.join("*.jsonl").display().to_string(),
+        ))
+        .write(dir.path(), "p.yaml");
+    let worker = Worker::start(&file, "past");
+    let failed = || runs(&db_path).into_iter().find(|r| r.state == "failed");
+    assert!(
+        eventually(Duration::from_secs(60), || failed().is_some()).await,
+        "{:?}\n{}",
+        runs(&db_path),
+        worker.logs()
+    );
+    let first = failed().unwrap();
+    // Three more fires come meanwhile: none runs.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(runs(&db_path).len(), 1, "{:?}", runs(&db_path));
+    assert!(
+        worker.logs().contains("depends_on_past"),
+        "{}",
+        worker.logs()
+    );
+
+    std::fs::create_dir_all(&inbox).unwrap();
+    records(&inbox, "a.jsonl", "a", 10);
+    let (start, end) = first.interval.unwrap();
+    let at = |ms: i64| jiff::Timestamp::from_millisecond(ms).unwrap().to_string();
+    let backfill = sluice_command(
+        &[
+            "backfill",
+            "-c",
+            file.to_str().unwrap(),
+            "--from",
+            &at(start),
+            "--to",
+            &at(end),
+        ],
+        None,
+    );
+    assert_eq!(backfill.code, 0, "{}", backfill.all());
+    let later = || {
+        runs(&db_path)
+            .into_iter()
+            .any(|r| r.trigger != "backfill" && r.fire_ms > first.fire_ms && r.state == "completed")
+    };
+    assert!(
+        eventually(Duration::from_secs(60), later).await,
+        "{:?}\n{}",
+        runs(&db_path),
+        worker.logs()
+    );
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(30)).success());
+    let all = runs(&db_path);
+    assert_eq!(
+        all.iter().filter(|r| r.state == "failed").count(),
+        1,
+        "only the first fire failed: {all:?}"
+    );
+}

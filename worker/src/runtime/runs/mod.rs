@@ -5,6 +5,7 @@
 
 pub(crate) mod backfill;
 mod between_runs;
+mod depends_on_past;
 mod due;
 mod lease;
 mod next_run;

@@ -144,8 +144,9 @@ pub async fn run(
     Ok(outcomes)
 }
 
-/// Begins the run `ask` (after giving back what the `kept` sources hold, if asked): `None`
-/// when it is not to run (a signal came first, or its fire ran already).
+/// Begins the run `ask` (after giving back what the `kept` sources hold, if asked, and, with
+/// `depends_on_past`, once the fire before it completed): `None` when it is not to run (a
+/// signal came first, or its fire ran already).
 async fn begin(
     updates: &Updates<'_>,
     shutdown: &Shutdown,
@@ -154,6 +155,9 @@ async fn begin(
 ) -> Result<Option<RunRecord>, RunError> {
     for source in kept.into_iter().flat_map(|kept| kept.values()) {
         source.close().await;
+    }
+    if !super::depends_on_past::may_begin(updates, shutdown, &ask).await? {
+        return Ok(None);
     }
     let start = RunStart {
         pipeline: updates.pipeline().name.clone(),
