@@ -223,19 +223,16 @@ async fn clearing_an_interval_frees_exactly_its_rows(postgres: bool) {
     let (place, store, flows) = open(postgres).await;
     let (flow, other) = (&flows[0], &flows[1]);
     let at = |key: &str, event_ms: i64| entry(key, Effect::row(event_ms));
-    store
-        .commit(batch(
-            flow,
-            vec![
-                at("a", 1_000),
-                at("b", 2_000),
-                at("c", 2_999),
-                at("d", 3_000),
-                dead("e"),
-            ],
-        ))
-        .await
-        .unwrap();
+    let five = || {
+        vec![
+            at("a", 1_000),
+            at("b", 2_000),
+            at("c", 2_999),
+            at("d", 3_000),
+            dead("e"),
+        ]
+    };
+    store.commit(batch(flow, five())).await.unwrap();
     store
         .commit(batch(other, vec![at("b", 2_000)]))
         .await
@@ -250,19 +247,7 @@ async fn clearing_an_interval_frees_exactly_its_rows(postgres: bool) {
         place.texts(sql, sql, &[]).await,
         vec!["live:a", "live:d", "other:b"]
     );
-    let again = store
-        .commit(batch(
-            flow,
-            vec![
-                at("a", 1_000),
-                at("b", 2_000),
-                at("c", 2_999),
-                at("d", 3_000),
-                dead("e"),
-            ],
-        ))
-        .await
-        .unwrap();
+    let again = store.commit(batch(flow, five())).await.unwrap();
     assert_eq!(again.written, vec![false, true, true, false, false]);
     let other_again = store
         .commit(batch(other, vec![at("b", 2_000)]))

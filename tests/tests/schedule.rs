@@ -1236,29 +1236,27 @@ async fn a_rerun_replaces_exactly_what_its_intervals_wrote() {
         }
     }
 
-    // Without data intervals there is nothing to replace by: refused before anything runs.
-    let file = pipeline("trigger");
-    let refused = sluice_command(
-        &[
-            "backfill",
-            "-c",
-            file.to_str().unwrap(),
-            "--from",
-            &at(1),
-            "--to",
-            &at(4),
-            "--rerun",
-        ],
-        None,
-    );
-    assert_eq!(refused.code, 2, "{}", refused.all());
-    assert!(
-        refused.all().contains("semantics: data_interval"),
-        "{}",
-        refused.all()
-    );
-    // Nor a flow reading another pipeline's table: it would not read the interval again.
-    let file = PipelineYaml::new("test")
+    // Refused before anything runs: without data intervals there is nothing to replace by,
+    // and a flow reading another pipeline's table would not read the interval again.
+    let refused = |file: &Path, says: &str| {
+        let out = sluice_command(
+            &[
+                "backfill",
+                "-c",
+                file.to_str().unwrap(),
+                "--from",
+                &at(1),
+                "--to",
+                &at(4),
+                "--rerun",
+            ],
+            None,
+        );
+        assert_eq!(out.code, 2, "{}", out.all());
+        assert!(out.all().contains(says), "{}", out.all());
+    };
+    refused(&pipeline("trigger"), "semantics: data_interval");
+    let cross = PipelineYaml::new("test")
         .mode("triggered")
         .sqlite(&db_path)
         .schedule(&format!(
@@ -1267,21 +1265,7 @@ async fn a_rerun_replaces_exactly_what_its_intervals_wrote() {
         .target_table("copies")
         .flow(FlowYaml::table("copies", "copies", "other.events"))
         .write(dir.path(), "cross.yaml");
-    let refused = sluice_command(
-        &[
-            "backfill",
-            "-c",
-            file.to_str().unwrap(),
-            "--from",
-            &at(1),
-            "--to",
-            &at(4),
-            "--rerun",
-        ],
-        None,
-    );
-    assert_eq!(refused.code, 2, "{}", refused.all());
-    assert!(refused.all().contains("other.events"), "{}", refused.all());
+    refused(&cross, "other.events");
     assert_eq!(
         runs(&db_path)
             .iter()
