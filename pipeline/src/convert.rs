@@ -251,8 +251,18 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
         c.push(
             ErrorCode::InvalidSchedule,
             "schedule.max_active_runs",
-            "a pipeline's runs never overlap (each interval's run waits for the one before \
-             it), so `max_active_runs` can only be 1, the default",
+            "a pipeline's runs never overlap (one run at a time, in a pool too), so \
+             `max_active_runs` can only be 1, the default",
+        );
+    }
+    let depends_on_past = raw.depends_on_past.unwrap_or(false);
+    if depends_on_past && on_update {
+        c.push(
+            ErrorCode::InvalidSchedule,
+            "schedule.depends_on_past",
+            "a fire that waits for the one before it holds every other run back, those \
+             `on_update` fires too: give either `on_update` or `depends_on_past` (not built \
+             together)",
         );
     }
     let retries = raw.retries.unwrap_or(0);
@@ -277,7 +287,7 @@ fn schedule(c: &mut Collector<'_>, raw: RawSchedule) -> Schedule {
         end_ms,
         retries,
         retry_delay,
-        depends_on_past: raw.depends_on_past.unwrap_or(false),
+        depends_on_past,
         catchup: raw.catchup.unwrap_or(false),
         interval,
         on_update,

@@ -96,7 +96,10 @@ pub(crate) struct RawSchedule {
 
 /// `schedule.on_update`: `true`, or a condition over the tables read.
 #[derive(Debug, Deserialize, JsonSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "`true`, or `{ any_of: [PIPELINE.TARGET, ...] }`, or `{ all_of: [...] }`"
+)]
 #[schemars(rename = "OnUpdate")]
 pub(crate) enum RawOnUpdate {
     /// `true`: any table of another pipeline a flow reads.

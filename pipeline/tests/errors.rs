@@ -691,4 +691,15 @@ flows:
         "schedule.on_update.any_of[1]",
         6,
     );
+    let wrong = errors(&file("{ anyof: [crm.customers] }"));
+    assert_eq!(wrong.len(), 1, "{wrong:?}");
+    assert_eq!(wrong[0].line, Some(6), "{wrong:?}");
+    assert!(wrong[0].message.contains("any_of"), "{wrong:?}");
+    // With `on_update`, `depends_on_past` is refused.
+    one(
+        &file("true\n  depends_on_past: true"),
+        ErrorCode::InvalidSchedule,
+        "schedule.depends_on_past",
+        7,
+    );
 }

@@ -1,12 +1,15 @@
 //! `schedule.depends_on_past` (Airflow's): a fire's run starts only once the run of the fire
 //! before it completed. Before a fire's run begins, the runs recorded for the pipeline are
-//! read: if the latest earlier fire that has runs (a schedule's, catch-up's, backfill's or
-//! rerun's) has none completed, the scheduler waits, looking again every [`POLL`], until one
-//! does (`sluice backfill` of that interval, say) or a signal comes. A fire with no earlier
-//! run recorded (the first, or after fires missed without catch-up) runs, as Airflow runs a
-//! task instance without a previous one; a fire already begun (taken over after a worker
-//! died) goes on. Manual and update runs depend on nothing.
+//! read: if the latest run of the latest earlier fire that has runs (a schedule's, catch-up's,
+//! backfill's or rerun's) did not complete, the scheduler waits, looking again every
+//! [`POLL`], until a run of it completes (`sluice backfill` of that interval, say) or a signal
+//! comes. A fire with no earlier run recorded (the first) runs, as Airflow runs a task
+//! instance without a previous one; a fire whose own run was begun already (taken over after
+//! a worker died) goes on. Manual and update runs depend on nothing, but while a fire waits
+//! the scheduler runs nothing else: they wait with it (the file refuses `on_update` with
+//! `depends_on_past`), and the Pub/Sub sources kept open between runs are closed first.
 
+use crate::runtime::flow::run_context::KeptSources;
 use crate::runtime::kit::signals::Shutdown;
 use crate::runtime::kit::store_retry::{self, Retry};
 use crate::runtime::run_error::RunError;
@@ -26,6 +29,7 @@ pub async fn may_begin(
     updates: &Updates<'_>,
     shutdown: &Shutdown,
     ask: &RunAsk,
+    kept: Option<&KeptSources>,
 ) -> Result<bool, RunError> {
     let pipeline = updates.pipeline();
     let depends = pipeline
@@ -57,6 +61,10 @@ pub async fn may_begin(
                  waiting for it (`sluice backfill` runs it again)"
             );
             said = true;
+            // What they hold is given back rather than leased for as long as this waits.
+            for source in kept.into_iter().flat_map(|kept| kept.values()) {
+                source.close().await;
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(POLL) => {}
@@ -65,15 +73,15 @@ pub async fn may_begin(
     }
 }
 
-/// The fire before `fire_ms` whose runs have not completed, if it holds `fire_ms` back.
+/// The fire before `fire_ms` whose latest run did not complete, if it holds `fire_ms` back.
 fn unfinished_past(runs: &[RunRecord], fire_ms: i64) -> Option<i64> {
     let of_the_timetable = |run: &&RunRecord| {
         run.trigger.is_fire() || matches!(run.trigger, RunTrigger::Backfill | RunTrigger::Rerun)
     };
+    // Its own fire's run begun already: it goes on (a backfill of its interval does not count).
     if runs
         .iter()
-        .filter(of_the_timetable)
-        .any(|run| run.fire_ms == fire_ms)
+        .any(|run| run.trigger.is_fire() && run.fire_ms == fire_ms)
     {
         return None;
     }
@@ -83,11 +91,12 @@ fn unfinished_past(runs: &[RunRecord], fire_ms: i64) -> Option<i64> {
         .map(|run| run.fire_ms)
         .filter(|at| *at < fire_ms)
         .max()?;
-    let completed = runs
+    let latest = runs
         .iter()
         .filter(of_the_timetable)
-        .any(|run| run.fire_ms == previous && run.state == RunState::Completed);
-    (!completed).then_some(previous)
+        .filter(|run| run.fire_ms == previous)
+        .max_by_key(|run| run.run_id)?;
+    (latest.state != RunState::Completed).then_some(previous)
 }
 
 #[cfg(test)]
@@ -117,7 +126,9 @@ mod tests {
         assert_eq!(unfinished_past(&[], 10), None, "the first fire runs");
         let failed = [run(5, Schedule, Failed), run(3, Schedule, Completed)];
         assert_eq!(unfinished_past(&failed, 10), Some(5));
-        let fixed = [run(5, Schedule, Failed), run(5, Backfill, Completed)];
+        let mut backfill = run(5, Backfill, Completed);
+        backfill.run_id = 6;
+        let fixed = [run(5, Schedule, Failed), backfill];
         assert_eq!(unfinished_past(&fixed, 10), None, "a backfill completed it");
         let manual = [run(8, Manual, Failed), run(5, Schedule, Completed)];
         assert_eq!(

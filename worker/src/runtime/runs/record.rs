@@ -66,6 +66,12 @@ pub async fn run(
             lease,
             give_back_kept,
         } => {
+            // With `depends_on_past`, once the fire before it completed.
+            if !super::depends_on_past::may_begin(updates, shutdown, &ask, scope.kept.as_ref())
+                .await?
+            {
+                return Ok(Vec::new());
+            }
             let kept = scope.kept.as_ref().filter(|_| give_back_kept);
             let Some(record) = begin(updates, shutdown, ask, kept).await? else {
                 return Ok(Vec::new());
@@ -144,9 +150,8 @@ pub async fn run(
     Ok(outcomes)
 }
 
-/// Begins the run `ask` (after giving back what the `kept` sources hold, if asked, and, with
-/// `depends_on_past`, once the fire before it completed): `None` when it is not to run (a
-/// signal came first, or its fire ran already).
+/// Begins the run `ask` (after giving back what the `kept` sources hold, if asked): `None`
+/// when it is not to run (a signal came first, or its fire ran already).
 async fn begin(
     updates: &Updates<'_>,
     shutdown: &Shutdown,
@@ -155,9 +160,6 @@ async fn begin(
 ) -> Result<Option<RunRecord>, RunError> {
     for source in kept.into_iter().flat_map(|kept| kept.values()) {
         source.close().await;
-    }
-    if !super::depends_on_past::may_begin(updates, shutdown, &ask).await? {
-        return Ok(None);
     }
     let start = RunStart {
         pipeline: updates.pipeline().name.clone(),
