@@ -79,7 +79,12 @@ async fn a_dead_lease_holder_is_replaced_within_the_bound_and_upkeep_goes_on() {
     assert!(survivor.logs().contains("took the lease"));
 
     // Upkeep goes on under the new holder: the window of attached generations moves forward
-    // (old ones dropped, new ones created), and ingestion continues.
+    // (old ones dropped, new ones created), and ingestion continues. A commit also creates a
+    // missing generation, so only the oldest moving shows the upkeep's drops. The first drop
+    // may come late: in a fresh-clone CI run (2026-12-05) the newest had moved after a fixed
+    // 12 s wait and the oldest not yet. Not diagnosed; a suspect is a holder killed inside
+    // `DETACH PARTITION ... CONCURRENTLY`, whose server session runs the statement to its end
+    // with the drop lock held. A failure prints the survivor's log to tell.
     let (oldest, newest) = generations(&db);
     pubsub
         .publish(
@@ -87,11 +92,21 @@ async fn a_dead_lease_holder_is_replaced_within_the_bound_and_upkeep_goes_on() {
             (0..500).map(|i| event(&format!("after{i}"))).collect(),
         )
         .await;
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    let upkeep_seen = Instant::now();
+    let moved_on = eventually(Duration::from_secs(90), || {
+        let (oldest_later, newest_later) = generations(&db);
+        oldest_later > oldest && newest_later > newest
+    })
+    .await;
     let (oldest_later, newest_later) = generations(&db);
     assert!(
-        oldest_later > oldest && newest_later > newest,
-        "generations {oldest}..{newest} then {oldest_later}..{newest_later}"
+        moved_on,
+        "generations {oldest}..{newest} then {oldest_later}..{newest_later}; survivor:\n{}",
+        workers[0].logs()
+    );
+    eprintln!(
+        "the oldest generation was dropped {:?} after the takeover was seen",
+        upkeep_seen.elapsed()
     );
     assert!(eventually(Duration::from_secs(120), || db.rows() == 1_000).await);
     assert_eq!(db.distinct_keys(), 1_000);
