@@ -236,14 +236,14 @@ async fn a_table_without_columns_takes_its_schema_files_and_lands_exact_values()
         db.query("SELECT COUNT(*) FROM shop__orders WHERE channel IS NULL"),
         ORDERS as i64
     );
-    // What the second subscription brought again was each a duplicate in the ledger.
+    // What the second subscription brought again was each a duplicate in the ledger: only
+    // the 50 new orders are rows (how many were received counts redeliveries too, which a
+    // loaded emulator makes).
+    let said = std::fs::read_to_string(&out).unwrap();
     assert!(
-        std::fs::read_to_string(&out).unwrap().contains(&format!(
-            "flow orders: COMPLETED; received {}",
-            ORDERS + ORDERS / 10 + 50
-        )),
-        "{}",
-        std::fs::read_to_string(&out).unwrap()
+        said.contains("flow orders: COMPLETED; received ")
+            && said.contains(", rows 50, dead letters 0,"),
+        "{said}"
     );
 }
 
@@ -528,11 +528,11 @@ async fn a_table_following_the_topics_schema_gains_a_new_revisions_field_while_r
         std::fs::read_to_string(&out).unwrap()
     );
     let said = std::fs::read_to_string(&out).unwrap();
+    // Each message was committed or dead-lettered already: no row, no new dead letter
+    // (received counts redeliveries too).
     assert!(
-        said.contains(&format!(
-            "flow orders: COMPLETED; received {}",
-            2 * ORDERS + 10
-        )),
+        said.contains("flow orders: COMPLETED; received ")
+            && said.contains(", rows 0, dead letters 0,"),
         "{said}"
     );
     let logs = std::fs::read_to_string(&err).unwrap();

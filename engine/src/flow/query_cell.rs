@@ -30,7 +30,7 @@ impl std::fmt::Debug for QueryCell {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueryCell")
             .field("current", &self.current())
-            .field("follows_schema", &self.follows_schema())
+            .field("follows_schema", &self.field_column.is_some())
             .finish()
     }
 }
@@ -51,11 +51,6 @@ impl QueryCell {
             current: RwLock::new(query),
             field_column: Some(field_column),
         }
-    }
-
-    /// Whether new revisions' fields become columns.
-    pub fn follows_schema(&self) -> bool {
-        self.field_column.is_some()
     }
 
     /// The query now.

@@ -352,13 +352,11 @@ impl PostgresStore {
                 // The upkeep holder is late (or this is the first commit after a long pause):
                 // create what is missing and try once more.
                 ledger::create_ahead(&mut client, width, self.largest_window_ms()).await?;
-                match self.run_commit(&client, batch, &arguments).await {
-                    Err(CommitError::Record(error)) => {
-                        return Err(named_record_error(&client, batch, error).await);
-                    }
-                    other => other?,
-                }
+                self.run_commit(&client, batch, &arguments).await
             }
+            other => other,
+        };
+        let fresh = match fresh {
             Err(CommitError::Record(error)) => {
                 return Err(named_record_error(&client, batch, error).await);
             }

@@ -53,7 +53,9 @@ impl TableUpdates {
                     return None;
                 };
                 let name = format!("{other}.{target}");
-                watched(&name).then_some(())?;
+                if !watched(&name) {
+                    return None;
+                }
                 Some((name, handle.clone(), build::read_table(pipeline, flow)?))
             })
             .collect();
