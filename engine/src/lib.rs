@@ -62,6 +62,7 @@ pub use source::bounded::{SkipCommitted, SourceProgress};
 pub use source::file::{CHECKPOINT_EVERY, DEFAULT_MAX_RECORD_BYTES, FileSource, FileTurn};
 pub use source::inprocess::{InProcessAck, InProcessSource, InProcessTally, PACE_STEP};
 pub use source::kept_open::KeptOpen;
+pub use source::published_before::PublishedBefore;
 pub use source::pubsub::{self, PubSubConfig, PubSubSource};
 pub use source::table::{DEFAULT_POLL, PAGE_ROWS, TableSource};
 pub use source::table_watermark::TableWatermark;

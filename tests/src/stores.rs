@@ -25,6 +25,21 @@ impl Db {
         }
     }
 
+    /// Runs a query returning one text value (`group_concat(...)`, for a failure's report);
+    /// empty while the store or its table does not exist yet or the value is NULL.
+    pub fn text(&self, sql: &str) -> String {
+        if !self.0.exists() {
+            return String::new();
+        }
+        let conn = rusqlite::Connection::open(&self.0).unwrap();
+        conn.busy_timeout(Duration::from_secs(10)).unwrap();
+        match conn.query_row(sql, [], |row| row.get::<_, Option<String>>(0)) {
+            Ok(text) => text.unwrap_or_default(),
+            Err(error) if error.to_string().contains("no such table") => String::new(),
+            Err(error) => panic!("{sql}: {error}"),
+        }
+    }
+
     /// Rows in `test__events`.
     pub fn rows(&self) -> i64 {
         self.query("SELECT COUNT(*) FROM test__events")

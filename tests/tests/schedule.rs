@@ -1430,3 +1430,93 @@ async fn with_depends_on_past_a_fire_waits_for_the_interval_before_it() {
         "only the first fire failed: {all:?}"
     );
 }
+
+/// A Pub/Sub flow in runs with data intervals reads what was published before its run's
+/// interval ended; what comes after is left, unacked, for a later run (the streams are kept
+/// open between runs `every: 8s` apart, so it waits in the kept source). Events are published
+/// steadily through several runs of at least the flow's 12 s idle time each, so every run
+/// has messages published after its end arriving while it reads: on the code before the cut
+/// a run read them too (and, published steadily, never found the subscription idle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pubsub_run_with_an_interval_leaves_what_came_after_its_end_to_the_next_run() {
+    let pubsub = PubSub::connect().await;
+    let (topic, subscriptions) = pubsub.topic_with("schedpsi", 1).await;
+    let dir = Workdir::new();
+    let db_path = dir.db("schedpsi");
+    let db = Db(db_path.clone());
+    let metrics_port = free_port().unwrap();
+    let file = PipelineYaml::new("test")
+        .sqlite(&db_path)
+        .pubsub_emulator()
+        .metrics(&format!("127.0.0.1:{metrics_port}"))
+        .mode("triggered")
+        .schedule("{ every: 8s, semantics: data_interval }")
+        .target_table("events")
+        .flow(
+            FlowYaml::pubsub("ingest", "events", &subscriptions[0])
+                .dedup_attribute("event_id")
+                .drain_idle("12s"),
+        )
+        .write(dir.path(), "p.yaml");
+    let worker = Worker::start(&file, "interval");
+    let publisher = pubsub.admin.publisher(&topic).await.unwrap();
+    // 5 events a second for 45 s.
+    let mut published = 0;
+    for tick in 0..90 {
+        let batch = events_with_duplicates(&format!("t{tick}-"), 3, 0);
+        published += batch.len() as i64;
+        sluice_engine::pubsub::publish_all(&publisher, batch)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let published_until = now_ms();
+    wait_for_a_run_after(&db_path, published_until, &worker).await;
+    assert!(
+        eventually(Duration::from_secs(120), || db.rows() == published).await,
+        "rows {} of {published}; runs {:#?}\n{}",
+        db.rows(),
+        runs(&db_path),
+        worker.logs()
+    );
+    let metrics = http_get(metrics_port, "/metrics").unwrap_or_default();
+    worker.terminate();
+    assert!(worker.wait(Duration::from_secs(90)).success());
+
+    assert_eq!(db.distinct_keys(), published, "each event once");
+    let done = completed(&db_path);
+    println!("runs: {done:#?}");
+    let mut deferred = 0;
+    for run in &done {
+        let (_, end) = run.interval.expect("data_interval runs have intervals");
+        let ended = run.ended_at.unwrap();
+        let after_end = db.query(&format!(
+            "SELECT COUNT(*) FROM test__events WHERE committed_at BETWEEN {} AND {ended} \
+             AND publish_time >= {end}",
+            run.started_at
+        ));
+        assert_eq!(
+            after_end, 0,
+            "run {run:?} committed what came after its end"
+        );
+        // Published while it read, after its end: left for a later run.
+        deferred += db.query(&format!(
+            "SELECT COUNT(*) FROM test__events WHERE publish_time BETWEEN {end} AND {ended} \
+             AND committed_at > {ended}"
+        ));
+    }
+    assert!(
+        deferred > 0,
+        "no run had messages published after its end while it read: {done:#?}"
+    );
+    let counted = metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("sluice_messages_deferred_total{pipeline=\"test\",flow=\"ingest\"}")
+        })
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(
+        counted.is_some_and(|n| n > 0.0),
+        "sluice_messages_deferred_total: {counted:?}"
+    );
+}

@@ -68,6 +68,15 @@ async fn a_seek_holds_the_watermark_without_the_tracking_replay() {
     seek_and_replay(TrackingReplay::Purged).await;
 }
 
+/// What the plain client holds: the event's id (`a…` replayed, `b…` new) or `probe`.
+fn held_label(message: &google_cloud_pubsub::model::Message) -> String {
+    message
+        .attributes
+        .get("event_id")
+        .cloned()
+        .unwrap_or_else(|| "probe".to_owned())
+}
+
 /// What the tracking subscription does with the replay after the reset's seek.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum TrackingReplay {
@@ -109,7 +118,8 @@ async fn seek_and_replay(tracking_replay: TrackingReplay) {
     // A plain client holds what the base subscription hands out for a while (the seek's
     // replay: its stream is the only one open then), as a loaded emulator hands a replay back
     // slowly, then gives it back to the new worker's streams (open by then, so not stalled).
-    let holder = pubsub.plain_client(&subscription, usize::MAX, REPLAY_HELD, false);
+    let holder =
+        pubsub.plain_client_taking(&subscription, usize::MAX, REPLAY_HELD, false, held_label);
     tokio::time::sleep(Duration::from_secs(3)).await;
     first.terminate();
     assert!(first.wait(Duration::from_secs(30)).success());
@@ -157,8 +167,19 @@ async fn seek_and_replay(tracking_replay: TrackingReplay) {
     );
     let samples = history.finish();
     let held = holder.await.unwrap();
-    println!("the plain client held {} messages", held.len());
-    assert!(!held.is_empty(), "the replay was not held back");
+    let held_events = |prefix: char| {
+        held.iter()
+            .filter(|label| label.starts_with(prefix))
+            .count()
+    };
+    println!(
+        "the plain client held {} messages: {} replayed events, {} new events, {} probes",
+        held.len(),
+        held_events('a'),
+        held_events('b'),
+        held_events('p')
+    );
+    assert!(held_events('a') > 0, "the replay was not held back");
     assert_eq!(db.distinct_keys(), total, "each event once");
     let (behind, first_behind) = rows_behind(&samples, |when, w| {
         db.query(&format!(
@@ -170,6 +191,34 @@ async fn seek_and_replay(tracking_replay: TrackingReplay) {
         "{total} events; {} samples after the reset; {late} counted late",
         samples.len()
     );
+    if behind > 0 {
+        let worst = samples
+            .iter()
+            .copied()
+            .max_by_key(|(when, w)| {
+                db.query(&format!(
+                    "SELECT COUNT(*) FROM test__events WHERE committed_at > {when} AND event_time < {w}"
+                ))
+            })
+            .unwrap();
+        let (when, w) = worst;
+        let late_rows = db.text(&format!(
+            "SELECT group_concat(dedup_key || ' published ' || publish_time || ' event ' || \
+             event_time || ' committed ' || committed_at, '; ') FROM test__events \
+             WHERE committed_at > {when} AND event_time < {w}"
+        ));
+        let reset_at = samples.first().map_or(0, |(when, _)| *when);
+        println!(
+            "late rows (sample at {when}, watermark {w}; traffic started {started}, seek \
+             {seek}, first sample {reset_at}): {late_rows}\nwatermark samples: {:?}\n\
+             logs of the new worker:\n{}",
+            samples
+                .iter()
+                .filter(|(at, _)| (at - when).abs() < 20_000)
+                .collect::<Vec<_>>(),
+            second.logs()
+        );
+    }
     assert_eq!(behind, 0, "replayed rows late: {first_behind:?}");
     assert_eq!(late, 0.0);
 }

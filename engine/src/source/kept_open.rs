@@ -61,6 +61,19 @@ impl KeptOpen {
         self.open.lock().await.is_some()
     }
 
+    /// Keeps `later` for the next run, handed over before anything newer; nacked when the
+    /// real source is not running (closed meanwhile).
+    pub async fn keep(&self, later: Vec<Received>) {
+        match self.open.lock().await.as_mut() {
+            Some(open) => open.kept.extend(later),
+            None => {
+                for received in later {
+                    received.handle.nack();
+                }
+            }
+        }
+    }
+
     /// Stops the real source, nacking what it holds, and waits until it has shut down.
     pub async fn close(&self) {
         let Some(mut open) = self.open.lock().await.take() else {

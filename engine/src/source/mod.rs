@@ -8,7 +8,8 @@
 //! source kept running across a schedule's runs; each run reads it through a view of its own,
 //! which is what implements the trait) and [`InProcessSource`](crate::InProcessSource) (generated
 //! messages, for measuring sluice's own capacity and for faults the emulator cannot produce).
-//! [`ReaderTurn`](crate::ReaderTurn) lets one replica of a pool read a bounded source at a time;
+//! [`PublishedBefore`](crate::PublishedBefore) cuts a scheduled run's source at its data
+//! interval's end. [`ReaderTurn`](crate::ReaderTurn) lets one replica of a pool read a bounded source at a time;
 //! `bounded.rs` skips what a re-read finds committed.
 //!
 //! [`Budget`]: crate::Budget
@@ -24,6 +25,7 @@ mod file_turns;
 pub(crate) mod inprocess;
 pub(crate) mod kept_open;
 pub(crate) mod page;
+pub(crate) mod published_before;
 pub mod pubsub;
 pub(crate) mod table;
 mod table_reader;

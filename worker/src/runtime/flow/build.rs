@@ -8,8 +8,8 @@ use sluice_engine::pubsub::FlowIntent;
 use sluice_engine::{
     AckFence, BatchSettings, Budget, CommitThenAck, Counters, DEFAULT_POLL, DedupSettings,
     Expectations, FileSource, FileTurn, FlowRun, FlowWatermark, JsonlSink, KeySource,
-    MessageSource, PubSubConfig, PubSubFlow, ReaderTurn, RetrySettings, RunUntil, SkipCommitted,
-    SourceProgress, Stage, TableSource, TableStage, TableWatermark,
+    MessageSource, PubSubConfig, PubSubFlow, PublishedBefore, ReaderTurn, RetrySettings, RunUntil,
+    SkipCommitted, SourceProgress, Stage, TableSource, TableStage, TableWatermark,
 };
 use sluice_pipeline::{
     DedupBy, Flow, Mode, OnBadTimestamp, OnMissingKey, Pipeline, Poison, Source, TargetKind,
@@ -250,8 +250,19 @@ pub fn build(
     let mut plan = match &flow.source {
         Source::PubSub(settings) => {
             let mut plan = pubsub_plan(pipeline, flow, settings, scope.acks.as_ref())?;
-            if let Some(kept) = scope.kept.as_ref().and_then(|k| k.get(&flow.name)) {
+            let kept = scope.kept.as_ref().and_then(|k| k.get(&flow.name));
+            if let Some(kept) = kept {
                 plan.source = kept.for_run(plan.source);
+            }
+            // A run with a data interval reads what was published before its end.
+            if let Some(interval) = scope.interval {
+                plan.source = Box::new(PublishedBefore::new(
+                    plan.source,
+                    interval.end_ms,
+                    kept.cloned(),
+                    &pipeline.name,
+                    &flow.name,
+                ));
             }
             plan
         }
