@@ -27,6 +27,9 @@ pub struct WorkerBeat {
     pub host: String,
     /// Process id, for people.
     pub pid: u32,
+    /// The schedule this worker fires by, as a fingerprint (`None`: no schedule): a pool's
+    /// scheduler fires only while every live replica's agrees with its own.
+    pub schedule: Option<String>,
 }
 
 /// A worker as the store last heard of it.
@@ -42,6 +45,8 @@ pub struct WorkerRecord {
     pub started_at_ms: i64,
     /// Latest heartbeat, ms since epoch (store clock).
     pub last_beat_ms: i64,
+    /// Its schedule's fingerprint ([`WorkerBeat::schedule`]).
+    pub schedule: Option<String>,
 }
 
 /// A request to take or renew a lease.

@@ -16,6 +16,7 @@ async fn drain_reports_come_with_the_readers_heartbeats(postgres: bool) {
         worker: worker.into(),
         host: "h".into(),
         pid: 1,
+        schedule: None,
     };
     store.heartbeat(&beat("a")).await.unwrap();
     store.report_drain(&flows[0], "a", false).await.unwrap();
@@ -106,6 +107,7 @@ async fn heartbeats_list_live_workers(postgres: bool) {
         worker: worker.into(),
         host: "h".into(),
         pid: 7,
+        schedule: Some(format!("schedule of {worker}")),
     };
     store.heartbeat(&beat("old")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(800)).await;
@@ -121,6 +123,22 @@ async fn heartbeats_list_live_workers(postgres: bool) {
     let all = store.workers("p", Duration::from_secs(60)).await.unwrap();
     assert_eq!(all.len(), 2);
     assert!(all.iter().all(|w| w.last_beat_ms >= w.started_at_ms));
+    assert_eq!(
+        all.iter()
+            .map(|w| w.schedule.as_deref())
+            .collect::<Vec<_>>(),
+        [Some("schedule of new"), Some("schedule of old")],
+        "each worker's schedule, as it last beat"
+    );
+    store
+        .heartbeat(&WorkerBeat {
+            schedule: None,
+            ..beat("old")
+        })
+        .await
+        .unwrap();
+    let all = store.workers("p", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(all[1].schedule, None, "a beat replaces the schedule");
     store.leave("p", "new").await.unwrap();
     let left = store.workers("p", Duration::from_secs(60)).await.unwrap();
     assert_eq!(
@@ -298,7 +316,45 @@ async fn a_reset_under_a_lost_claim_deletes_nothing(postgres: bool) {
     assert!(matches!(ended, Err(StoreError::ClaimLost(_))), "{ended:?}");
 }
 
+/// A store whose `sluice_workers` is from before schedules were compared gains the column when
+/// it opens, and its heartbeats carry the schedule.
+async fn workers_from_before_schedules_are_upgraded(postgres: bool) {
+    let place = Place::new(postgres).await;
+    let store = place.open();
+    store.prepare(&layout(&["live"])).await.unwrap();
+    let (time, undo) = if postgres {
+        ("TIMESTAMPTZ", "DELETE FROM sluice_migrations WHERE version >= 16;")
+    } else {
+        ("INTEGER", "")
+    };
+    place
+        .execute(&format!(
+            "DROP TABLE sluice_workers;
+             CREATE TABLE sluice_workers (
+                 pipeline TEXT NOT NULL, worker TEXT NOT NULL, host TEXT NOT NULL,
+                 pid INTEGER NOT NULL, started_at {time} NOT NULL, last_beat {time} NOT NULL,
+                 PRIMARY KEY (pipeline, worker));
+             {undo}"
+        ))
+        .await;
+    drop(store);
+    let store = place.open();
+    store.prepare(&layout(&["live"])).await.unwrap();
+    let beat = WorkerBeat {
+        pipeline: "p".into(),
+        worker: "w".into(),
+        host: "h".into(),
+        pid: 1,
+        schedule: Some("every 5 s".into()),
+    };
+    store.heartbeat(&beat).await.unwrap();
+    let alive = store.workers("p", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(alive.len(), 1);
+    assert_eq!(alive[0].schedule.as_deref(), Some("every 5 s"));
+}
+
 on_both_backends!(
+    workers_from_before_schedules_are_upgraded,
     a_reset_under_a_lost_claim_deletes_nothing,
     pool_updates_are_claimed_once_and_end_once,
     drain_reports_come_with_the_readers_heartbeats,

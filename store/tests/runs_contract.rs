@@ -27,6 +27,7 @@ fn beat(worker: &str) -> WorkerBeat {
         worker: worker.into(),
         host: "h".into(),
         pid: 1,
+        schedule: None,
     }
 }
 

@@ -1520,3 +1520,62 @@ async fn a_pubsub_run_with_an_interval_leaves_what_came_after_its_end_to_the_nex
         "sluice_messages_deferred_total: {counted:?}"
     );
 }
+
+/// Two replicas of one pipeline with different schedules (a pipeline file changed during a
+/// rollout): the lease holder fires nothing while both are alive, and says why; once the old
+/// replica is gone the pool fires by the schedule left. The 20 s of disagreement hold four
+/// fires of the old `every: 5s`: on the code before the check they ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_with_different_schedules_fire_nothing_until_they_agree() {
+    let dir = Workdir::new();
+    let db_path = dir.db("agree");
+    let glob = dir.events_file(&[1_000, 2_000]);
+    let file = |schedule: &str, name: &str| {
+        PipelineYaml::new("test")
+            .mode("triggered")
+            .sqlite(&db_path)
+            .schedule(schedule)
+            .target_table("events")
+            .flow(FlowYaml::file("events", "events", &glob))
+            .write(dir.path(), name)
+    };
+    let old = Worker::start(&file("{ every: 5s }", "old.yaml"), "old");
+    assert!(
+        eventually(Duration::from_secs(60), || completed(&db_path).len() >= 2).await,
+        "runs of the old schedule: {:?}\n{}",
+        runs(&db_path),
+        old.logs()
+    );
+    let new = Worker::start(&file("{ every: 7s }", "new.yaml"), "new");
+    let said = "replicas of this pipeline run different schedules";
+    assert!(
+        eventually(Duration::from_secs(60), || old.logs().contains(said)).await,
+        "the holder never noticed: {}",
+        old.logs()
+    );
+    let noticed = now_ms();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let started_meanwhile: Vec<Run> = runs(&db_path)
+        .into_iter()
+        .filter(|r| r.started_at > noticed)
+        .collect();
+    assert!(
+        started_meanwhile.is_empty(),
+        "runs started while the replicas disagreed: {started_meanwhile:#?}"
+    );
+    old.terminate();
+    assert!(old.wait(Duration::from_secs(60)).success());
+    let left = now_ms();
+    assert!(
+        eventually(Duration::from_secs(90), || completed(&db_path)
+            .iter()
+            .any(|r| r.started_at > left && r.fire_ms % 7_000 == 0))
+        .await,
+        "no run of the schedule left: {:#?}\n{}",
+        runs(&db_path),
+        new.logs()
+    );
+    new.terminate();
+    assert!(new.wait(Duration::from_secs(60)).success());
+    assert_eq!(Db(db_path.clone()).rows(), 2, "each record once");
+}

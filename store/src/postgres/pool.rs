@@ -18,10 +18,18 @@ pub(super) async fn heartbeat(client: &Client, beat: &WorkerBeat) -> Result<(), 
     let pid = i32::try_from(beat.pid).unwrap_or(i32::MAX);
     client
         .execute(
-            "INSERT INTO sluice_workers (pipeline, worker, host, pid, started_at, last_beat)
-             VALUES ($1, $2, $3, $4, now(), now())
-             ON CONFLICT (pipeline, worker) DO UPDATE SET last_beat = now()",
-            &[&beat.pipeline, &beat.worker, &beat.host, &pid],
+            "INSERT INTO sluice_workers
+                 (pipeline, worker, host, pid, started_at, last_beat, schedule)
+             VALUES ($1, $2, $3, $4, now(), now(), $5)
+             ON CONFLICT (pipeline, worker) DO UPDATE SET last_beat = now(),
+                 schedule = excluded.schedule",
+            &[
+                &beat.pipeline,
+                &beat.worker,
+                &beat.host,
+                &pid,
+                &beat.schedule,
+            ],
         )
         .await?;
     Ok(())
@@ -126,7 +134,7 @@ pub(super) async fn workers(
                 ms!("started_at"),
                 ", ",
                 ms!("last_beat"),
-                " FROM sluice_workers
+                ", schedule FROM sluice_workers
                  WHERE pipeline = $1 AND last_beat >= now() - make_interval(secs => $2)
                  ORDER BY worker"
             ),
@@ -141,6 +149,7 @@ pub(super) async fn workers(
                 pid: u32::try_from(row.try_get::<_, i32>(2)?).unwrap_or_default(),
                 started_at_ms: row.try_get(3)?,
                 last_beat_ms: row.try_get(4)?,
+                schedule: row.try_get(5)?,
             })
         })
         .collect()

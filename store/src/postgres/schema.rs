@@ -296,6 +296,14 @@ CREATE INDEX IF NOT EXISTS sluice_runs_completed_fire
     ON sluice_runs (pipeline, fire_ms) WHERE state = 'completed';
 ",
     ),
+    (
+        16,
+        "
+-- The schedule each worker fires by, so a pool's scheduler fires only while its replicas
+-- agree (worker/src/runtime/runs/schedule_agreement.rs).
+ALTER TABLE sluice_workers ADD COLUMN IF NOT EXISTS schedule TEXT;
+",
+    ),
 ];
 
 /// Applies the migrations this database lacks and returns the ledger generation width in ms

@@ -79,6 +79,7 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.execute_batch(schema::STATE_DDL)?;
         schema::upgrade_outbox(&mut conn)?;
+        schema::upgrade_workers(&mut conn)?;
         let (commands, receiver) = sync_channel(COMMAND_QUEUE);
         std::thread::Builder::new()
             .name("sluice-sqlite-writer".to_owned())

@@ -19,10 +19,18 @@ pub(crate) fn heartbeat(
     now_ms: i64,
 ) -> Result<(), StoreError> {
     conn.execute(
-        "INSERT INTO sluice_workers (pipeline, worker, host, pid, started_at, last_beat)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?5)
-         ON CONFLICT (pipeline, worker) DO UPDATE SET last_beat = excluded.last_beat",
-        params![beat.pipeline, beat.worker, beat.host, beat.pid, now_ms],
+        "INSERT INTO sluice_workers (pipeline, worker, host, pid, started_at, last_beat, schedule)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)
+         ON CONFLICT (pipeline, worker) DO UPDATE SET last_beat = excluded.last_beat,
+             schedule = excluded.schedule",
+        params![
+            beat.pipeline,
+            beat.worker,
+            beat.host,
+            beat.pid,
+            now_ms,
+            beat.schedule
+        ],
     )?;
     Ok(())
 }
@@ -34,7 +42,7 @@ pub(crate) fn workers(
     now_ms: i64,
 ) -> Result<Vec<WorkerRecord>, StoreError> {
     let mut statement = conn.prepare_cached(
-        "SELECT worker, host, pid, started_at, last_beat FROM sluice_workers
+        "SELECT worker, host, pid, started_at, last_beat, schedule FROM sluice_workers
          WHERE pipeline = ?1 AND last_beat >= ?2 ORDER BY worker",
     )?;
     let rows = statement.query_map(
@@ -46,6 +54,7 @@ pub(crate) fn workers(
                 pid: row.get(2)?,
                 started_at_ms: row.get(3)?,
                 last_beat_ms: row.get(4)?,
+                schedule: row.get(5)?,
             })
         },
     )?;

@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS sluice_workers (
     pid        INTEGER NOT NULL,
     started_at INTEGER NOT NULL,
     last_beat  INTEGER NOT NULL,
+    schedule   TEXT,
     PRIMARY KEY (pipeline, worker)
 );
 CREATE TABLE IF NOT EXISTS sluice_leases (
@@ -157,6 +158,26 @@ CREATE TABLE IF NOT EXISTS sluice_window_marks (
     size_ms        INTEGER
 );
 ";
+
+/// Gives `sluice_workers` of a file from before schedules were compared its `schedule`
+/// column (after [`STATE_DDL`]; looked at first, so an up-to-date file takes no write lock).
+pub(super) fn upgrade_workers(conn: &mut Connection) -> Result<(), StoreError> {
+    let has_schedule: bool = conn.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('sluice_workers') WHERE name = 'schedule'",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_schedule {
+        // A second opener may have added it meanwhile: that is not an error.
+        if let Err(error) =
+            conn.execute_batch("ALTER TABLE sluice_workers ADD COLUMN schedule TEXT")
+            && !error.to_string().contains("duplicate column")
+        {
+            return Err(error.into());
+        }
+    }
+    Ok(())
+}
 
 /// Brings the dead-letter outbox up to one letter per record (pipeline, flow, dedup key), after
 /// [`STATE_DDL`]: a file from before gets `published_at` (a published letter stays as a marker,

@@ -28,6 +28,7 @@ use crate::runtime::updates::update_loop::{Prepared, Updates};
 use crate::serve::control::{ControlApi, ControlSettings};
 use crate::serve::observe;
 use sluice_pipeline::Pipeline;
+use sluice_store::WorkerBeat;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
@@ -54,7 +55,13 @@ pub async fn execute(
         .await
         .map_err(RunError::Endpoint)?;
     let readiness = observed.readiness.clone();
-    let beat = identity(&pipeline.name);
+    let beat = WorkerBeat {
+        schedule: pipeline
+            .schedule
+            .as_ref()
+            .map(crate::runtime::runs::schedule_agreement::fingerprint),
+        ..identity(&pipeline.name)
+    };
     let board = FlowBoard::new(
         &pipeline.name,
         pipeline.flows.iter().map(|f| (f.name.clone(), f.once)),

@@ -20,5 +20,6 @@ pub fn identity(pipeline: &str) -> WorkerBeat {
         worker: format!("{host}-{pid}-{:04x}", rand::random::<u16>()),
         host,
         pid,
+        schedule: None,
     }
 }

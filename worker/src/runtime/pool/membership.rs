@@ -264,6 +264,7 @@ mod tests {
             worker: worker.into(),
             host: "h".into(),
             pid: 1,
+            schedule: None,
         }
     }
 

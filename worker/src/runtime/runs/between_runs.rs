@@ -26,6 +26,9 @@ pub enum Awaited {
     /// The fire at this instant (ms), or none (the schedule never fires again), or a table
     /// update, or the loss of the lease.
     Fire(Option<i64>),
+    /// The replicas run different schedules: look again at this instant (ms), or on the loss
+    /// of the lease (`schedule_agreement.rs`).
+    Agreement(i64),
 }
 
 /// What ended the wait.
@@ -60,7 +63,7 @@ pub async fn wait(
 ) -> Result<Waited<Woke>, RunError> {
     let at_ms = match between.awaited {
         Awaited::Fire(at_ms) => at_ms,
-        Awaited::Lease => None,
+        Awaited::Lease | Awaited::Agreement(_) => None,
     };
     // Kept open only for a fire that comes soon: for another replica's, or one far off, what
     // they hold would be held back all that time.
@@ -82,16 +85,26 @@ pub async fn wait(
             updates.handles(),
             updates.store().clone(),
         ),
-        Awaited::Lease => None,
+        Awaited::Lease | Awaited::Agreement(_) => None,
     };
     let (awaited, last_started) = (between.awaited, between.last_started);
     let mut holding = between.lease.watch();
     let drain = shutdown.drain.clone();
     let until = async move {
         let woke = async {
-            if let Awaited::Lease = awaited {
-                let _ = holding.wait_for(|held| *held).await;
-                return Woke::Neither;
+            match awaited {
+                Awaited::Lease => {
+                    let _ = holding.wait_for(|held| *held).await;
+                    return Woke::Neither;
+                }
+                Awaited::Agreement(again_ms) => {
+                    tokio::select! {
+                        () = sleep_until_ms(again_ms) => {}
+                        _ = holding.wait_for(|held| !*held) => {}
+                    }
+                    return Woke::Neither;
+                }
+                Awaited::Fire(_) => {}
             }
             let fire = async {
                 match at_ms {

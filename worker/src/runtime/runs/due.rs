@@ -138,6 +138,7 @@ mod tests {
             pid: 1,
             started_at_ms,
             last_beat_ms: started_at_ms,
+            schedule: None,
         }
     }
 

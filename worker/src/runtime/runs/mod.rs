@@ -13,5 +13,6 @@ mod record;
 mod rerun;
 mod retries;
 mod run_end;
+pub(crate) mod schedule_agreement;
 mod table_updates;
 pub(super) mod timetable;

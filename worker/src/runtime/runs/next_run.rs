@@ -17,7 +17,9 @@ use crate::runtime::runs::between_runs::{self, Awaited, Between, Woke};
 use crate::runtime::runs::due::{self, Due, ScheduleState, UNFINISHED_LOOKBACK};
 use crate::runtime::runs::lease::SchedulerLease;
 use crate::runtime::runs::record::{Run, RunAsk};
+use crate::runtime::runs::schedule_agreement::{self, AgreementWatch};
 use crate::runtime::updates::update_loop::{Updates, Waited};
+use sluice_pipeline::Schedule;
 use sluice_pipeline::timetable::{Fire, FireKind, NextRun, Timetable};
 use sluice_store::RunTrigger;
 use std::collections::VecDeque;
@@ -75,16 +77,24 @@ pub struct NextRuns {
     /// The start of the last fire's or table update's run: the fires that came while it went
     /// on are counted delayed once it ended.
     delayed_behind: Option<i64>,
+    /// This worker's schedule's fingerprint, compared with the other replicas' before a fire.
+    schedule: String,
+    /// Whether they disagreed at the last look.
+    agreement: AgreementWatch,
 }
 
 impl NextRuns {
-    /// The runs by `plan`.
-    pub fn new(plan: Plan) -> Self {
+    /// The runs by `plan`, for a worker whose schedule is `schedule` (if any).
+    pub fn new(plan: Plan, schedule: Option<&Schedule>) -> Self {
         Self {
             plan,
             decided: false,
             last_started: None,
             delayed_behind: None,
+            schedule: schedule
+                .map(schedule_agreement::fingerprint)
+                .unwrap_or_default(),
+            agreement: AgreementWatch::default(),
         }
     }
 
@@ -187,40 +197,44 @@ impl NextRuns {
                     Awaited::Lease
                 } else {
                     let state = read_state(updates, shutdown).await?;
-                    match due::due(state, timetable, updates.worker(), now_ms()) {
-                        Due::Unfinished { run, ask } => {
-                            self.last_started = Some(now_ms());
-                            tracing::info!(run = run.run_id, fire_ms = run.fire_ms,
+                    if replicas_disagree(&self.schedule, &mut self.agreement, updates, &state) {
+                        Awaited::Agreement(schedule_agreement::look_again_at(now_ms()))
+                    } else {
+                        match due::due(state, timetable, updates.worker(), now_ms()) {
+                            Due::Unfinished { run, ask } => {
+                                self.last_started = Some(now_ms());
+                                tracing::info!(run = run.run_id, fire_ms = run.fire_ms,
                                 from = %run.worker, "finishing a run its runner did not end");
-                            return Ok(Next::Run(Run::Recorded {
-                                ask,
-                                scope: scope(ask.interval),
-                                lease: Some(lease.watch()),
-                                give_back_kept: false,
-                            }));
-                        }
-                        Due::Abandoned(unfinished) => {
-                            self.last_started = Some(now_ms());
-                            return Ok(Next::Run(Run::Abandoned(unfinished)));
-                        }
-                        Due::Next {
-                            run,
-                            newest_start,
-                            newest_own_start,
-                        } => {
-                            // A restart goes on from the newest run of the pipeline; after
-                            // that, from this worker's own run as recorded when that is later
-                            // than its decision to run it (recording takes a moment), so that
-                            // `min_interval` holds between the starts `sluice runs` shows (to
-                            // within the store's clock skew on PostgreSQL).
-                            self.last_started = match self.last_started {
-                                None => newest_start,
-                                Some(decided) => Some(decided).max(newest_own_start),
-                            };
-                            match run {
-                                NextRun::Now(fire) => break 'fire Some(fire),
-                                NextRun::At(at_ms) => Awaited::Fire(Some(at_ms)),
-                                NextRun::Never => Awaited::Fire(None),
+                                return Ok(Next::Run(Run::Recorded {
+                                    ask,
+                                    scope: scope(ask.interval),
+                                    lease: Some(lease.watch()),
+                                    give_back_kept: false,
+                                }));
+                            }
+                            Due::Abandoned(unfinished) => {
+                                self.last_started = Some(now_ms());
+                                return Ok(Next::Run(Run::Abandoned(unfinished)));
+                            }
+                            Due::Next {
+                                run,
+                                newest_start,
+                                newest_own_start,
+                            } => {
+                                // A restart goes on from the newest run of the pipeline; after
+                                // that, from this worker's own run as recorded when that is later
+                                // than its decision to run it (recording takes a moment), so that
+                                // `min_interval` holds between the starts `sluice runs` shows (to
+                                // within the store's clock skew on PostgreSQL).
+                                self.last_started = match self.last_started {
+                                    None => newest_start,
+                                    Some(decided) => Some(decided).max(newest_own_start),
+                                };
+                                match run {
+                                    NextRun::Now(fire) => break 'fire Some(fire),
+                                    NextRun::At(at_ms) => Awaited::Fire(Some(at_ms)),
+                                    NextRun::Never => Awaited::Fire(None),
+                                }
                             }
                         }
                     }
@@ -321,6 +335,19 @@ impl NextRuns {
             give_back_kept: false,
         })
     }
+}
+
+/// Whether a live replica runs another schedule than this worker's (`schedule`; logged and
+/// shown by `watch`): then no fire runs.
+fn replicas_disagree(
+    schedule: &str,
+    watch: &mut AgreementWatch,
+    updates: &Updates<'_>,
+    state: &ScheduleState,
+) -> bool {
+    let others = schedule_agreement::disagreement(&state.alive, schedule);
+    watch.observe(&updates.pipeline().name, updates.worker(), &others);
+    !others.is_empty()
 }
 
 /// The schedule's state, read at once (retried while the store is unavailable, for at most

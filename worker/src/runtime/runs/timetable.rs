@@ -106,7 +106,7 @@ pub async fn drive(
     if pipeline.mode == Mode::Triggered {
         crate::runtime::runs::run_end::register_counts(&pipeline.name);
     }
-    let mut runs = NextRuns::new(plan);
+    let mut runs = NextRuns::new(plan, pipeline.schedule.as_ref());
     let mut outcomes = Vec::new();
     let mut interrupted = false;
     loop {
