@@ -323,7 +323,10 @@ async fn workers_from_before_schedules_are_upgraded(postgres: bool) {
     let store = place.open();
     store.prepare(&layout(&["live"])).await.unwrap();
     let (time, undo) = if postgres {
-        ("TIMESTAMPTZ", "DELETE FROM sluice_migrations WHERE version >= 16;")
+        (
+            "TIMESTAMPTZ",
+            "DELETE FROM sluice_migrations WHERE version >= 16;",
+        )
     } else {
         ("INTEGER", "")
     };
