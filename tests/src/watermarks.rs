@@ -80,6 +80,23 @@ impl WatermarkHistory {
     }
 }
 
+/// The band of a [`WatermarkedPipeline`], ms.
+pub const BAND_MS: i64 = 10_000;
+
+/// SQL: the row's event time lies within the band before its publish time. An event whose
+/// publish came more than the band after it (the test's publisher, on a loaded machine, can
+/// take seconds to publish what it stamped) is late by definition: nothing holds the watermark
+/// for it before the tracking reader sees it, and sluice counts it late, rightly.
+pub const IN_BAND: &str = "publish_time - event_time <= 10000";
+
+/// Rows of `table` (in the SQLite store `db`) outside the band, which sluice may rightly
+/// count late.
+pub fn out_of_band(db: &crate::Db, table: &str) -> i64 {
+    db.query(&format!(
+        "SELECT COUNT(*) FROM {table} WHERE NOT ({IN_BAND})"
+    ))
+}
+
 /// How many rows (at most, over the samples) `rows_behind(when, watermark)` found committed
 /// after a sample below it, and the first such sample.
 pub fn rows_behind(

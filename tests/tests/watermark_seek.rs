@@ -5,7 +5,9 @@
 //! stops; the flow is reset with a seek to 5 s into the traffic; a new worker starts while
 //! traffic goes on, and replays the last 15 s. Every row committed after a sample of the
 //! watermark has an event time of at least that sample, `sluice_messages_late_total` stays 0,
-//! and every event is there once. (Before the fix only the base subscription was seeked: the
+//! and every event is there once (an event the test's publisher published more than the band
+//! after stamping it, as a loaded machine made it do once in CI, is late by definition: such
+//! rows are left out of both checks, and printed). (Before the fix only the base subscription was seeked: the
 //! new reader, tracking only what was published after the reset, let the watermark move with
 //! the clock over the replay, and the replayed rows were late.)
 //!
@@ -26,7 +28,7 @@
 
 use sluice_bench::free_port;
 use sluice_tests::watermarks::{
-    WatermarkHistory, WatermarkedPipeline, publish_steadily, rows_behind,
+    IN_BAND, WatermarkHistory, WatermarkedPipeline, out_of_band, publish_steadily, rows_behind,
 };
 use sluice_tests::{
     Db, PubSub, Workdir, Worker, emulator, eventually, flow_metric, now_ms, sluice_command, unique,
@@ -183,21 +185,34 @@ async fn seek_and_replay(tracking_replay: TrackingReplay) {
     assert_eq!(db.distinct_keys(), total, "each event once");
     let (behind, first_behind) = rows_behind(&samples, |when, w| {
         db.query(&format!(
-            "SELECT COUNT(*) FROM test__events WHERE committed_at > {when} AND event_time < {w}"
+            "SELECT COUNT(*) FROM test__events WHERE committed_at > {when} AND event_time < {w} \
+             AND {IN_BAND}"
         ))
     });
     let late = flow_metric(metrics_port, "sluice_messages_late_total", "ingest").unwrap();
+    let outside = out_of_band(&db, "test__events");
     println!(
-        "{total} events; {} samples after the reset; {late} counted late",
+        "{total} events; {} samples after the reset; {late} counted late; {outside} published \
+         more than the band after their event time",
         samples.len()
     );
+    if outside > 0 {
+        println!(
+            "outside the band: {}",
+            db.text(&format!(
+                "SELECT group_concat(dedup_key || ' published ' || publish_time || ' event ' || \
+                 event_time, '; ') FROM test__events WHERE NOT ({IN_BAND})"
+            ))
+        );
+    }
     if behind > 0 {
         let worst = samples
             .iter()
             .copied()
             .max_by_key(|(when, w)| {
                 db.query(&format!(
-                    "SELECT COUNT(*) FROM test__events WHERE committed_at > {when} AND event_time < {w}"
+                    "SELECT COUNT(*) FROM test__events WHERE committed_at > {when} \
+                     AND event_time < {w} AND {IN_BAND}"
                 ))
             })
             .unwrap();
@@ -205,7 +220,7 @@ async fn seek_and_replay(tracking_replay: TrackingReplay) {
         let late_rows = db.text(&format!(
             "SELECT group_concat(dedup_key || ' published ' || publish_time || ' event ' || \
              event_time || ' committed ' || committed_at, '; ') FROM test__events \
-             WHERE committed_at > {when} AND event_time < {w}"
+             WHERE committed_at > {when} AND event_time < {w} AND {IN_BAND}"
         ));
         let reset_at = samples.first().map_or(0, |(when, _)| *when);
         println!(
@@ -219,6 +234,9 @@ async fn seek_and_replay(tracking_replay: TrackingReplay) {
             second.logs()
         );
     }
-    assert_eq!(behind, 0, "replayed rows late: {first_behind:?}");
-    assert_eq!(late, 0.0);
+    assert_eq!(behind, 0, "rows late: {first_behind:?}");
+    assert!(
+        late <= outside as f64,
+        "{late} counted late, {outside} outside the band"
+    );
 }
