@@ -181,7 +181,7 @@ async fn seek_and_replay(tracking_replay: TrackingReplay) {
         held_events('b'),
         held_events('p')
     );
-    assert!(held_events('a') > 0, "the replay was not held back");
+    assert!(!held.is_empty(), "the replay was not held back");
     assert_eq!(db.distinct_keys(), total, "each event once");
     let (behind, first_behind) = rows_behind(&samples, |when, w| {
         db.query(&format!(

@@ -61,11 +61,16 @@ impl KeptOpen {
         self.open.lock().await.is_some()
     }
 
-    /// Keeps `later` for the next run, handed over before anything newer; nacked when the
-    /// real source is not running (closed meanwhile).
+    /// Keeps `later` (in the order they were handed over) for the next run, first: they were
+    /// handed over before anything the kept source still holds. Nacked when the real source
+    /// is not running (closed meanwhile).
     pub async fn keep(&self, later: Vec<Received>) {
         match self.open.lock().await.as_mut() {
-            Some(open) => open.kept.extend(later),
+            Some(open) => {
+                for received in later.into_iter().rev() {
+                    open.kept.push_front(received);
+                }
+            }
             None => {
                 for received in later {
                     received.handle.nack();

@@ -6,9 +6,11 @@
 //!   publish time is compared with the interval's end; one at or after it is held, unacked, its
 //!   lease extended by the client, and never handed to the run. It does not count as activity,
 //!   so the run still ends when nothing of its interval came for its idle time.
-//! * **Nothing is lost or acked by the cut.** When the run's source closes, what was held goes
-//!   back: to the kept source's queue for the next run when the streams are kept open between
-//!   runs ([`KeptOpen::keep`]), else nacked before the streams close, to be redelivered.
+//! * **Nothing is lost or acked by the cut.** When the run's source closes, what was held (and
+//!   what was on its way to the run) goes back: to the front of the kept source's queue for the
+//!   next run when the streams are kept open between runs ([`KeptOpen::keep`]), else nacked
+//!   before the streams close, to be redelivered (one more delivery attempt, which a
+//!   subscription's dead-letter policy counts).
 //!
 //! Bound: Pub/Sub delivers out of publish order, so a message of the interval that arrives
 //! after the run found its source idle is read by the next run, not this one (once, as every
@@ -70,7 +72,13 @@ impl MessageSource for PublishedBefore {
             loop {
                 let next = tokio::select! {
                     biased;
-                    () = forwarding.cancelled() => break,
+                    () = forwarding.cancelled() => {
+                        // What was on its way goes back with what was held.
+                        while let Ok(received) = rx.try_recv() {
+                            later.push(received);
+                        }
+                        break;
+                    }
                     next = rx.recv() => next,
                 };
                 let Some(received) = next else { break };

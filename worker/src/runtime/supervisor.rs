@@ -55,10 +55,12 @@ pub async fn execute(
         .await
         .map_err(RunError::Endpoint)?;
     let readiness = observed.readiness.clone();
+    // A backfill fires nothing: it beats without a schedule (`schedule_agreement.rs`).
     let beat = WorkerBeat {
         schedule: pipeline
             .schedule
             .as_ref()
+            .filter(|_| backfill.is_none())
             .map(crate::runtime::runs::schedule_agreement::fingerprint),
         ..identity(&pipeline.name)
     };

@@ -59,6 +59,11 @@ fn counters() {
             "Records a typed flow's where: left out (acked, no row).",
         ),
         (
+            "sluice_messages_deferred_total",
+            "Pub/Sub messages a run with a data interval left for a later run (published at or \
+             after the interval's end).",
+        ),
+        (
             "sluice_dedup_key_missing_total",
             "Messages without the flow's dedup attribute (keyed by their message id, or dead \
              letters with on_missing: dead_letter).",
@@ -181,6 +186,11 @@ fn gauges() {
             "sluice_schedule_next_fire_timestamp_seconds",
             Unit::Seconds,
             "The schedule's next fire, seconds since the epoch.",
+        ),
+        (
+            "sluice_schedule_disagreement",
+            Unit::Count,
+            "1 while live replicas of the pipeline run different schedules (no fire runs).",
         ),
         (
             "sluice_ready",

@@ -254,8 +254,11 @@ pub fn build(
             if let Some(kept) = kept {
                 plan.source = kept.for_run(plan.source);
             }
-            // A run with a data interval reads what was published before its end.
-            if let Some(interval) = scope.interval {
+            // A scheduled run (one with kept sources) with a data interval reads what was
+            // published before its end. A `sluice backfill` run drains as before: it cannot
+            // read a past interval again, and would hand the same live messages back (a
+            // delivery attempt each) at every interval of its range.
+            if let (Some(interval), Some(_)) = (scope.interval, scope.kept.as_ref()) {
                 plan.source = Box::new(PublishedBefore::new(
                     plan.source,
                     interval.end_ms,

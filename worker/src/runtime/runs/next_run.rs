@@ -194,6 +194,8 @@ impl NextRuns {
                 // What to wait for: the lease (another replica runs the schedule), or the next
                 // fire.
                 let awaited = if !lease.held() {
+                    // Another replica compares (and shows) the schedules.
+                    self.agreement.not_holding(&updates.pipeline().name);
                     Awaited::Lease
                 } else {
                     let state = read_state(updates, shutdown).await?;
@@ -268,6 +270,13 @@ impl NextRuns {
                 };
                 if shutdown.drain.is_cancelled() || !lease.held() {
                     continue 'decide;
+                }
+                // A replica with another schedule may have joined during the wait.
+                if matches!(woke, Woke::Fire | Woke::TableUpdate) {
+                    let state = read_state(updates, shutdown).await?;
+                    if replicas_disagree(&self.schedule, &mut self.agreement, updates, &state) {
+                        continue 'decide;
+                    }
                 }
                 match (woke, awaited) {
                     (Woke::Fire, Awaited::Fire(Some(at_ms))) => Some(Fire {

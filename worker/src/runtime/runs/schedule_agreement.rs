@@ -10,7 +10,9 @@
 //! `sluice_schedule_disagreement` 1, and the holder looks again every [`LOOK_AGAIN`]. Once the
 //! old replicas are gone (or restarted with the new file) the pool fires by the one schedule,
 //! going on from the last fire recorded. Guarantee: no fire is run by a worker while another
-//! live replica's schedule differs from its own (as of their latest heartbeats).
+//! live replica's schedule differs from its own, as of their heartbeats read when the worker
+//! decided to run it (a decision made before a wait is checked again when the wait ends).
+//! A `sluice backfill` beats without its schedule: it runs the intervals it was asked for.
 
 use sluice_pipeline::Schedule;
 use sluice_store::WorkerRecord;
@@ -24,14 +26,14 @@ pub fn look_again_at(now_ms: i64) -> i64 {
     now_ms.saturating_add(i64::try_from(LOOK_AGAIN.as_millis()).unwrap_or(0))
 }
 
-/// The schedule as validated, in one line: equal exactly when the timetables and run rules are
-/// (however the file wrote them).
+/// The schedule as validated, in one line (`every: 60s` and `every: 1m` give one; a cron
+/// preset and its five fields do not, nor does a binary whose schedule model changed).
 pub fn fingerprint(schedule: &Schedule) -> String {
     format!("{schedule:?}")
 }
 
-/// The live replicas whose heartbeat carries another schedule than `own` (a replica with none
-/// runs no schedule: a `sluice backfill` of a file without one beats too, and is not counted).
+/// The live replicas whose heartbeat carries another schedule than `own` (one that carries
+/// none fires nothing: a `sluice backfill` beats without its schedule, and is not counted).
 pub fn disagreement<'a>(alive: &'a [WorkerRecord], own: &str) -> Vec<&'a WorkerRecord> {
     alive
         .iter()
@@ -46,6 +48,16 @@ pub struct AgreementWatch {
 }
 
 impl AgreementWatch {
+    /// This worker does not hold the scheduler lease: it shows no disagreement (the holder
+    /// does) and forgets the episode without a word.
+    pub fn not_holding(&mut self, pipeline: &str) {
+        if self.disagreeing {
+            metrics::gauge!("sluice_schedule_disagreement", "pipeline" => pipeline.to_owned())
+                .set(0.0);
+        }
+        self.disagreeing = false;
+    }
+
     /// Records what the last look found (`others`: the replicas that disagree).
     pub fn observe(&mut self, pipeline: &str, own_worker: &str, others: &[&WorkerRecord]) {
         let disagreeing = !others.is_empty();
