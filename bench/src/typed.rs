@@ -94,6 +94,7 @@ pub(crate) fn orders_shape() -> TypedShape {
         table: TypedTable {
             target: "events".to_owned(),
             columns,
+            keys: Vec::new(),
         },
         fields: Arc::new(JsonFields::new(fields.clone())),
         query: Arc::new(TypedQuery {
@@ -102,6 +103,7 @@ pub(crate) fn orders_shape() -> TypedShape {
             filter: Some(same("(\"amount\" > 0)")),
             expectations: Vec::new(),
             grown: Vec::new(),
+            changes: None,
         }),
     }
 }
@@ -230,6 +232,7 @@ pub(crate) fn silver_shape() -> TypedShape {
         table: TypedTable {
             target: "copies".to_owned(),
             columns: columns.clone(),
+            keys: Vec::new(),
         },
         fields: Arc::new(JsonFields::new(fields.clone())),
         query: Arc::new(TypedQuery {
@@ -242,6 +245,7 @@ pub(crate) fn silver_shape() -> TypedShape {
             filter: Some(same("(\"qty\" >= 0)")),
             expectations: Vec::new(),
             grown: Vec::new(),
+            changes: None,
         }),
     }
 }

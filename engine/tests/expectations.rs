@@ -71,6 +71,7 @@ async fn store() -> (tempfile::TempDir, Arc<SqliteStore>, FlowHandle) {
             typed: vec![TypedTable {
                 target: "orders".into(),
                 columns: vec![column("order_id"), column("region")],
+                keys: Vec::new(),
             }],
             flows: vec!["f".into()],
         })
@@ -95,6 +96,7 @@ fn flow(store: &Arc<SqliteStore>, flow: &FlowHandle, on_violation: OnViolation) 
         filter: None,
         expectations: vec![("known_region".into(), same("(\"region\" <> 'mars')"))],
         grown: Vec::new(),
+        changes: None,
     };
     let window = Duration::from_secs(600);
     let committer = CommitThenAck::new(

@@ -29,6 +29,19 @@ pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
         }
     }
     for (i, flow) in p.flows.iter().enumerate() {
+        if let Source::Table { target } = &flow.source
+            && p.targets
+                .iter()
+                .any(|t| t.name == *target && !t.keys.is_empty())
+        {
+            c.push(
+                ErrorCode::NotBuilt,
+                &format!("flows[{i}].source.table"),
+                format!(
+                    "`{target}` is a table of the latest change per key (`keys:`); a flow                      following its changes is not built yet"
+                ),
+            );
+        }
         let target_path = format!("flows[{i}].target");
         let kind = p
             .targets

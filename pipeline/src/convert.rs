@@ -314,6 +314,7 @@ fn target(c: &mut Collector<'_>, raw: RawTarget, path: &str) -> Target {
             kind: TargetKind::Table,
             columns: Vec::new(),
             columns_follow_schema: false,
+            keys: Vec::new(),
         };
     };
     // A sub-section is required with its own kind and refused with any other.
@@ -415,11 +416,13 @@ fn target(c: &mut Collector<'_>, raw: RawTarget, path: &str) -> Target {
         }
         Some(columns) => crate::query::columns(c, columns, &format!("{path}.columns")),
     };
+    let keys = crate::apply_changes::keys(c, raw.keys, path, &kind, &columns);
     Target {
         name,
         kind,
         columns,
         columns_follow_schema: raw.columns_follow_schema,
+        keys,
     }
 }
 

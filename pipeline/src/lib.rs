@@ -33,6 +33,7 @@
 
 mod aggregate;
 pub mod aggregates;
+mod apply_changes;
 mod capabilities;
 mod columns;
 mod convert;
@@ -62,6 +63,7 @@ mod views;
 use std::path::Path;
 
 pub use aggregate::{Aggregate, AggregateFunction};
+pub use apply_changes::ApplyChanges;
 pub use columns::RESERVED_PREFIX;
 pub use derived_columns::{PubSubSchemaOf, SchemaColumns};
 pub use errors::{ConfigError, ConfigErrors, ErrorCode};

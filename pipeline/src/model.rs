@@ -111,6 +111,9 @@ pub struct Target {
     /// Its columns were derived from its writer's Pub/Sub schema (`schema: pubsub` without
     /// `columns:`): a revision that adds a field while the flow runs adds a nullable column.
     pub columns_follow_schema: bool,
+    /// `keys:`: a typed table of the latest change per key, written by update flows; empty for
+    /// an append table.
+    pub keys: Vec<String>,
 }
 
 /// The kinds of target of SPEC §4. Only `Table` is written by the ingestion core; the others are
@@ -210,6 +213,8 @@ pub struct FlowQuery {
     pub filter: Option<Expression>,
     /// `expect:`.
     pub expectations: Vec<Expectation>,
+    /// `apply_changes:`: the flow applies changes to its keyed target (an update flow).
+    pub changes: Option<crate::ApplyChanges>,
 }
 
 impl FlowQuery {

@@ -348,6 +348,7 @@ pub(crate) fn flow_query(
         select,
         filter,
         expectations,
+        changes: None,
     }
 }
 

@@ -137,6 +137,8 @@ pub(crate) struct RawTarget {
     pub(crate) window: Option<RawWindow>,
     pub(crate) foreach_batch: Option<RawForeachBatch>,
     pub(crate) columns: Option<Vec<RawColumn>>,
+    /// `keys:` of a table of the latest change per key (`apply_changes.rs`).
+    pub(crate) keys: Option<Vec<String>>,
     /// Set by `derived_columns.rs` when `columns` came from a Pub/Sub schema; never read from
     /// the file.
     #[serde(skip)]
@@ -212,6 +214,19 @@ pub(crate) struct RawFlow {
     #[serde(rename = "where")]
     pub(crate) filter: Option<String>,
     pub(crate) expect: Option<Vec<RawExpectation>>,
+    pub(crate) apply_changes: Option<RawApplyChanges>,
+}
+
+/// `flows[i].apply_changes` (`apply_changes.rs`).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "ApplyChanges")]
+pub(crate) struct RawApplyChanges {
+    pub(crate) sequence_by: Option<String>,
+    pub(crate) apply_as_deletes: Option<String>,
+    pub(crate) ignore_null_updates: Option<bool>,
+    #[schemars(extend("enum" = [1]))]
+    pub(crate) stored_as_scd_type: Option<u8>,
 }
 
 /// `flows[i].decode`.

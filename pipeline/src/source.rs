@@ -47,7 +47,12 @@ pub(crate) fn flow(c: &mut Collector<'_>, raw: RawFlow, path: &str, targets: &[T
         Source::Table { target } => targets.iter().find(|t| t.name == *target),
         _ => None,
     };
-    let query = crate::query::flow_query(
+    let target_of_query = targets
+        .iter()
+        .position(|t| t.name == target)
+        .filter(|i| !c.any_under(&format!("targets[{i}].columns")))
+        .map(|i| &targets[i]);
+    let mut query = crate::query::flow_query(
         c,
         RawQuery {
             decode: raw.decode,
@@ -59,12 +64,10 @@ pub(crate) fn flow(c: &mut Collector<'_>, raw: RawFlow, path: &str, targets: &[T
         &source,
         upstream,
         // A target whose columns are in error is not compiled against (no second error).
-        targets
-            .iter()
-            .position(|t| t.name == target)
-            .filter(|i| !c.any_under(&format!("targets[{i}].columns")))
-            .map(|i| &targets[i]),
+        target_of_query,
     );
+    query.changes =
+        crate::apply_changes::apply_changes(c, raw.apply_changes, path, &query, target_of_query);
     Flow {
         name,
         target,

@@ -38,6 +38,7 @@ fn spec_example_loads_into_the_expected_model() {
                 kind: TargetKind::Table,
                 columns: Vec::new(),
                 columns_follow_schema: false,
+                keys: Vec::new(),
             },
             Target {
                 name: "enrich".into(),
@@ -46,6 +47,7 @@ fn spec_example_loads_into_the_expected_model() {
                 },
                 columns: Vec::new(),
                 columns_follow_schema: false,
+                keys: Vec::new(),
             },
             Target {
                 name: "events_export".into(),
@@ -55,6 +57,7 @@ fn spec_example_loads_into_the_expected_model() {
                 },
                 columns: Vec::new(),
                 columns_follow_schema: false,
+                keys: Vec::new(),
             },
             Target {
                 name: "per_minute".into(),
@@ -66,6 +69,7 @@ fn spec_example_loads_into_the_expected_model() {
                 },
                 columns: Vec::new(),
                 columns_follow_schema: false,
+                keys: Vec::new(),
             },
         ],
         flows: vec![

@@ -31,6 +31,7 @@
 //! see [`LeaseRequest`]), and once-flow completion ([`FlowStore::record_completion`]) that every
 //! replica reads at start.
 
+mod changes;
 mod commit_time;
 mod drain;
 mod error;
@@ -54,6 +55,7 @@ mod views;
 mod windows;
 mod work;
 
+pub use changes::ChangeRule;
 pub use commit_time::RESTAMP_AFTER_MS;
 pub use drain::{DrainCensus, DrainReport};
 pub use error::StoreError;

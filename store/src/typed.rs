@@ -59,6 +59,9 @@ pub struct TypedTable {
     pub target: String,
     /// Its declared columns.
     pub columns: Vec<TypedColumn>,
+    /// Its key columns: a table of the latest change per key, with a unique index on them and
+    /// `_sluice_deleted_at` (see `changes.rs`); empty for an append table.
+    pub keys: Vec<String>,
 }
 
 /// An expression written out for each store (checked by the pipeline file's validation).
@@ -91,6 +94,9 @@ pub struct TypedQuery {
     /// adds those the table lacks, so the transaction that first needs a column adds it.
     /// Empty for a query the table was prepared with.
     pub grown: Vec<TypedColumn>,
+    /// An update flow's rule: each change is applied to its key's row (`changes.rs`) instead
+    /// of appended.
+    pub changes: Option<crate::ChangeRule>,
 }
 
 /// The flow's output over a relation `s` that has the envelope, the decoded fields and a row

@@ -34,6 +34,7 @@ fn typed_layout(columns: Vec<TypedColumn>) -> Layout {
         typed: vec![TypedTable {
             target: "orders".into(),
             columns,
+            keys: Vec::new(),
         }],
         flows: vec!["load".into()],
     }
@@ -71,6 +72,7 @@ fn query(select: &[(&str, &str)], filter: Option<&str>) -> TypedQuery {
         filter: filter.map(sql),
         expectations: Vec::new(),
         grown: Vec::new(),
+        changes: None,
     }
 }
 
@@ -549,6 +551,7 @@ async fn a_typed_table_reads_as_a_feed_of_json_objects(postgres: bool) {
         filter: None,
         expectations: Vec::new(),
         grown: Vec::new(),
+        changes: None,
     };
     let full = vec![
         TypedValue::Text("it's \"quoted\"".into()),

@@ -142,6 +142,7 @@ mod tests {
             filter: None,
             expectations: Vec::new(),
             grown: Vec::new(),
+            changes: None,
         })
     }
 

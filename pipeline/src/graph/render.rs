@@ -214,6 +214,7 @@ mod tests {
                     kind: TargetKind::Table,
                     columns: Vec::new(),
                     columns_follow_schema: false,
+                    keys: Vec::new(),
                 })
                 .collect(),
             flows: vec![

@@ -35,6 +35,7 @@ fn pipeline(mode: Mode, flows: Vec<Flow>) -> Pipeline {
         kind,
         columns: Vec::new(),
         columns_follow_schema: false,
+        keys: Vec::new(),
     };
     Pipeline {
         name: "p".into(),

@@ -64,8 +64,12 @@ pub(crate) fn statement(rows: Rows<'_>, dead_letter: &str) -> String {
     }
     .unwrap_or_default();
     let rows = match rows {
-        Rows::Typed(table, query) => super::typed_rows::rows_step(table, query),
-        Rows::Envelope(table) => format!(
+        Rows::Typed(table, query) => match &query.changes {
+            // `rows` counts the changes kept; `applied` writes each key's greatest.
+            Some(rule) => super::typed_rows::changes_steps(table, query, rule),
+            None => rows_cte(&super::typed_rows::rows_step(table, query)),
+        },
+        Rows::Envelope(table) => rows_cte(&format!(
             "INSERT INTO \"{table}\" (dedup_key, message_id, publish_time, event_time, attributes,
                                     data, flow, committed_at)
             SELECT i.key, i.message_id, to_timestamp(i.publish_ms / 1000.0::float8),
@@ -74,8 +78,8 @@ pub(crate) fn statement(rows: Rows<'_>, dead_letter: &str) -> String {
             FROM input i JOIN fresh f ON f.key = i.key
             WHERE i.reason IS NULL
             RETURNING 1"
-        ),
-        Rows::None => "SELECT 1 WHERE false".to_owned(),
+        )),
+        Rows::None => rows_cte("SELECT 1 WHERE false"),
     };
     format!(
         "WITH clock AS (
@@ -118,9 +122,7 @@ pub(crate) fn statement(rows: Rows<'_>, dead_letter: &str) -> String {
                 ON x.key = f.key
             WHERE COALESCE(x.n, 0) = (SELECT (now_ms + $11) / $12 - now_ms / $12 FROM clock)
         ),
-        rows AS (
-            {rows}
-        ),
+        {rows},
         {verdicts}
         dead AS (
             INSERT INTO \"{dead_letter}\" (flow, dedup_key, message_id, publish_time, attributes,
@@ -168,6 +170,11 @@ pub(crate) fn statement(rows: Rows<'_>, dead_letter: &str) -> String {
         SELECT key, {written} FROM fresh
         UNION ALL SELECT NULL, 0 FROM in_time WHERE NOT ok"
     )
+}
+
+/// The statement's `rows` step: what it writes, returning a row for each row written.
+fn rows_cte(step: &str) -> String {
+    format!("rows AS (\n            {step}\n        )")
 }
 
 /// Seals a transaction with work in it just before it commits (see `commit_time.rs`): on the

@@ -287,7 +287,7 @@ impl FlowStore for PostgresStore {
             }
             let table = table_name(&layout.pipeline, target)?;
             match layout.typed.iter().find(|t| t.target == *target) {
-                Some(typed) => ddl.push_str(&typed::ddl(&table, &typed.columns)),
+                Some(typed) => ddl.push_str(&typed::ddl(&table, &typed.columns, &typed.keys)),
                 None => ddl.push_str(&schema::target_ddl(&table)),
             }
         }

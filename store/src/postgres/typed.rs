@@ -33,9 +33,20 @@ fn column_ddl(column: &TypedColumn) -> String {
 }
 
 /// DDL of a typed table: sluice's columns (`_sluice_*`, the feed order as in an envelope
-/// table), then the declared ones; its `(flow, dedup key)` and feed-order indexes.
-pub(crate) fn ddl(table: &str, columns: &[TypedColumn]) -> String {
+/// table), then the declared ones; its `(flow, dedup key)` and feed-order indexes; with `keys`
+/// (a table of the latest change per key, `changes.rs`), the tombstone column and the keys'
+/// unique index, added to a table that lacks them.
+pub(crate) fn ddl(table: &str, columns: &[TypedColumn], keys: &[String]) -> String {
     let declared: Vec<String> = columns.iter().map(column_ddl).collect();
+    let keyed = if keys.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\n        ALTER TABLE \"{table}\" ADD COLUMN IF NOT EXISTS _sluice_deleted_at TIMESTAMPTZ;
+        {}",
+            crate::changes::keys_index(table, keys)
+        )
+    };
     format!(
         "CREATE TABLE IF NOT EXISTS \"{table}\" (
             _sluice_dedup_key    TEXT COLLATE \"C\" NOT NULL,
@@ -49,7 +60,7 @@ pub(crate) fn ddl(table: &str, columns: &[TypedColumn]) -> String {
             {}
         );
         CREATE INDEX IF NOT EXISTS \"{table}_flow_key\" ON \"{table}\" (_sluice_flow, _sluice_dedup_key);
-        CREATE INDEX IF NOT EXISTS \"{table}_feed\" ON \"{table}\" (_sluice_writer_xid, _sluice_seq);",
+        CREATE INDEX IF NOT EXISTS \"{table}_feed\" ON \"{table}\" (_sluice_writer_xid, _sluice_seq);{keyed}",
         declared.join(",\n            ")
     )
 }

@@ -2,6 +2,7 @@
 //! writes them through the flow's query, the decoded fields bound as arrays, and finding the
 //! record and column a failed statement stumbled on.
 
+use crate::changes::{ChangeRule, Dialect};
 use crate::typed::{ColumnType, TypedQuery, TypedValue};
 use crate::{CommitBatch, Effect, StoreError};
 use tokio_postgres::types::ToSql;
@@ -147,6 +148,57 @@ pub(crate) fn rows_step(table: &str, query: &TypedQuery) -> String {
         columns.concat(),
         values.concat(),
         source_relation(query)
+    )
+}
+
+/// The commit statement's `rows` step for an update flow (`crate::changes`): `rows` counts the
+/// changes `where:` kept (each committed, applied or found older than its key's row), and a
+/// step of its own after it, `applied`, writes each key's greatest change, in key order.
+pub(crate) fn changes_steps(table: &str, query: &TypedQuery, rule: &ChangeRule) -> String {
+    let changes = crate::changes::changes(
+        query,
+        rule,
+        &source_relation(query),
+        ", s._sluice_publish_time, s._sluice_event_time",
+        Dialect::Postgres,
+    );
+    let winners = crate::changes::winners(rule, "SELECT * FROM changes", Dialect::Postgres);
+    let columns: String = query
+        .select
+        .iter()
+        .map(|(c, _)| format!(", \"{}\"", c.name))
+        .collect();
+    let envelope = [
+        "_sluice_dedup_key",
+        "_sluice_message_id",
+        "_sluice_publish_time",
+        "_sluice_event_time",
+        "_sluice_flow",
+        "_sluice_committed_at",
+        "_sluice_deleted_at",
+    ];
+    let on_conflict = crate::changes::on_conflict(table, query, rule, &envelope);
+    format!(
+        "changes AS (
+            {changes}
+        ),
+        rows AS (
+            SELECT 1 FROM changes
+        ),
+        applied AS (
+            INSERT INTO \"{table}\" ({}{columns})
+            SELECT w._sluice_dedup_key, w._sluice_message_id, w._sluice_publish_time,
+                   w._sluice_event_time, $13, now(),
+                   CASE WHEN w._sluice_delete THEN now() END{columns_of_w}
+            FROM ({winners}) w
+            {on_conflict}
+        )",
+        envelope.join(", "),
+        columns_of_w = query
+            .select
+            .iter()
+            .map(|(c, _)| format!(", w.\"{}\"", c.name))
+            .collect::<String>(),
     )
 }
 

@@ -19,6 +19,7 @@ mod progress;
 mod runs;
 mod schema;
 mod typed;
+mod typed_changes;
 mod typed_feed;
 mod windows;
 

@@ -333,6 +333,7 @@ pub(super) fn prepare(
             // An existing table is checked before any DDL: a refusal changes nothing.
             super::typed::evolve(&tx, &table, &typed.columns)?;
             tx.execute_batch(&super::typed::ddl(&table, &typed.columns))?;
+            super::typed_changes::keyed(&tx, &table, &typed.keys)?;
             continue;
         }
         super::typed::refuse_if_typed(&tx, &table)?;

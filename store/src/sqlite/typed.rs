@@ -152,7 +152,7 @@ fn bind(value: &TypedValue) -> Value {
 
 /// `src`'s columns: the envelope as expressions read it, the stored times and feed order,
 /// then the decoded fields.
-fn src_columns(query: &TypedQuery) -> Vec<String> {
+pub(super) fn src_columns(query: &TypedQuery) -> Vec<String> {
     let mut columns: Vec<String> = [
         "_sluice_dedup_key",
         "_sluice_message_id",
@@ -171,7 +171,7 @@ fn src_columns(query: &TypedQuery) -> Vec<String> {
 }
 
 /// One new row's `src` values; `seq` its feed number.
-fn src_values(batch: &CommitBatch, index: usize, seq: i64, fields: usize) -> Vec<Value> {
+pub(super) fn src_values(batch: &CommitBatch, index: usize, seq: i64, fields: usize) -> Vec<Value> {
     let entry = &batch.entries[index];
     let (event_ms, values): (i64, &[TypedValue]) = match &entry.effect {
         Effect::Row {
@@ -197,7 +197,7 @@ fn src_values(batch: &CommitBatch, index: usize, seq: i64, fields: usize) -> Vec
 }
 
 /// `WITH src(...) AS (VALUES ...)` for `rows` rows.
-fn with_src(query: &TypedQuery, rows: usize) -> String {
+pub(super) fn with_src(query: &TypedQuery, rows: usize) -> String {
     let columns = src_columns(query);
     let row = format!("({})", vec!["?"; columns.len()].join(", "));
     format!(
@@ -217,6 +217,9 @@ pub(super) fn insert_rows(
     indexes: &[usize],
     first_seq: i64,
 ) -> Result<u64, StoreError> {
+    if let Some(rule) = &query.changes {
+        return super::typed_changes::apply(tx, batch, query, rule, indexes, first_seq);
+    }
     let per_row = src_columns(query).len();
     // Far below SQLite's variable limit (32 766).
     let rows_per_statement = (30_000 / per_row).clamp(1, 128);
@@ -268,7 +271,7 @@ pub(super) fn insert_rows(
 
 /// The first row of `indexes` whose query fails, and the column (or `where`) at fault, each
 /// expression evaluated over that row alone.
-fn find_record_error(
+pub(super) fn find_record_error(
     conn: &Connection,
     batch: &CommitBatch,
     query: &TypedQuery,

@@ -248,6 +248,7 @@ async fn a_following_decoder_widens_its_query_with_a_new_revisions_fields() {
             filter: None,
             expectations: Vec::new(),
             grown: Vec::new(),
+            changes: None,
         }),
         Box::new(reads),
     ));

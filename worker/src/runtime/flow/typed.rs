@@ -6,7 +6,7 @@
 
 use sluice_engine::{Expectation, OnViolation, PayloadDecoder, QueryCell};
 use sluice_pipeline::{Column, ColumnType, Flow, Pipeline, TargetKind};
-use sluice_store::{Sql, TypedColumn, TypedQuery, TypedTable, TypedView, table_name};
+use sluice_store::{ChangeRule, Sql, TypedColumn, TypedQuery, TypedTable, TypedView, table_name};
 use std::sync::Arc;
 
 /// A column type as the store names it.
@@ -58,6 +58,7 @@ pub fn typed_tables(pipeline: &Pipeline) -> Vec<TypedTable> {
         .map(|t| TypedTable {
             target: t.name.clone(),
             columns: t.columns.iter().map(column).collect(),
+            keys: t.keys.clone(),
         })
         .collect()
 }
@@ -158,6 +159,12 @@ pub fn typed_flow(pipeline: &Pipeline, flow: &Flow) -> Result<Option<TypedFlow>,
             .map(|e| (e.name.clone(), sql(&e.check)))
             .collect(),
         grown: Vec::new(),
+        changes: flow.query.changes.as_ref().map(|changes| ChangeRule {
+            keys: target.keys.clone(),
+            sequence_by: changes.sequence_by.clone(),
+            deletes: changes.deletes.as_ref().map(sql),
+            ignore_null_updates: changes.ignore_null_updates,
+        }),
     });
     let (query, following) = if target.columns_follow_schema {
         let cell = Arc::new(QueryCell::following_schema(query, Box::new(field_column)));
