@@ -526,8 +526,14 @@ async fn avro_revisions_land_typed_once_each_on_postgres_under_sigkills() {
     .await;
     // The orphans and the deleted revision come before any worker reads (a worker that read an
     // orphan before the deletion would land it: CI run 2026-12-05 under load, 6 001 rows).
-    let deleted = publish_orphans(&pubsub, &topic, schema::Type::Avro, avro_revision, avro_order)
-        .await;
+    let deleted = publish_orphans(
+        &pubsub,
+        &topic,
+        schema::Type::Avro,
+        avro_revision,
+        avro_order,
+    )
+    .await;
     let victims: Vec<Worker> = ["victim0", "victim1", "victim2", "victim3", "victim4"]
         .map(start)
         .into();
