@@ -8,7 +8,7 @@
 
 use crate::errors::{Collector, ErrorCode};
 use crate::expression::{self, Expression};
-use crate::model::{Column, ColumnType, FlowQuery, Target, TargetKind};
+use crate::model::{Column, ColumnType, Flow, FlowQuery, Target, TargetKind};
 use crate::raw::RawApplyChanges;
 
 /// `flows[i].apply_changes`, compiled: how a change of the flow's query is applied to its
@@ -34,6 +34,32 @@ const ORDERED: [ColumnType; 6] = [
     ColumnType::Date,
     ColumnType::Text,
 ];
+
+/// The flows writing one keyed table order its changes by one column: a row written by one
+/// flow is compared by the others on that column.
+pub(crate) fn one_sequence_per_table(c: &mut Collector<'_>, flows: &[Flow]) {
+    for (i, flow) in flows.iter().enumerate() {
+        let Some(changes) = &flow.query.changes else {
+            continue;
+        };
+        let first = flows[..i].iter().find_map(|earlier| {
+            let theirs = earlier.query.changes.as_ref()?;
+            (earlier.target == flow.target && theirs.sequence_by != changes.sequence_by)
+                .then_some((earlier, theirs))
+        });
+        if let Some((earlier, theirs)) = first {
+            c.push(
+                ErrorCode::InvalidValue,
+                &format!("flows[{i}].apply_changes.sequence_by"),
+                format!(
+                    "flow `{}` orders `{}`'s changes by `{}`; every flow writing a table of \
+                     the latest change per key orders them by the same column",
+                    earlier.name, flow.target, theirs.sequence_by
+                ),
+            );
+        }
+    }
+}
 
 /// `targets[i].keys`: columns of the table, not nullable, each once; `path` is `targets[i]`.
 pub(crate) fn keys(
@@ -183,7 +209,8 @@ pub(crate) fn apply_changes(
                     ErrorCode::InvalidValue,
                     &deletes_at,
                     format!(
-                        "a deleted key keeps a tombstone row with NULL in its other columns,                          so column `{}` of `{}` must be nullable",
+                        "a deleted key keeps a tombstone row with NULL in its other columns, \
+                         so column `{}` of `{}` must be nullable",
                         column.name, target.name
                     ),
                 );
@@ -211,9 +238,18 @@ pub(crate) fn apply_changes(
             }
         }
     });
+    let ignore_null_updates = raw.ignore_null_updates.unwrap_or(false);
+    if ignore_null_updates {
+        c.push(
+            ErrorCode::InvalidValue,
+            &format!("{at}.ignore_null_updates"),
+            "`ignore_null_updates: true` is not built yet: applied a batch at a time, its result \
+             would depend on how changes are batched",
+        );
+    }
     Some(ApplyChanges {
         sequence_by,
         deletes,
-        ignore_null_updates: raw.ignore_null_updates.unwrap_or(false),
+        ignore_null_updates,
     })
 }

@@ -38,7 +38,8 @@ pub(crate) fn check(p: &Pipeline, c: &mut Collector<'_>) {
                 ErrorCode::NotBuilt,
                 &format!("flows[{i}].source.table"),
                 format!(
-                    "`{target}` is a table of the latest change per key (`keys:`); a flow                      following its changes is not built yet"
+                    "`{target}` is a table of the latest change per key (`keys:`); a flow \
+                     following its changes is not built yet"
                 ),
             );
         }

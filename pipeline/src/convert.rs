@@ -89,7 +89,8 @@ pub(crate) fn convert(raw: RawPipeline, c: &mut Collector<'_>) -> Pipeline {
         .into_iter()
         .enumerate()
         .map(|(i, f)| source::flow(c, f, &format!("flows[{i}]"), &targets))
-        .collect();
+        .collect::<Vec<_>>();
+    crate::apply_changes::one_sequence_per_table(c, &flows);
     Pipeline {
         name,
         mode,

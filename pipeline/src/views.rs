@@ -212,6 +212,15 @@ fn read_through(
             selected.expression = e;
         }
     }
+    if let Some(changes) = &mut flow.query.changes
+        && let Some(deletes) = &changes.deletes
+    {
+        changes.deletes = through(
+            c,
+            deletes,
+            &format!("flows[{i}].apply_changes.apply_as_deletes"),
+        );
+    }
     let own = match &flow.query.filter {
         Some(e) => through(c, e, &format!("flows[{i}].where")),
         None => None,

@@ -42,7 +42,7 @@ fn errors(text: &str) -> Vec<ConfigError> {
 fn a_keyed_table_and_its_update_flow_parse() {
     let text = file(
         "[id]",
-        "{ sequence_by: version, apply_as_deletes: \"op = 'D'\", ignore_null_updates: true, \
+        "{ sequence_by: version, apply_as_deletes: \"op = 'D'\", ignore_null_updates: false, \
          stored_as_scd_type: 1 }",
         true,
     );
@@ -50,7 +50,7 @@ fn a_keyed_table_and_its_update_flow_parse() {
     assert_eq!(p.targets[0].keys, ["id"]);
     let changes = p.flows[0].query.changes.as_ref().expect("an update flow");
     assert_eq!(changes.sequence_by, "version");
-    assert!(changes.ignore_null_updates);
+    assert!(!changes.ignore_null_updates);
     assert_eq!(
         changes.deletes.as_ref().map(|d| d.text.as_str()),
         Some("op = 'D'")
@@ -59,7 +59,17 @@ fn a_keyed_table_and_its_update_flow_parse() {
 
 #[test]
 fn each_mistake_is_refused_where_it_is() {
-    let cases: [(String, ErrorCode, &str, usize); 10] = [
+    let cases: [(String, ErrorCode, &str, usize); 11] = [
+        (
+            file(
+                "[id]",
+                "{ sequence_by: version, ignore_null_updates: true }",
+                true,
+            ),
+            ErrorCode::InvalidValue,
+            "flows[0].apply_changes.ignore_null_updates",
+            18,
+        ),
         (
             file("[id]", "null", true).replace("    apply_changes: null\n", ""),
             ErrorCode::MissingField,
@@ -147,6 +157,17 @@ fn each_mistake_is_refused_where_it_is() {
             "{e}"
         );
     }
+    // Two flows into one keyed table order its changes by one column.
+    let two = file("[id]", "{ sequence_by: version }", true)
+        + "  - name: more
+    target: customers
+    source: { pubsub: { subscription: more } }
+    decode: { format: json, fields: { id: text, version: integer, name: text } }
+    apply_changes: { sequence_by: name }
+";
+    let errs = errors(&two.replace("nullable: true }", "nullable: false }"));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].path, "flows[1].apply_changes.sequence_by");
     // `apply_changes` without `keys:` on the target.
     let unkeyed = file("[id]", "{ sequence_by: version }", true).replace("    keys: [id]\n", "");
     let errs = errors(&unkeyed);

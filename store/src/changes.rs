@@ -16,8 +16,12 @@
 //!   key order and the comparison is made on the row under its lock (the conflict's row
 //!   version), so two replicas applying changes of one key end in the state of the greater
 //!   change, and do not deadlock on each other's keys.
-//! - `ignore_null_updates`: an update's NULL columns keep the row's values.
+//! - `ignore_null_updates`: an update's NULL columns keep the row's values, as the row holds
+//!   them when the batch is applied. Only each key's greatest change of a batch is applied, so
+//!   with several updates of a key in one batch the result depends on the batching: the
+//!   pipeline file refuses the setting until that is built.
 
+use crate::StoreError;
 use crate::typed::{Sql, TypedQuery};
 
 /// How a flow's changes are applied to its keyed table.
@@ -32,6 +36,18 @@ pub struct ChangeRule {
     /// `ignore_null_updates`.
     pub ignore_null_updates: bool,
 }
+
+/// The sluice columns an applied change writes (from the change, as they are), on both stores;
+/// SQLite also writes `_sluice_seq`.
+pub(crate) const WRITTEN: [&str; 7] = [
+    "_sluice_dedup_key",
+    "_sluice_message_id",
+    "_sluice_publish_time",
+    "_sluice_event_time",
+    "_sluice_flow",
+    "_sluice_committed_at",
+    "_sluice_deleted_at",
+];
 
 /// The store a statement is written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,16 +104,42 @@ pub(crate) fn changes(
     let filter = query.filter.as_ref().map_or_else(String::new, |f| {
         format!("WHERE ({}) IS TRUE", dialect.of(f))
     });
+    // A change with NULL in a column that may not hold it (a key, the sequence, or another
+    // column of an update) wins its key, so that its write fails and it is dead-lettered
+    // whatever else its batch holds.
+    let mut invalid: Vec<String> = Vec::new();
+    for (column, expression) in &query.select {
+        if column.nullable {
+            continue;
+        }
+        let kept = rule.keys.contains(&column.name) || column.name == rule.sequence_by;
+        let null = format!("({}) IS NULL", dialect.of(expression));
+        invalid.push(if kept || rule.deletes.is_none() {
+            null
+        } else {
+            format!("(NOT {delete} AND {null})")
+        });
+    }
+    let invalid = if invalid.is_empty() {
+        "FALSE".to_owned()
+    } else {
+        invalid.join(" OR ")
+    };
     format!(
-        "SELECT s._sluice_dedup_key, s._sluice_message_id{extra}{columns}, {delete} AS _sluice_delete
+        "SELECT s._sluice_dedup_key, s._sluice_message_id{extra}{columns}, {delete} AS _sluice_delete,
+                ({invalid}) AS _sluice_invalid
          FROM ({src}) s {filter}"
     )
 }
 
-/// Each key's greatest change among `changes` (a relation), in key order.
+/// Each key's greatest change among `changes` (a relation), in key order; a change that cannot
+/// be written (`_sluice_invalid`) first.
 pub(crate) fn winners(rule: &ChangeRule, changes: &str, dialect: Dialect) -> String {
     let keys = quoted(&rule.keys);
-    let order = format!("\"{}\" DESC, _sluice_dedup_key DESC", rule.sequence_by);
+    let order = format!(
+        "_sluice_invalid DESC, \"{}\" DESC, _sluice_dedup_key DESC",
+        rule.sequence_by
+    );
     match dialect {
         Dialect::Postgres => format!(
             "SELECT * FROM (SELECT DISTINCT ON ({keys}) * FROM ({changes}) c
@@ -150,6 +192,49 @@ pub(crate) fn on_conflict(
              < (excluded.\"{sequence}\", excluded._sluice_dedup_key)",
         quoted(&rule.keys),
         set.join(", ")
+    )
+}
+
+/// Whether an existing table's keys (`found`: its `<table>_keys` index's columns, empty for
+/// none) may become `keys`, the same on both stores: they are the same, or an append table
+/// gains keys its rows do not repeat (`duplicated`: whether some do). Keys that changed, or
+/// were taken out, are refused, changing nothing.
+pub(crate) fn check_keys(
+    table: &str,
+    found: &[String],
+    keys: &[String],
+    duplicated: impl FnOnce() -> Result<bool, StoreError>,
+) -> Result<(), StoreError> {
+    if found == keys {
+        return Ok(());
+    }
+    if !found.is_empty() {
+        return Err(crate::typed::refuse_evolution(
+            table,
+            &format!(
+                "its keys are [{}] and the file says [{}]; a table's keys do not change",
+                found.join(", "),
+                keys.join(", ")
+            ),
+        ));
+    }
+    if duplicated()? {
+        return Err(crate::typed::refuse_evolution(
+            table,
+            &format!(
+                "some of its rows share their [{}]: it cannot become a table of one row per key",
+                keys.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// SQL: whether two rows of `table` share their `keys`.
+pub(crate) fn duplicated_keys(table: &str, keys: &[String]) -> String {
+    format!(
+        "SELECT EXISTS (SELECT 1 FROM \"{table}\" GROUP BY {} HAVING count(*) > 1)",
+        quoted(keys)
     )
 }
 

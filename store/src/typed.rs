@@ -176,6 +176,15 @@ pub(crate) const TYPED_ENVELOPE: Envelope = Envelope {
     event_time: "_sluice_event_time",
 };
 
+/// A table of the latest change per key cannot be read as a feed yet (its updated rows would
+/// be missed or read again, its tombstones read as rows).
+pub(crate) fn refuse_feed_of_keyed(table: &str) -> StoreError {
+    StoreError::Config(format!(
+        "table {table} holds the latest change per key (`keys:`); a flow following its \
+         changes is not built yet"
+    ))
+}
+
 /// What sluice's own columns of a typed table start with.
 pub(crate) const RESERVED: &str = "_sluice_";
 

@@ -304,7 +304,73 @@ async fn ignoring_null_updates_keeps_the_rows_values(postgres: bool) {
     assert_eq!(table(&place).await, ["k|2|one|0"]);
 }
 
+/// A table's keys do not change: other keys, or none, are refused at prepare; an append table
+/// whose rows repeat a key cannot gain it; one whose rows do not, can.
+async fn keys_are_kept_or_refused(postgres: bool) {
+    let (place, store, flow) = keyed_open(postgres).await;
+    let one = Change {
+        dedup: "a".into(),
+        id: "k".into(),
+        seq: Some(1),
+        name: None,
+        delete: false,
+    };
+    store
+        .commit(keyed_batch(&flow, &[one], &query(false)))
+        .await
+        .unwrap();
+    let with_keys = |keys: &[&str]| {
+        let mut layout = keyed_layout();
+        layout.typed[0].keys = keys.iter().map(|k| k.to_string()).collect();
+        layout
+    };
+    for keys in [&["id", "seq"][..], &[]] {
+        let refused = store.prepare(&with_keys(keys)).await.unwrap_err();
+        assert!(
+            refused.to_string().contains("keys are [id]"),
+            "{keys:?}: {refused}"
+        );
+    }
+    store.prepare(&with_keys(&["id"])).await.unwrap();
+    // An append table: its rows repeat `name`, not `id`.
+    let append = || {
+        let mut layout = with_keys(&[]);
+        layout.tables = vec!["plain".into()];
+        layout.typed[0].target = "plain".into();
+        layout
+    };
+    store.prepare(&append()).await.unwrap();
+    place
+        .execute(
+            "INSERT INTO p__plain (_sluice_dedup_key, _sluice_message_id, _sluice_publish_time,
+                 _sluice_event_time, _sluice_flow, _sluice_committed_at, id, seq, name)
+             VALUES ('a', 'm', 1, 1, 'cdc', 1, 'x', 1, 'same'),
+                    ('b', 'm', 1, 1, 'cdc', 1, 'y', 1, 'same')"
+                .replace(
+                    ", 1, 1, 'cdc', 1,",
+                    if postgres {
+                        ", now(), now(), 'cdc', now(),"
+                    } else {
+                        ", 1, 1, 'cdc', 1,"
+                    },
+                )
+                .as_str(),
+        )
+        .await;
+    let mut by_name = append();
+    by_name.typed[0].keys = vec!["name".into()];
+    let refused = store.prepare(&by_name).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("share their [name]"),
+        "{refused}"
+    );
+    let mut by_id = append();
+    by_id.typed[0].keys = vec!["id".into()];
+    store.prepare(&by_id).await.unwrap();
+}
+
 on_both_backends!(
+    keys_are_kept_or_refused,
     any_order_of_changes_ends_as_the_sequential_replay,
     a_tombstone_holds_off_older_changes,
     ignoring_null_updates_keeps_the_rows_values,

@@ -307,6 +307,7 @@ impl FlowStore for PostgresStore {
                 .try_get(0)?;
             if exists {
                 typed::evolve(&tx, &table, &typed.columns).await?;
+                typed::keyed(&tx, &table, &typed.keys).await?;
             }
         }
         for target in &layout.tables {

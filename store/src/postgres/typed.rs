@@ -35,16 +35,15 @@ fn column_ddl(column: &TypedColumn) -> String {
 /// DDL of a typed table: sluice's columns (`_sluice_*`, the feed order as in an envelope
 /// table), then the declared ones; its `(flow, dedup key)` and feed-order indexes; with `keys`
 /// (a table of the latest change per key, `changes.rs`), the tombstone column and the keys'
-/// unique index, added to a table that lacks them.
+/// unique index (an existing table is first brought to its keys by [`keyed`]).
 pub(crate) fn ddl(table: &str, columns: &[TypedColumn], keys: &[String]) -> String {
     let declared: Vec<String> = columns.iter().map(column_ddl).collect();
-    let keyed = if keys.is_empty() {
-        String::new()
+    let (tombstone, keyed) = if keys.is_empty() {
+        (String::new(), String::new())
     } else {
-        format!(
-            "\n        ALTER TABLE \"{table}\" ADD COLUMN IF NOT EXISTS _sluice_deleted_at TIMESTAMPTZ;
-        {}",
-            crate::changes::keys_index(table, keys)
+        (
+            "_sluice_deleted_at   TIMESTAMPTZ,\n            ".to_owned(),
+            format!("\n        {}", crate::changes::keys_index(table, keys)),
         )
     };
     format!(
@@ -57,7 +56,7 @@ pub(crate) fn ddl(table: &str, columns: &[TypedColumn], keys: &[String]) -> Stri
             _sluice_committed_at TIMESTAMPTZ NOT NULL,
             _sluice_writer_xid   xid8 NOT NULL DEFAULT pg_current_xact_id(),
             _sluice_seq          BIGINT GENERATED ALWAYS AS IDENTITY,
-            {}
+            {tombstone}{}
         );
         CREATE INDEX IF NOT EXISTS \"{table}_flow_key\" ON \"{table}\" (_sluice_flow, _sluice_dedup_key);
         CREATE INDEX IF NOT EXISTS \"{table}_feed\" ON \"{table}\" (_sluice_writer_xid, _sluice_seq);{keyed}",
@@ -120,6 +119,47 @@ pub(crate) async fn evolve(
         ))
         .await?;
     }
+    Ok(())
+}
+
+/// Brings an existing table to its `keys` (under the DDL lock, in the prepare transaction,
+/// before the DDL that creates their index): refuses keys that changed or were taken out, or
+/// that its rows repeat ([`crate::changes::check_keys`]); adds the tombstone column a table
+/// gaining keys lacks (only then: `ALTER TABLE` locks the table).
+pub(crate) async fn keyed(
+    tx: &deadpool_postgres::Transaction<'_>,
+    table: &str,
+    keys: &[String],
+) -> Result<(), StoreError> {
+    let found: Vec<String> = tx
+        .query(
+            "SELECT a.attname::text
+             FROM pg_index i
+             JOIN pg_class c ON c.oid = i.indexrelid
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+             WHERE c.relname = $1 AND c.relnamespace = current_schema()::regnamespace
+             ORDER BY array_position(i.indkey::int2[], a.attnum)",
+            &[&format!("{table}_keys")],
+        )
+        .await?
+        .iter()
+        .map(|row| row.try_get(0))
+        .collect::<Result<_, _>>()?;
+    if found.as_slice() == keys {
+        return Ok(());
+    }
+    let duplicated = if found.is_empty() && !keys.is_empty() {
+        tx.query_one(&crate::changes::duplicated_keys(table, keys), &[])
+            .await?
+            .try_get(0)?
+    } else {
+        false
+    };
+    crate::changes::check_keys(table, &found, keys, || Ok(duplicated))?;
+    tx.batch_execute(&format!(
+        "ALTER TABLE \"{table}\" ADD COLUMN IF NOT EXISTS _sluice_deleted_at TIMESTAMPTZ"
+    ))
+    .await?;
     Ok(())
 }
 

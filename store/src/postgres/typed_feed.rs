@@ -33,6 +33,9 @@ pub(crate) async fn relation(
         if name == crate::typed::TYPED_MARK {
             typed = true;
         }
+        if name == "_sluice_deleted_at" {
+            return Err(crate::typed::refuse_feed_of_keyed(table));
+        }
         if name.starts_with(RESERVED) {
             continue;
         }

@@ -168,15 +168,7 @@ pub(crate) fn changes_steps(table: &str, query: &TypedQuery, rule: &ChangeRule) 
         .iter()
         .map(|(c, _)| format!(", \"{}\"", c.name))
         .collect();
-    let envelope = [
-        "_sluice_dedup_key",
-        "_sluice_message_id",
-        "_sluice_publish_time",
-        "_sluice_event_time",
-        "_sluice_flow",
-        "_sluice_committed_at",
-        "_sluice_deleted_at",
-    ];
+    let envelope = crate::changes::WRITTEN;
     let on_conflict = crate::changes::on_conflict(table, query, rule, &envelope);
     format!(
         "changes AS (
@@ -275,6 +267,11 @@ pub(crate) async fn find_record_error(
                 Ok(false) => continue,
                 Err(error) => return Ok(record("where", error)),
             }
+        }
+        if let Some(deletes) = query.changes.as_ref().and_then(|c| c.deletes.as_ref())
+            && let Err(error) = eval(&deletes.postgres, "IS TRUE").await?
+        {
+            return Ok(record("apply_as_deletes", error));
         }
         for (column, sql) in &query.select {
             match eval(&sql.postgres, "IS NULL").await? {

@@ -299,6 +299,11 @@ pub(super) fn find_record_error(
                 Err(error) => return Ok(record("where", error.to_string())),
             }
         }
+        if let Some(deletes) = query.changes.as_ref().and_then(|c| c.deletes.as_ref())
+            && let Err(error) = eval(&deletes.sqlite, "IS TRUE")
+        {
+            return Ok(record("apply_as_deletes", error.to_string()));
+        }
         for (column, sql) in &query.select {
             match eval(&sql.sqlite, "IS NULL") {
                 Ok(true) if !column.nullable => {

@@ -8,12 +8,25 @@ use crate::{CommitBatch, StoreError};
 use rusqlite::types::{ToSql, Value};
 
 /// Gives a keyed table its tombstone column (`_sluice_deleted_at`, ms) if it lacks it, and
-/// its keys' unique index; nothing for an append table.
+/// its keys' unique index; refuses keys that changed or were taken out
+/// ([`crate::changes::check_keys`]).
 pub(super) fn keyed(
     tx: &rusqlite::Transaction<'_>,
     table: &str,
     keys: &[String],
 ) -> Result<(), StoreError> {
+    let index = format!("{table}_keys");
+    let mut statement = tx.prepare("SELECT name FROM pragma_index_info(?1) ORDER BY seqno")?;
+    let found = statement
+        .query_map([&index], |row| row.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    crate::changes::check_keys(table, &found, keys, || {
+        Ok(
+            tx.query_row(&crate::changes::duplicated_keys(table, keys), [], |row| {
+                row.get(0)
+            })?,
+        )
+    })?;
     if keys.is_empty() {
         return Ok(());
     }
@@ -53,16 +66,8 @@ pub(super) fn apply(
         Dialect::Sqlite,
     );
     let winners = crate::changes::winners(rule, "SELECT * FROM changes", Dialect::Sqlite);
-    let envelope = [
-        "_sluice_dedup_key",
-        "_sluice_message_id",
-        "_sluice_publish_time",
-        "_sluice_event_time",
-        "_sluice_flow",
-        "_sluice_committed_at",
-        "_sluice_deleted_at",
-        "_sluice_seq",
-    ];
+    let mut envelope = crate::changes::WRITTEN.to_vec();
+    envelope.push("_sluice_seq");
     let columns: String = query
         .select
         .iter()

@@ -68,6 +68,9 @@ pub(crate) fn relation(conn: &Connection, table: &str) -> Result<String, StoreEr
     if !columns.iter().any(|(name, _)| name == TYPED_MARK) {
         return Ok(format!("\"{table}\""));
     }
+    if columns.iter().any(|(name, _)| name == "_sluice_deleted_at") {
+        return Err(crate::typed::refuse_feed_of_keyed(table));
+    }
     let pairs: Vec<String> = columns
         .iter()
         .filter(|(name, _)| !name.starts_with(RESERVED))

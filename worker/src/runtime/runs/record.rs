@@ -73,6 +73,10 @@ pub async fn run(
                 return Ok(Vec::new());
             }
             let kept = scope.kept.as_ref().filter(|_| give_back_kept);
+            // Seen alive first: a run begun before this worker's first heartbeat landed would
+            // not hold back another worker's begin (a backfill starting beside a pool ran an
+            // interval at the same time as the pool's catch-up did).
+            updates.wait_until_live(shutdown).await?;
             let Some(record) = begin(updates, shutdown, ask, kept).await? else {
                 return Ok(Vec::new());
             };

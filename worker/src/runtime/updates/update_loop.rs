@@ -236,8 +236,9 @@ impl<'a> Updates<'a> {
     }
 
     /// Waits until this worker is live (its heartbeat succeeded within the fence), so no
-    /// update starts unseen by the pool.
-    async fn wait_until_live(&self, shutdown: &Shutdown) -> Result<(), RunError> {
+    /// update starts unseen by the pool (and no run begins unseen: another worker's begin
+    /// waits only for runs of workers it sees alive).
+    pub(crate) async fn wait_until_live(&self, shutdown: &Shutdown) -> Result<(), RunError> {
         if self.liveness.is_live() {
             return Ok(());
         }
