@@ -269,6 +269,22 @@ async fn a_tombstone_holds_off_older_changes(postgres: bool) {
         matches!(&refused, StoreError::Record { column, .. } if column == "seq"),
         "{refused:?}"
     );
+    // The same beside a newer change of its key in one batch (SQLite sorts NULL last).
+    let refused = store
+        .commit(keyed_batch(
+            &flow,
+            &[
+                change("d", None, Some("x"), false),
+                change("f", Some(9), Some("nine"), false),
+            ],
+            &q,
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, StoreError::Record { index: 0, column, .. } if column == "seq"),
+        "{refused:?}"
+    );
     store
         .commit(keyed_batch(
             &flow,

@@ -64,7 +64,8 @@ impl MessageSource for PublishedBefore {
     ) -> Result<Box<dyn SourceHandle>, SourceError> {
         let (tx, mut rx) = mpsc::channel(INTAKE_CAPACITY);
         let mut inner = self.inner.start(tx, budget, stop.clone()).await?;
-        let (end_ms, labels) = (self.end_ms, self.labels);
+        let end_ms = self.end_ms;
+        let deferred = metrics::counter!("sluice_messages_deferred_total", &self.labels);
         let cut = stop.child_token();
         let forwarding = cut.clone();
         let forwarder = tokio::spawn(async move {
@@ -83,7 +84,7 @@ impl MessageSource for PublishedBefore {
                 };
                 let Some(received) = next else { break };
                 if received.message.publish_time_ms >= end_ms {
-                    metrics::counter!("sluice_messages_deferred_total", &labels).increment(1);
+                    deferred.increment(1);
                     later.push(received);
                 } else if intake.send(received).await.is_err() {
                     break;

@@ -88,11 +88,16 @@ pub(super) fn apply(
             seq += 1;
             bound.extend(src_values(batch, index, seq, query.fields.len()));
         }
-        let count = format!("{with} SELECT count(*) FROM changes");
+        let sources = bound.len();
+        // The upsert's own three after the rows' values, which the count reads alone.
+        bound.push(Value::Text(batch.flow.name.to_string()));
+        bound.push(Value::Integer(batch.now_ms));
+        bound.push(Value::Integer(batch.now_ms));
         let params: Vec<&dyn ToSql> = bound.iter().map(|v| v as &dyn ToSql).collect();
+        let count = format!("{with} SELECT count(*) FROM changes");
         let counted = tx
             .prepare_cached(&count)?
-            .query_row(params.as_slice(), |row| row.get::<_, i64>(0));
+            .query_row(&params[..sources], |row| row.get::<_, i64>(0));
         let applied = counted.and_then(|n| {
             let upsert = format!(
                 "{with} INSERT INTO \"{}\" ({}{columns})
@@ -104,11 +109,6 @@ pub(super) fn apply(
                 batch.table,
                 envelope.join(", ")
             );
-            let mut all = bound.clone();
-            all.push(Value::Text(batch.flow.name.to_string()));
-            all.push(Value::Integer(batch.now_ms));
-            all.push(Value::Integer(batch.now_ms));
-            let params: Vec<&dyn ToSql> = all.iter().map(|v| v as &dyn ToSql).collect();
             tx.prepare_cached(&upsert)?.execute(params.as_slice())?;
             Ok(n)
         });
