@@ -1,6 +1,9 @@
 //! Starts Google's Pub/Sub emulator on a free loopback port, for the demo, the benchmarks and
-//! the tests, and stops it (its whole process group: the JVM outlives a killed launcher).
+//! the tests, and stops it (its whole process group: the JVM outlives a killed launcher). Where
+//! a JDK is installed it runs with the fix of `emulator_fix.rs`, so that a cancelled or killed
+//! StreamingPull does not hold its subscription's messages back from new streams.
 
+use crate::emulator_fix::{EmulatorFix, MAIN_CLASS};
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -11,8 +14,10 @@ use std::time::Duration;
 
 /// How long the emulator may take to say "Server started" (its JVM start takes 3–10 s here).
 pub const START_TIMEOUT: Duration = Duration::from_secs(90);
-/// Heap cap: the emulator's JVM grows to several GB under traffic otherwise.
-pub const JAVA_HEAP: &str = "-Xmx1g";
+/// Heap cap: the emulator's JVM grows to several GB under traffic otherwise. It keeps every
+/// topic's messages, so a long-lived one fills its heap: with 1 GB, the test suite's shared
+/// emulator reused for a second hour was in back-to-back full collections (2026-12-05).
+pub const JAVA_HEAP: &str = "-Xmx2g";
 
 /// Where Debian's `google-cloud-cli-pubsub-emulator` puts the launcher.
 const LAUNCHERS: &[&str] = &[
@@ -40,6 +45,8 @@ pub enum EmulatorError {
 pub struct Emulator {
     child: Child,
     port: u16,
+    /// Boxed: it holds two paths, and an emulator is held inside enums.
+    fix: Box<EmulatorFix>,
 }
 
 impl Emulator {
@@ -51,18 +58,25 @@ impl Emulator {
             .find(|p| p.exists())
             .ok_or(EmulatorError::NotInstalled)?;
         let port = free_port().map_err(|e| EmulatorError::Start(e.to_string()))?;
-        // A watchdog shell runs the launcher in its own process group and kills the group when
+        let fix = EmulatorFix::prepare(&launcher);
+        let mut command = Command::new("sh");
+        // A watchdog shell runs the emulator in its own process group and kills the group when
         // this process is gone, so an emulator never outlives a test binary or a killed demo.
-        let watchdog = format!(
-            "trap 'kill -KILL 0' EXIT; \"$0\" --host=127.0.0.1 --port={port} & \
+        command.arg("-c").arg(format!(
+            "trap 'kill -KILL 0' EXIT; \"$0\" \"$@\" --host=127.0.0.1 --port={port} & \
              while kill -0 {parent} 2>/dev/null; do sleep 1; done",
             parent = std::process::id()
-        );
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(watchdog)
-            .arg(launcher)
-            .env("JAVA_OPTS", JAVA_HEAP)
+        ));
+        match &fix {
+            EmulatorFix::Applied { classes, jar } => {
+                let class_path = format!("{}:{}", classes.display(), jar.display());
+                command.args(["java", JAVA_HEAP, "-cp", &class_path, MAIN_CLASS]);
+            }
+            EmulatorFix::NotNeeded | EmulatorFix::Unavailable(_) => {
+                command.arg(&launcher).env("JAVA_OPTS", JAVA_HEAP);
+            }
+        }
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -93,11 +107,21 @@ impl Emulator {
                 }
             });
         }
-        let emulator = Self { child, port };
+        let emulator = Self {
+            child,
+            port,
+            fix: Box::new(fix),
+        };
         ready_rx.recv_timeout(START_TIMEOUT).map_err(|_| {
             EmulatorError::Start(format!("no \"Server started\" within {START_TIMEOUT:?}"))
         })?;
         Ok(emulator)
+    }
+
+    /// Whether the emulator runs with the fix of a cancelled stream (`emulator_fix.rs`), and if
+    /// not, why.
+    pub fn fix(&self) -> &EmulatorFix {
+        &self.fix
     }
 
     /// `127.0.0.1:PORT`, the value for `PUBSUB_EMULATOR_HOST`.

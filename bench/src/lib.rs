@@ -9,6 +9,7 @@ mod cpu;
 mod drain;
 pub mod emulator;
 mod emulator_feed;
+mod emulator_fix;
 mod error;
 mod job;
 mod latency;
@@ -22,6 +23,7 @@ mod watermark;
 
 pub use chain::{ChainArgs, chain};
 pub use emulator::{Emulator, EmulatorError, free_port};
+pub use emulator_fix::EmulatorFix;
 pub use error::BenchError;
 pub use job::{JobArgs, job};
 pub use latency::{LatencyArgs, latency};

@@ -4,10 +4,10 @@
 //! committed, and kills fell between a commit and its ack (the ledger found redeliveries of
 //! committed messages).
 //!
-//! Emulator stall (see ARCHITECTURE.md): messages the emulator had handed to a killed worker's
-//! streams come back only after their stream ack deadline, and streams opened right after a close
-//! may wait as well. These tests keep a second replica whose streams were opened before any kill
-//! and is never killed (an anchor), as a pool would have, and size their timeouts for the wait.
+//! Messages the emulator had handed to a killed worker's streams come back only after their
+//! stream ack deadline (10 s; docs/architecture-notes.md, "Pub/Sub client facts"). These tests
+//! keep a second replica whose streams were opened before any kill and is never killed (an
+//! anchor), as a pool would have, and size their timeouts for the wait.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_bench::free_port;

@@ -52,7 +52,7 @@ async fn publisher_duplicates_collapse_by_attribute_not_by_message_id() {
 
 /// SIGTERM while messages flow: the worker stops pulling, commits and acks what it holds, and
 /// exits 0. A second replica, started before the drain so its streams are open when the first
-/// one's close (the emulator stalls streams opened after a close), takes the rest. Everything
+/// one's close (as a pool's replicas would be), takes the rest. Everything
 /// lands once, and the second replica's ledger never sees a message the first one committed:
 /// the first acked all it committed.
 #[tokio::test(flavor = "multi_thread")]

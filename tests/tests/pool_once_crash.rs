@@ -16,9 +16,10 @@ use std::time::Duration;
 
 const MESSAGES: usize = 500;
 /// How long after the holder's death the other replica waits for what it held
-/// (`SLUICE_REDELIVERY_WAIT`; 4 minutes by default): past the longest hold-back of a killed
-/// stream's messages seen on the emulator (about 3 minutes), so the test stays under 4 minutes.
-const REDELIVERY_WAIT: &str = "200s";
+/// (`SLUICE_REDELIVERY_WAIT`; 4 minutes by default): six times the stream ack deadline (10 s)
+/// after which the test harness's emulator, with its stream fix, gives a killed stream's
+/// messages back.
+const REDELIVERY_WAIT: &str = "60s";
 
 /// A continuous pipeline whose only flow, `ingest`, is a once flow on `subscription`. With a
 /// `metrics_port` (the holder's) it batches for 60 s, so its messages stay uncommitted.
@@ -116,7 +117,7 @@ async fn a_once_flow_is_not_complete_while_a_crashed_replicas_messages_can_come_
     let other = start(&other_file, "other");
     tokio::time::sleep(Duration::from_secs(2)).await;
     holder.kill9();
-    // The emulator gives some of a killed stream's messages back only minutes later.
+    // The emulator gives a killed stream's messages back after their stream ack deadline.
     let landed = eventually(Duration::from_secs(300), || db.rows() >= MESSAGES as i64).await;
     let completions = db.query("SELECT count(*) FROM sluice_completions");
     assert!(

@@ -959,8 +959,8 @@ async fn a_run_left_running_by_a_gone_worker_is_recorded_failed_by_the_next_run(
     let dir = Workdir::new();
     let db_path = dir.db("left");
     let pubsub = PubSub::connect().await;
-    // Two subscriptions: the second run reads a fresh one (the emulator holds a killed
-    // stream's subscription back for minutes, notes gotcha 1).
+    // Two subscriptions: the second run reads a fresh one (a killed stream's messages come
+    // back only after their stream ack deadline).
     let (topic, subs) = pubsub.topic_with("left", 2).await;
     pubsub
         .publish(&topic, events_with_duplicates("l", 20, 0))

@@ -287,8 +287,7 @@ fn rows_read(stdout: &str, flow: &str) -> u64 {
 
 /// Triggered updates read a table incrementally: after a first update copied N rows, a
 /// second one over N + M rows reads the M new ones only; refreshing the writer resets the
-/// reader with it. (The table is loaded from files: the
-/// emulator would stall the second update's stream on the same subscription for minutes.)
+/// reader with it. (The table is loaded from files.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_triggered_update_reads_only_what_is_new() {
     let dir = Workdir::new();

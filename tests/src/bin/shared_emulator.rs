@@ -1,7 +1,8 @@
 //! Starts one Pub/Sub emulator for a whole test run: prints its endpoint on the first line of
 //! stdout, then keeps it until stdin closes (or this process is killed; the emulator's watchdog
 //! then stops it). `scripts/test` runs it and hands the endpoint to every test process through
-//! `SLUICE_TEST_PUBSUB`.
+//! `SLUICE_TEST_PUBSUB`. It refuses to start the emulator without its stream fix
+//! (`bench/src/emulator_fix.rs`), which the suite's waits assume.
 
 use sluice_bench::Emulator;
 use std::io::{Read, Write};
@@ -15,6 +16,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(why) = emulator.fix().missing() {
+        eprintln!("{}", sluice_tests::unfixed_emulator(why));
+        return ExitCode::FAILURE;
+    }
     let mut out = std::io::stdout();
     if writeln!(out, "{}", emulator.endpoint())
         .and_then(|()| out.flush())
