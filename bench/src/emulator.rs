@@ -38,6 +38,12 @@ pub enum EmulatorError {
     /// Starting or waiting failed.
     #[error("the Pub/Sub emulator did not start: {0}")]
     Start(String),
+    /// [`Emulator::start_fixed`]: the stream fix could not be applied.
+    #[error(
+        "the Pub/Sub emulator's stream fix (bench/src/emulator_fix.rs) could not be applied: {0}; \
+         install a JDK (apt-get install default-jdk-headless)"
+    )]
+    Unfixed(String),
 }
 
 /// A running emulator, stopped on drop.
@@ -45,20 +51,34 @@ pub enum EmulatorError {
 pub struct Emulator {
     child: Child,
     port: u16,
-    /// Boxed: it holds two paths, and an emulator is held inside enums.
+    /// Boxed: it holds paths and a directory, and an emulator is held inside enums.
     fix: Box<EmulatorFix>,
 }
 
 impl Emulator {
-    /// Starts an emulator on a free port and waits until it serves.
+    /// Starts an emulator on a free port and waits until it serves; with the stream fix where it
+    /// can be applied, else as shipped.
     pub fn start() -> Result<Self, EmulatorError> {
+        Self::launch(false)
+    }
+
+    /// As [`Emulator::start`], refusing (before any JVM starts) an emulator whose stream fix
+    /// cannot be applied: the test harness's waits assume it.
+    pub fn start_fixed() -> Result<Self, EmulatorError> {
+        Self::launch(true)
+    }
+
+    fn launch(fixed_only: bool) -> Result<Self, EmulatorError> {
         let launcher = LAUNCHERS
             .iter()
             .map(PathBuf::from)
             .find(|p| p.exists())
             .ok_or(EmulatorError::NotInstalled)?;
-        let port = free_port().map_err(|e| EmulatorError::Start(e.to_string()))?;
         let fix = EmulatorFix::prepare(&launcher);
+        if let (true, Some(why)) = (fixed_only, fix.missing()) {
+            return Err(EmulatorError::Unfixed(why.to_owned()));
+        }
+        let port = free_port().map_err(|e| EmulatorError::Start(e.to_string()))?;
         let mut command = Command::new("sh");
         // A watchdog shell runs the emulator in its own process group and kills the group when
         // this process is gone, so an emulator never outlives a test binary or a killed demo.
@@ -68,9 +88,13 @@ impl Emulator {
             parent = std::process::id()
         ));
         match &fix {
-            EmulatorFix::Applied { classes, jar } => {
-                let class_path = format!("{}:{}", classes.display(), jar.display());
-                command.args(["java", JAVA_HEAP, "-cp", &class_path, MAIN_CLASS]);
+            EmulatorFix::Applied { java, .. } => {
+                command
+                    .arg(java)
+                    .arg(JAVA_HEAP)
+                    .arg("-cp")
+                    .arg(fix.class_path().unwrap_or_default())
+                    .arg(MAIN_CLASS);
             }
             EmulatorFix::NotNeeded | EmulatorFix::Unavailable(_) => {
                 command.arg(&launcher).env("JAVA_OPTS", JAVA_HEAP);

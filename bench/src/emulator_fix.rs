@@ -19,12 +19,15 @@
 //!
 //! # The fix
 //!
-//! A class `io.grpc.InternalStatus` with both methods, compiled with the machine's `javac` and
-//! put ahead of the jar on the class path, so that a cancelled stream ends as it should. It is
-//! applied only where the jar's own class lacks the method (checked with `javap`), and only where
-//! a JDK is installed; elsewhere the emulator runs as shipped and [`EmulatorFix::missing`] says
-//! why. Nothing else of the emulator changes. The test harness refuses to run without it: the
-//! suite's waits for a killed worker's messages assume one stream ack deadline.
+//! A class `io.grpc.InternalStatus` with the jar's own members, built as the jar builds them,
+//! plus the missing method (a stack trace only when asked for, as gRPC does), compiled with the
+//! machine's `javac` for the jar's Java 8 into a directory of its own for each start (the
+//! [`EmulatorFix`] holds it; nothing is shared between starts or users) and put ahead of the
+//! jar on the class path, so that a cancelled stream ends as it should. It is applied only where
+//! the jar's own class lacks the method (checked with `javap`), and only where a JDK is
+//! installed (`$JAVA_HOME/bin` when set, else the `PATH`); elsewhere the emulator runs by its
+//! launcher as shipped and [`EmulatorFix::missing`] says why. The test harness refuses to run
+//! without it: the suite's waits for a killed worker's messages assume one stream ack deadline.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -45,12 +48,14 @@ public final class InternalStatus {
 
     public static StatusRuntimeException asRuntimeExceptionWithoutStacktrace(
             Status status, Metadata trailers) {
-        return new StatusRuntimeException(status, trailers);
+        return new InternalStatusRuntimeException(status, trailers);
     }
 
     public static StatusRuntimeException asRuntimeException(
             Status status, Metadata trailers, boolean withStacktrace) {
-        return new StatusRuntimeException(status, trailers);
+        return withStacktrace
+                ? new StatusRuntimeException(status, trailers)
+                : new InternalStatusRuntimeException(status, trailers);
     }
 }
 "#;
@@ -63,8 +68,10 @@ const MISSING_METHOD: &str = "asRuntimeException(io.grpc.Status, io.grpc.Metadat
 pub enum EmulatorFix {
     /// Run `java -cp <classes>:<jar> MAIN_CLASS`.
     Applied {
-        /// The directory holding the compiled fix.
-        classes: PathBuf,
+        /// The `java` of the JDK that compiled the fix.
+        java: PathBuf,
+        /// The compiled fix, removed when this is dropped.
+        classes: tempfile::TempDir,
         /// The emulator's jar.
         jar: PathBuf,
     },
@@ -75,11 +82,10 @@ pub enum EmulatorFix {
 }
 
 impl EmulatorFix {
-    /// Decides for the emulator whose launcher is `launcher`, compiling the fix once per jar
-    /// (kept under the system's temporary directory).
+    /// Decides for the emulator whose launcher is `launcher`, compiling the fix if it is needed.
     pub fn prepare(launcher: &Path) -> Self {
         match prepare(launcher) {
-            Ok(Some((classes, jar))) => Self::Applied { classes, jar },
+            Ok(Some(fix)) => fix,
             Ok(None) => Self::NotNeeded,
             Err(why) => Self::Unavailable(why),
         }
@@ -93,49 +99,64 @@ impl EmulatorFix {
             Self::Unavailable(why) => Some(why),
         }
     }
+
+    /// The class path that puts the fix ahead of the jar, when it is applied.
+    pub fn class_path(&self) -> Option<String> {
+        match self {
+            Self::Applied { classes, jar, .. } => Some(format!(
+                "{}:{}",
+                classes.path().join("classes").display(),
+                jar.display()
+            )),
+            Self::NotNeeded | Self::Unavailable(_) => None,
+        }
+    }
 }
 
-fn prepare(launcher: &Path) -> Result<Option<(PathBuf, PathBuf)>, String> {
+fn prepare(launcher: &Path) -> Result<Option<EmulatorFix>, String> {
     let jar = emulator_jar(launcher)?;
-    let jar_name = jar
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let classes = std::env::temp_dir()
-        .join("sluice-emulator-fix")
-        .join(&jar_name);
-    if classes.join("io/grpc/InternalStatus.class").exists() {
-        return Ok(Some((classes, jar)));
-    }
-    let javap = run(Command::new("javap")
+    let javap = run(Command::new(jdk_tool("javap"))
         .arg("-cp")
         .arg(&jar)
         .args(["io.grpc.InternalStatus", MAIN_CLASS]))?;
     if javap.contains(MISSING_METHOD) {
         return Ok(None);
     }
-    // Compiled beside, then moved into place, so that emulators starting at once never see a
-    // half-written class.
-    let building = classes.with_extension(format!("building-{}", std::process::id()));
-    let source_dir = building.join("src/io/grpc");
+    let classes = tempfile::Builder::new()
+        .prefix("sluice-emulator-fix-")
+        .tempdir()
+        .map_err(|e| format!("a directory for the fix: {e}"))?;
+    let source_dir = classes.path().join("src/io/grpc");
     std::fs::create_dir_all(&source_dir).map_err(|e| e.to_string())?;
     let source = source_dir.join("InternalStatus.java");
     std::fs::write(&source, FIXED_CLASS).map_err(|e| e.to_string())?;
-    let output = building.join("classes");
-    run(Command::new("javac")
-        .args(["-nowarn", "-cp"])
-        .arg(&jar)
-        .arg("-d")
-        .arg(&output)
-        .arg(&source))?;
-    match std::fs::rename(&output, &classes) {
-        Ok(()) => {}
-        // Another start put it there first.
-        Err(_) if classes.join("io/grpc/InternalStatus.class").exists() => {}
-        Err(e) => return Err(format!("placing the compiled fix: {e}")),
+    // For the jar's Java 8 (class file version 52), so that any `java` loads it; a JDK that
+    // no longer builds for Java 8 builds for its own `java`, which then runs the emulator.
+    let javac = |release: &[&str]| {
+        run(Command::new(jdk_tool("javac"))
+            .arg("-nowarn")
+            .args(release)
+            .arg("-cp")
+            .arg(&jar)
+            .arg("-d")
+            .arg(classes.path().join("classes"))
+            .arg(&source))
+    };
+    javac(&["--release", "8"]).or_else(|_| javac(&[]))?;
+    Ok(Some(EmulatorFix::Applied {
+        java: jdk_tool("java"),
+        classes,
+        jar,
+    }))
+}
+
+/// A JDK tool: from `$JAVA_HOME/bin` when it is set (as the launcher picks `java`), else from the
+/// `PATH`.
+fn jdk_tool(name: &str) -> PathBuf {
+    match std::env::var_os("JAVA_HOME") {
+        Some(home) if !home.is_empty() => Path::new(&home).join("bin").join(name),
+        _ => PathBuf::from(name),
     }
-    let _ = std::fs::remove_dir_all(&building);
-    Ok(Some((classes, jar)))
 }
 
 /// The jar beside the launcher: `<home>/bin/cloud-pubsub-emulator` runs

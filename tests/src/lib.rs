@@ -5,10 +5,10 @@
 //! worker processes ([`Worker`]), one-shot `sluice` commands ([`sluice_command`]), and direct
 //! reads of the SQLite and PostgreSQL stores ([`Db`], [`PgDb`]).
 //!
-//! The emulator stalls new streams on a subscription for two to three minutes after any stream
-//! on it closed (measured; see ARCHITECTURE.md). Tests that kill or stop a worker and need the
-//! rest of the stream delivered keep a second replica's streams open from before the close,
-//! and say so.
+//! The emulator runs with its stream fix ([`Emulator::start_fixed`]; without it a closed or
+//! killed stream held its subscription's messages back for minutes): messages a killed worker
+//! held come back after their stream ack deadline, 10 s. Tests that kill or stop a worker keep
+//! a second replica's streams open from before the close, as a pool would have, and say so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use google_cloud_pubsub::model::Message;
@@ -75,25 +75,13 @@ pub fn emulator() -> &'static TestEmulator {
             _own: None,
         },
         _ => {
-            let own = Emulator::start().expect("start the Pub/Sub emulator");
-            if let Some(why) = own.fix().missing() {
-                panic!("{}", unfixed_emulator(why));
-            }
+            let own = Emulator::start_fixed().expect("start the Pub/Sub emulator");
             TestEmulator {
                 endpoint: own.endpoint(),
                 _own: Some(own),
             }
         }
     })
-}
-
-/// Why the tests refuse an emulator without the stream fix (`bench/src/emulator_fix.rs`): their
-/// waits for a killed worker's messages assume one stream ack deadline, not minutes.
-pub fn unfixed_emulator(why: &str) -> String {
-    format!(
-        "the tests need the Pub/Sub emulator's stream fix, which could not be applied: {why}. \
-         Install a JDK (apt-get install default-jdk-headless; .ci/run does)"
-    )
 }
 
 /// A unique resource name.

@@ -1,7 +1,8 @@
 //! Reading what is left unacked on a subscription once a test's workers stopped, with a plain
 //! client that acks what it reads. The emulator gives back what a closed stream held only after
-//! that stream's ack deadline, and much later when both cores are busy, so a read that finds
-//! nothing proves little unless it lasted as long as such a give-back takes.
+//! that stream's ack deadline (and, before the harness fixed its stream fault, much later when
+//! both cores were busy), so a read that finds nothing proves little unless it lasted as long as
+//! such a give-back takes.
 //! [`unacked_beside_control`] measures that wait in the same run: beside the real read, a
 //! control subscription's messages are held by a plain stream that then closes, and the real
 //! read lasts until every one of them came back, plus [`CONTROL_MARGIN`].
@@ -16,7 +17,8 @@ use std::time::Duration;
 /// loading both cores it takes longer: once 100 of 1 000 were still missing after 60 s, and once
 /// (a CI run on 2026-12-01) 200 of 1 000 after 90 s. So the reader opens at once and reads for up
 /// to four minutes, past the longest hold-back seen on the emulator (about three minutes, see
-/// ARCHITECTURE.md).
+/// ARCHITECTURE.md). Those figures predate the emulator's stream fix; the control
+/// ([`unacked_beside_control`]) ends the read as soon as this run's give-back allows.
 pub const UNACKED_READ_WINDOW: Duration = Duration::from_secs(240);
 
 /// How much longer than its control the real read of [`unacked_beside_control`] lasts. The

@@ -299,8 +299,8 @@ async fn sigkill_five_times_loses_nothing_and_duplicates_nothing() {
     // same read must find), for as long as the control's took to come back.
     let left =
         sluice_tests::unacked_beside_control(&pubsub, &subs[0], |m| m.message_id.clone()).await;
-    // A killed stream's messages come back from the emulator over minutes: one handed back
-    // after the last worker stopped stays unacked, though its row is there. What must never be
+    // A killed stream's messages come back from the emulator after their ack deadline: one
+    // handed back after the last worker stopped stays unacked, though its row is there. What must never be
     // left is a message without its row.
     let uncommitted: Vec<&String> = left
         .iter()

@@ -114,8 +114,7 @@ async fn a_table_without_columns_takes_its_schema_files_and_lands_exact_values()
     let schema = proto_schema(dir.path());
     let order_type = descriptor(dir.path());
     let pubsub = PubSub::connect().await;
-    // The second run reads the second subscription: a subscription whose streams closed
-    // delivers nothing to new ones for minutes on the emulator (notes, gotcha 1).
+    // The second run reads the second subscription, which holds everything from the start.
     let (topic, subs) = pubsub.topic_with("derived", 2).await;
     let mut messages: Vec<Message> = (0..ORDERS).map(|i| order(i, &order_type)).collect();
     // Publisher duplicates.
@@ -420,8 +419,7 @@ async fn a_table_following_the_topics_schema_gains_a_new_revisions_field_while_r
         google_cloud_pubsub::model::Encoding::Json,
     )
     .await;
-    // The second run reads the second subscription (the emulator delivers nothing for minutes
-    // to a new stream of a subscription whose streams closed: notes, gotcha 1).
+    // The second run reads the second subscription, which holds everything from the start.
     let subs = [unique("followed-a"), unique("followed-b")];
     for sub in &subs {
         pubsub

@@ -39,8 +39,9 @@ async fn a_cancelled_stream_takes_nothing_from_the_streams_after_it() {
             (0..5).map(|i| event(&format!("early{i}"))).collect(),
         )
         .await;
-    // The first stream (stream ack deadline 600 s) takes the early messages, holds them unacked,
-    // and is dropped: the client cancels the call.
+    // The first stream (stream ack deadline 600 s) takes the early messages and is dropped with
+    // them: the client gives them back (nacks) and cancels the call. Without the fix, the
+    // cancelled call's server loop takes them again, and the late ones, for 600 s each.
     let mut first = stream(&pubsub, &subs[0], Duration::from_secs(600)).await;
     let mut held = Vec::new();
     while held.len() < early.len() {

@@ -227,9 +227,7 @@ impl FirstRun {
     }
 
     /// Runs the pipeline as worker `name` until the live flow has all 1 200 rows, stops it and
-    /// checks that the backfill is as it was: IDLE, not re-read, each record once. (Up to about 3
-    /// minutes: the emulator holds a subscription's new streams back after a stream of it
-    /// closed, and after a seek, ARCHITECTURE.md, "Pub/Sub client facts we build on".)
+    /// checks that the backfill is as it was: IDLE, not re-read, each record once.
     async fn run_live_to_the_end(&self, name: &str) {
         let worker = Worker::start(&self.file, name);
         let live_complete = || self.count("events_live") == 1_200;
@@ -493,10 +491,8 @@ async fn parallel_then_chained_backfills_then_live() {
 /// again and writes only the new rows.
 ///
 /// The second run reads a second subscription of the topic, made after the first run, so that
-/// it holds just what is new: the emulator holds a subscription's new streams back for up to
-/// about 3 minutes after a stream of it closed (ARCHITECTURE.md, "Pub/Sub client facts we build
-/// on"), and a drain decided by 20 s of quiet would end before they came. A restart on the same
-/// subscription is `backfill_then_live_then_a_restart_reads_only_what_is_new`'s.
+/// it holds just what is new. A restart on the same subscription is
+/// `backfill_then_live_then_a_restart_reads_only_what_is_new`'s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_triggered_run_reads_only_what_is_new() {
     let chain = ChainRun::run(300, 100).await;

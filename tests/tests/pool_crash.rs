@@ -62,8 +62,8 @@ async fn three_workers_killed_at_random_land_every_key_exactly_once() {
         counted, DISTINCT as i64,
         "committed counters agree with the rows"
     );
-    // A killed stream's messages come back from the emulator over minutes: one handed back
-    // after the last worker stopped stays unacked, though its event's row is there (CI saw one
+    // A killed stream's messages come back from the emulator after their ack deadline: one
+    // handed back after the last worker stopped stays unacked, though its event's row is there (CI saw one
     // of 110 000). What must never be left is a message whose event has no row.
     let left = sluice_tests::unacked_beside_control(&pubsub, &subscription, |m| {
         m.attributes.get("event_id").cloned()

@@ -199,8 +199,6 @@ async fn shuffled_live_then_idle_then_backlog_never_late() {
     let old_publisher = pubsub.admin.publisher(&old_topic).await.unwrap();
     publish_all(&old_publisher, backlog).await.unwrap();
     let worker = Worker::start(&file, "second");
-    // (The emulator holds a subscription's new streams back for up to about 3 minutes after a
-    // stream of it closed: ARCHITECTURE.md, "Pub/Sub client facts we build on".)
     assert!(
         eventually(Duration::from_secs(400), || db.rows() == 33_600).await,
         "rows {}; logs:\n{}",

@@ -228,7 +228,7 @@ async fn a_silent_tracking_stream_holds_the_watermark() {
         }
         tokio::time::sleep_until((started + Duration::from_millis(100) * (tick + 1)).into()).await;
     }
-    // The emulator hands a silent stream's messages back slowly (minutes).
+    // The emulator hands a silent stream's messages back after their ack deadline.
     assert!(
         eventually(Duration::from_secs(400), || db.rows() == sent as i64).await,
         "rows {} of {sent}; logs:\n{}",

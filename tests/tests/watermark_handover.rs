@@ -6,8 +6,8 @@
 //! time of at least that sample, and every event is there once.
 //!
 //! Real: the emulator, two `sluice` workers, PostgreSQL on 127.0.0.1:5432 (a fresh database).
-//! The emulator hands a killed stream's messages back over minutes (ARCHITECTURE.md,
-//! "Pub/Sub client facts we build on"), so the test waits for them.
+//! The emulator hands a killed stream's messages back after their ack deadline, so the test
+//! waits for them.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use google_cloud_pubsub::model::Message;

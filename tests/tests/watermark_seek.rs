@@ -22,8 +22,8 @@
 //! recorded the rows.
 //!
 //! Real: the emulator (subscriptions that retain acked messages), `sluice` workers, SQLite.
-//! The emulator holds a subscription's messages back for minutes after its streams closed
-//! (ARCHITECTURE.md, "Pub/Sub client facts we build on"), so the replay comes slowly.
+//! What closed streams held comes back only after their ack deadline, so the replay waits for
+//! it.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use sluice_bench::free_port;

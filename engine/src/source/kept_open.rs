@@ -2,9 +2,9 @@
 //! soon after another reads the same streams instead of opening new ones.
 //!
 //! A Pub/Sub run that ends closes its streams, and what was delivered to them while they
-//! closed comes back only after their ack deadline; the emulator also holds back from a new
-//! stream what it dispatched to the closed ones, for the same deadline or (under load) much
-//! longer. A run that opens new streams soon after the last one closed can then find its
+//! closed comes back only after their ack deadline; the emulator as shipped also holds back
+//! from a new stream what it dispatched to the closed ones, for the same deadline or much longer
+//! (a fault of its jar: docs/architecture-notes.md, "Pub/Sub client facts"). A run that opens new streams soon after the last one closed can then find its
 //! subscription idle while messages published before its fire are still held back, and end
 //! without them. [`KeptOpen`] starts the real source once and hands each run a view of it:
 //!
