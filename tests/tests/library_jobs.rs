@@ -44,8 +44,10 @@ async fn the_upsert_example_counts_each_event_once_under_sigkill() {
         messages.push(customer_event(rand::random_range(0..EVENTS)));
     }
     messages.shuffle(&mut rand::rng());
-    // 110 chunks over about 33 s: the backlog lasts through every life.
-    let publishing = publish_in_chunks(&topic, messages, 200, Duration::from_millis(300)).await;
+    // 220 chunks over about 66 s: the backlog lasts through every life (with 33 s, five lives
+    // under load could outlast it now that the emulator gives a killed life's messages back
+    // within seconds).
+    let publishing = publish_in_chunks(&topic, messages, 100, Duration::from_millis(300)).await;
     let counted = || db.query("SELECT COALESCE(SUM(events), 0) FROM customer_events");
     // Each life connects as `application_name=lifeN`, so the test sees which process is in a
     // transaction.

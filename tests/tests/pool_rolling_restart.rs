@@ -50,10 +50,12 @@ async fn a_rolling_restart_under_load_loses_and_duplicates_nothing() {
             "a worker never became ready"
         );
     }
+    // About 48 s of publishing, longer than three restarts take under load, so that each one
+    // happens while messages still come.
     let publisher = publish_in_chunks(
         &pool.topic,
         (0..MESSAGES).map(|i| event(&format!("e{i}"))).collect(),
-        100,
+        50,
         Duration::from_millis(300),
     )
     .await;
