@@ -51,8 +51,9 @@ pub enum EmulatorError {
 pub struct Emulator {
     child: Child,
     port: u16,
-    /// Boxed: it holds paths and a directory, and an emulator is held inside enums.
-    fix: Box<EmulatorFix>,
+    /// Held for its directory of compiled classes, which the JVM loads from while it runs
+    /// (boxed: an emulator is held inside enums).
+    _fix: Box<EmulatorFix>,
 }
 
 impl Emulator {
@@ -81,15 +82,18 @@ impl Emulator {
         let port = free_port().map_err(|e| EmulatorError::Start(e.to_string()))?;
         let mut command = Command::new("sh");
         // A watchdog shell runs the emulator in its own process group and kills the group when
-        // this process is gone, so an emulator never outlives a test binary or a killed demo.
+        // this process is gone, so an emulator never outlives a test binary or a killed demo;
+        // it removes the fix's classes too (a test process's emulator is never dropped).
         command.arg("-c").arg(format!(
-            "trap 'kill -KILL 0' EXIT; \"$0\" \"$@\" --host=127.0.0.1 --port={port} & \
+            "trap 'rm -rf \"$SLUICE_EMULATOR_FIX_DIR\"; kill -KILL 0' EXIT; \
+             \"$0\" \"$@\" --host=127.0.0.1 --port={port} & \
              while kill -0 {parent} 2>/dev/null; do sleep 1; done",
             parent = std::process::id()
         ));
         match &fix {
-            EmulatorFix::Applied { java, .. } => {
+            EmulatorFix::Applied { java, classes, .. } => {
                 command
+                    .env("SLUICE_EMULATOR_FIX_DIR", classes.path())
                     .arg(java)
                     .arg(JAVA_HEAP)
                     .arg("-cp")
@@ -97,7 +101,10 @@ impl Emulator {
                     .arg(MAIN_CLASS);
             }
             EmulatorFix::NotNeeded | EmulatorFix::Unavailable(_) => {
-                command.arg(&launcher).env("JAVA_OPTS", JAVA_HEAP);
+                command
+                    .env_remove("SLUICE_EMULATOR_FIX_DIR")
+                    .arg(&launcher)
+                    .env("JAVA_OPTS", JAVA_HEAP);
             }
         }
         let mut child = command
@@ -134,18 +141,12 @@ impl Emulator {
         let emulator = Self {
             child,
             port,
-            fix: Box::new(fix),
+            _fix: Box::new(fix),
         };
         ready_rx.recv_timeout(START_TIMEOUT).map_err(|_| {
             EmulatorError::Start(format!("no \"Server started\" within {START_TIMEOUT:?}"))
         })?;
         Ok(emulator)
-    }
-
-    /// Whether the emulator runs with the fix of a cancelled stream (`emulator_fix.rs`), and if
-    /// not, why.
-    pub fn fix(&self) -> &EmulatorFix {
-        &self.fix
     }
 
     /// `127.0.0.1:PORT`, the value for `PUBSUB_EMULATOR_HOST`.

@@ -23,7 +23,6 @@ mod watermark;
 
 pub use chain::{ChainArgs, chain};
 pub use emulator::{Emulator, EmulatorError, free_port};
-pub use emulator_fix::EmulatorFix;
 pub use error::BenchError;
 pub use job::{JobArgs, job};
 pub use latency::{LatencyArgs, latency};
